@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The single test command: lint, type-check and run the test suite.
+#   bash scripts/test.sh                 # everything except soak tests
+#   bash scripts/test.sh -m 'not spark'  # extra arguments go to pytest
+# The tests start their own PostgreSQL (see tests/conftest.py); set
+# XASINK_TEST_PG_URL to use an existing server instead.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+VENV="$ROOT/.venv"
+PY="$VENV/bin/python"
+
+if [[ ! -x "$PY" ]]; then
+    PYTHON="${PYTHON:-python3}"
+    if ! command -v "$PYTHON" >/dev/null 2>&1; then
+        echo "error: $PYTHON not found on PATH (xasink needs Python >= 3.10)" >&2
+        exit 2
+    fi
+    if ! "$PYTHON" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else 1)'; then
+        echo "error: $("$PYTHON" --version 2>&1) is too old; xasink needs Python >= 3.10" >&2
+        exit 2
+    fi
+    echo "== creating $VENV"
+    "$PYTHON" -m venv "$VENV"
+    "$PY" -m pip install --upgrade pip
+    "$PY" -m pip install -e '.[test]'
+elif [[ "${XASINK_SKIP_INSTALL:-0}" != "1" ]]; then
+    "$PY" -m pip install -q -e '.[test]'
+fi
+
+if ! command -v java >/dev/null 2>&1; then
+    echo "warning: 'java' not found on PATH; Spark tests need a Java runtime (17 or 21) and will fail" >&2
+fi
+
+export PYSPARK_PYTHON="$PY"
+export PYSPARK_DRIVER_PYTHON="$PY"
+
+echo "== ruff"
+"$VENV/bin/ruff" check xasink tests
+echo "== mypy"
+"$VENV/bin/mypy"
+echo "== pytest"
+"$PY" -m pytest "$@"

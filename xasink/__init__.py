@@ -1,0 +1,57 @@
+"""xasink: exactly-once writes from PySpark into PostgreSQL and MySQL/MariaDB by XA two-phase commit.
+
+import xasink
+xasink.register(spark)
+df.write.format("xasink").option("url", url).option("dbtable", "orders").mode("append").save()
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from .errors import (
+    BatchAbortedError,
+    BranchError,
+    CommitIncompleteError,
+    ConcurrentWriterError,
+    ConnectError,
+    OptionError,
+    PreflightError,
+    XasinkError,
+)
+from .results import WriteResult
+
+if TYPE_CHECKING:
+    from .spark.api import foreach_batch, register, write
+
+__version__ = "0.1.0"
+
+logging.getLogger("xasink").addHandler(logging.NullHandler())
+
+_SPARK = {"register", "write", "foreach_batch"}
+
+
+def __getattr__(name: str) -> Any:
+    # pyspark is imported only when a Spark entry point is used: the CLI's recover stays light
+    if name in _SPARK:
+        from .spark import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'xasink' has no attribute {name!r}")
+
+
+__all__ = [
+    "BatchAbortedError",
+    "BranchError",
+    "CommitIncompleteError",
+    "ConcurrentWriterError",
+    "ConnectError",
+    "OptionError",
+    "PreflightError",
+    "WriteResult",
+    "XasinkError",
+    "foreach_batch",
+    "register",
+    "write",
+]

@@ -1,0 +1,108 @@
+"""Executor side: one XA branch per partition attempt.
+
+A task checks the decision log (a replayed batch writes nothing), clears
+branches that can never commit and would hold locks against it, then loads
+its rows inside a fresh branch, PREPAREs it, disconnects, and reports the
+xid.  Nothing is ever retried inside a branch: Spark may retry the task,
+and the new attempt is a new branch.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Iterable, Iterator
+
+import pyarrow as pa
+
+from .dialects import dialect_for
+from .dialects.base import Dialect, TargetPlan
+from .faults import fault
+from .journal import Journal
+from .options import WriteOptions
+from .results import BranchOutcome
+from .schema import conform
+from .xid import Xid, attempt_token
+
+log = logging.getLogger(__name__)
+
+
+def _non_empty(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    return (b for b in batches if b.num_rows)
+
+
+def clear_blockers(dialect: Dialect, journal: Journal, me: Xid) -> bool:
+    """Under the sink lock: False if the batch is already decided; else roll back branches that can never commit.
+
+    Those are branches of this batch from another run (a crashed driver, a
+    replay) and earlier attempts of this partition in this run (a retried
+    task).  Left prepared they would hold row locks this attempt may need.
+    """
+    with journal.locked(me.sink_id) as conn:
+        if journal.get(conn, me.sink_id, me.batch_id) is not None:
+            return False
+        stale = [
+            p.xid
+            for p in dialect.list_prepared(conn)
+            if p.xid is not None
+            and p.xid.sink_id == me.sink_id
+            and p.xid.batch_id == me.batch_id
+            and (
+                p.xid.run != me.run or (p.xid.partition == me.partition and p.xid.task_attempt_id < me.task_attempt_id)
+            )
+        ]
+        if stale:
+            with dialect.connect(autocommit=True) as xa:
+                for xid in stale:
+                    log.info("rolling back stale branch %s before writing %s", xid, me)
+                    try:
+                        dialect.rollback_prepared(xa, xid)
+                    except Exception as exc:  # noqa: BLE001 - gone already is fine
+                        log.info("stale branch %s: %s", xid, exc)
+    return True
+
+
+def write_partition(
+    options: WriteOptions,
+    plan: TargetPlan,
+    *,
+    batch_id: int,
+    partition: int,
+    task_attempt_id: int,
+    run: str,
+    batches: Iterable[pa.RecordBatch],
+    attempt_number: int = 0,
+) -> BranchOutcome:
+    """Write one partition as one prepared branch and report it."""
+    start = time.perf_counter()
+    rest = _non_empty(batches)
+    first = next(rest, None)
+    if first is None:
+        return BranchOutcome(partition, None)
+    xid = Xid(options.sink_id, batch_id, partition, attempt_token(task_attempt_id, run))
+    dialect = dialect_for(options.url)
+    journal = Journal(dialect, options.journal_schema, options.journal_prefix)
+    try:
+        if not clear_blockers(dialect, journal, xid):
+            log.info(
+                "sink %s batch %s is already decided: partition %s writes nothing", options.sink_id, batch_id, partition
+            )
+            for _ in rest:  # drain, so Spark sees the partition consumed
+                pass
+            return BranchOutcome(partition, None, skipped=True)
+        fault("task.before_load", partition=partition, attempt=attempt_number, batch=batch_id)
+        session = dialect.open_branch(xid, plan)
+        try:
+            rows = session.load(conform(b, plan, partition) for b in itertools.chain([first], rest))
+            fault("task.before_prepare", partition=partition, attempt=attempt_number, batch=batch_id)
+        except BaseException:
+            session.rollback()
+            raise
+        session.prepare()
+    finally:
+        dialect.dispose()
+    seconds = time.perf_counter() - start
+    log.info("prepared branch %s: %d rows in %.3fs", xid, rows, seconds)
+    fault("task.after_prepare", partition=partition, attempt=attempt_number, batch=batch_id)
+    return BranchOutcome(partition, xid.gid, rows, seconds=seconds)

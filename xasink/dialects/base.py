@@ -1,0 +1,183 @@
+"""What every database dialect provides: the XA verbs, recovery, bulk load and checks.
+
+Dialects are the only modules that speak SQL.  The control side (the
+driver's journal, commit and sweep) runs through a SQLAlchemy engine; the
+branch side (an executor loading rows) uses whatever driver API is fastest.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import pyarrow as pa
+import sqlalchemy as sa
+from sqlalchemy.engine import URL, Connection, Engine
+from sqlalchemy.pool import NullPool
+
+from ..errors import ConnectError, XasinkError
+from ..xid import Xid
+
+log = logging.getLogger(__name__)
+
+
+class ErrorKind(enum.Enum):
+    TRANSIENT = "transient"  # retry (only ever outside a branch)
+    UNKNOWN_XID = "unknown_xid"  # the server no longer knows the branch
+    FATAL = "fatal"
+
+
+@dataclass(frozen=True)
+class PreparedTxn:
+    """One prepared transaction on the server, ours (``xid`` set) or foreign."""
+
+    gid: str
+    xid: Xid | None
+    prepared_at: datetime | None = None
+    owner: str | None = None
+    database: str | None = None
+
+
+@dataclass(frozen=True)
+class TargetPlan:
+    """How rows reach the target table: decided on the driver, shipped to executors."""
+
+    schema: str | None
+    table: str
+    arrow_schema: pa.Schema  # column names and exact types the table takes
+    source_names: tuple[str, ...]  # DataFrame column for each arrow_schema field
+    upsert_keys: tuple[str, ...] = ()
+
+
+def redact(text: str, secret: str | None) -> str:
+    """Remove a password from a message, whatever quoting it went through."""
+    if secret:
+        for form in {secret, re.escape(secret), secret.replace("'", "''")}:
+            text = text.replace(form, "***")
+    return text
+
+
+class BranchSession(ABC):
+    """One XA branch on its own connection, owned by one task attempt."""
+
+    def __init__(self, xid: Xid) -> None:
+        self.xid = xid
+
+    @abstractmethod
+    def load(self, batches: Iterator[pa.RecordBatch]) -> int:
+        """Load rows inside the branch; returns the number of rows."""
+
+    @abstractmethod
+    def prepare(self) -> None:
+        """End and PREPARE the branch, verify it is prepared, and disconnect."""
+
+    @abstractmethod
+    def rollback(self) -> None:
+        """Roll back an unprepared branch and disconnect; never raises."""
+
+
+class Dialect(ABC):
+    """One place per database."""
+
+    name: str = ""
+
+    def __init__(self, url: URL) -> None:
+        self.url = url
+        self._engine: Engine | None = None
+
+    # -- control side -------------------------------------------------------
+    @property
+    def engine(self) -> Engine:
+        if self._engine is None:
+            self._engine = sa.create_engine(self.url, poolclass=NullPool, connect_args=self.connect_args())
+        return self._engine
+
+    def connect_args(self) -> dict[str, Any]:
+        return {}
+
+    def connect(self, autocommit: bool = False) -> Connection:
+        """A control connection; connection failures become a :class:`ConnectError` that says what to do."""
+        try:
+            conn = self.engine.connect()
+        except sa.exc.DBAPIError as exc:
+            raise self.connect_error(exc) from None
+        if autocommit:
+            conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+        return conn
+
+    def where(self) -> str:
+        return f"{self.url.host or 'localhost'}:{self.url.port or self.default_port}/{self.url.database}"
+
+    default_port = 0
+
+    def connect_error(self, exc: BaseException) -> XasinkError:
+        orig = getattr(exc, "orig", exc)
+        text = redact(str(orig).strip(), self.url.password)
+        low = text.lower()
+        if "password" in low or "access denied" in low or "authentication" in low:
+            return ConnectError(
+                f"authentication failed for user '{self.url.username}' at {self.where()}: "
+                f"check the 'user' and 'password' options ({text.splitlines()[0]})"
+            )
+        if "does not exist" in low or "unknown database" in low:
+            return ConnectError(f"{self.where()}: {text.splitlines()[0]}; create it or fix the database in 'url'")
+        return ConnectError(
+            f"cannot connect to {self.name} at {self.where()}: is the server running and "
+            f"reachable from here? ({text.splitlines()[0] if text else type(orig).__name__})"
+        )
+
+    def dispose(self) -> None:
+        if self._engine is not None:
+            self._engine.dispose()
+            self._engine = None
+
+    @abstractmethod
+    def commit_prepared(self, conn: Connection, xid: Xid) -> None: ...
+
+    @abstractmethod
+    def rollback_prepared(self, conn: Connection, xid: Xid) -> None: ...
+
+    @abstractmethod
+    def rollback_foreign(self, conn: Connection, gid: str) -> None:
+        """Roll back a transaction that is not ours; only ever on an operator's explicit request."""
+
+    @abstractmethod
+    def list_prepared(self, conn: Connection) -> list[PreparedTxn]:
+        """Every prepared transaction this connection's database could finish."""
+
+    @abstractmethod
+    def classify(self, exc: BaseException) -> ErrorKind: ...
+
+    @abstractmethod
+    def check_server(self, conn: Connection, branches: int | None) -> None:
+        """Raise :class:`PreflightError` when the server cannot hold ``branches`` prepared branches."""
+
+    # -- tables --------------------------------------------------------------
+    @abstractmethod
+    def arrow_type(self, column: Any, source: pa.DataType) -> pa.DataType | None:
+        """The Arrow type that loads exactly into a reflected column (fed from ``source``), or None."""
+
+    @abstractmethod
+    def sql_type(self, arrow_type: pa.DataType) -> sa.types.TypeEngine[Any] | None:
+        """The column type a new table gets for an Arrow type, or None if unsupported."""
+
+    @abstractmethod
+    def parse_type(self, text: str) -> sa.types.TypeEngine[Any]:
+        """A ``createTableColumnTypes`` entry as a SQLAlchemy type of this dialect."""
+
+    def table_kwargs(self) -> dict[str, Any]:
+        """Extra keywords for tables xasink creates (e.g. the storage engine)."""
+        return {}
+
+    def check_table(self, conn: Connection, plan: TargetPlan) -> None:  # noqa: B027 - optional hook
+        """Dialect-specific checks of the target table (e.g. storage engine)."""
+
+    # -- branch side ---------------------------------------------------------
+    @abstractmethod
+    def open_branch(self, xid: Xid, plan: TargetPlan) -> BranchSession: ...

@@ -1,0 +1,285 @@
+"""PostgreSQL: PREPARE TRANSACTION, COPY BINARY through ADBC, pg_prepared_xacts."""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql as pg
+from sqlalchemy.engine import Connection
+
+from ..errors import BranchError, PreflightError
+from ..xid import Xid
+from .base import BranchSession, Dialect, ErrorKind, PreparedTxn, TargetPlan, redact
+
+log = logging.getLogger(__name__)
+
+_SA_DIALECT = pg.psycopg2.dialect()
+_LITERAL = sa.String().literal_processor(_SA_DIALECT)
+
+_TRANSIENT_STATES = {"40001", "40P01", "55P03", "57P01", "57P02", "57P03", "53300", "58000", "58030"}
+_UNKNOWN_XID_STATE = "42704"
+
+# SQLSTATEs a branch can fail with, and what the user should do about them
+_BRANCH_HINTS = {
+    "23505": "duplicate key: the rows collide with rows already in the table (or in this batch); "
+    "deduplicate the DataFrame or use upsertKeyColumns",
+    "23502": "NULL in a NOT NULL column: fill or filter the NULLs first",
+    "23503": "foreign key violation: load the referenced rows first",
+    "23514": "check constraint violation",
+    "22001": "a string is longer than its column allows: widen the column or truncate the data",
+    "22003": "a number is out of range for its column: widen the column type",
+    "53400": "the server has no free prepared-transaction slot: raise max_prepared_transactions "
+    "(at least the number of partitions) or coalesce the DataFrame to fewer partitions",
+    "42501": "permission denied: grant INSERT on the table (and USAGE on its schema) to the writing user",
+}
+
+
+def _sqlstate(exc: BaseException) -> str | None:
+    orig = getattr(exc, "orig", exc)
+    for attr in ("pgcode", "sqlstate"):
+        code = getattr(orig, attr, None)
+        if code:
+            return str(code)
+    m = re.search(r"SQLSTATE: ([0-9A-Z]{5})", str(orig))
+    return m.group(1) if m else None
+
+
+def _literal(value: str) -> str:
+    assert _LITERAL is not None
+    return str(_LITERAL(value))
+
+
+class PostgresBranch(BranchSession):
+    """A branch: one ADBC connection in a transaction, rows loaded by binary COPY, then PREPAREd."""
+
+    def __init__(self, dialect: PostgresDialect, xid: Xid, plan: TargetPlan) -> None:
+        super().__init__(xid)
+        import adbc_driver_postgresql.dbapi as adbc
+
+        self.dialect = dialect
+        self.plan = plan
+        try:
+            self.conn = adbc.connect(dialect.libpq_uri(), autocommit=False)
+        except Exception as exc:  # noqa: BLE001 - any driver error is a connect error here
+            raise dialect.connect_error(exc) from None
+        self.cursor = self.conn.cursor()
+
+    def load(self, batches: Iterator[pa.RecordBatch]) -> int:
+        count = 0
+
+        def counted() -> Iterator[pa.RecordBatch]:
+            nonlocal count
+            for batch in batches:
+                count += batch.num_rows
+                yield batch
+
+        reader = pa.RecordBatchReader.from_batches(self.plan.arrow_schema, counted())
+        try:
+            self.cursor.adbc_ingest(self.plan.table, reader, mode="append", db_schema_name=self.plan.schema)
+        except BranchError:
+            raise
+        except Exception as exc:
+            raise self.dialect.branch_error(exc, self.xid, self.plan) from None
+        return count
+
+    def prepare(self) -> None:
+        try:
+            self.cursor.execute(f"PREPARE TRANSACTION {_literal(self.xid.gid)}")
+            self.cursor.execute("SELECT count(*) FROM pg_prepared_xacts WHERE gid = $1", parameters=(self.xid.gid,))
+            row = self.cursor.fetchone()
+        except Exception as exc:
+            raise self.dialect.branch_error(exc, self.xid, self.plan) from None
+        finally:
+            self._close()
+        if not row or row[0] != 1:
+            raise BranchError(f"branch {self.xid} was not prepared (the server rolled it back); nothing of it remains")
+
+    def rollback(self) -> None:
+        try:
+            self.conn.rollback()
+        except Exception as exc:  # noqa: BLE001 - the connection may be gone; the server rolls back then
+            log.debug("rollback of %s: %s", self.xid, exc)
+        self._close()
+
+    def _close(self) -> None:
+        for obj in (self.cursor, self.conn):
+            try:
+                obj.close()
+            except Exception:  # noqa: BLE001,S110 - closing a dead connection
+                pass
+
+
+class PostgresDialect(Dialect):
+    name = "PostgreSQL"
+    default_port = 5432
+
+    def connect_args(self) -> dict[str, Any]:
+        return {"connect_timeout": 10, "application_name": "xasink"}
+
+    def libpq_uri(self) -> str:
+        """A libpq URI for ADBC; it carries the password, so it is never logged."""
+        url = self.url.set(drivername="postgresql", query={**dict(self.url.query), "application_name": "xasink"})
+        return url.render_as_string(hide_password=False)
+
+    # -- XA verbs ----------------------------------------------------------
+    def commit_prepared(self, conn: Connection, xid: Xid) -> None:
+        conn.exec_driver_sql(f"COMMIT PREPARED {_literal(xid.gid)}")
+
+    def rollback_prepared(self, conn: Connection, xid: Xid) -> None:
+        conn.exec_driver_sql(f"ROLLBACK PREPARED {_literal(xid.gid)}")
+
+    def rollback_foreign(self, conn: Connection, gid: str) -> None:
+        conn.exec_driver_sql(f"ROLLBACK PREPARED {_literal(gid)}")
+
+    def list_prepared(self, conn: Connection) -> list[PreparedTxn]:
+        rows = conn.exec_driver_sql(
+            "SELECT gid, prepared, owner, database FROM pg_prepared_xacts "
+            "WHERE database = current_database() ORDER BY prepared"
+        ).fetchall()
+        return [PreparedTxn(r[0], Xid.parse(r[0]), r[1], r[2], r[3]) for r in rows]
+
+    def classify(self, exc: BaseException) -> ErrorKind:
+        state = _sqlstate(exc)
+        if state == _UNKNOWN_XID_STATE:
+            return ErrorKind.UNKNOWN_XID
+        if state in _TRANSIENT_STATES or (state or "").startswith("08"):
+            return ErrorKind.TRANSIENT
+        if isinstance(exc, sa.exc.DBAPIError) and exc.connection_invalidated:
+            return ErrorKind.TRANSIENT
+        if state is None and isinstance(exc, (sa.exc.OperationalError, sa.exc.InterfaceError)):
+            return ErrorKind.TRANSIENT
+        return ErrorKind.FATAL
+
+    def check_server(self, conn: Connection, branches: int | None) -> None:
+        limit = int(conn.exec_driver_sql("SHOW max_prepared_transactions").scalar_one())
+        if limit == 0:
+            raise PreflightError(
+                f"PostgreSQL at {self.where()} has max_prepared_transactions = 0, which disables PREPARE TRANSACTION. "
+                "Set it to at least the number of partitions you write (e.g. 'ALTER SYSTEM SET "
+                "max_prepared_transactions = 64' or postgresql.conf) and restart the server."
+            )
+        if branches:
+            in_use = int(conn.exec_driver_sql("SELECT count(*) FROM pg_prepared_xacts").scalar_one())
+            if branches > limit - in_use:
+                raise PreflightError(
+                    f"PostgreSQL at {self.where()} has {limit - in_use} free prepared-transaction slots "
+                    f"(max_prepared_transactions = {limit}, {in_use} in use) but this write needs {branches}: "
+                    "coalesce to fewer partitions (numPartitions) or raise max_prepared_transactions."
+                )
+
+    def branch_error(self, exc: BaseException, xid: Xid, plan: TargetPlan) -> BranchError:
+        state = _sqlstate(exc)
+        text = redact(str(getattr(exc, "orig", exc)), self.url.password)
+        text = re.sub(r"^[A-Z_]+: \[libpq\] ", "", text.strip())
+        hint = _BRANCH_HINTS.get(state or "")
+        target = f"{plan.schema}.{plan.table}" if plan.schema else plan.table
+        msg = f"partition {xid.partition} could not be written to {target}: {text.splitlines()[0] if text else exc}"
+        detail = [ln for ln in text.splitlines()[1:] if ln.startswith(("DETAIL", "HINT"))]
+        if detail:
+            msg += " (" + "; ".join(d.strip() for d in detail) + ")"
+        if hint:
+            msg += f". {hint}"
+        err = BranchError(msg + ". The branch was rolled back; nothing of this batch is visible.")
+        err.sqlstate = state  # type: ignore[attr-defined]
+        return err
+
+    # -- tables ------------------------------------------------------------
+    def arrow_type(self, column: Any, source: pa.DataType) -> pa.DataType | None:
+        t = column["type"]
+        if isinstance(t, sa.SmallInteger):
+            return pa.int16()
+        if isinstance(t, sa.BigInteger):
+            return pa.int64()
+        if isinstance(t, sa.Integer):
+            return pa.int32()
+        if isinstance(t, sa.REAL):
+            return pa.float32()
+        if isinstance(t, sa.Float):
+            return pa.float64()
+        if isinstance(t, sa.Numeric):
+            if t.precision is None:  # unconstrained numeric takes any scale: keep the source's
+                if pa.types.is_decimal(source):
+                    return source
+                return pa.decimal128(20, 0) if pa.types.is_integer(source) else pa.decimal128(38, 12)
+            if t.precision <= 38:
+                return pa.decimal128(t.precision, t.scale or 0)
+            return pa.decimal256(t.precision, t.scale or 0)
+        if isinstance(t, sa.Boolean):
+            return pa.bool_()
+        if isinstance(t, (sa.String,)) and not isinstance(t, sa.Enum):
+            return pa.string()
+        if isinstance(t, sa.LargeBinary):
+            return pa.binary()
+        if isinstance(t, sa.DateTime):
+            return pa.timestamp("us", tz="UTC") if t.timezone else pa.timestamp("us")
+        if isinstance(t, sa.Date):
+            return pa.date32()
+        return None
+
+    def sql_type(self, arrow_type: pa.DataType) -> sa.types.TypeEngine[Any] | None:
+        t = arrow_type
+        if pa.types.is_int8(t) or pa.types.is_int16(t):
+            return sa.SmallInteger()
+        if pa.types.is_int32(t):
+            return sa.Integer()
+        if pa.types.is_int64(t):
+            return sa.BigInteger()
+        if pa.types.is_float32(t):
+            return pg.REAL()
+        if pa.types.is_float64(t):
+            return pg.DOUBLE_PRECISION()
+        if pa.types.is_decimal(t):
+            return sa.Numeric(t.precision, t.scale)
+        if pa.types.is_boolean(t):
+            return sa.Boolean()
+        if pa.types.is_string(t) or pa.types.is_large_string(t):
+            return sa.Text()
+        if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+            return pg.BYTEA()
+        if pa.types.is_date(t):
+            return sa.Date()
+        if pa.types.is_timestamp(t):
+            return pg.TIMESTAMP(timezone=t.tz is not None)
+        if pa.types.is_null(t):
+            return sa.Text()
+        return None
+
+    def parse_type(self, text: str) -> sa.types.TypeEngine[Any]:
+        m = re.fullmatch(r"\s*([A-Za-z][A-Za-z ]*?)\s*(?:\(\s*(\d+)\s*(?:,\s*(\d+)\s*)?\))?\s*", text)
+        if m is None:
+            raise PreflightError(f"createTableColumnTypes: cannot parse type {text!r}")
+        name = " ".join(m.group(1).lower().split())
+        name = {
+            "int": "integer",
+            "int4": "integer",
+            "int8": "bigint",
+            "int2": "smallint",
+            "varchar": "character varying",
+            "char": "character",
+            "float8": "double precision",
+            "float4": "real",
+            "bool": "boolean",
+            "decimal": "numeric",
+            "timestamptz": "timestamp with time zone",
+            "double": "double precision",
+            "string": "text",
+            "long": "bigint",
+            "binary": "bytea",
+        }.get(name, name)
+        cls = _SA_DIALECT.ischema_names.get(name)
+        if cls is None:
+            raise PreflightError(f"createTableColumnTypes: unknown PostgreSQL type {text!r}")
+        args = [int(a) for a in m.groups()[1:] if a is not None]
+        try:
+            return cls(*args) if args else cls()  # type: ignore[no-any-return]
+        except TypeError:
+            raise PreflightError(f"createTableColumnTypes: type {text!r} takes no such arguments") from None
+
+    # -- branch ------------------------------------------------------------
+    def open_branch(self, xid: Xid, plan: TargetPlan) -> BranchSession:
+        return PostgresBranch(self, xid, plan)

@@ -1,0 +1,39 @@
+"""Exceptions users can catch; every message says what to do next."""
+
+from __future__ import annotations
+
+
+class XasinkError(Exception):
+    """Base class of every error xasink raises on purpose."""
+
+
+class OptionError(XasinkError, ValueError):
+    """A user option is unknown, missing or invalid; raised before any work starts."""
+
+
+class PreflightError(XasinkError):
+    """The server or the target table cannot take an XA write as configured."""
+
+
+class ConnectError(PreflightError):
+    """The server is unreachable or refused the credentials."""
+
+
+class BranchError(XasinkError):
+    """A partition's branch failed before PREPARE; it was rolled back."""
+
+
+class BatchAbortedError(XasinkError):
+    """The batch was not decided: no row of it is visible and nothing of it is left prepared."""
+
+
+class CommitIncompleteError(XasinkError):
+    """The batch is decided but some branches could not be committed yet.
+
+    The decision is durable: the rows will appear when recovery (the next
+    write of the same sink, or ``xasink recover``) commits the rest.
+    """
+
+
+class ConcurrentWriterError(BatchAbortedError):
+    """Another writer or a recovery run settled this batch first."""

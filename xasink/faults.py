@@ -1,0 +1,79 @@
+"""Named fault points, for testing only.
+
+Set ``XASINK_FAULT`` (or, for Spark tasks, the local property
+``xasink.fault``) to a comma-separated list of specs::
+
+    point[:action][:p=PARTITION][:a=ATTEMPT][:b=BATCH]
+
+``action`` is ``kill`` (default: SIGKILL this process, or its whole process
+group when ``XASINK_FAULT_SCOPE=group``, which takes a Spark driver down with
+its JVM) or ``raise`` (raise :class:`InjectedFault`).  Unset, a fault point
+costs one dictionary lookup.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from collections.abc import Callable
+
+log = logging.getLogger(__name__)
+
+ENV = "XASINK_FAULT"
+LOCAL_PROPERTY = "xasink.fault"
+
+POINTS = (
+    "task.before_load",  # branch started, before any row is loaded
+    "task.before_prepare",  # rows loaded, before PREPARE
+    "task.after_prepare",  # branch prepared, before the task returns its message
+    "driver.before_decide",  # all branches prepared, before the decision is recorded
+    "driver.after_decide",  # decision durable, before any COMMIT
+    "driver.after_first_commit",  # one branch committed, others maybe not
+    "driver.after_commits",  # every branch committed, before the batch is marked committed
+    "driver.after_mark",  # batch marked committed, before the sweep and before Spark's own commit log
+)
+
+# where Spark tasks can read a per-job spec; set by the Spark adapter
+task_spec_source: Callable[[], str | None] | None = None
+
+
+class InjectedFault(RuntimeError):
+    """Raised at a fault point whose action is ``raise``."""
+
+
+def _matches(spec: str, point: str, partition: int | None, attempt: int | None, batch: int | None) -> str | None:
+    parts = spec.strip().split(":")
+    if parts[0] != point:
+        return None
+    action = "kill"
+    for part in parts[1:]:
+        key, _, value = part.partition("=")
+        if not value:
+            action = key
+        elif key == "p" and partition is not None and int(value) != partition:
+            return None
+        elif key == "a" and attempt is not None and int(value) != attempt:
+            return None
+        elif key == "b" and batch is not None and int(value) != batch:
+            return None
+    return action
+
+
+def fault(point: str, *, partition: int | None = None, attempt: int | None = None, batch: int | None = None) -> None:
+    """Kill or raise here if a test asked for it."""
+    spec = os.environ.get(ENV)
+    if not spec and task_spec_source is not None and point.startswith("task."):
+        spec = task_spec_source()
+    if not spec:
+        return
+    for item in spec.split(","):
+        action = _matches(item, point, partition, attempt, batch)
+        if action is None:
+            continue
+        log.warning("fault point %s reached: %s", point, action)
+        if action == "raise":
+            raise InjectedFault(f"injected fault at {point}")
+        if os.environ.get("XASINK_FAULT_SCOPE") == "group":
+            os.killpg(os.getpgid(0), signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)

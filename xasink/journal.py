@@ -1,0 +1,218 @@
+"""The decision log: which batches of which sinks are decided, with their branch lists.
+
+Two small tables in the target database, written on the driver in short
+ordinary transactions, never inside a branch:
+
+* ``<prefix>sinks``: one row per sink.  Its row lock serializes deciding a
+  batch against rolling back undecided branches (DESIGN invariant 4).
+* ``<prefix>batches``: one row per decided (sink, batch): state
+  ``committing`` (decided) or ``committed``, the exact xid list, figures.
+  Its primary key makes a second decision for the same batch impossible
+  (invariant 3).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from .dialects.base import Dialect
+from .errors import PreflightError
+from .xid import Xid
+
+log = logging.getLogger(__name__)
+
+COMMITTING = "committing"
+COMMITTED = "committed"
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+@dataclass(frozen=True)
+class BatchRecord:
+    sink_id: str
+    batch_id: int
+    state: str
+    xids: tuple[Xid, ...]
+    rows: int = 0
+    branches: int = 0
+    prepare_ms: int = 0
+    commit_ms: int | None = None
+    decided_at: datetime | None = None
+    committed_at: datetime | None = None
+
+    @property
+    def committed(self) -> bool:
+        return self.state == COMMITTED
+
+
+def journal_metadata(schema: str | None = None, prefix: str = "xasink_") -> tuple[sa.Table, sa.Table]:
+    """The two journal tables; ``sql/*.sql`` holds the same DDL for DBAs."""
+    md = sa.MetaData(schema=schema)
+    sinks = sa.Table(
+        f"{prefix}sinks",
+        md,
+        sa.Column("sink_id", sa.String(32), primary_key=True),
+        sa.Column("created_at", sa.DateTime, nullable=False),
+    )
+    batches = sa.Table(
+        f"{prefix}batches",
+        md,
+        sa.Column("sink_id", sa.String(32), primary_key=True),
+        sa.Column("batch_id", sa.BigInteger, primary_key=True, autoincrement=False),
+        sa.Column("state", sa.String(16), nullable=False),
+        sa.Column("xids", sa.Text, nullable=False),
+        sa.Column("rows", sa.BigInteger, nullable=False),
+        sa.Column("branches", sa.Integer, nullable=False),
+        sa.Column("prepare_ms", sa.Integer, nullable=False),
+        sa.Column("commit_ms", sa.Integer),
+        sa.Column("decided_at", sa.DateTime, nullable=False),
+        sa.Column("committed_at", sa.DateTime),
+    )
+    return sinks, batches
+
+
+class Journal:
+    def __init__(self, dialect: Dialect, schema: str | None = None, prefix: str = "xasink_") -> None:
+        self.dialect = dialect
+        self.sinks, self.batches = journal_metadata(schema, prefix)
+        self._known_sinks: set[str] = set()
+
+    # -- set-up ---------------------------------------------------------------
+    def exists(self, conn: Connection) -> bool:
+        return sa.inspect(conn).has_table(self.batches.name, schema=self.batches.schema)
+
+    def ensure(self) -> None:
+        """Create the tables if they are missing (first use); a concurrent creator is fine."""
+        with self.dialect.connect() as conn:
+            if self.exists(conn) and sa.inspect(conn).has_table(self.sinks.name, schema=self.sinks.schema):
+                return
+            conn.rollback()
+            try:
+                with conn.begin():
+                    self.sinks.metadata.create_all(conn, checkfirst=True)
+            except sa.exc.IntegrityError:  # another process created them at the same moment
+                pass
+            except sa.exc.DBAPIError as exc:
+                raise PreflightError(
+                    f"cannot create the xasink decision log tables {self.batches.fullname} and "
+                    f"{self.sinks.fullname}: {str(exc.orig).strip().splitlines()[0]}. Create them with "
+                    "sql/postgres.sql or sql/mysql.sql, or grant CREATE, or pick a schema with 'journalSchema'."
+                ) from None
+
+    # -- reads ------------------------------------------------------------------
+    def _record(self, row: sa.Row[tuple[object, ...]]) -> BatchRecord:
+        m = row._mapping
+        xids = tuple(x for x in (Xid.parse(g) for g in json.loads(m["xids"])) if x is not None)
+        return BatchRecord(
+            m["sink_id"],
+            int(m["batch_id"]),
+            m["state"],
+            xids,
+            int(m["rows"]),
+            int(m["branches"]),
+            int(m["prepare_ms"]),
+            m["commit_ms"],
+            m["decided_at"],
+            m["committed_at"],
+        )
+
+    def get(self, conn: Connection, sink_id: str, batch_id: int) -> BatchRecord | None:
+        b = self.batches.c
+        row = conn.execute(sa.select(self.batches).where(b.sink_id == sink_id, b.batch_id == batch_id)).first()
+        return self._record(row) if row is not None else None
+
+    def get_many(self, conn: Connection, sink_id: str, batch_ids: set[int]) -> dict[int, BatchRecord]:
+        if not batch_ids:
+            return {}
+        b = self.batches.c
+        rows = conn.execute(sa.select(self.batches).where(b.sink_id == sink_id, b.batch_id.in_(sorted(batch_ids))))
+        return {int(r._mapping["batch_id"]): self._record(r) for r in rows}
+
+    def pending(self, conn: Connection, sink_id: str | None = None) -> list[BatchRecord]:
+        """Decided batches not yet marked committed."""
+        b = self.batches.c
+        q = sa.select(self.batches).where(b.state == COMMITTING)
+        if sink_id is not None:
+            q = q.where(b.sink_id == sink_id)
+        return [self._record(r) for r in conn.execute(q.order_by(b.sink_id, b.batch_id))]
+
+    def recent(self, conn: Connection, sink_id: str | None = None, limit: int = 20) -> list[BatchRecord]:
+        b = self.batches.c
+        q = sa.select(self.batches)
+        if sink_id is not None:
+            q = q.where(b.sink_id == sink_id)
+        q = q.order_by(b.decided_at.desc(), b.batch_id.desc()).limit(limit)
+        return [self._record(r) for r in conn.execute(q)]
+
+    def sink_ids(self, conn: Connection) -> list[str]:
+        return [r[0] for r in conn.execute(sa.select(self.sinks.c.sink_id).order_by(self.sinks.c.sink_id))]
+
+    # -- the serialization point --------------------------------------------------
+    def _ensure_sink(self, sink_id: str) -> None:
+        if sink_id in self._known_sinks:
+            return
+        with self.dialect.connect() as conn:
+            found = conn.execute(sa.select(self.sinks.c.sink_id).where(self.sinks.c.sink_id == sink_id)).first()
+            conn.rollback()
+            if found is None:
+                try:
+                    with conn.begin():
+                        conn.execute(self.sinks.insert().values(sink_id=sink_id, created_at=utcnow()))
+                except sa.exc.IntegrityError:
+                    pass  # inserted concurrently
+        self._known_sinks.add(sink_id)
+
+    @contextmanager
+    def locked(self, sink_id: str) -> Iterator[Connection]:
+        """A transaction holding the sink's row lock: decide and abort-undecided both run inside one."""
+        self._ensure_sink(sink_id)
+        with self.dialect.connect() as conn:
+            with conn.begin():
+                conn.execute(sa.select(self.sinks.c.sink_id).where(self.sinks.c.sink_id == sink_id).with_for_update())
+                yield conn
+
+    def insert_decision(self, conn: Connection, record: BatchRecord) -> None:
+        conn.execute(
+            self.batches.insert().values(
+                sink_id=record.sink_id,
+                batch_id=record.batch_id,
+                state=COMMITTING,
+                xids=json.dumps([x.gid for x in record.xids]),
+                rows=record.rows,
+                branches=record.branches,
+                prepare_ms=record.prepare_ms,
+                decided_at=utcnow(),
+            )
+        )
+
+    def mark_committed(self, conn: Connection, sink_id: str, batch_id: int, commit_ms: int | None) -> None:
+        b = self.batches.c
+        conn.execute(
+            self.batches.update()
+            .where(b.sink_id == sink_id, b.batch_id == batch_id, b.state == COMMITTING)
+            .values(state=COMMITTED, commit_ms=commit_ms, committed_at=utcnow())
+        )
+        conn.commit()
+
+    def trim(self, conn: Connection, sink_id: str, keep: int) -> int:
+        """Delete committed rows of a sink older than its newest ``keep`` batches."""
+        b = self.batches.c
+        newest = conn.execute(sa.select(sa.func.max(b.batch_id)).where(b.sink_id == sink_id)).scalar()
+        if newest is None or newest - keep < 0:
+            conn.rollback()
+            return 0
+        res = conn.execute(
+            self.batches.delete().where(b.sink_id == sink_id, b.state == COMMITTED, b.batch_id <= newest - keep)
+        )
+        conn.commit()
+        return int(res.rowcount or 0)

@@ -1,0 +1,312 @@
+"""User options, parsed and validated once into a frozen value.
+
+Names follow Spark's JDBC writer so that ``format("jdbc")`` becomes
+``format("xasink")`` with nothing else changed.  Keys are case-insensitive.
+Every check runs before any work starts and names the offending option.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit
+
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError
+
+from .errors import OptionError
+from .xid import MAX_BATCH_ID, MAX_SINK_ID, valid_sink_id
+
+# backend name -> SQLAlchemy driver we use for the control connections
+DRIVERS = {"postgresql": "postgresql+psycopg2", "mysql": "mysql+pymysql"}
+_JDBC_SCHEMES = {"postgresql": "postgresql", "mysql": "mysql", "mariadb": "mysql"}
+_URL_SCHEMES = {
+    "postgresql": "postgresql",
+    "postgres": "postgresql",
+    "mysql": "mysql",
+    "mariadb": "mysql",
+}
+
+# Spark JDBC options accepted for drop-in compatibility but without effect here.
+_IGNORED = {
+    "driver",
+    "isolationlevel",
+    "sessioninitstatement",
+    "querytimeout",
+    "checkpointlocation",
+    "path",
+    "queryname",
+    "createtableoptions",
+}
+_REJECTED = {
+    "query": "'query' is a read option; name the target table with 'dbtable'",
+    "truncate": "overwrite is not supported, so 'truncate' has no meaning; append into the table instead",
+    "cascadetruncate": "overwrite is not supported, so 'cascadeTruncate' has no meaning",
+}
+_IDENT_MAX = 63
+
+
+@dataclass(frozen=True)
+class TableName:
+    """A possibly schema-qualified table name, as the database will see it (no quoting)."""
+
+    name: str
+    schema: str | None = None
+
+    def __str__(self) -> str:
+        return f"{self.schema}.{self.name}" if self.schema else self.name
+
+
+@dataclass(frozen=True)
+class WriteOptions:
+    """Everything a write needs, validated.  ``url`` carries the password; its repr masks it."""
+
+    url: URL = field(repr=True)
+    table: TableName
+    sink_id: str
+    sink_id_given: bool
+    batch_id: int
+    num_partitions: int | None = None
+    create_table_column_types: tuple[tuple[str, str], ...] = ()
+    create_table: bool = True
+    batch_size: int = 10_000
+    journal_schema: str | None = None
+    journal_prefix: str = "xasink_"
+    commit_parallelism: int = 4
+    commit_retries: int = 5
+    journal_retention: int = 1000
+    upsert_key_columns: tuple[str, ...] = ()
+    local_infile: bool = True
+    extra: Mapping[str, str] = field(default_factory=dict, repr=False)
+
+    @property
+    def backend(self) -> str:
+        return self.url.get_backend_name()
+
+    def with_batch(self, batch_id: int) -> WriteOptions:
+        return replace(self, batch_id=batch_id)
+
+
+def parse_url(raw: str, user: str | None = None, password: str | None = None) -> URL:
+    """Accept ``jdbc:postgresql://...``, ``jdbc:mysql://...`` and SQLAlchemy URLs."""
+    text = raw.strip()
+    query: dict[str, str] = {}
+    if text.lower().startswith("jdbc:"):
+        parts = urlsplit(text[5:])
+        backend = _JDBC_SCHEMES.get(parts.scheme.lower())
+        if backend is None:
+            raise OptionError(
+                f"option 'url': unsupported JDBC scheme 'jdbc:{parts.scheme}:'; "
+                "use jdbc:postgresql://, jdbc:mysql:// or jdbc:mariadb://"
+            )
+        query = dict(parse_qsl(parts.query))
+        user = user or query.pop("user", None)
+        password = password or query.pop("password", None)
+        try:
+            port = parts.port
+        except ValueError as exc:
+            raise OptionError(f"option 'url': invalid port ({exc})") from None
+        url = URL.create(
+            DRIVERS[backend], host=parts.hostname or "localhost", port=port, database=parts.path.lstrip("/") or None
+        )
+    else:
+        try:
+            url = make_url(text)
+        except ArgumentError:
+            raise OptionError(
+                "option 'url': not a database URL; expected e.g. "
+                "jdbc:postgresql://host:5432/db or postgresql://user@host/db"
+            ) from None
+        backend = _URL_SCHEMES.get(url.get_backend_name())
+        if backend is None:
+            raise OptionError(
+                f"option 'url': unsupported database '{url.get_backend_name()}'; "
+                "xasink writes to PostgreSQL and MySQL/MariaDB"
+            )
+        url = url.set(drivername=DRIVERS[backend])
+    if user:
+        url = url.set(username=user)
+    if password is not None:
+        url = url.set(password=password)
+    if not url.database:
+        raise OptionError("option 'url': no database name; add it to the URL path, e.g. .../mydb")
+    return url
+
+
+_QUOTED_PART = re.compile(r'"((?:[^"]|"")+)"|`((?:[^`]|``)+)`|([^."`]+)')
+
+
+def parse_table(raw: str, backend: str) -> TableName:
+    """Split ``schema.table`` (parts may be quoted with "" or ``); fold unquoted names as the database does."""
+    text = raw.strip()
+    parts: list[str] = []
+    pos = 0
+    while True:
+        m = _QUOTED_PART.match(text, pos)
+        if m is None:
+            raise OptionError(
+                f"option 'dbtable': cannot parse {raw!r}; use table or schema.table "
+                '(quote parts containing dots with "double quotes")'
+            )
+        if m.group(1) is not None:
+            part = m.group(1).replace('""', '"')
+        elif m.group(2) is not None:
+            part = m.group(2).replace("``", "`")
+        else:
+            part = m.group(3).strip()
+            if backend == "postgresql":
+                part = part.lower()
+        if not part or "\x00" in part or len(part.encode()) > _IDENT_MAX:
+            raise OptionError(f"option 'dbtable': invalid name part {part!r} (empty, NUL or over {_IDENT_MAX} bytes)")
+        parts.append(part)
+        pos = m.end()
+        if pos == len(text):
+            break
+        if text[pos] != ".":
+            raise OptionError(f"option 'dbtable': unexpected {text[pos]!r} in {raw!r}")
+        pos += 1
+    if len(parts) > 2:
+        raise OptionError(f"option 'dbtable': {raw!r} has more than two parts; use schema.table")
+    return TableName(parts[-1], parts[0] if len(parts) == 2 else None)
+
+
+def _int(opts: Mapping[str, str], key: str, name: str, default: int | None, lo: int, hi: int) -> int | None:
+    raw = opts.get(key)
+    if raw is None or str(raw).strip() == "":
+        return default
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        raise OptionError(f"option '{name}': expected an integer, got {str(raw)[:40]!r}") from None
+    if not lo <= value <= hi:
+        raise OptionError(f"option '{name}': {value} is out of range [{lo}, {hi}]")
+    return value
+
+
+def _bool(opts: Mapping[str, str], key: str, name: str, default: bool) -> bool:
+    raw = opts.get(key)
+    if raw is None:
+        return default
+    text = str(raw).strip().lower()
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no"):
+        return False
+    raise OptionError(f"option '{name}': expected true or false, got {str(raw)[:40]!r}")
+
+
+def _column_types(raw: str | None) -> tuple[tuple[str, str], ...]:
+    """Parse ``createTableColumnTypes`` ("id BIGINT, name VARCHAR(64)") into (column, type) pairs."""
+    if not raw:
+        return ()
+    out: list[tuple[str, str]] = []
+    for item in raw.split(","):
+        # a comma inside "NUMERIC(10, 2)" splits the item: glue it back
+        if out and re.fullmatch(r"\s*\d+\s*\)\s*", item):
+            col, typ = out.pop()
+            out.append((col, f"{typ},{item.strip()}"))
+            continue
+        m = re.fullmatch(r'\s*("(?:[^"]|"")+"|`(?:[^`]|``)+`|[A-Za-z_][A-Za-z0-9_$]*)\s+(.+?)\s*', item)
+        if m is None:
+            raise OptionError(
+                f"option 'createTableColumnTypes': cannot parse {item.strip()!r}; expected 'column TYPE, column TYPE'"
+            )
+        col = m.group(1)
+        if col[0] in '"`':
+            col = col[1:-1].replace(col[0] * 2, col[0])
+        out.append((col, m.group(2)))
+    for col, typ in out:
+        if not re.fullmatch(r"[A-Za-z][A-Za-z ]*(\(\s*\d+\s*(,\s*\d+\s*)?\))?", typ):
+            raise OptionError(
+                f"option 'createTableColumnTypes': type {typ!r} of column {col!r} is not a plain SQL "
+                "type name such as BIGINT, VARCHAR(64) or NUMERIC(12,2)"
+            )
+    return tuple(out)
+
+
+KNOWN = {
+    "url": "url",
+    "dbtable": "dbtable",
+    "user": "user",
+    "password": "password",
+    "sinkid": "sinkId",
+    "batchid": "batchId",
+    "numpartitions": "numPartitions",
+    "createtablecolumntypes": "createTableColumnTypes",
+    "batchsize": "batchsize",
+    "journalschema": "journalSchema",
+    "journaltableprefix": "journalTablePrefix",
+    "commitparallelism": "commitParallelism",
+    "commitretries": "commitRetries",
+    "journalretention": "journalRetention",
+    "createtable": "createTable",
+    "upsertkeycolumns": "upsertKeyColumns",
+    "localinfile": "localInfile",
+}
+
+
+def parse_options(raw: Mapping[str, Any], *, streaming: bool = False) -> WriteOptions:
+    """Validate user options (keys in any case).  Raises :class:`OptionError` naming the option."""
+    opts: dict[str, str] = {}
+    for key, value in raw.items():
+        low = str(key).lower()
+        if low in _REJECTED:
+            raise OptionError(f"option '{key}': {_REJECTED[low]}")
+        if low not in KNOWN and low not in _IGNORED:
+            hint = ", ".join(sorted(KNOWN.values()))
+            raise OptionError(f"unknown option '{key}'; xasink accepts: {hint}")
+        if value is not None:
+            opts[low] = str(value)
+    if "url" not in opts:
+        raise OptionError("option 'url' is required, e.g. jdbc:postgresql://host:5432/db")
+    if "dbtable" not in opts:
+        raise OptionError("option 'dbtable' is required: the target table, e.g. public.orders")
+    url = parse_url(opts["url"], opts.get("user"), opts.get("password"))
+    table = parse_table(opts["dbtable"], url.get_backend_name())
+
+    sink_raw = opts.get("sinkid")
+    if sink_raw is None:
+        if streaming:
+            raise OptionError(
+                "option 'sinkId' is required for streaming: a stable name for this query, "
+                "e.g. .option('sinkId', 'orders-stream')"
+            )
+        sink_id, sink_given = "w" + uuid.uuid4().hex[:16], False
+    else:
+        sink_id, sink_given = sink_raw.strip(), True
+        if not valid_sink_id(sink_id):
+            raise OptionError(
+                f"option 'sinkId': {sink_raw[:60]!r} is invalid; use 1 to {MAX_SINK_ID} characters "
+                "from A-Z a-z 0-9 _ . -"
+            )
+    batch_id = _int(opts, "batchid", "batchId", 0, 0, MAX_BATCH_ID)
+    if streaming and "batchid" in opts:
+        raise OptionError("option 'batchId' cannot be set for streaming: Spark's micro-batch id is used")
+    keys = tuple(k.strip() for k in opts.get("upsertkeycolumns", "").split(",") if k.strip())
+    journal_schema = opts.get("journalschema") or None
+    prefix = opts.get("journaltableprefix", "xasink_")
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,40}", prefix):
+        raise OptionError("option 'journalTablePrefix': use up to 41 letters, digits and underscores")
+    if journal_schema is not None and (len(journal_schema.encode()) > _IDENT_MAX or "\x00" in journal_schema):
+        raise OptionError("option 'journalSchema': invalid schema name")
+    return WriteOptions(
+        url=url,
+        table=table,
+        sink_id=sink_id,
+        sink_id_given=sink_given,
+        batch_id=batch_id or 0,
+        num_partitions=_int(opts, "numpartitions", "numPartitions", None, 1, 100_000),
+        create_table_column_types=_column_types(opts.get("createtablecolumntypes")),
+        create_table=_bool(opts, "createtable", "createTable", True),
+        batch_size=_int(opts, "batchsize", "batchsize", 10_000, 1, 10_000_000) or 10_000,
+        journal_schema=journal_schema,
+        journal_prefix=prefix,
+        commit_parallelism=_int(opts, "commitparallelism", "commitParallelism", 4, 1, 64) or 4,
+        commit_retries=_int(opts, "commitretries", "commitRetries", 5, 0, 100) or 0,
+        journal_retention=_int(opts, "journalretention", "journalRetention", 1000, 1, 10**9) or 1000,
+        upsert_key_columns=keys,
+        local_infile=_bool(opts, "localinfile", "localInfile", True),
+    )

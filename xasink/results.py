@@ -1,0 +1,41 @@
+"""Values handed between the executors, the driver and the user."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .xid import Xid
+
+
+@dataclass(frozen=True)
+class BranchOutcome:
+    """What one task attempt reports to the driver: its prepared branch, or why it has none."""
+
+    partition: int
+    gid: str | None  # the prepared branch; None when the partition was empty or the batch already decided
+    rows: int = 0
+    skipped: bool = False  # the batch was already decided: nothing written
+    seconds: float = 0.0  # load + prepare time in the task
+
+    @property
+    def xid(self) -> Xid | None:
+        return Xid.parse(self.gid) if self.gid else None
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    """The outcome of one batch, as ``xasink.write`` returns it and the log reports it."""
+
+    sink_id: str
+    batch_id: int
+    rows: int
+    branches: int
+    skipped: bool = False
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        what = (
+            "skipped (already committed)" if self.skipped else f"committed {self.rows} rows in {self.branches} branches"
+        )
+        times = ", ".join(f"{k} {v:.3f}s" for k, v in self.timings.items())
+        return f"sink {self.sink_id} batch {self.batch_id}: {what}" + (f" ({times})" if times else "")

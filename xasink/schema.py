@@ -1,0 +1,178 @@
+"""Match a DataFrame's Arrow schema to the target table: reflect, create, check, and conform batches.
+
+The plan is made once on the driver (so bad input fails before any branch
+opens) and shipped to the executors, which only cast.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from .dialects.base import Dialect, TargetPlan
+from .errors import BranchError, PreflightError
+from .options import WriteOptions
+
+
+def _kind(t: pa.DataType) -> str:
+    if pa.types.is_null(t):
+        return "null"
+    if pa.types.is_integer(t):
+        return "int"
+    if pa.types.is_floating(t):
+        return "float"
+    if pa.types.is_decimal(t):
+        return "decimal"
+    if pa.types.is_boolean(t):
+        return "bool"
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return "string"
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
+        return "binary"
+    if pa.types.is_date(t):
+        return "date"
+    if pa.types.is_timestamp(t):
+        return "timestamp"
+    return "unsupported"
+
+
+_COMPATIBLE = {
+    "int": {"int", "float", "decimal"},
+    "float": {"float", "decimal"},
+    "decimal": {"decimal", "float"},
+    "bool": {"bool"},
+    "string": {"string"},
+    "binary": {"binary"},
+    "date": {"date", "timestamp"},
+    "timestamp": {"timestamp"},
+}
+
+
+def check_source_types(source: pa.Schema) -> None:
+    seen: set[str] = set()
+    for f in source:
+        if _kind(f.type) == "unsupported":
+            raise PreflightError(
+                f"column '{f.name}' has type {f.type}, which xasink cannot write; supported: integers, floats, "
+                "decimal, boolean, string, binary, date, timestamp. Convert it first, e.g. with to_json()."
+            )
+        if f.name.lower() in seen:
+            raise PreflightError(f"the DataFrame has two columns named '{f.name}' (names are matched without case)")
+        seen.add(f.name.lower())
+
+
+def _qualified(options: WriteOptions) -> str:
+    return str(options.table)
+
+
+def create_table(dialect: Dialect, conn: Connection, options: WriteOptions, source: pa.Schema) -> None:
+    overrides = {c.lower(): t for c, t in options.create_table_column_types}
+    unknown = set(overrides) - {f.name.lower() for f in source}
+    if unknown:
+        raise PreflightError(f"createTableColumnTypes names columns not in the DataFrame: {sorted(unknown)}")
+    cols = []
+    for f in source:
+        sql_type: sa.types.TypeEngine[Any] | None
+        if f.name.lower() in overrides:
+            sql_type = dialect.parse_type(overrides[f.name.lower()])
+        else:
+            sql_type = dialect.sql_type(f.type)
+        if sql_type is None:
+            raise PreflightError(f"column '{f.name}': no {dialect.name} type for {f.type}")
+        cols.append(sa.Column(f.name, sql_type, nullable=f.nullable))
+    table = sa.Table(options.table.name, sa.MetaData(schema=options.table.schema), *cols, **dialect.table_kwargs())
+    try:
+        table.create(conn, checkfirst=True)
+        conn.commit()
+    except sa.exc.DBAPIError as exc:
+        conn.rollback()
+        raise PreflightError(
+            f"cannot create table {_qualified(options)}: {str(exc.orig).strip().splitlines()[0]}"
+        ) from None
+
+
+def plan_target(dialect: Dialect, conn: Connection, options: WriteOptions, source: pa.Schema) -> TargetPlan:
+    """Reflect (creating the table in append mode if allowed) and map every DataFrame column to a table column."""
+    check_source_types(source)
+    table, schema = options.table.name, options.table.schema
+    insp = sa.inspect(conn)
+    if schema is not None and schema not in insp.get_schema_names():
+        raise PreflightError(f"schema '{schema}' of table {_qualified(options)} does not exist; create it first")
+    if not insp.has_table(table, schema=schema):
+        if not options.create_table:
+            raise PreflightError(
+                f"table {_qualified(options)} does not exist; create it, or let xasink create it "
+                "from the DataFrame schema with createTable=true"
+            )
+        conn.rollback()
+        create_table(dialect, conn, options, source)
+        insp = sa.inspect(conn)
+    columns = {c["name"]: c for c in insp.get_columns(table, schema=schema)}
+    conn.rollback()
+    by_lower: dict[str, list[str]] = {}
+    for column_name in columns:
+        by_lower.setdefault(column_name.lower(), []).append(column_name)
+    fields = []
+    for f in source:
+        name: str | None = f.name if f.name in columns else None
+        if name is None:
+            candidates = by_lower.get(f.name.lower(), [])
+            if len(candidates) == 1:
+                name = candidates[0]
+        if name is None:
+            raise PreflightError(
+                f"column '{f.name}' of the DataFrame is not in table {_qualified(options)} "
+                f"(it has: {', '.join(columns)}); add the column or select/rename the DataFrame's"
+            )
+        col = columns[name]
+        target = dialect.arrow_type(col, f.type)
+        if target is None:
+            raise PreflightError(
+                f"column '{name}' of {_qualified(options)} has type {col['type']}, which xasink "
+                "cannot load; write to a column of a supported type"
+            )
+        if _kind(target) not in _COMPATIBLE.get(_kind(f.type), set()) and _kind(f.type) != "null":
+            raise PreflightError(
+                f"column '{f.name}': the DataFrame's {f.type} cannot be written to column '{name}' "
+                f"of type {col['type']} in {_qualified(options)}; cast it in Spark first"
+            )
+        fields.append(pa.field(name, target, nullable=True))
+    for key in options.upsert_key_columns:
+        if key not in [fl.name for fl in fields]:
+            raise PreflightError(f"option 'upsertKeyColumns': '{key}' is not a column being written")
+    plan = TargetPlan(schema, table, pa.schema(fields), tuple(f.name for f in source), options.upsert_key_columns)
+    dialect.check_table(conn, plan)
+    return plan
+
+
+def _conform_column(arr: pa.Array, target: pa.DataType) -> pa.Array:
+    src = arr.type
+    if pa.types.is_timestamp(src) and pa.types.is_timestamp(target):
+        if src.tz is not None and target.tz is None:  # as Spark's JDBC writer: wall time in the session zone
+            arr = pc.local_timestamp(arr)
+        elif src.tz is None and target.tz is not None:
+            arr = pc.assume_timezone(arr, "UTC")
+    if pa.types.is_timestamp(src) and pa.types.is_date(target):
+        arr = arr.cast(pa.date32())
+    if arr.type == target:
+        return arr
+    return arr.cast(target, safe=True)
+
+
+def conform(batch: pa.RecordBatch, plan: TargetPlan, partition: int) -> pa.RecordBatch:
+    """Select and cast a DataFrame batch into the table's exact column types; overflow is an error."""
+    arrays = []
+    for name, field in zip(plan.source_names, plan.arrow_schema, strict=True):
+        arr = batch.column(name)
+        try:
+            arrays.append(_conform_column(arr, field.type))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise BranchError(
+                f"partition {partition}: column '{name}' does not fit column '{field.name}' "
+                f"({field.type}) of the table: {exc}. Nothing of this batch is visible."
+            ) from None
+    return pa.RecordBatch.from_arrays(arrays, schema=plan.arrow_schema)
