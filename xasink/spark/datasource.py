@@ -29,7 +29,7 @@ from .. import faults
 from ..branch import write_partition
 from ..coordinator import Coordinator
 from ..dialects.base import TargetPlan
-from ..errors import OptionError
+from ..errors import OptionError, PreflightError
 from ..options import WriteOptions, parse_options
 from ..results import BranchOutcome
 from ..schema import plan_target
@@ -53,12 +53,24 @@ class XasinkCommitMessage(WriterCommitMessage):
     outcome: BranchOutcome
 
 
+def arrow_schema(schema: StructType) -> pa.Schema:
+    """The Arrow schema Spark's Arrow writer hands us, or a clear error naming a column it cannot take."""
+    fields = []
+    for f in schema.fields:
+        try:
+            fields.append(to_arrow_schema(StructType([f]), timezone="UTC").field(0))
+        except Exception:  # noqa: BLE001 - Spark raises assorted errors for types Arrow cannot carry
+            raise PreflightError(f"column '{f.name}' has Spark type {f.dataType.simpleString()}, which xasink cannot "
+                                 "write; cast it to a supported type first") from None
+    return pa.schema(fields)
+
+
 def _prepare(options: WriteOptions, schema: StructType, branches: int | None) -> TargetPlan:
     """Driver-side: server checks, journal, table plan.  Everything that can be wrong fails here."""
     coordinator = Coordinator(options)
     try:
         coordinator.preflight(branches)
-        source = to_arrow_schema(schema)
+        source = arrow_schema(schema)
         with coordinator.dialect.connect() as conn:
             return plan_target(coordinator.dialect, conn, options, source)
     finally:
