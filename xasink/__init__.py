@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from .admin import recover, status
 from .errors import (
     BatchAbortedError,
     BranchError,
@@ -52,6 +53,8 @@ __all__ = [
     "WriteResult",
     "XasinkError",
     "foreach_batch",
+    "recover",
     "register",
+    "status",
     "write",
 ]

@@ -235,7 +235,11 @@ class Coordinator:
         return self.recover(upto=batch_id)
 
     def recover(self, upto: int | None = None, min_age_s: float = 0.0) -> RecoveryReport:
-        """Finish decided batches and roll back undecided branches of this sink (batches <= ``upto``)."""
+        """Finish decided batches and roll back undecided branches of this sink (batches <= ``upto``).
+
+        Undecided branches younger than ``min_age_s`` are left alone (a live
+        batch may still decide them); decided ones are always finished.
+        """
         report = RecoveryReport()
         with self.dialect.connect() as conn:
             pending = [r for r in self.journal.pending(conn, self.sink_id) if upto is None or r.batch_id <= upto]
@@ -251,19 +255,16 @@ class Coordinator:
             mine = [
                 p
                 for p in self.dialect.list_prepared(conn)
-                if p.xid is not None
-                and p.xid.sink_id == self.sink_id
-                and (upto is None or p.xid.batch_id <= upto)
-                and (min_age_s <= 0 or p.prepared_at is None or _age(now, p.prepared_at) >= min_age_s)
+                if p.xid is not None and p.xid.sink_id == self.sink_id and (upto is None or p.xid.batch_id <= upto)
             ]
             decided = self.journal.get_many(conn, self.sink_id, {p.xid.batch_id for p in mine if p.xid})
             doomed = []
             for p in mine:
                 assert p.xid is not None
-                decision = decided.get(p.xid.batch_id)
-                if decision is not None and p.xid in decision.xids:
+                action = branch_action(p.xid, decided.get(p.xid.batch_id), age_seconds(now, p.prepared_at), min_age_s)
+                if action == COMMIT:
                     to_commit.append(p.xid)
-                else:
+                elif action in (ROLLBACK_UNDECIDED, ROLLBACK_ORPHAN):
                     doomed.append(p.xid)
             self._rollback(doomed)
             report.rolled_back += doomed
@@ -276,8 +277,26 @@ class Coordinator:
             self.journal.trim(conn, self.sink_id, self.options.journal_retention)
 
 
-def _age(now: object, then: object) -> float:
+COMMIT = "commit"  # listed in its batch's decision
+ROLLBACK_UNDECIDED = "rollback"  # its batch was never decided
+ROLLBACK_ORPHAN = "rollback-orphan"  # its batch was decided without it (a losing or stale attempt)
+WAIT = "wait"  # undecided but young: a live batch may still decide it
+
+
+def branch_action(xid: Xid, decision: BatchRecord | None, age_s: float | None, min_age_s: float = 0.0) -> str:
+    """What recovery does with one prepared branch of ours; the single rule both recovery and its dry run use."""
+    if decision is not None:
+        return COMMIT if xid in decision.xids else ROLLBACK_ORPHAN
+    if min_age_s > 0 and age_s is not None and age_s < min_age_s:
+        return WAIT
+    return ROLLBACK_UNDECIDED
+
+
+def age_seconds(now: object, then: object) -> float | None:
+    """Seconds since ``then``; None when the server does not say when a branch was prepared (MySQL)."""
+    if then is None:
+        return None
     try:
-        return float((now - then).total_seconds())  # type: ignore[operator]
+        return max(0.0, float((now - then).total_seconds()))  # type: ignore[operator]
     except TypeError:
-        return float("inf")
+        return None
