@@ -82,6 +82,7 @@ def write_partition(
         return BranchOutcome(partition, None)
     xid = Xid(options.sink_id, batch_id, partition, attempt_token(task_attempt_id, run))
     dialect = dialect_for(options.url)
+    dialect.lock_timeout = options.lock_timeout
     journal = Journal(dialect, options.journal_schema, options.journal_prefix)
     try:
         if not clear_blockers(dialect, journal, xid):

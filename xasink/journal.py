@@ -138,6 +138,12 @@ class Journal:
         rows = conn.execute(sa.select(self.batches).where(b.sink_id == sink_id, b.batch_id.in_(sorted(batch_ids))))
         return {int(r._mapping["batch_id"]): self._record(r) for r in rows}
 
+    def last_batch_id(self, conn: Connection, sink_id: str) -> int | None:
+        """The sink's highest decided batch: in a stream every batch below it is settled."""
+        b = self.batches.c
+        value = conn.execute(sa.select(sa.func.max(b.batch_id)).where(b.sink_id == sink_id)).scalar()
+        return int(value) if value is not None else None
+
     def pending(self, conn: Connection, sink_id: str | None = None) -> list[BatchRecord]:
         """Decided batches not yet marked committed."""
         b = self.batches.c

@@ -47,6 +47,7 @@ _REJECTED = {
     "cascadetruncate": "overwrite is not supported, so 'cascadeTruncate' has no meaning",
 }
 _IDENT_MAX = 63
+_PG_JDBC_PARAMS = {"sslmode", "sslrootcert", "sslcert", "sslkey", "options"}
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,7 @@ class WriteOptions:
     journal_retention: int = 1000
     upsert_key_columns: tuple[str, ...] = ()
     local_infile: bool = True
+    lock_timeout: int = 60  # seconds a branch waits for a row lock; bounds a wait on a prepared branch
     extra: Mapping[str, str] = field(default_factory=dict, repr=False)
 
     @property
@@ -109,13 +111,25 @@ def parse_url(raw: str, user: str | None = None, password: str | None = None) ->
             port = parts.port
         except ValueError as exc:
             raise OptionError(f"option 'url': invalid port ({exc})") from None
+        # libpq understands these under the same names; dropping sslmode=require silently would weaken TLS
+        kept = {k: v for k, v in query.items() if backend == "postgresql" and k in _PG_JDBC_PARAMS}
+        dropped_tls = sorted(k for k in query if "ssl" in k.lower() and k not in kept)
+        if dropped_tls:
+            raise OptionError(
+                f"option 'url': JDBC parameter(s) {', '.join(dropped_tls)} cannot be carried over; "
+                "give a SQLAlchemy URL (e.g. mysql://host/db?ssl_ca=...) to configure TLS"
+            )
         url = URL.create(
-            DRIVERS[backend], host=parts.hostname or "localhost", port=port, database=parts.path.lstrip("/") or None
+            DRIVERS[backend],
+            host=parts.hostname or "localhost",
+            port=port,
+            database=parts.path.lstrip("/") or None,
+            query=kept,
         )
     else:
         try:
             url = make_url(text)
-        except ArgumentError:
+        except (ArgumentError, ValueError):  # ValueError: a bad port; its text may hold the password
             raise OptionError(
                 "option 'url': not a database URL; expected e.g. "
                 "jdbc:postgresql://host:5432/db or postgresql://user@host/db"
@@ -136,6 +150,7 @@ def parse_url(raw: str, user: str | None = None, password: str | None = None) ->
     return url
 
 
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 _QUOTED_PART = re.compile(r'"((?:[^"]|"")+)"|`((?:[^`]|``)+)`|([^."`]+)')
 
 
@@ -148,7 +163,7 @@ def parse_table(raw: str, backend: str) -> TableName:
         m = _QUOTED_PART.match(text, pos)
         if m is None:
             raise OptionError(
-                f"option 'dbtable': cannot parse {raw!r}; use table or schema.table "
+                f"option 'dbtable': cannot parse {raw[:80]!r}; use table or schema.table "
                 '(quote parts containing dots with "double quotes")'
             )
         if m.group(1) is not None:
@@ -158,18 +173,20 @@ def parse_table(raw: str, backend: str) -> TableName:
         else:
             part = m.group(3).strip()
             if backend == "postgresql":
-                part = part.lower()
+                part = part.translate(_ASCII_LOWER)  # PostgreSQL folds only ASCII letters
         if not part or "\x00" in part or len(part.encode()) > _IDENT_MAX:
-            raise OptionError(f"option 'dbtable': invalid name part {part!r} (empty, NUL or over {_IDENT_MAX} bytes)")
+            raise OptionError(
+                f"option 'dbtable': invalid name part {part[:80]!r} (empty, NUL or over {_IDENT_MAX} bytes)"
+            )
         parts.append(part)
         pos = m.end()
         if pos == len(text):
             break
         if text[pos] != ".":
-            raise OptionError(f"option 'dbtable': unexpected {text[pos]!r} in {raw!r}")
+            raise OptionError(f"option 'dbtable': unexpected {text[pos]!r} in {raw[:80]!r}")
         pos += 1
     if len(parts) > 2:
-        raise OptionError(f"option 'dbtable': {raw!r} has more than two parts; use schema.table")
+        raise OptionError(f"option 'dbtable': {raw[:80]!r} has more than two parts; use schema.table")
     return TableName(parts[-1], parts[0] if len(parts) == 2 else None)
 
 
@@ -198,30 +215,47 @@ def _bool(opts: Mapping[str, str], key: str, name: str, default: bool) -> bool:
     raise OptionError(f"option '{name}': expected true or false, got {str(raw)[:40]!r}")
 
 
+def _split_top_level(raw: str) -> list[str]:
+    """Split on commas outside quotes and parentheses: "NUMERIC(10, 2)" and a quoted "a,b" stay whole."""
+    items: list[str] = []
+    buf: list[str] = []
+    quote, depth = "", 0
+    for ch in raw:
+        if quote:
+            quote = "" if ch == quote else quote  # a doubled quote closes and reopens
+        elif ch in '"`':
+            quote = ch
+        elif ch in "()":
+            depth += 1 if ch == "(" else -1
+        elif ch == "," and depth == 0:
+            items.append("".join(buf))
+            buf = []
+            continue
+        buf.append(ch)
+    items.append("".join(buf))
+    return items
+
+
 def _column_types(raw: str | None) -> tuple[tuple[str, str], ...]:
     """Parse ``createTableColumnTypes`` ("id BIGINT, name VARCHAR(64)") into (column, type) pairs."""
     if not raw:
         return ()
     out: list[tuple[str, str]] = []
-    for item in raw.split(","):
-        # a comma inside "NUMERIC(10, 2)" splits the item: glue it back
-        if out and re.fullmatch(r"\s*\d+\s*\)\s*", item):
-            col, typ = out.pop()
-            out.append((col, f"{typ},{item.strip()}"))
-            continue
+    for item in _split_top_level(raw):
         m = re.fullmatch(r'\s*("(?:[^"]|"")+"|`(?:[^`]|``)+`|[A-Za-z_][A-Za-z0-9_$]*)\s+(.+?)\s*', item)
         if m is None:
             raise OptionError(
-                f"option 'createTableColumnTypes': cannot parse {item.strip()!r}; expected 'column TYPE, column TYPE'"
+                f"option 'createTableColumnTypes': cannot parse {item.strip()[:80]!r}; "
+                "expected 'column TYPE, column TYPE'"
             )
         col = m.group(1)
         if col[0] in '"`':
             col = col[1:-1].replace(col[0] * 2, col[0])
         out.append((col, m.group(2)))
     for col, typ in out:
-        if not re.fullmatch(r"[A-Za-z][A-Za-z ]*(\(\s*\d+\s*(,\s*\d+\s*)?\))?", typ):
+        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9 ]*(\(\s*\d+\s*(,\s*\d+\s*)?\))?", typ):
             raise OptionError(
-                f"option 'createTableColumnTypes': type {typ!r} of column {col!r} is not a plain SQL "
+                f"option 'createTableColumnTypes': type {typ[:80]!r} of column {col[:80]!r} is not a plain SQL "
                 "type name such as BIGINT, VARCHAR(64) or NUMERIC(12,2)"
             )
     return tuple(out)
@@ -242,6 +276,7 @@ KNOWN = {
     "commitparallelism": "commitParallelism",
     "commitretries": "commitRetries",
     "journalretention": "journalRetention",
+    "locktimeout": "lockTimeout",
     "createtable": "createTable",
     "upsertkeycolumns": "upsertKeyColumns",
     "localinfile": "localInfile",
@@ -309,4 +344,5 @@ def parse_options(raw: Mapping[str, Any], *, streaming: bool = False) -> WriteOp
         journal_retention=_int(opts, "journalretention", "journalRetention", 1000, 1, 10**9) or 1000,
         upsert_key_columns=keys,
         local_infile=_bool(opts, "localinfile", "localInfile", True),
+        lock_timeout=_int(opts, "locktimeout", "lockTimeout", 60, 0, 86_400) or 0,
     )

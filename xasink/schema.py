@@ -83,7 +83,8 @@ def create_table(dialect: Dialect, conn: Connection, options: WriteOptions, sour
             sql_type = dialect.sql_type(f.type)
         if sql_type is None:
             raise PreflightError(f"column '{f.name}': no {dialect.name} type for {f.type}")
-        cols.append(sa.Column(f.name, sql_type, nullable=f.nullable))
+        key = f.name in options.upsert_key_columns  # an upsert needs a unique key: make it the primary key
+        cols.append(sa.Column(f.name, sql_type, nullable=f.nullable and not key, primary_key=key))
     table = sa.Table(options.table.name, sa.MetaData(schema=options.table.schema), *cols, **dialect.table_kwargs())
     try:
         table.create(conn, checkfirst=True)
@@ -144,9 +145,37 @@ def plan_target(dialect: Dialect, conn: Connection, options: WriteOptions, sourc
     for key in options.upsert_key_columns:
         if key not in [fl.name for fl in fields]:
             raise PreflightError(f"option 'upsertKeyColumns': '{key}' is not a column being written")
+    if options.upsert_key_columns:
+        check_upsert_key(insp, options)
     plan = TargetPlan(schema, table, pa.schema(fields), tuple(f.name for f in source), options.upsert_key_columns)
     dialect.check_table(conn, plan)
     return plan
+
+
+def check_upsert_key(insp: sa.Inspector, options: WriteOptions) -> None:
+    """The upsert keys must be exactly the columns of a primary key or unique index: that is what the merge hits."""
+    keys = options.upsert_key_columns
+    if len(set(keys)) != len(keys):
+        raise PreflightError(f"option 'upsertKeyColumns': a column is named twice in {', '.join(keys)}")
+    table, schema = options.table.name, options.table.schema
+    found: list[str] = []
+    pk = insp.get_pk_constraint(table, schema=schema).get("constrained_columns") or []
+    candidates: list[tuple[str, list[Any]]] = [("PRIMARY KEY", pk)] if pk else []
+    candidates += [("UNIQUE", u["column_names"]) for u in insp.get_unique_constraints(table, schema=schema)]
+    for ix in insp.get_indexes(table, schema=schema):
+        partial = any(k.endswith("_where") and v is not None for k, v in ix.get("dialect_options", {}).items())
+        if ix.get("unique") and not partial and None not in ix["column_names"]:
+            candidates.append(("UNIQUE INDEX", ix["column_names"]))
+    for kind, columns in candidates:
+        if set(columns) == set(keys):
+            return
+        found.append(f"{kind} ({', '.join(str(c) for c in columns)})")
+    have = f"it has {'; '.join(dict.fromkeys(found))}" if found else "it has none"
+    raise PreflightError(
+        f"option 'upsertKeyColumns' ({', '.join(keys)}): table {_qualified(options)} has no primary key or unique "
+        f"index on exactly these columns ({have}), and the merge needs one to find the existing row. Add one, e.g. "
+        f"CREATE UNIQUE INDEX ON {_qualified(options)} ({', '.join(keys)}), or name the columns of an existing key."
+    )
 
 
 def _conform_column(arr: pa.Array, target: pa.DataType) -> pa.Array:

@@ -85,7 +85,10 @@ class Xid:
         m = _GID_RE.fullmatch(gid)
         if m is None:
             return None
-        return cls(m["sink"], int(m["batch"]), int(m["part"]), m["attempt"])
+        try:  # the pattern admits a 19-digit batch above 2**63-1: foreign too, never an exception
+            return cls(m["sink"], int(m["batch"]), int(m["part"]), m["attempt"])
+        except ValueError:
+            return None
 
     @classmethod
     def from_xa(cls, format_id: int, gtrid: bytes, bqual: bytes) -> Xid | None:

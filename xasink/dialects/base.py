@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.pool import NullPool
 
-from ..errors import ConnectError, XasinkError
+from ..errors import BranchError, ConnectError, XasinkError
 from ..xid import Xid
 
 log = logging.getLogger(__name__)
@@ -63,6 +63,17 @@ def redact(text: str, secret: str | None) -> str:
     return text
 
 
+def check_upsert_keys(batch: pa.RecordBatch, plan: TargetPlan, key_index: list[int], partition: int) -> None:
+    """A NULL key never matches a row (ON CONFLICT / ON DUPLICATE KEY), so it cannot be upserted: say so."""
+    for i in key_index:
+        if batch.column(i).null_count:
+            name = plan.arrow_schema.field(i).name
+            raise BranchError(
+                f"partition {partition}: upsert key column '{name}' is NULL in some rows; a row without a key "
+                "cannot be merged. Filter or fill those rows first. Nothing of this batch is visible."
+            )
+
+
 class BranchSession(ABC):
     """One XA branch on its own connection, owned by one task attempt."""
 
@@ -86,6 +97,10 @@ class Dialect(ABC):
     """One place per database."""
 
     name: str = ""
+    # seconds a branch waits for a row lock (0: no limit).  A key held by a prepared branch of the same
+    # batch (duplicate keys across partitions) is never released before the task ends: without a limit
+    # the task and the driver wait for each other forever.  Set from the option lockTimeout.
+    lock_timeout: int = 60
 
     def __init__(self, url: URL) -> None:
         self.url = url

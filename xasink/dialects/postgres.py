@@ -6,6 +6,7 @@ import logging
 import re
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import quote, urlencode
 
 import pyarrow as pa
 import sqlalchemy as sa
@@ -14,13 +15,19 @@ from sqlalchemy.engine import Connection
 
 from ..errors import BranchError, PreflightError
 from ..xid import Xid
-from .base import BranchSession, Dialect, ErrorKind, PreparedTxn, TargetPlan, redact
+from .base import BranchSession, Dialect, ErrorKind, PreparedTxn, TargetPlan, check_upsert_keys, redact
 
 log = logging.getLogger(__name__)
 
 _SA_DIALECT = pg.psycopg2.dialect()
 _LITERAL = sa.String().literal_processor(_SA_DIALECT)
 
+_UPSERT_LOCK_HINT = (
+    "another partition of this batch (or another transaction) holds rows with the same upsert keys ({keys}): a "
+    "prepared branch keeps them locked until the batch commits, so rows with equal keys must all be in one "
+    "partition. Repartition the DataFrame by the key columns first, e.g. df.repartition({quoted}) (xasink.write() "
+    "does this itself)"
+)
 _TRANSIENT_STATES = {"40001", "40P01", "55P03", "57P01", "57P02", "57P03", "53300", "58000", "58030"}
 _UNKNOWN_XID_STATE = "42704"
 
@@ -33,8 +40,12 @@ _BRANCH_HINTS = {
     "23514": "check constraint violation",
     "22001": "a string is longer than its column allows: widen the column or truncate the data",
     "22003": "a number is out of range for its column: widen the column type",
-    "53400": "the server has no free prepared-transaction slot: raise max_prepared_transactions "
+    # PostgreSQL reports "maximum number of prepared transactions reached" as 53200 (out of memory)
+    "53200": "the server has no free prepared-transaction slot: raise max_prepared_transactions "
     "(at least the number of partitions) or coalesce the DataFrame to fewer partitions",
+    "55P03": "a row lock was not granted within lockTimeout: another transaction holds the same keys, most "
+    "often another partition of this batch (the DataFrame has duplicate keys across partitions) or a "
+    "prepared transaction; deduplicate the DataFrame on the table's keys",
     "42501": "permission denied: grant INSERT on the table (and USAGE on its schema) to the writing user",
 }
 
@@ -54,6 +65,33 @@ def _literal(value: str) -> str:
     return str(_LITERAL(value))
 
 
+def _ident(name: str) -> str:
+    return str(_SA_DIALECT.identifier_preparer.quote_identifier(name))
+
+
+def upsert_sql(plan: TargetPlan) -> str:
+    """INSERT .. SELECT DISTINCT ON (keys) .. FROM unnest($1..$n) .. ON CONFLICT (keys) DO UPDATE, quoted by SQLAlchemy.
+
+    One array parameter per column; DISTINCT ON with the ordinality keeps the last row of a key
+    (ON CONFLICT DO UPDATE cannot touch a row twice in one statement); later chunks overwrite earlier ones.
+    """
+    names = plan.arrow_schema.names
+    ordinal = "xasink_ord"
+    while ordinal in names:
+        ordinal += "_"
+    table = ".".join(_ident(p) for p in (plan.schema, plan.table) if p)
+    cols = ", ".join(_ident(n) for n in names)
+    keys = ", ".join(_ident(k) for k in plan.upsert_keys)
+    params = ", ".join(f"${i + 1}" for i in range(len(names)))
+    updates = ", ".join(f"{_ident(n)} = EXCLUDED.{_ident(n)}" for n in names if n not in plan.upsert_keys)
+    action = f"DO UPDATE SET {updates}" if updates else "DO NOTHING"
+    return (
+        f"INSERT INTO {table} ({cols}) SELECT DISTINCT ON ({keys}) {cols} "
+        f"FROM unnest({params}) WITH ORDINALITY AS u({cols}, {_ident(ordinal)}) "
+        f"ORDER BY {keys}, {_ident(ordinal)} DESC ON CONFLICT ({keys}) {action}"
+    )
+
+
 class PostgresBranch(BranchSession):
     """A branch: one ADBC connection in a transaction, rows loaded by binary COPY, then PREPAREd."""
 
@@ -68,6 +106,11 @@ class PostgresBranch(BranchSession):
         except Exception as exc:  # noqa: BLE001 - any driver error is a connect error here
             raise dialect.connect_error(exc) from None
         self.cursor = self.conn.cursor()
+        try:
+            self.cursor.execute(f"SET lock_timeout = {int(dialect.lock_timeout) * 1000}")
+        except Exception as exc:
+            self.rollback()
+            raise dialect.branch_error(exc, xid, plan) from None
 
     def load(self, batches: Iterator[pa.RecordBatch]) -> int:
         count = 0
@@ -78,14 +121,38 @@ class PostgresBranch(BranchSession):
                 count += batch.num_rows
                 yield batch
 
-        reader = pa.RecordBatchReader.from_batches(self.plan.arrow_schema, counted())
         try:
-            self.cursor.adbc_ingest(self.plan.table, reader, mode="append", db_schema_name=self.plan.schema)
+            if self.plan.upsert_keys:
+                self._upsert(counted())
+            else:
+                reader = pa.RecordBatchReader.from_batches(self.plan.arrow_schema, counted())
+                self.cursor.adbc_ingest(self.plan.table, reader, mode="append", db_schema_name=self.plan.schema)
         except BranchError:
             raise
         except Exception as exc:
             raise self.dialect.branch_error(exc, self.xid, self.plan) from None
         return count
+
+    def _upsert(self, batches: Iterator[pa.RecordBatch]) -> None:
+        """Merge each chunk with one INSERT ... SELECT FROM unnest(arrays) ... ON CONFLICT DO UPDATE.
+
+        Chosen over a staging table (temporary tables cannot be PREPAREd; an UNLOGGED one needs
+        CREATE on the schema and churns the catalog) after measuring both: the merge dominates
+        either way (benchmarks/upsert_strategies.py).  Duplicate keys in a partition: the last row wins.
+        """
+        sql = upsert_sql(self.plan)
+        keys = [self.plan.arrow_schema.get_field_index(k) for k in self.plan.upsert_keys]
+        step = self.dialect.upsert_chunk_rows
+        for batch in batches:
+            check_upsert_keys(batch, self.plan, keys, self.xid.partition)
+            for start in range(0, batch.num_rows, step):
+                chunk = batch.slice(start, step)
+                offsets = pa.array([0, chunk.num_rows], type=pa.int32())
+                params = pa.RecordBatch.from_arrays(
+                    [pa.ListArray.from_arrays(offsets, col) for col in chunk.columns],
+                    names=[f"p{i}" for i in range(chunk.num_columns)],
+                )
+                self.cursor.execute(sql, parameters=params)
 
     def prepare(self) -> None:
         try:
@@ -117,14 +184,19 @@ class PostgresBranch(BranchSession):
 class PostgresDialect(Dialect):
     name = "PostgreSQL"
     default_port = 5432
+    upsert_chunk_rows = 10_000  # rows per upsert statement (array parameters)
 
     def connect_args(self) -> dict[str, Any]:
         return {"connect_timeout": 10, "application_name": "xasink"}
 
     def libpq_uri(self) -> str:
         """A libpq URI for ADBC; it carries the password, so it is never logged."""
-        url = self.url.set(drivername="postgresql", query={**dict(self.url.query), "application_name": "xasink"})
-        return url.render_as_string(hide_password=False)
+        query = {**dict(self.url.query), "application_name": "xasink"}
+        if self.url.password is not None and not self.url.username:  # a URL renders no password without a user
+            query["password"] = self.url.password
+        base = self.url.set(drivername="postgresql", query={}).render_as_string(hide_password=False)
+        # percent-encode the query ourselves: SQLAlchemy writes a space as '+', which libpq keeps literally
+        return base + "?" + urlencode(query, doseq=True, quote_via=quote)
 
     # -- XA verbs ----------------------------------------------------------
     def commit_prepared(self, conn: Connection, xid: Xid) -> None:
@@ -148,6 +220,8 @@ class PostgresDialect(Dialect):
         if state == _UNKNOWN_XID_STATE:
             return ErrorKind.UNKNOWN_XID
         if state in _TRANSIENT_STATES or (state or "").startswith("08"):
+            return ErrorKind.TRANSIENT
+        if state == "55000" and "is busy" in str(exc):  # another session is finishing the same gid right now
             return ErrorKind.TRANSIENT
         if isinstance(exc, sa.exc.DBAPIError) and exc.connection_invalidated:
             return ErrorKind.TRANSIENT
@@ -176,7 +250,13 @@ class PostgresDialect(Dialect):
         state = _sqlstate(exc)
         text = redact(str(getattr(exc, "orig", exc)), self.url.password)
         text = re.sub(r"^[A-Z_]+: \[libpq\] ", "", text.strip())
+        text = re.sub(r"Failed to execute query '.*?': (?=ERROR:)", "", text, count=1, flags=re.S)
         hint = _BRANCH_HINTS.get(state or "")
+        if plan.upsert_keys and state in ("55P03", "40P01"):
+            keys = plan.upsert_keys
+            hint = _UPSERT_LOCK_HINT.format(keys=", ".join(keys), quoted=", ".join(repr(k) for k in keys))
+        if state == "53200" and "prepared transactions" not in text:  # a real out-of-memory
+            hint = None
         target = f"{plan.schema}.{plan.table}" if plan.schema else plan.table
         msg = f"partition {xid.partition} could not be written to {target}: {text.splitlines()[0] if text else exc}"
         detail = [ln for ln in text.splitlines()[1:] if ln.startswith(("DETAIL", "HINT"))]
@@ -250,7 +330,7 @@ class PostgresDialect(Dialect):
         return None
 
     def parse_type(self, text: str) -> sa.types.TypeEngine[Any]:
-        m = re.fullmatch(r"\s*([A-Za-z][A-Za-z ]*?)\s*(?:\(\s*(\d+)\s*(?:,\s*(\d+)\s*)?\))?\s*", text)
+        m = re.fullmatch(r"\s*([A-Za-z][A-Za-z0-9 ]*?)\s*(?:\(\s*(\d+)\s*(?:,\s*(\d+)\s*)?\))?\s*", text)
         if m is None:
             raise PreflightError(f"createTableColumnTypes: cannot parse type {text!r}")
         name = " ".join(m.group(1).lower().split())

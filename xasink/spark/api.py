@@ -12,6 +12,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from .. import errors
 from ..dialects import dialect_for
+from ..dialects.base import redact
 from ..journal import Journal
 from ..options import parse_options
 from ..results import WriteResult
@@ -43,6 +44,18 @@ def _unwrap(exc: BaseException) -> BaseException | None:
     return cls(message.strip())  # type: ignore[no-any-return]
 
 
+def _summary(exc: BaseException) -> str:
+    """The Python error line of a Spark exception (e.g. ``ValueError: bad row``), else its first line."""
+    text = str(exc)
+    tail = text.rsplit("Traceback (most recent call last):", 1)
+    if len(tail) == 2:
+        for line in tail[1].splitlines():
+            if line.strip() and not line[0].isspace():
+                return line.strip()[:300]
+    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    return first[:300]
+
+
 def write(
     df: DataFrame, url: str, table: str, sink_id: str | None = None, batch_id: int | None = None, **options: Any
 ) -> WriteResult:
@@ -59,7 +72,9 @@ def write(
     parsed = parse_options(raw)
     raw["sinkId"] = parsed.sink_id  # a generated id must be the same for the write and the result look-up
     register(df.sparkSession)
-    if parsed.num_partitions is not None and df.rdd.getNumPartitions() > parsed.num_partitions:
+    if parsed.upsert_key_columns:  # equal keys in two branches: the second waits on the first, prepared, until timeout
+        df = df.repartition(parsed.num_partitions or df.rdd.getNumPartitions(), *parsed.upsert_key_columns)
+    elif parsed.num_partitions is not None and df.rdd.getNumPartitions() > parsed.num_partitions:
         df = df.coalesce(parsed.num_partitions)
     dialect = dialect_for(parsed.url)
     journal = Journal(dialect, parsed.journal_schema, parsed.journal_prefix)
@@ -70,6 +85,12 @@ def write(
             df.write.format("xasink").options(**{k: str(v) for k, v in raw.items()}).mode("append").save()
         except Exception as exc:
             inner = _unwrap(exc)
+            if inner is None and _record(journal, parsed.sink_id, parsed.batch_id) is None:
+                # not ours (a failing UDF, a lost executor...) and the batch is undecided: nothing of it is visible
+                inner = errors.BatchAbortedError(
+                    f"sink {parsed.sink_id} batch {parsed.batch_id} was rolled back, no row of it is visible: "
+                    f"the Spark job failed ({redact(_summary(exc), parsed.url.password)})"
+                )
             if inner is None:
                 raise
             raise inner from exc

@@ -10,6 +10,7 @@ no state between calls beyond what was decided in ``writer()``.
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -60,8 +61,10 @@ def arrow_schema(schema: StructType) -> pa.Schema:
         try:
             fields.append(to_arrow_schema(StructType([f]), timezone="UTC").field(0))
         except Exception:  # noqa: BLE001 - Spark raises assorted errors for types Arrow cannot carry
-            raise PreflightError(f"column '{f.name}' has Spark type {f.dataType.simpleString()}, which xasink cannot "
-                                 "write; cast it to a supported type first") from None
+            raise PreflightError(
+                f"column '{f.name}' has Spark type {f.dataType.simpleString()}, which xasink cannot "
+                "write; cast it to a supported type first"
+            ) from None
     return pa.schema(fields)
 
 
@@ -130,13 +133,91 @@ class XasinkBatchWriter(DataSourceArrowWriter):
             coordinator.close()
 
 
+_worker_handler: logging.Handler | None = None
+
+
+def _worker_logging(level: int) -> None:
+    """Send xasink's records to stderr (Spark's driver/executor log) in a Spark Python worker nobody configured.
+
+    Spark's workers set up no logging, so without this the per-batch INFO line and the warnings of fault
+    points and commit retries would vanish.  A handler configured by the user (or Spark's worker logging)
+    is respected: then only the logger's level is lowered.
+    """
+    global _worker_handler
+    xlog = logging.getLogger("xasink")
+    if xlog.level == logging.NOTSET or xlog.level > level:
+        xlog.setLevel(level)
+    if _worker_handler is None:
+        if logging.getLogger().handlers or any(not isinstance(h, logging.NullHandler) for h in xlog.handlers):
+            return
+        _worker_handler = logging.StreamHandler(sys.stderr)
+        _worker_handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        xlog.addHandler(_worker_handler)
+    _worker_handler.setLevel(level)
+
+
+def _recover_settled(options: WriteOptions) -> None:
+    """Finish decided batches and roll back what can never commit, up to the sink's last decided batch.
+
+    Spark calls ``streamWriter()`` before each micro-batch's tasks and again before its commit, and the
+    first call after a restart comes before the replay of a batch the crashed run may have decided.
+    Batches after the last decided one may have live branches (this very batch): they are left to the
+    tasks (``clear_blockers``) and to the commit's sweep.  In a stream a batch is planned only after the
+    previous one committed, so every undecided branch of a batch below the last decided one is stale.
+    """
+    coordinator = Coordinator(options)
+    try:
+        with coordinator.dialect.connect() as conn:
+            last = coordinator.journal.last_batch_id(conn, options.sink_id)
+        if last is None:
+            return
+        report = coordinator.recover(upto=last)
+        if report:
+            log.info(
+                "sink %s: recovery up to batch %s finished batches %s, committed %d and rolled back %d branches",
+                options.sink_id,
+                last,
+                report.finished_batches,
+                len(report.committed),
+                len(report.rolled_back),
+            )
+    finally:
+        coordinator.close()
+
+
+def _check_batch_order(coordinator: Coordinator, batch_id: int) -> None:
+    """Refuse a batch id below the sink's last decided batch: only the last batch is ever replayed.
+
+    A lower one means the query's checkpoint is new or was reset, or another query writes with the same
+    sinkId: its batches would be silently skipped as replays.
+    """
+    with coordinator.dialect.connect() as conn:
+        last = coordinator.journal.last_batch_id(conn, coordinator.sink_id)
+    if last is not None and last > batch_id:
+        raise OptionError(
+            f"option 'sinkId': sink {coordinator.sink_id} has already decided batch {last}, but Spark is "
+            f"committing batch {batch_id}: this query's checkpoint is new or was reset, or another query "
+            "writes with the same sinkId, and its batches would be skipped as replays. Give this query its "
+            "own sinkId (or restore its checkpoint)."
+        )
+
+
 class XasinkStreamWriter(DataSourceStreamArrowWriter):
+    """One micro-batch's writer.
+
+    Spark calls ``streamWriter()`` to plan each micro-batch: that writer, with a fresh run nonce, is
+    pickled into the batch's tasks, so branches of a crashed run are told apart from the replay's.  It
+    calls ``streamWriter()`` again, in a fresh worker, for the batch's ``commit``/``abort``: nothing is
+    carried between calls but the commit messages, which hold the xids.
+    """
+
     def __init__(self, options: WriteOptions, plan: TargetPlan) -> None:
         self.options = options
         self.plan = plan
         self.run = new_run_nonce()
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> XasinkCommitMessage:
+        _worker_logging(logging.WARNING)
         ctx = TaskContext.get()
         raw = ctx.getLocalProperty(STREAM_BATCH_PROPERTY) if ctx is not None else None
         if raw is None:
@@ -144,14 +225,22 @@ class XasinkStreamWriter(DataSourceStreamArrowWriter):
         return _write_task(self.options, self.plan, self.run, int(raw), iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803 - Spark's name
+        """Decide and commit (the coordinator logs the batch's figures at INFO and keeps them in the journal)."""
+        _worker_logging(logging.INFO)
         coordinator = Coordinator(self.options)
         try:
-            result = coordinator.commit(batchId, _outcomes(messages))
-            log.info("%s", result)
+            try:
+                _check_batch_order(coordinator, batchId)
+            except OptionError:
+                coordinator.abort(batchId, _outcomes(messages))
+                raise
+            coordinator.commit(batchId, _outcomes(messages))
         finally:
             coordinator.close()
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+        """A task failed or the query stopped: roll back the batch's branches (a decided batch is finished)."""
+        _worker_logging(logging.INFO)
         coordinator = Coordinator(self.options)
         try:
             coordinator.abort(batchId, _outcomes(messages))
@@ -190,4 +279,5 @@ class XasinkDataSource(DataSource):
             raise OptionError("output mode 'complete' is not supported by xasink; use outputMode('append')")
         options = self._options(streaming=True)
         plan = _prepare(options, schema, options.num_partitions)
+        _recover_settled(options)  # at restart: finish what the crashed run decided, before its replay
         return XasinkStreamWriter(options, plan)
