@@ -14,9 +14,19 @@ from collections.abc import Iterator
 
 import psycopg2
 import psycopg2.extensions
+import pymysql
 import pytest
 
-from tests.dbutil import XASINK_GID_PREFIX, libpq_url, prepared_gids, rollback_prepared
+from tests.dbutil import (
+    XASINK_GID_PREFIX,
+    libpq_url,
+    mariadb_connect,
+    mariadb_prepared_gids,
+    mariadb_rollback_gid,
+    mariadb_sink_ids,
+    prepared_gids,
+    rollback_prepared,
+)
 from xasink.embedded import EmbeddedPostgres
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -33,6 +43,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         fixtures = getattr(item, "fixturenames", ())
         if "spark" in fixtures and item.get_closest_marker("spark") is None:
             item.add_marker(pytest.mark.spark)
+        if "mariadb_url" in fixtures and item.get_closest_marker("mariadb") is None:
+            item.add_marker(pytest.mark.mariadb)
         if item.get_closest_marker("soak") is not None and not run_soak:
             item.add_marker(skip_soak)
 
@@ -84,6 +96,9 @@ def no_prepared_left(request: pytest.FixtureRequest) -> Iterator[None]:
 
     Leftovers are rolled back so later tests start clean, then this test errors with their gids.
     """
+    if "mariadb_url" in request.fixturenames:
+        yield from _no_xa_left(request.getfixturevalue("mariadb_url"))
+        return
     if "pg_url" not in request.fixturenames:
         yield
         return
@@ -100,18 +115,65 @@ def no_prepared_left(request: pytest.FixtureRequest) -> Iterator[None]:
     pytest.fail(f"{len(left)} xasink prepared transaction(s) left behind (rolled back now): {left}", pytrace=False)
 
 
+# --------------------------------------------------------------------------- MariaDB / MySQL
+
+MARIADB_DEFAULT = "mysql+pymysql://root@127.0.0.1:3306/"
+
+
+@pytest.fixture(scope="session")
+def mariadb_url() -> Iterator[str]:
+    """A fresh database ``xasink_test_<hex>`` on the machine's MariaDB (or ``XASINK_TEST_MARIADB_URL``'s server).
+
+    Dropped at the end of the session.  Without a reachable server the tests that need it are skipped,
+    except under CI=true, where that is a failure.
+    """
+    server = os.environ.get("XASINK_TEST_MARIADB_URL", MARIADB_DEFAULT)
+    try:
+        with mariadb_connect(server, database=False) as conn, conn.cursor() as cur:
+            cur.execute("SELECT VERSION()")
+    except pymysql.err.MySQLError as exc:
+        reason = f"MariaDB/MySQL not reachable at {server.split('@')[-1]} ({exc.args[-1]}); set XASINK_TEST_MARIADB_URL"
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason, pytrace=False)
+        pytest.skip(reason)
+    database = f"xasink_test_{uuid.uuid4().hex[:12]}"
+    base = server if server.endswith("/") else server.rsplit("/", 1)[0] + "/"
+    with mariadb_connect(server, database=False) as conn, conn.cursor() as cur:
+        cur.execute(f"CREATE DATABASE `{database}` CHARACTER SET utf8mb4")
+    try:
+        yield base + database
+    finally:
+        with mariadb_connect(server, database=False) as conn, conn.cursor() as cur:
+            cur.execute("SET SESSION lock_wait_timeout = 10")
+            cur.execute(f"DROP DATABASE IF EXISTS `{database}`")
+
+
+def _no_xa_left(url: str) -> Iterator[None]:
+    """No branch of a sink of this session's database may be left prepared (XA RECOVER covers the whole server)."""
+    yield
+    left = mariadb_prepared_gids(url, sink_ids=mariadb_sink_ids(url))
+    if not left:
+        return
+    for gid in left:
+        try:
+            mariadb_rollback_gid(url, gid)
+        except pymysql.err.MySQLError:  # finished concurrently
+            pass
+    pytest.fail(f"{len(left)} xasink XA branch(es) left prepared (rolled back now): {left}", pytrace=False)
+
+
 # --------------------------------------------------------------------------- Spark
 
 
 @pytest.fixture(scope="session")
 def spark():  # type: ignore[no-untyped-def]
-    """A local[2] SparkSession with the xasink data source registered."""
+    """A local SparkSession (2 cores; a failed task is retried, up to 3 attempts) with xasink registered."""
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
 
     session = (
-        SparkSession.builder.master("local[2]")
+        SparkSession.builder.master("local[2,3]")
         .appName("xasink-tests")
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.ui.enabled", "false")

@@ -83,6 +83,8 @@ def write_partition(
     xid = Xid(options.sink_id, batch_id, partition, attempt_token(task_attempt_id, run))
     dialect = dialect_for(options.url)
     dialect.lock_timeout = options.lock_timeout
+    dialect.batch_size = options.batch_size
+    dialect.local_infile = options.local_infile
     journal = Journal(dialect, options.journal_schema, options.journal_prefix)
     try:
         if not clear_blockers(dialect, journal, xid):

@@ -49,6 +49,7 @@ class Coordinator:
         self.options = options
         self.sink_id = options.sink_id
         self.dialect = dialect or dialect_for(options.url)
+        self.dialect.local_infile = options.local_infile  # check_server warns when LOAD DATA is unavailable
         self.journal = Journal(self.dialect, options.journal_schema, options.journal_prefix)
 
     def close(self) -> None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import mysql
 from sqlalchemy.engine import Connection
 
 from .dialects.base import Dialect
@@ -63,6 +64,7 @@ def journal_metadata(schema: str | None = None, prefix: str = "xasink_") -> tupl
         md,
         sa.Column("sink_id", sa.String(32), primary_key=True),
         sa.Column("created_at", sa.DateTime, nullable=False),
+        mysql_engine="InnoDB",  # row locks and transactions (MySQL/MariaDB); ignored elsewhere
     )
     batches = sa.Table(
         f"{prefix}batches",
@@ -70,13 +72,15 @@ def journal_metadata(schema: str | None = None, prefix: str = "xasink_") -> tupl
         sa.Column("sink_id", sa.String(32), primary_key=True),
         sa.Column("batch_id", sa.BigInteger, primary_key=True, autoincrement=False),
         sa.Column("state", sa.String(16), nullable=False),
-        sa.Column("xids", sa.Text, nullable=False),
+        # MySQL's TEXT holds 64 KiB, a few hundred xids: LONGTEXT there
+        sa.Column("xids", sa.Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb"), nullable=False),
         sa.Column("rows", sa.BigInteger, nullable=False),
         sa.Column("branches", sa.Integer, nullable=False),
         sa.Column("prepare_ms", sa.Integer, nullable=False),
         sa.Column("commit_ms", sa.Integer),
         sa.Column("decided_at", sa.DateTime, nullable=False),
         sa.Column("committed_at", sa.DateTime),
+        mysql_engine="InnoDB",
     )
     return sinks, batches
 

@@ -101,6 +101,10 @@ class Dialect(ABC):
     # batch (duplicate keys across partitions) is never released before the task ends: without a limit
     # the task and the driver wait for each other forever.  Set from the option lockTimeout.
     lock_timeout: int = 60
+    # rows per bulk statement where the database loads in chunks (MySQL: LOAD DATA / INSERT); option batchsize
+    batch_size: int = 10_000
+    # MySQL: load with LOAD DATA LOCAL when the server allows it; option localInfile
+    local_infile: bool = True
 
     def __init__(self, url: URL) -> None:
         self.url = url

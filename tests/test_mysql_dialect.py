@@ -1,0 +1,643 @@
+"""The MySQL/MariaDB dialect against the machine's MariaDB: the protocol, exact round trips, errors, DDL.
+
+Most tests drive the executor and driver pieces directly (branch.write_partition, Coordinator), as a
+Spark job would, without Spark; two tests go through ``df.write.format("xasink")``.  Every test checks
+exact row sets, and the autouse leak check fails a test that leaves a branch of its sinks prepared.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import re
+import uuid
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pymysql
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.dialects import mysql, postgresql
+from sqlalchemy.schema import CreateTable
+
+from tests.dbutil import (
+    mariadb_connect,
+    mariadb_make_foreign_prepared,
+    mariadb_prepared_gids,
+    mariadb_recover,
+    mariadb_rollback_xa,
+    mariadb_rows,
+    mariadb_wait_detached,
+)
+from xasink.branch import write_partition
+from xasink.coordinator import Coordinator
+from xasink.dialects import dialect_for
+from xasink.dialects.base import ErrorKind, TargetPlan
+from xasink.dialects.mysql import (
+    BranchBusyError,
+    MySQLDialect,
+    encode_tsv,
+    foreign_gid,
+    parse_foreign_gid,
+    parse_recover_row,
+    xid_literal,
+)
+from xasink.errors import BranchError, ConnectError, PreflightError
+from xasink.faults import InjectedFault
+from xasink.journal import journal_metadata
+from xasink.options import WriteOptions, parse_options
+from xasink.results import BranchOutcome
+from xasink.schema import plan_target
+from xasink.xid import FORMAT_ID, Xid, new_run_nonce
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# --------------------------------------------------------------------------- helpers
+
+
+def jdbc(url: str) -> str:
+    """The fixture's URL in the JDBC spelling a Spark user would write."""
+    return re.sub(r"^mysql\+pymysql://[^@]*@", "jdbc:mariadb://", url)
+
+
+def options(url: str, table: str, sink: str | None = None, **extra: Any) -> WriteOptions:
+    raw = {"url": jdbc(url), "user": "root", "password": "", "dbtable": table, "sinkId": sink or _sink(), **extra}
+    return parse_options(raw)
+
+
+def _sink() -> str:
+    return f"my{uuid.uuid4().hex[:10]}"
+
+
+def sql(url: str, statement: str, *params: Any) -> list[tuple[Any, ...]]:
+    with mariadb_connect(url) as conn, conn.cursor() as cur:
+        cur.execute(statement, params or None)
+        return list(cur.fetchall())
+
+
+def plan_for(opts: WriteOptions, schema: pa.Schema) -> TargetPlan:
+    coordinator = Coordinator(opts)
+    try:
+        coordinator.preflight(4)
+        with coordinator.dialect.connect() as conn:
+            return plan_target(coordinator.dialect, conn, opts, schema)
+    finally:
+        coordinator.close()
+
+
+def write_parts(
+    opts: WriteOptions,
+    plan: TargetPlan,
+    parts: Sequence[Sequence[pa.RecordBatch]],
+    batch_id: int = 0,
+    run: str | None = None,
+    first_task: int = 0,
+) -> list[BranchOutcome]:
+    run = run or new_run_nonce()
+    return [
+        write_partition(
+            opts, plan, batch_id=batch_id, partition=p, task_attempt_id=first_task + p, run=run, batches=batches
+        )
+        for p, batches in enumerate(parts)
+    ]
+
+
+def commit(opts: WriteOptions, batch_id: int, outcomes: Sequence[BranchOutcome | None]) -> Any:
+    coordinator = Coordinator(opts)
+    try:
+        return coordinator.commit(batch_id, outcomes)
+    finally:
+        coordinator.close()
+
+
+def recover(opts: WriteOptions, **kw: Any) -> Any:
+    coordinator = Coordinator(opts)
+    try:
+        return coordinator.recover(**kw)
+    finally:
+        coordinator.close()
+
+
+ID_VAL = pa.schema([("id", pa.int64()), ("val", pa.string())])
+
+
+def id_val(rows: Sequence[tuple[int, str | None]]) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pylist([{"id": i, "val": v} for i, v in rows], schema=ID_VAL)
+
+
+def keyed_table(url: str, name: str) -> None:
+    sql(url, f"CREATE TABLE `{name}` (id BIGINT PRIMARY KEY, val VARCHAR(20)) ENGINE=InnoDB")
+
+
+@pytest.fixture
+def table(fresh_table_name: str) -> str:
+    return fresh_table_name
+
+
+# --------------------------------------------------------------------------- protocol
+
+
+@pytest.mark.parametrize("local_infile", [True, False], ids=["load-data", "insert"])
+def test_commit_makes_every_partition_visible_exactly_once(mariadb_url: str, table: str, local_infile: bool) -> None:
+    keyed_table(mariadb_url, table)
+    opts = options(mariadb_url, table, localInfile=str(local_infile).lower())
+    plan = plan_for(opts, ID_VAL)
+    parts = [[id_val([(1, "a"), (2, "b")]), id_val([(3, "c")])], [id_val([(10, "x")])], []]
+    outcomes = write_parts(opts, plan, parts, batch_id=7)
+    assert [o.rows for o in outcomes] == [3, 1, 0] and outcomes[2].gid is None
+    assert mariadb_rows(mariadb_url, table) == []  # prepared, not visible
+    assert len(mariadb_prepared_gids(mariadb_url, [opts.sink_id])) == 2
+    result = commit(opts, 7, outcomes)
+    assert (result.rows, result.branches, result.skipped) == (4, 2, False)
+    assert mariadb_rows(mariadb_url, table) == [(1, "a"), (2, "b"), (3, "c"), (10, "x")]
+    assert mariadb_prepared_gids(mariadb_url, [opts.sink_id]) == []
+    # a replay of the decided batch writes nothing
+    again = write_parts(opts, plan, [[id_val([(1, "a")])]], batch_id=7)
+    assert again[0].skipped and again[0].gid is None
+    assert commit(opts, 7, again).skipped
+    assert mariadb_rows(mariadb_url, table) == [(1, "a"), (2, "b"), (3, "c"), (10, "x")]
+    state = sql(mariadb_url, "SELECT state, `rows`, branches FROM xasink_batches WHERE sink_id = %s", opts.sink_id)
+    assert state == [("committed", 4, 2)]
+
+
+def test_abort_leaves_nothing(mariadb_url: str, table: str) -> None:
+    keyed_table(mariadb_url, table)
+    opts = options(mariadb_url, table)
+    plan = plan_for(opts, ID_VAL)
+    outcomes = write_parts(opts, plan, [[id_val([(1, "a")])], [id_val([(2, "b")])]], batch_id=3)
+    assert len(mariadb_prepared_gids(mariadb_url, [opts.sink_id])) == 2
+    with pytest.raises(Exception, match="did not report"):
+        commit(opts, 3, [outcomes[0], None])  # a task failed: the batch aborts
+    assert mariadb_rows(mariadb_url, table) == []
+    assert mariadb_prepared_gids(mariadb_url, [opts.sink_id]) == []
+    assert sql(mariadb_url, "SELECT COUNT(*) FROM xasink_batches WHERE sink_id = %s", opts.sink_id) == [(0,)]
+
+
+def test_losing_attempt_is_swept(mariadb_url: str, table: str) -> None:
+    """Two attempts of partition 0 prepared (a speculative copy); only the reported one commits."""
+    sql(mariadb_url, f"CREATE TABLE `{table}` (id BIGINT, val VARCHAR(20)) ENGINE=InnoDB")  # no key: both can prepare
+    opts = options(mariadb_url, table)
+    plan = plan_for(opts, ID_VAL)
+    run = new_run_nonce()
+    rows = [(1, "a"), (2, "b")]
+    loser = write_parts(opts, plan, [[id_val(rows)]], run=run, first_task=9)[0]
+    winner = write_parts(opts, plan, [[id_val(rows)]], run=run, first_task=4)[0]  # lower id: the loser survives it
+    assert loser.xid is not None and winner.xid is not None
+    assert set(mariadb_prepared_gids(mariadb_url, [opts.sink_id])) == {loser.gid, winner.gid}
+    commit(opts, 0, [winner])
+    assert mariadb_rows(mariadb_url, table) == [(1, "a"), (2, "b")]  # once, not twice
+    assert mariadb_prepared_gids(mariadb_url, [opts.sink_id]) == []
+
+
+def test_recovery_finishes_decided_and_rolls_back_undecided(
+    mariadb_url: str, table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    keyed_table(mariadb_url, table)
+    opts = options(mariadb_url, table)
+    plan = plan_for(opts, ID_VAL)
+    decided = write_parts(opts, plan, [[id_val([(1, "a")])], [id_val([(2, "b")])]], batch_id=1)
+    monkeypatch.setenv("XASINK_FAULT", "driver.after_decide:raise")
+    with pytest.raises(InjectedFault):
+        commit(opts, 1, decided)  # the driver dies after the decision, before any commit
+    monkeypatch.delenv("XASINK_FAULT")
+    undecided = write_parts(opts, plan, [[id_val([(3, "c")])]], batch_id=2)  # never committed: a crashed batch
+    assert len(mariadb_prepared_gids(mariadb_url, [opts.sink_id])) == 3
+    assert mariadb_rows(mariadb_url, table) == []
+    report = recover(opts)
+    assert sorted(report.committed) == sorted(o.xid for o in decided if o.xid is not None)
+    assert report.rolled_back == [undecided[0].xid]
+    assert report.finished_batches == [1]
+    assert mariadb_rows(mariadb_url, table) == [(1, "a"), (2, "b")]
+    assert mariadb_prepared_gids(mariadb_url, [opts.sink_id]) == []
+    assert not recover(opts)  # idempotent
+
+
+def test_foreign_prepared_transaction_is_never_touched(mariadb_url: str, table: str) -> None:
+    gtrid = f"foreign-x-{uuid.uuid4().hex[:6]}".encode()
+    foreign = mariadb_make_foreign_prepared(mariadb_url, gtrid, b"\x00\xff", format_id=1)
+    try:
+        keyed_table(mariadb_url, table)
+        opts = options(mariadb_url, table)
+        plan = plan_for(opts, ID_VAL)
+        commit(opts, 0, write_parts(opts, plan, [[id_val([(1, "a")])]]))
+        abandoned = write_parts(opts, plan, [[id_val([(2, "b")])]], batch_id=1)
+        report = recover(opts)
+        assert report.rolled_back == [abandoned[0].xid]
+        assert foreign in mariadb_recover(mariadb_url)
+        dialect = dialect_for(opts.url)
+        with dialect.connect() as conn:
+            listed = {p.gid: p.xid for p in dialect.list_prepared(conn)}
+        dialect.dispose()
+        assert listed[foreign_gid(*foreign)] is None  # listed as foreign, by a name that parses back
+        assert parse_foreign_gid(foreign_gid(*foreign)) == foreign
+        assert mariadb_rows(mariadb_url, table) == [(1, "a")]
+    finally:
+        mariadb_rollback_xa(mariadb_url, *foreign)
+    assert foreign not in mariadb_recover(mariadb_url)
+
+
+def test_prepared_branch_of_a_killed_writer_blocks_until_recovery(
+    mariadb_url: str, table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A task dies after PREPARE: its branch keeps the key locked (another writer times out) until recovery."""
+    keyed_table(mariadb_url, table)
+    opts = options(mariadb_url, table)
+    plan = plan_for(opts, ID_VAL)
+    monkeypatch.setenv("XASINK_FAULT", "task.after_prepare:raise")
+    with pytest.raises(InjectedFault):
+        write_parts(opts, plan, [[id_val([(1, "mine")])]])
+    monkeypatch.delenv("XASINK_FAULT")
+    [gid] = mariadb_prepared_gids(mariadb_url, [opts.sink_id])
+    with mariadb_connect(mariadb_url) as other, other.cursor() as cur:
+        cur.execute("SET SESSION innodb_lock_wait_timeout = 2")
+        with pytest.raises(pymysql.err.OperationalError) as blocked:
+            cur.execute(f"INSERT INTO `{table}` VALUES (1, 'other')")
+        assert blocked.value.args[0] == 1205  # lock wait timeout: the prepared branch holds the key
+        report = recover(opts)
+        assert [x.gid for x in report.rolled_back] == [gid]
+        cur.execute(f"INSERT INTO `{table}` VALUES (1, 'other')")  # released: the insert goes through now
+    assert mariadb_rows(mariadb_url, table) == [(1, "other")]
+
+
+def test_a_branch_still_attached_to_its_writer_is_busy_not_unknown(mariadb_url: str) -> None:
+    """XAER_NOTA while the owner is connected must not pass for 'committed earlier': it is transient."""
+    opts = options(mariadb_url, "unused")
+    dialect = MySQLDialect(opts.url)
+    xid = Xid(opts.sink_id, 0, 0, f"1-{new_run_nonce()}")
+    sql(mariadb_url, "CREATE TABLE IF NOT EXISTS busy_scratch (x INT) ENGINE=InnoDB")
+    with mariadb_connect(mariadb_url) as owner, owner.cursor() as cur:
+        cur.execute("SELECT CONNECTION_ID()")
+        owner_id = cur.fetchone()[0]  # type: ignore[index]
+        cur.execute(f"XA START {xid_literal(xid)}")
+        cur.execute("INSERT INTO busy_scratch VALUES (1)")
+        cur.execute(f"XA END {xid_literal(xid)}")
+        cur.execute(f"XA PREPARE {xid_literal(xid)}")
+        with dialect.connect(autocommit=True) as conn:
+            with pytest.raises(BranchBusyError) as busy:
+                dialect.commit_prepared(conn, xid)
+            assert dialect.classify(busy.value) == ErrorKind.TRANSIENT
+            dialect.rollback_prepared(conn, xid)  # a sweep leaves it alone for now, without an error
+            assert (FORMAT_ID, xid.gtrid.encode(), xid.bqual.encode()) in mariadb_recover(mariadb_url)
+    mariadb_wait_detached(mariadb_url, owner_id)
+    with dialect.connect(autocommit=True) as conn:
+        dialect.rollback_prepared(conn, xid)
+        with pytest.raises(sa.exc.DBAPIError) as gone:
+            dialect.rollback_prepared(conn, xid)
+        assert dialect.classify(gone.value) == ErrorKind.UNKNOWN_XID
+    dialect.dispose()
+    assert sql(mariadb_url, "SELECT COUNT(*) FROM busy_scratch") == [(0,)]
+
+
+# --------------------------------------------------------------------------- exact round trip
+
+STRINGS = [
+    "plain",
+    "tab\there",
+    "new\nline and\r\ncrlf",
+    "back\\slash \\N \\t \\\\",
+    "\\N",
+    "NULL",
+    "quotes ' \" ` ;",
+    "naïve ünïcödé – 日本語 😀",
+    "nul\x00byte",
+    "",
+    None,
+    "\t\n\\",
+]
+BLOBS = [bytes(range(256)), b"", None, b"\x00", b"\\N", b"\t\n\r\\", bytes(range(255, -1, -1)), b"x" * 3, b"'", b"a"]
+DOUBLES = [0.1, 1 / 3, -2.5e300, 1e-300, 123456789.123456789, None, 0.0, -0.0, 42.0, 7e22, 5e-324, 2.0**53]
+
+
+def round_trip_batch() -> pa.RecordBatch:
+    n = len(STRINGS)
+    base = dt.datetime(2024, 2, 29, 23, 59, 59, 999999)
+    return pa.RecordBatch.from_pydict(
+        {
+            "id": pa.array(range(n), pa.int64()),
+            "s": pa.array(STRINGS, pa.string()),
+            "b": pa.array(BLOBS + [b"end"] * (n - len(BLOBS)), pa.binary()),
+            "d": pa.array(
+                [decimal.Decimal("-12345678901234.123456"), decimal.Decimal("0.000001"), None]
+                + [(decimal.Decimal(i) / 7).quantize(decimal.Decimal("0.000001")) for i in range(n - 3)],
+                pa.decimal128(20, 6),
+            ),
+            "f": pa.array(DOUBLES, pa.float64()),
+            "day": pa.array(
+                [dt.date(1000, 1, 1), dt.date(9999, 12, 31), None] + [dt.date(2024, 1, i) for i in range(1, n - 2)]
+            ),
+            "ts": pa.array(
+                [base, dt.datetime(1000, 1, 1), None]
+                + [base - dt.timedelta(days=i, microseconds=i) for i in range(n - 3)],
+                pa.timestamp("us"),
+            ),
+            "tsz": pa.array(
+                [dt.datetime(2024, 6, 1, 12, 0, tzinfo=dt.timezone.utc), None]
+                + [dt.datetime(2024, 6, 1, 12, 0, i, tzinfo=dt.timezone(dt.timedelta(hours=2))) for i in range(n - 2)],
+                pa.timestamp("us", tz="UTC"),
+            ),
+            "flag": pa.array([True, False, None] * (n // 3), pa.bool_()),
+            "tiny": pa.array([-128, 127, None] + list(range(n - 3)), pa.int8()),
+        }
+    )
+
+
+def _expected_decimal(d: decimal.Decimal | None) -> decimal.Decimal | None:
+    return None if d is None else d.quantize(decimal.Decimal("0.000001"))
+
+
+@pytest.mark.parametrize("local_infile", [True, False], ids=["load-data", "insert"])
+def test_values_round_trip_exactly(mariadb_url: str, table: str, local_infile: bool) -> None:
+    batch = round_trip_batch()
+    opts = options(mariadb_url, table, localInfile=str(local_infile).lower(), batchsize="5")  # several statements
+    plan = plan_for(opts, batch.schema)  # the table is created from the batch's schema
+    commit(opts, 0, write_parts(opts, plan, [[batch.slice(0, 7), batch.slice(7)]]))
+    got = mariadb_rows(mariadb_url, table, order_by="id")
+    expected = []
+    for r in batch.to_pylist():
+        tsz = r["tsz"].astimezone(dt.timezone.utc).replace(tzinfo=None) if r["tsz"] else None  # UTC wall time
+        flag = None if r["flag"] is None else int(r["flag"])
+        row = (r["id"], r["s"], r["b"], _expected_decimal(r["d"]), r["f"], r["day"], r["ts"], tsz, flag, r["tiny"])
+        expected.append(row)
+    assert got == expected
+    assert mariadb_prepared_gids(mariadb_url, [opts.sink_id]) == []
+    ddl = sql(mariadb_url, f"SHOW CREATE TABLE `{table}`")[0][1].lower()
+    for column_type in ("`s` longtext", "`b` longblob", "decimal(20,6)", "`f` double", "`day` date", "datetime(6)"):
+        assert column_type in ddl
+    assert "engine=innodb" in ddl and "tinyint(1)" in ddl
+
+
+def test_tsv_encoding_escapes_exactly() -> None:
+    batch = pa.RecordBatch.from_pydict(
+        {
+            "i": pa.array([1, None], pa.int32()),
+            "s": ["a\tb\\c\nd\re\x00", None],
+            "b": pa.array([b"\x00\xff", None], pa.binary()),
+            "t": pa.array([dt.datetime(2024, 1, 2, 3, 4, 5, 6), None], pa.timestamp("us", tz="UTC")),
+            "f": [True, None],
+        }
+    )
+    assert encode_tsv(batch).to_pybytes() == (
+        b"1\ta\\tb\\\\c\\nd\\re\\0\t00FF\t2024-01-02 03:04:05.000006\t1\n\\N\t\\N\t\\N\t\\N\t\\N\n"
+    )
+
+
+# --------------------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize("local_infile", [True, False], ids=["load-data", "insert"])
+@pytest.mark.parametrize(
+    ("rows", "ddl", "message"),
+    [
+        ([(1, "a"), (1, "b")], "id BIGINT PRIMARY KEY, val VARCHAR(20)", "duplicate key"),
+        ([(1, None)], "id BIGINT PRIMARY KEY, val VARCHAR(20) NOT NULL", "NOT NULL column"),
+        ([(1, "far too long")], "id BIGINT PRIMARY KEY, val VARCHAR(5)", "longer than its column"),
+    ],
+    ids=["duplicate", "not-null", "too-long"],
+)
+def test_bad_rows_fail_the_branch_and_leave_nothing(
+    mariadb_url: str, table: str, local_infile: bool, rows: list[tuple[int, str | None]], ddl: str, message: str
+) -> None:
+    """LOAD DATA LOCAL turns these errors into warnings and skips or alters rows: they must still fail."""
+    sql(mariadb_url, f"CREATE TABLE `{table}` ({ddl}) ENGINE=InnoDB")
+    opts = options(mariadb_url, table, localInfile=str(local_infile).lower())
+    plan = plan_for(opts, ID_VAL)
+    with pytest.raises(BranchError, match=message) as err:
+        write_parts(opts, plan, [[id_val(rows)]])
+    assert "nothing of this batch is visible" in str(err.value)
+    assert mariadb_rows(mariadb_url, table) == []
+    assert mariadb_prepared_gids(mariadb_url, [opts.sink_id]) == []
+
+
+def test_nan_is_refused_clearly(mariadb_url: str, table: str) -> None:
+    schema = pa.schema([("id", pa.int64()), ("f", pa.float64())])
+    opts = options(mariadb_url, table)
+    plan = plan_for(opts, schema)
+    batch = pa.RecordBatch.from_pydict({"id": [1, 2], "f": [1.0, float("nan")]}, schema=schema)
+    with pytest.raises(BranchError, match="NaN or infinite"):
+        write_parts(opts, plan, [[batch]])
+    assert mariadb_rows(mariadb_url, table) == []
+
+
+def test_upsert_merges_and_last_row_wins(mariadb_url: str, table: str) -> None:
+    keyed_table(mariadb_url, table)
+    sql(mariadb_url, f"INSERT INTO `{table}` VALUES (1, 'old'), (5, 'kept')")
+    opts = options(mariadb_url, table, upsertKeyColumns="id")
+    plan = plan_for(opts, ID_VAL)
+    commit(opts, 0, write_parts(opts, plan, [[id_val([(1, "new"), (2, "first"), (2, "last")])]]))
+    assert mariadb_rows(mariadb_url, table) == [(1, "new"), (2, "last"), (5, "kept")]
+
+
+def test_wrong_password_is_a_clear_error_without_the_password(mariadb_url: str) -> None:
+    opts = parse_options(
+        {"url": jdbc(mariadb_url), "user": "root", "password": "s3cr3t-pw0rd", "dbtable": "t", "sinkId": "s"}
+    )
+    coordinator = Coordinator(opts)
+    with pytest.raises(ConnectError) as err:
+        coordinator.preflight()
+    assert "authentication failed for user 'root'" in str(err.value)
+    assert "s3cr3t" not in str(err.value)
+
+
+def test_non_innodb_table_is_refused(mariadb_url: str, table: str) -> None:
+    sql(mariadb_url, f"CREATE TABLE `{table}` (id BIGINT, val VARCHAR(20)) ENGINE=MyISAM")
+    with pytest.raises(PreflightError, match="ENGINE=InnoDB"):
+        plan_for(options(mariadb_url, table), ID_VAL)
+
+
+def test_error_classification(mariadb_url: str) -> None:
+    dialect = MySQLDialect(options(mariadb_url, "t").url)
+    with dialect.connect(autocommit=True) as conn:
+        with pytest.raises(sa.exc.DBAPIError) as unknown:
+            conn.exec_driver_sql("XA COMMIT X'00',X'',1")
+        assert dialect.classify(unknown.value) == ErrorKind.UNKNOWN_XID
+        with pytest.raises(sa.exc.DBAPIError) as syntax:
+            conn.exec_driver_sql("SELEC 1")
+        assert dialect.classify(syntax.value) == ErrorKind.FATAL
+    dialect.dispose()
+    refused = MySQLDialect(options(mariadb_url, "t").url.set(port=1))
+    with pytest.raises(pymysql.err.OperationalError) as lost:
+        pymysql.connect(host="127.0.0.1", port=1, user="root", connect_timeout=2)
+    assert lost.value.args[0] == 2003 and refused.classify(lost.value) == ErrorKind.TRANSIENT
+
+
+# --------------------------------------------------------------------------- types and DDL
+
+
+def test_reflected_types_map_to_arrow(mariadb_url: str, table: str) -> None:
+    sql(
+        mariadb_url,
+        f"CREATE TABLE `{table}` (a TINYINT(1), b TINYINT UNSIGNED, c SMALLINT, d MEDIUMINT, e INT UNSIGNED, "
+        "f BIGINT, g FLOAT, h DOUBLE, i DECIMAL(30,4), j VARCHAR(10), k TEXT, l ENUM('x','y'), m VARBINARY(4), "
+        "n MEDIUMBLOB, o DATE, p DATETIME(3), q TIMESTAMP NULL, r YEAR, s JSON, t TIME) ENGINE=InnoDB",
+    )
+    dialect = MySQLDialect(options(mariadb_url, table).url)
+    with dialect.connect() as conn:
+        columns = {c["name"]: c for c in sa.inspect(conn).get_columns(table)}
+    dialect.dispose()
+    naive, aware = pa.timestamp("us"), pa.timestamp("us", tz="UTC")
+    got = {name: dialect.arrow_type(col, pa.int64()) for name, col in columns.items()}
+    assert got == {
+        "a": pa.int8(),
+        "b": pa.uint8(),
+        "c": pa.int16(),
+        "d": pa.int32(),
+        "e": pa.uint32(),
+        "f": pa.int64(),
+        "g": pa.float32(),
+        "h": pa.float64(),
+        "i": pa.decimal128(30, 4),
+        "j": pa.string(),
+        "k": pa.string(),
+        "l": pa.string(),
+        "m": pa.binary(),
+        "n": pa.binary(),
+        "o": pa.date32(),
+        "p": naive,
+        "q": naive,
+        "r": pa.int16(),
+        "s": pa.string(),
+        "t": None,
+    }
+    assert dialect.arrow_type(columns["a"], pa.bool_()) == pa.bool_()  # BOOLEAN is TINYINT(1)
+    assert dialect.arrow_type(columns["p"], aware) == aware  # tz-aware data: written as UTC wall time
+
+
+def test_create_table_column_types_use_mysql_names(mariadb_url: str, table: str) -> None:
+    dialect = MySQLDialect(options(mariadb_url, table).url)
+    compiled = {
+        text: str(dialect.parse_type(text).compile(dialect=mysql.pymysql.dialect()))
+        for text in ("BIGINT UNSIGNED", "DATETIME(3)", "VARCHAR(64)", "DECIMAL(12,2)", "tinyint(1)", "string", "bool")
+    }
+    assert compiled == {
+        "BIGINT UNSIGNED": "BIGINT UNSIGNED",
+        "DATETIME(3)": "DATETIME(3)",
+        "VARCHAR(64)": "VARCHAR(64)",
+        "DECIMAL(12,2)": "DECIMAL(12, 2)",
+        "tinyint(1)": "TINYINT(1)",
+        "string": "LONGTEXT",
+        "bool": "BOOL",
+    }
+    with pytest.raises(PreflightError, match="unknown MySQL type"):
+        dialect.parse_type("VARCHAR2(10)")
+    schema = pa.schema([("id", pa.int64()), ("name", pa.string()), ("at", pa.timestamp("us"))])
+    opts = options(mariadb_url, table, createTableColumnTypes="id BIGINT UNSIGNED, name VARCHAR(64), at DATETIME(3)")
+    plan_for(opts, schema)
+    ddl = sql(mariadb_url, f"SHOW CREATE TABLE `{table}`")[0][1].lower()
+    assert "`id` bigint(20) unsigned" in ddl and "`name` varchar(64)" in ddl and "`at` datetime(3)" in ddl
+
+
+def test_xa_recover_rows_parse() -> None:
+    gtrid, bqual = b"xasink:s:1", b"0:1-0a0b0c0d"
+    assert parse_recover_row((FORMAT_ID, 10, 12, gtrid + bqual), False) == (FORMAT_ID, gtrid, bqual)
+    assert parse_recover_row((FORMAT_ID, 10, 12, "0x" + (gtrid + bqual).hex()), True) == (FORMAT_ID, gtrid, bqual)
+    assert parse_recover_row((1, 3, 0, "abc"), False) == (1, b"abc", b"")
+    assert parse_recover_row((1, 3, 2, b"abc"), False) is None  # lengths disagree: not parsed, never touched
+    assert Xid.from_xa(FORMAT_ID, gtrid, bqual) == Xid("s", 1, 0, "1-0a0b0c0d")
+    assert parse_foreign_gid("xa:1:00ff:") == (1, b"\x00\xff", b"")
+    assert parse_foreign_gid("xasink:s:1/0:1-0a0b0c0d") is None
+
+
+def _ddl_blocks(path: Path) -> dict[str, set[str]]:
+    """Table name -> normalized column/key lines of every CREATE TABLE in a .sql file."""
+    text = re.sub(r"--[^\n]*", "", path.read_text())
+    blocks = {}
+    for m in re.finditer(r"CREATE TABLE IF NOT EXISTS (\w+) \((.*?)\)[^()]*;", text, re.S):
+        blocks[m[1]] = {" ".join(line.strip().rstrip(",").split()) for line in m[2].splitlines() if line.strip()}
+    return blocks
+
+
+@pytest.mark.parametrize(
+    ("dialect", "path"),
+    [(mysql.pymysql.dialect(), "sql/mysql.sql"), (postgresql.psycopg2.dialect(), "sql/postgres.sql")],
+    ids=["mysql", "postgres"],
+)
+def test_sql_files_match_the_journal_tables(dialect: sa.engine.Dialect, path: str) -> None:
+    blocks = _ddl_blocks(ROOT / path)
+    tables = journal_metadata()
+    assert set(blocks) == {t.name for t in tables}
+    for t in tables:
+        compiled = str(CreateTable(t).compile(dialect=dialect))
+        body = compiled[compiled.index("(") + 1 : compiled.rindex(")")]
+        want = {" ".join(line.strip().rstrip(",").split()) for line in body.splitlines() if line.strip()}
+        assert blocks[t.name] == want, f"{path}: {t.name} differs from journal_metadata()"
+        assert all(c.name in " ".join(blocks[t.name]) for c in t.columns)
+
+
+def test_sql_file_runs_on_mariadb(mariadb_url: str) -> None:
+    scratch = f"xasink_ddl_{uuid.uuid4().hex[:8]}"
+    with mariadb_connect(mariadb_url, database=False) as conn, conn.cursor() as cur:
+        cur.execute(f"CREATE DATABASE `{scratch}`")
+        try:
+            cur.execute(f"USE `{scratch}`")
+            for statement in re.sub(r"--[^\n]*", "", (ROOT / "sql/mysql.sql").read_text()).split(";"):
+                if statement.strip():
+                    cur.execute(statement)
+            cur.execute(
+                "SELECT TABLE_NAME, ENGINE FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s ORDER BY 1",
+                (scratch,),
+            )
+            assert cur.fetchall() == (("xasink_batches", "InnoDB"), ("xasink_sinks", "InnoDB"))
+        finally:
+            cur.execute(f"DROP DATABASE `{scratch}`")
+
+
+# --------------------------------------------------------------------------- Spark
+
+
+@pytest.fixture
+def mariadb_spark_url(mariadb_url: str) -> Iterator[str]:
+    yield jdbc(mariadb_url)
+
+
+def test_spark_batch_write_exactly_once(spark: Any, mariadb_url: str, mariadb_spark_url: str, table: str) -> None:
+    from pyspark.sql import functions as F  # noqa: N812 - Spark's usual alias
+
+    df = spark.range(0, 300, numPartitions=3).select(
+        F.col("id"),
+        F.concat(F.lit("v\t"), F.col("id").cast("string")).alias("val"),
+        F.lit(None).cast("binary").alias("b"),
+    )
+    sink = _sink()
+
+    def save() -> None:
+        (
+            df.write.format("xasink")
+            .option("url", mariadb_spark_url)
+            .option("user", "root")
+            .option("password", "")
+            .option("dbtable", table)
+            .option("sinkId", sink)
+            .option("batchId", 5)
+            .mode("append")
+            .save()
+        )
+
+    save()
+    save()  # a rerun of the same batch writes nothing
+    got = mariadb_rows(mariadb_url, table, order_by="id")
+    assert got == [(i, f"v\t{i}", None) for i in range(300)]
+    assert sql(mariadb_url, "SELECT state, `rows`, branches FROM xasink_batches WHERE sink_id = %s", sink) == [
+        ("committed", 300, 3)
+    ]
+    assert mariadb_prepared_gids(mariadb_url, [sink]) == []
+
+
+def test_spark_failed_task_leaves_nothing(spark: Any, mariadb_url: str, mariadb_spark_url: str, table: str) -> None:
+    keyed_table(mariadb_url, table)
+    sql(mariadb_url, f"INSERT INTO `{table}` VALUES (250, 'existing')")  # partition 2 collides: every attempt fails
+    df = spark.range(0, 300, numPartitions=3).selectExpr("id", "cast(id as string) as val")
+    sink = _sink()
+    with pytest.raises(Exception, match="duplicate key"):
+        (
+            df.write.format("xasink")
+            .option("url", mariadb_spark_url)
+            .option("user", "root")
+            .option("dbtable", table)
+            .option("sinkId", sink)
+            .mode("append")
+            .save()
+        )
+    assert mariadb_rows(mariadb_url, table) == [(250, "existing")]
+    assert mariadb_prepared_gids(mariadb_url, [sink]) == []
