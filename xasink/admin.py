@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass, field, replace
+from datetime import timedelta
 from typing import Any
+
+import sqlalchemy as sa
 
 from .coordinator import (  # noqa: F401 - re-exported for the CLI
     COMMIT,
@@ -24,9 +27,11 @@ from .coordinator import (  # noqa: F401 - re-exported for the CLI
     branch_action,
 )
 from .dialects import Dialect, PreparedTxn, dialect_for
-from .errors import OptionError
-from .journal import BatchRecord, Journal
+from .dialects.base import redact
+from .errors import OptionError, XasinkError
+from .journal import BatchRecord, Journal, utcnow
 from .options import TableName, WriteOptions, parse_url
+from .xid import Xid
 
 log = logging.getLogger(__name__)
 
@@ -60,13 +65,17 @@ class RecoverReport:
     entries: list[PreparedEntry] = field(default_factory=list)
     finished_batches: dict[str, list[int]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    acted: bool = False  # False for a dry run, and when planning found errors (then nothing was changed)
 
     def stale(self) -> list[PreparedEntry]:
         """Ours, older than the threshold (or of unknown age), and still prepared."""
         return [
             e
             for e in self.entries
-            if e.ours and e.outcome != "done" and e.action != WAIT and (e.age_s is None or e.age_s >= self.older_than_s)
+            if e.ours
+            and e.outcome not in ("done", "gone")
+            and e.action != WAIT
+            and (e.age_s is None or e.age_s >= self.older_than_s)
         ]
 
     @property
@@ -85,25 +94,26 @@ class RecoverReport:
 class SinkStatus:
     sink_id: str
     last_committed_batch: int | None
-    in_doubt_batches: list[int]
+    in_doubt_batches: list[int]  # decided, not yet all committed
     prepared_branches: int
-    oldest_prepared_age_s: float | None
+    oldest_prepared_age_s: float | None  # None: nothing prepared, or the server gives no age (MySQL)
+    stale: int  # in-doubt batches and prepared branches older than the threshold (unknown age counts as old)
     recent: list[dict[str, Any]]
 
 
 @dataclass
 class StatusReport:
-    url: str
+    url: str  # password masked
     sinks: list[SinkStatus]
     foreign_prepared: int
     older_than_s: float
+    errors: list[str] = field(default_factory=list)
 
     @property
     def exit_code(self) -> int:
-        for s in self.sinks:
-            if s.in_doubt_batches or (s.prepared_branches and (s.oldest_prepared_age_s or 0) >= self.older_than_s):
-                return 1
-        return 0
+        if self.errors:
+            return 2
+        return 1 if any(s.stale for s in self.sinks) else 0
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -147,7 +157,7 @@ def _survey(
                 pending.setdefault(rec.sink_id, []).append(rec)
             by_sink: dict[str, set[int]] = {}
             for p in prepared:
-                if p.xid is not None:
+                if p.xid is not None and (sink_filter is None or p.xid.sink_id == sink_filter):
                     by_sink.setdefault(p.xid.sink_id, set()).add(p.xid.batch_id)
             for sink, batches in by_sink.items():
                 for b, rec in journal.get_many(conn, sink, batches).items():
@@ -186,60 +196,96 @@ def recover(
     dry_run: bool = False,
     journal_schema: str | None = None,
     journal_prefix: str = "xasink_",
-    rollback_foreign: tuple[str, ...] = (),
+    rollback_foreign: tuple[str, ...] | list[str] = (),
 ) -> RecoverReport:
-    """List every prepared transaction, plan what recovery does with each, and (unless ``dry_run``) do it."""
+    """List every prepared transaction, plan what recovery does with each, and (unless ``dry_run``) do it.
+
+    Problems found while planning (a missing decision log, a ``rollback_foreign`` name that is not a
+    foreign prepared transaction) are reported in ``errors`` and nothing at all is changed: an operator's
+    mistake must not half-run.  Problems while acting are reported per sink; the other sinks still run.
+    """
+    _check_threshold(older_than_s)
     base = _base_options(url, journal_schema, journal_prefix)
     report = RecoverReport(_masked(base), dry_run, older_than_s)
-    dialect = dialect_for(base.url)
+    dialect = _dialect(base)
     journal = Journal(dialect, journal_schema, journal_prefix)
     try:
         entries, pending, has_journal = _survey(dialect, journal, sink_id, older_than_s, set(rollback_foreign))
         report.entries = entries
-        missing = set(rollback_foreign) - {e.gid for e in entries if not e.ours}
-        if missing:
-            report.errors.append(f"--rollback-foreign: no foreign prepared transaction named {sorted(missing)}")
+        report.errors += _check_foreign_names(entries, rollback_foreign)
         if not has_journal and any(e.ours for e in entries):
             report.errors.append(
                 f"decision log {journal.batches.fullname} not found: xasink branches are prepared but their decisions "
-                "cannot be read, so nothing of ours is touched; pass --journal-schema / --journal-prefix as the "
-                "writers used them"
+                "cannot be read, so none of them is touched (a decided branch must be committed, never rolled "
+                "back); pass --journal-schema / --journal-prefix as the writers used them"
             )
             for e in entries:
                 if e.ours:
                     e.action = IGNORE_UNKNOWN_SINK
         if dry_run:
             return report
-        sinks = {e.sink_id for e in entries if e.ours and e.action in (COMMIT, ROLLBACK_ORPHAN, ROLLBACK_UNDECIDED)}
-        sinks |= set(pending)
-        for sink in sorted(s for s in sinks if s is not None):
-            coordinator = _coordinator(dialect, base, sink)
-            try:
-                result = coordinator.recover(min_age_s=older_than_s)
-                if result.finished_batches:
-                    report.finished_batches[sink] = result.finished_batches
-            except Exception as exc:  # noqa: BLE001 - reported per sink; the others still run
-                report.errors.append(f"sink {sink}: {exc}")
-        for e in entries:
-            if e.action == ROLLBACK_FOREIGN:
-                log.warning("rolling back FOREIGN prepared transaction %s on explicit request", e.gid)
-                try:
-                    with dialect.connect(autocommit=True) as xa:
-                        dialect.rollback_foreign(xa, e.gid)
-                except Exception as exc:  # noqa: BLE001
-                    report.errors.append(f"rollback of foreign {e.gid}: {exc}")
+        if report.errors:
+            report.errors.append("nothing was changed")
+            return report
+        report.acted = True
+        _act(dialect, base, report, pending, older_than_s)
         with dialect.connect() as conn:
             still = {p.gid for p in dialect.list_prepared(conn)}
-        for e in entries:
-            if e.action in (COMMIT, ROLLBACK_ORPHAN, ROLLBACK_UNDECIDED, ROLLBACK_FOREIGN):
-                e.outcome = "still-prepared" if e.gid in still else "done"
-            elif e.action == WAIT:
-                e.outcome = "waiting"
+        for e in report.entries:
+            acted = e.action in (COMMIT, ROLLBACK_ORPHAN, ROLLBACK_UNDECIDED, ROLLBACK_FOREIGN)
+            if e.gid not in still:
+                e.outcome = "done" if acted else "gone"  # gone: finished meanwhile by its owner or a live batch
+            elif acted:
+                e.outcome = "still-prepared"
             else:
-                e.outcome = "untouched"
+                e.outcome = "waiting" if e.action == WAIT else "untouched"
         return report
+    except sa.exc.DBAPIError as exc:
+        raise _server_error(exc, dialect) from None
     finally:
         dialect.dispose()
+
+
+def _check_foreign_names(entries: list[PreparedEntry], names: tuple[str, ...] | list[str]) -> list[str]:
+    errors = []
+    ours = {e.gid for e in entries if e.ours}
+    foreign = {e.gid for e in entries if not e.ours}
+    for gid in sorted(set(names) - foreign):
+        if gid in ours or Xid.parse(gid) is not None:
+            errors.append(
+                f"--rollback-foreign {gid}: this is an xasink branch, not a foreign transaction; xasink's own "
+                "branches are finished only by the decision log (a decided one must be committed)"
+            )
+        else:
+            errors.append(f"--rollback-foreign {gid}: no foreign prepared transaction has this name")
+    return errors
+
+
+def _act(
+    dialect: Dialect,
+    base: WriteOptions,
+    report: RecoverReport,
+    pending: dict[str, list[BatchRecord]],
+    older_than_s: float,
+) -> None:
+    """Each sink through :meth:`Coordinator.recover` (its rule, under its sink lock), then the named foreign ones."""
+    acting = (COMMIT, ROLLBACK_ORPHAN, ROLLBACK_UNDECIDED)
+    sinks = {e.sink_id for e in report.entries if e.ours and e.sink_id and e.action in acting} | set(pending)
+    for sink in sorted(sinks):
+        try:
+            result = _coordinator(dialect, base, sink).recover(min_age_s=older_than_s)
+            if result.finished_batches:
+                report.finished_batches[sink] = result.finished_batches
+        except Exception as exc:  # noqa: BLE001 - reported per sink; the others still run
+            report.errors.append(f"sink {sink}: {_redacted(exc, base)}")
+    for e in report.entries:
+        if e.action == ROLLBACK_FOREIGN:
+            log.warning("rolling back FOREIGN prepared transaction %s on explicit request", e.gid)
+            try:
+                with dialect.connect(autocommit=True) as xa:
+                    dialect.rollback_foreign(xa, e.gid)
+            except Exception as exc:  # noqa: BLE001 - reported; the rest is done
+                report.errors.append(f"rollback of foreign {e.gid}: {_redacted(exc, base)}")
 
 
 def status(
@@ -251,14 +297,21 @@ def status(
     older_than_s: float = DEFAULT_OLDER_THAN_S,
     recent: int = 5,
 ) -> StatusReport:
-    """Per sink: last committed batch, batches in doubt, prepared branches, recent figures."""
+    """Per sink: last committed batch, batches in doubt, prepared branches, recent figures.  Reads only."""
+    _check_threshold(older_than_s)
     base = _base_options(url, journal_schema, journal_prefix)
-    dialect = dialect_for(base.url)
+    dialect = _dialect(base)
     journal = Journal(dialect, journal_schema, journal_prefix)
     try:
         entries, pending, has_journal = _survey(dialect, journal, sink_id, older_than_s, set())
+        report = StatusReport(_masked(base), [], sum(1 for e in entries if not e.ours), older_than_s)
+        if not has_journal and (sink_id is not None or any(e.ours for e in entries)):
+            report.errors.append(
+                f"decision log {journal.batches.fullname} not found; pass --journal-schema / --journal-prefix "
+                "as the writers used them"
+            )
         sinks: set[str] = {e.sink_id for e in entries if e.ours and e.sink_id} | set(pending)
-        out = []
+        now = utcnow()  # decided_at is the writer's UTC clock
         with dialect.connect() as conn:
             if has_journal:
                 sinks |= set(journal.sink_ids(conn)) if sink_id is None else {sink_id}
@@ -267,13 +320,17 @@ def status(
                 committed = [r.batch_id for r in records if r.committed]
                 mine = [e for e in entries if e.ours and e.sink_id == sink]
                 ages = [e.age_s for e in mine if e.age_s is not None]
-                out.append(
+                doubt = pending.get(sink, [])
+                stale = sum(1 for e in mine if e.age_s is None or e.age_s >= older_than_s)
+                stale += sum(1 for r in doubt if r.decided_at is None or _seconds(now - r.decided_at) >= older_than_s)
+                report.sinks.append(
                     SinkStatus(
                         sink_id=sink,
                         last_committed_batch=max(committed) if committed else None,
-                        in_doubt_batches=sorted(r.batch_id for r in pending.get(sink, [])),
+                        in_doubt_batches=sorted(r.batch_id for r in doubt),
                         prepared_branches=len(mine),
                         oldest_prepared_age_s=max(ages) if ages else None,
+                        stale=stale,
                         recent=[
                             {
                                 "batch_id": r.batch_id,
@@ -288,18 +345,55 @@ def status(
                         ],
                     )
                 )
-        return StatusReport(_masked(base), out, sum(1 for e in entries if not e.ours), older_than_s)
+        return report
+    except sa.exc.DBAPIError as exc:
+        raise _server_error(exc, dialect) from None
     finally:
         dialect.dispose()
 
 
+def _seconds(delta: timedelta) -> float:
+    return delta.total_seconds()
+
+
+def _dialect(options: WriteOptions) -> Dialect:
+    try:
+        return dialect_for(options.url)
+    except ValueError as exc:  # an unsupported backend: an option error, said without the URL
+        raise OptionError(f"--url: {exc}; use postgresql://... or mysql://...") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    """The server's message without SQLAlchemy's statement dump and link."""
+    text = str(getattr(exc, "orig", None) or exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _redacted(exc: BaseException, options: WriteOptions) -> str:
+    return redact(_first_line(exc), options.url.password)
+
+
+def _server_error(exc: sa.exc.DBAPIError, dialect: Dialect) -> XasinkError:
+    return XasinkError(
+        f"{dialect.name} at {dialect.where()}: {redact(_first_line(exc), dialect.url.password)}. Reading needs the "
+        "list of prepared transactions (MySQL: XA_RECOVER_ADMIN) and SELECT on the decision log tables; acting "
+        "needs the writers' rights (PostgreSQL: the same user or a superuser finishes a prepared transaction)"
+    )
+
+
+def _check_threshold(older_than_s: float) -> None:
+    if not older_than_s >= 0:  # also NaN
+        raise OptionError(f"older-than must be 0 or more seconds, not {older_than_s!r}")
+
+
 def parse_duration(text: str) -> float:
-    """'90s', '10m', '2h', '1d' or plain seconds."""
+    """'90s', '10m', '2h', '1d' or plain seconds; 0 or more."""
     units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
     t = text.strip().lower()
     try:
-        if t and t[-1] in units:
-            return float(t[:-1]) * units[t[-1]]
-        return float(t)
+        value = float(t[:-1]) * units[t[-1]] if t and t[-1] in units else float(t)
     except ValueError:
         raise OptionError(f"invalid duration {text!r}; use e.g. 90s, 10m, 2h") from None
+    if not value >= 0:
+        raise OptionError(f"invalid duration {text!r}: must be 0 or more; use e.g. 0s, 90s, 10m, 2h")
+    return value

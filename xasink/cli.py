@@ -9,12 +9,32 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 from . import admin
+from .dialects.base import redact
 from .errors import XasinkError
+from .options import parse_url
+
+_SECRETS = (
+    re.compile(r"(://[^/@\s:]*:)[^@\s]*(@)"),  # user:password@host
+    re.compile(r"(password=)[^&\s]*()", re.IGNORECASE),  # ?password=... (JDBC style)
+)
+
+
+def _mask(text: str, url: str | None) -> str:
+    """The message without the password of ``url``, and without anything that looks like one."""
+    if url:
+        try:
+            text = redact(text, parse_url(url).password)
+        except Exception:  # noqa: BLE001,S110 - an unparsable URL: the patterns below still apply
+            pass
+    for pattern in _SECRETS:
+        text = pattern.sub(r"\1***\2", text)
+    return text
 
 
 def _age(seconds: float | None) -> str:
@@ -44,7 +64,7 @@ def _print_recover(report: admin.RecoverReport) -> None:
         rows = [
             (
                 e.gid,
-                "ours" if e.ours else "foreign",
+                "xasink" if e.ours else "foreign",
                 e.sink_id,
                 e.batch_id,
                 e.partition,
@@ -61,7 +81,7 @@ def _print_recover(report: admin.RecoverReport) -> None:
             _table(
                 [
                     "gid",
-                    "owner-app",
+                    "app",
                     "sink",
                     "batch",
                     "part",
@@ -75,19 +95,26 @@ def _print_recover(report: admin.RecoverReport) -> None:
                 rows,
             )
         )
+        print()
     for sink, batches in report.finished_batches.items():
         print(f"finished decided batches of sink {sink}: {batches}")
     for err in report.errors:
         print(f"error: {err}", file=sys.stderr)
     ours = [e for e in report.entries if e.ours]
-    verb = "would" if report.dry_run else "did"
-    acted = [e for e in ours if e.action in (admin.COMMIT, admin.ROLLBACK_UNDECIDED, admin.ROLLBACK_ORPHAN)]
+    if report.acted:
+        done = [e for e in report.entries if e.outcome == "done"]
+        verb, left = "did", "left prepared"
+    else:
+        done, verb, left = report.entries, "would", "prepared"
+    rollbacks = (admin.ROLLBACK_UNDECIDED, admin.ROLLBACK_ORPHAN)
+    foreign = sum(e.action == admin.ROLLBACK_FOREIGN for e in done)
     print(
         f"{len(report.entries)} prepared: {len(ours)} of xasink, {len(report.entries) - len(ours)} foreign; "
-        f"{verb} commit {sum(e.action == admin.COMMIT for e in acted)}, "
-        f"roll back {sum(e.action != admin.COMMIT for e in acted)}; "
-        f"{len(report.stale())} of xasink older than {_age(report.older_than_s)} "
-        f"{'prepared' if report.dry_run else 'left prepared'}"
+        f"{verb} commit {sum(e.action == admin.COMMIT for e in done)}, "
+        f"roll back {sum(e.action in rollbacks for e in done)}"
+        + (f" and {foreign} foreign" if foreign else "")
+        + f", leave {sum(e.action == admin.WAIT for e in ours)} young undecided to a live batch; "
+        f"{len(report.stale())} of xasink older than {_age(report.older_than_s)} {left}"
     )
 
 
@@ -100,16 +127,17 @@ def _print_status(report: admin.StatusReport) -> None:
             ",".join(map(str, s.in_doubt_batches)) or "-",
             s.prepared_branches,
             _age(s.oldest_prepared_age_s) if s.prepared_branches else "-",
+            s.stale,
         )
         for s in report.sinks
     ]
-    print(_table(["sink", "last committed", "in doubt", "prepared", "oldest"], rows))
+    print(_table(["sink", "last committed", "in doubt", "prepared", "oldest", "stale"], rows))
     for s in report.sinks:
         if s.recent:
             print(f"\nrecent batches of {s.sink_id}:")
             print(
                 _table(
-                    ["batch", "state", "rows", "branches", "prepare ms", "commit ms", "decided at"],
+                    ["batch", "state", "rows", "branches", "prepare ms", "commit ms", "decided (UTC)"],
                     [
                         (
                             r["batch_id"],
@@ -124,9 +152,12 @@ def _print_status(report: admin.StatusReport) -> None:
                     ],
                 )
             )
+    for err in report.errors:
+        print(f"error: {err}", file=sys.stderr)
     print(
         f"\n{len(report.sinks)} sinks; {sum(s.prepared_branches for s in report.sinks)} prepared branches of xasink; "
-        f"{report.foreign_prepared} foreign prepared transactions"
+        f"{report.foreign_prepared} foreign prepared transactions; {sum(s.stale for s in report.sinks)} in doubt "
+        f"or prepared for {_age(report.older_than_s)} or longer"
     )
 
 
@@ -206,11 +237,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         print(json.dumps(status.to_dict(), indent=2, default=str)) if args.json else _print_status(status)
         return status.exit_code
-    except XasinkError as exc:
+    except Exception as exc:  # noqa: BLE001 - every failure is exit code 2 with a message, never a traceback
+        text = str(exc) if isinstance(exc, XasinkError) else f"{type(exc).__name__}: {exc}"
+        text = _mask(text, getattr(args, "url", None))
         if getattr(args, "json", False):
-            print(json.dumps({"error": str(exc), "exit_code": 2}))
+            print(json.dumps({"error": text, "exit_code": 2}))
         else:
-            print(f"error: {exc}", file=sys.stderr)
+            print(f"error: {text}", file=sys.stderr)
+        if args.verbose:
+            logging.getLogger("xasink").info("failure", exc_info=True)
         return 2
 
 
