@@ -134,6 +134,7 @@ class Coordinator:
             prepared = {p.xid for p in self.dialect.list_prepared(conn) if p.xid is not None}
             missing = [x for x in record.xids if x not in prepared]
             if other is None and not missing:
+                self.dialect.durable_commit(conn)
                 self.journal.insert_decision(conn, record)
                 log.info(
                     "decided sink %s batch %s: %d branches, %d rows",

@@ -5,11 +5,13 @@ Set ``XASINK_FAULT`` (or, for Spark tasks, the local property
 
     point[:action][:p=PARTITION][:a=ATTEMPT][:b=BATCH]
 
-``action`` is ``kill`` (default: SIGKILL this process) or ``raise`` (raise
-:class:`InjectedFault`).  Spark runs the data source's driver-side code in a
-Python worker of its own process group, so to crash the whole driver a test
-sets ``XASINK_FAULT_PGID`` to the driver's process group (its Python and the
-JVM): the fault point kills that group, then itself.  Unset, a fault point
+``action`` is ``kill`` (default: SIGKILL this process), ``raise`` (raise
+:class:`InjectedFault`) or ``stop`` (SIGSTOP this process, holding the point
+while a test kills what it chooses, e.g. the executor JVM after a branch
+prepared).  Spark runs the data source's driver-side code in a Python worker
+of its own process group, so to crash the whole driver a test sets
+``XASINK_FAULT_PGID`` to the driver's process group (its Python and the JVM):
+the fault point kills that group, then itself.  Unset, a fault point
 costs one dictionary lookup.
 """
 
@@ -76,6 +78,9 @@ def fault(point: str, *, partition: int | None = None, attempt: int | None = Non
         log.warning("fault point %s reached: %s", point, action)
         if action == "raise":
             raise InjectedFault(f"injected fault at {point}")
+        if action == "stop":
+            os.kill(os.getpid(), signal.SIGSTOP)
+            continue
         group = os.environ.get("XASINK_FAULT_PGID")
         if group:
             try:

@@ -97,7 +97,7 @@ def parse_url(raw: str, user: str | None = None, password: str | None = None) ->
     text = raw.strip()
     query: dict[str, str] = {}
     if text.lower().startswith("jdbc:"):
-        parts = urlsplit(text[5:])
+        parts = urlsplit(text[5:], allow_fragments=False)  # JDBC has no fragment: '#' may be in a password
         backend = _JDBC_SCHEMES.get(parts.scheme.lower())
         if backend is None:
             raise OptionError(

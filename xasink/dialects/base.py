@@ -194,6 +194,13 @@ class Dialect(ABC):
         """Extra keywords for tables xasink creates (e.g. the storage engine)."""
         return {}
 
+    def durable_commit(self, conn: Connection) -> None:  # noqa: B027 - optional hook
+        """Make this transaction's COMMIT wait until it is on disk, whatever the server's default.
+
+        The decision must survive a server crash: PREPARE and COMMIT PREPARED are always flushed, an
+        ordinary commit (the decision's) not when the server runs with asynchronous commit.
+        """
+
     def check_table(self, conn: Connection, plan: TargetPlan) -> None:  # noqa: B027 - optional hook
         """Dialect-specific checks of the target table (e.g. storage engine)."""
 

@@ -48,6 +48,33 @@ from .base import BranchSession, Dialect, ErrorKind, PreparedTxn, TargetPlan, ch
 
 log = logging.getLogger(__name__)
 
+
+def _share_preferred_tls_context() -> None:
+    """One TLS context per process for pymysql's PREFERRED mode (no ssl options given), not one per connection.
+
+    pymysql >= 1.2 builds ``ssl.create_default_context()`` for every such connection, which loads the
+    system CA bundle (~25 ms here) only to set CERT_NONE; a batch opens several connections per branch
+    and on the driver, so this was most of a small batch's time (benchmarks: profile of MariaDB writes).
+    The context is identical every time, so sharing it changes nothing but the cost.
+    """
+    original = getattr(pymysql.connections.Connection, "_create_ssl_ctx", None)
+    if original is None or getattr(original, "xasink_shared", False):
+        return
+    shared: list[Any] = []
+
+    def create_ssl_ctx(self: Any, sslp: Any) -> Any:
+        if isinstance(sslp, dict) and not sslp:
+            if not shared:
+                shared.append(original(self, sslp))
+            return shared[0]
+        return original(self, sslp)
+
+    create_ssl_ctx.xasink_shared = True  # type: ignore[attr-defined]
+    pymysql.connections.Connection._create_ssl_ctx = create_ssl_ctx  # type: ignore[method-assign]
+
+
+_share_preferred_tls_context()
+
 _SA_DIALECT = sa_pymysql.dialect()
 _PREPARER = _SA_DIALECT.identifier_preparer
 

@@ -114,12 +114,17 @@ class PostgresBranch(BranchSession):
 
     def load(self, batches: Iterator[pa.RecordBatch]) -> int:
         count = 0
+        source_error: list[BaseException] = []
 
         def counted() -> Iterator[pa.RecordBatch]:
             nonlocal count
-            for batch in batches:
-                count += batch.num_rows
-                yield batch
+            try:
+                for batch in batches:
+                    count += batch.num_rows
+                    yield batch
+            except BaseException as exc:
+                source_error.append(exc)
+                raise
 
         try:
             if self.plan.upsert_keys:
@@ -130,6 +135,8 @@ class PostgresBranch(BranchSession):
         except BranchError:
             raise
         except Exception as exc:
+            if source_error:  # the rows' own iterator failed (e.g. a value that does not fit): ADBC wraps it
+                raise source_error[0] from None
             raise self.dialect.branch_error(exc, self.xid, self.plan) from None
         return count
 
@@ -208,6 +215,10 @@ class PostgresDialect(Dialect):
     def rollback_foreign(self, conn: Connection, gid: str) -> None:
         conn.exec_driver_sql(f"ROLLBACK PREPARED {_literal(gid)}")
 
+    def durable_commit(self, conn: Connection) -> None:
+        # with synchronous_commit = off a crash right after the decision's COMMIT may lose it
+        conn.exec_driver_sql("SET LOCAL synchronous_commit = on")
+
     def list_prepared(self, conn: Connection) -> list[PreparedTxn]:
         rows = conn.exec_driver_sql(
             "SELECT gid, prepared, owner, database FROM pg_prepared_xacts "
@@ -251,6 +262,7 @@ class PostgresDialect(Dialect):
         text = redact(str(getattr(exc, "orig", exc)), self.url.password)
         text = re.sub(r"^[A-Z_]+: \[libpq\] ", "", text.strip())
         text = re.sub(r"Failed to execute query '.*?': (?=ERROR:)", "", text, count=1, flags=re.S)
+        text = re.sub(r"^Failed to execute COPY statement: (?:PGRES_[A-Z_]+ )?(?=ERROR:)", "", text, count=1)
         hint = _BRANCH_HINTS.get(state or "")
         if plan.upsert_keys and state in ("55P03", "40P01"):
             keys = plan.upsert_keys

@@ -11,12 +11,14 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 
 from .. import errors
+from ..coordinator import Coordinator
 from ..dialects import dialect_for
 from ..dialects.base import redact
 from ..journal import Journal
 from ..options import parse_options
 from ..results import WriteResult
-from .datasource import XasinkDataSource
+from ..xid import new_run_nonce
+from .datasource import RUN_OPTION, XasinkDataSource, check_batch_order
 
 log = logging.getLogger("xasink")
 
@@ -24,13 +26,24 @@ _registered: set[int] = set()
 
 
 def register(spark: SparkSession) -> None:
-    """Register the "xasink" data source with this session (idempotent)."""
+    """Register the "xasink" data source with this session (idempotent); call it in each writing thread.
+
+    Spark looks a Python data source up in the calling thread's *active* session, which a new thread
+    (e.g. a thread pool's) does not have: its write would fail with DATA_SOURCE_NOT_FOUND.  So this
+    also makes ``spark`` the thread's active session.
+    """
     if id(spark) not in _registered:
         spark.dataSource.register(XasinkDataSource)
         _registered.add(id(spark))
+    jvm, jsession = getattr(spark, "_jvm", None), getattr(spark, "_jsparkSession", None)
+    if jvm is not None and jsession is not None:  # classic Spark; Spark Connect has no thread-local session here
+        SparkSession._get_j_spark_session_class(jvm).setActiveSession(jsession)
 
 
-_ERROR_RE = re.compile(r"xasink\.errors\.(\w+): (.+?)(?:\n\s*\n|\n\s+at |\n\tat |\Z)", re.S)
+# the message ends where Spark's own text resumes: a blank line, a Java frame, the SQLSTATE Spark appends
+_ERROR_RE = re.compile(
+    r"xasink\.errors\.(\w+): (.+?)(?:\n\s*\n|\n\s+at |\n\tat |\n\s*SQLSTATE: |\n\s*JVM stacktrace:|\Z)", re.S
+)
 
 
 def _unwrap(exc: BaseException) -> BaseException | None:
@@ -41,7 +54,9 @@ def _unwrap(exc: BaseException) -> BaseException | None:
         return None
     name, message = found[-1]
     cls = getattr(errors, name, errors.XasinkError)
-    return cls(message.strip())  # type: ignore[no-any-return]
+    if not (isinstance(cls, type) and issubclass(cls, errors.XasinkError)):
+        cls = errors.XasinkError
+    return cls(message.strip())
 
 
 def _summary(exc: BaseException) -> str:
@@ -72,17 +87,22 @@ def write(
     parsed = parse_options(raw)
     raw["sinkId"] = parsed.sink_id  # a generated id must be the same for the write and the result look-up
     register(df.sparkSession)
+    unknown = [k for k in parsed.upsert_key_columns if k.lower() not in {c.lower() for c in df.columns}]
+    if unknown:  # say it in our words before Spark's repartition fails on it
+        raise errors.PreflightError(f"option 'upsertKeyColumns': '{unknown[0]}' is not a column of the DataFrame")
     if parsed.upsert_key_columns:  # equal keys in two branches: the second waits on the first, prepared, until timeout
         df = df.repartition(parsed.num_partitions or df.rdd.getNumPartitions(), *parsed.upsert_key_columns)
     elif parsed.num_partitions is not None and df.rdd.getNumPartitions() > parsed.num_partitions:
         df = df.coalesce(parsed.num_partitions)
     dialect = dialect_for(parsed.url)
     journal = Journal(dialect, parsed.journal_schema, parsed.journal_prefix)
+    run = new_run_nonce()
     try:
         before = _record(journal, parsed.sink_id, parsed.batch_id)
         t0 = time.perf_counter()
         try:
-            df.write.format("xasink").options(**{k: str(v) for k, v in raw.items()}).mode("append").save()
+            opts = {k: str(v) for k, v in raw.items()}
+            df.write.format("xasink").options(**opts, **{RUN_OPTION: run}).mode("append").save()
         except Exception as exc:
             inner = _unwrap(exc)
             if inner is None and _record(journal, parsed.sink_id, parsed.batch_id) is None:
@@ -103,7 +123,11 @@ def write(
     timings = {"prepare": after.prepare_ms / 1000, "total": total}
     if after.commit_ms is not None:
         timings["commit"] = after.commit_ms / 1000
-    result = WriteResult(parsed.sink_id, parsed.batch_id, after.rows, after.branches, before is not None, timings)
+    # another writer of the same (sink, batch) may have decided it while we ran: then we wrote nothing either
+    theirs = any(x.run != run for x in after.xids)
+    result = WriteResult(
+        parsed.sink_id, parsed.batch_id, after.rows, after.branches, before is not None or theirs, timings
+    )
     log.info("%s", result)
     return result
 
@@ -117,9 +141,14 @@ def _record(journal: Journal, sink_id: str, batch_id: int) -> Any:
 
 def foreach_batch(url: str, table: str, sink_id: str, **options: Any) -> Callable[[DataFrame, int], WriteResult]:
     """A function for ``writeStream.foreachBatch``: each micro-batch written once, keyed by Spark's batch id."""
-    parse_options({"url": url, "dbtable": table, "sinkId": sink_id, **options})  # fail at set-up, not at batch 0
+    parsed = parse_options({"url": url, "dbtable": table, "sinkId": sink_id, **options})  # fail now, not at batch 0
 
     def write_batch(df: DataFrame, batch_id: int) -> WriteResult:
+        coordinator = Coordinator(parsed)
+        try:  # a new or reset checkpoint would have its batches skipped as replays of the old ones
+            check_batch_order(coordinator, batch_id)
+        finally:
+            coordinator.close()
         return write(df, url, table, sink_id=sink_id, batch_id=batch_id, **options)
 
     return write_batch

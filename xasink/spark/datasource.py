@@ -10,6 +10,7 @@ no state between calls beyond what was decided in ``writer()``.
 from __future__ import annotations
 
 import logging
+import re
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -39,6 +40,8 @@ from ..xid import new_run_nonce
 log = logging.getLogger("xasink")
 
 STREAM_BATCH_PROPERTY = "streaming.sql.batchId"
+# internal option: xasink.write() names the run, so it can tell its own decision from a concurrent writer's
+RUN_OPTION = "xasink.run"
 
 
 def _task_fault_spec() -> str | None:
@@ -109,10 +112,10 @@ def _outcomes(messages: list[WriterCommitMessage | None]) -> list[BranchOutcome 
 
 
 class XasinkBatchWriter(DataSourceArrowWriter):
-    def __init__(self, options: WriteOptions, plan: TargetPlan) -> None:
+    def __init__(self, options: WriteOptions, plan: TargetPlan, run: str | None = None) -> None:
         self.options = options
         self.plan = plan
-        self.run = new_run_nonce()
+        self.run = run or new_run_nonce()
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> XasinkCommitMessage:
         return _write_task(self.options, self.plan, self.run, self.options.batch_id, iterator)
@@ -185,13 +188,15 @@ def _recover_settled(options: WriteOptions) -> None:
         coordinator.close()
 
 
-def _check_batch_order(coordinator: Coordinator, batch_id: int) -> None:
-    """Refuse a batch id below the sink's last decided batch: only the last batch is ever replayed.
+def check_batch_order(coordinator: Coordinator, batch_id: int) -> None:
+    """Refuse a micro-batch id below the sink's last decided batch: only the last batch is ever replayed.
 
     A lower one means the query's checkpoint is new or was reset, or another query writes with the same
     sinkId: its batches would be silently skipped as replays.
     """
     with coordinator.dialect.connect() as conn:
+        if not coordinator.journal.exists(conn):
+            return
         last = coordinator.journal.last_batch_id(conn, coordinator.sink_id)
     if last is not None and last > batch_id:
         raise OptionError(
@@ -230,7 +235,7 @@ class XasinkStreamWriter(DataSourceStreamArrowWriter):
         coordinator = Coordinator(self.options)
         try:
             try:
-                _check_batch_order(coordinator, batchId)
+                check_batch_order(coordinator, batchId)
             except OptionError:
                 coordinator.abort(batchId, _outcomes(messages))
                 raise
@@ -256,8 +261,14 @@ class XasinkDataSource(DataSource):
         return "xasink"
 
     def _options(self, streaming: bool) -> WriteOptions:
-        opts: dict[str, Any] = dict(self.options)
+        opts: dict[str, Any] = {k: v for k, v in self.options.items() if k.lower() != RUN_OPTION}
         return parse_options(opts, streaming=streaming)
+
+    def _run(self) -> str | None:
+        run = self.options.get(RUN_OPTION)
+        if run is not None and not re.fullmatch(r"[0-9a-f]{8}", str(run)):
+            raise OptionError(f"option '{RUN_OPTION}' is internal to xasink.write()")
+        return str(run) if run is not None else None
 
     def writer(self, schema: StructType, overwrite: bool) -> XasinkBatchWriter:
         if overwrite:
@@ -272,11 +283,12 @@ class XasinkDataSource(DataSource):
             coordinator.recover(upto=options.batch_id)
         finally:
             coordinator.close()
-        return XasinkBatchWriter(options, plan)
+        return XasinkBatchWriter(options, plan, self._run())
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> XasinkStreamWriter:  # noqa: N802 - Spark's name
         if overwrite:
             raise OptionError("output mode 'complete' is not supported by xasink; use outputMode('append')")
+        _worker_logging(logging.INFO)
         options = self._options(streaming=True)
         plan = _prepare(options, schema, options.num_partitions)
         _recover_settled(options)  # at restart: finish what the crashed run decided, before its replay

@@ -1,0 +1,267 @@
+"""The set-up every section shares: the servers, the Spark session, small database helpers.
+
+PostgreSQL is a private :class:`xasink.embedded.EmbeddedPostgres` (fsync off, as for the tests) with room for
+300 prepared transactions; MariaDB is the machine's server at 127.0.0.1:3306 (root, empty password) with a
+scratch database.  The set-up is recorded in the results, so a figure is never read without it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import platform
+import shutil
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg2
+import psycopg2.extensions
+import pymysql
+from psycopg2 import sql as pgsql
+
+from xasink.embedded import EmbeddedPostgres
+
+log = logging.getLogger("benchmarks")
+
+ROOT = Path(__file__).resolve().parent.parent
+PG_JAR = Path("/usr/share/java/postgresql.jar")
+MARIADB_JAR = Path("/usr/share/java/mariadb-java-client.jar")
+MARIADB_DB_PREFIX = "xasink_benchrun_"  # a fresh scratch database per run, dropped at the end
+BENCH_SINK_PREFIXES = ("b-", "scale-")  # every sinkId the benchmark uses starts so
+PG_SETTINGS = (
+    "server_version",
+    "fsync",
+    "synchronous_commit",
+    "full_page_writes",
+    "shared_buffers",
+    "max_wal_size",
+    "max_prepared_transactions",
+    "max_connections",
+)
+MARIADB_SETTINGS = (
+    "version",
+    "innodb_flush_log_at_trx_commit",
+    "innodb_buffer_pool_size",
+    "innodb_log_file_size",
+    "sync_binlog",
+    "log_bin",
+    "local_infile",
+)
+
+
+@dataclass
+class Database:
+    """One target database: how each contender reaches it."""
+
+    kind: str  # "postgresql" | "mariadb"
+    xasink_url: str  # what xasink (and SQLAlchemy) gets
+    jdbc_url: str
+    jdbc_driver: str
+    jdbc_props: dict[str, str]
+    host: str
+    port: int
+    user: str
+    password: str
+    database: str
+    xasink_ok: bool = True  # the dialect is importable
+    note: str = ""
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    # -- admin connections (benchmark bookkeeping, never timed) ---------------------------------------------
+    @contextlib.contextmanager
+    def connect(self) -> Iterator[Any]:
+        if self.kind == "postgresql":
+            conn = psycopg2.connect(
+                host=self.host, port=self.port, user=self.user, dbname=self.database, options="-c TimeZone=UTC"
+            )
+            conn.autocommit = True
+        else:
+            conn = pymysql.connect(
+                host=self.host,
+                port=self.port,
+                user=self.user,
+                password=self.password,
+                database=self.database,
+                autocommit=True,
+                local_infile=True,
+            )
+        try:
+            yield conn
+        finally:
+            conn.close()
+
+    def quote(self, name: str) -> str:
+        """A quoted identifier (benchmark tables only; the product quotes through SQLAlchemy)."""
+        if self.kind == "postgresql":
+            return '"' + name.replace('"', '""') + '"'
+        return "`" + name.replace("`", "``") + "`"
+
+    def execute(self, *statements: str) -> None:
+        with self.connect() as conn, conn.cursor() as cur:
+            for statement in statements:
+                cur.execute(statement)
+
+    def scalar(self, statement: str) -> Any:
+        with self.connect() as conn, conn.cursor() as cur:
+            cur.execute(statement)
+            row = cur.fetchone()
+            return row[0] if row else None
+
+    def count(self, table: str) -> int:
+        return int(self.scalar(f"SELECT count(*) FROM {self.quote(table)}"))
+
+    def drop(self, table: str) -> None:
+        self.execute(f"DROP TABLE IF EXISTS {self.quote(table)}")
+
+    def settle(self) -> None:
+        """Between runs (not timed): flush dirty pages so a checkpoint does not land inside the next run."""
+        if self.kind == "postgresql":
+            self.execute("CHECKPOINT")
+
+    def pg_identifier(self, name: str) -> pgsql.Composable:
+        return pgsql.Identifier(name)
+
+    def leftover_prepared(self) -> int:
+        """Prepared branches of the benchmark's sinks (XA RECOVER lists the whole MariaDB server: others' too)."""
+        if not self.xasink_ok:
+            return 0
+        from xasink.dialects import dialect_for
+        from xasink.options import parse_url
+
+        dialect = dialect_for(parse_url(self.xasink_url))
+        try:
+            with dialect.connect() as conn:
+                found = dialect.list_prepared(conn)
+        finally:
+            dialect.dispose()
+        return sum(1 for p in found if p.xid is not None and p.xid.sink_id.startswith(BENCH_SINK_PREFIXES))
+
+
+def start_postgres(max_prepared: int = 300) -> tuple[EmbeddedPostgres, Database]:
+    server = EmbeddedPostgres(max_prepared_transactions=max_prepared, extra_settings={"max_connections": "400"})
+    server.start()
+    db = Database(
+        kind="postgresql",
+        xasink_url=server.url,
+        jdbc_url=f"jdbc:postgresql://127.0.0.1:{server.port}/postgres",
+        jdbc_driver="org.postgresql.Driver",
+        jdbc_props={"user": "postgres"},
+        host="127.0.0.1",
+        port=server.port,
+        user="postgres",
+        password="",
+        database="postgres",
+    )
+    db.settings = {name: db.scalar(f"SHOW {name}") for name in PG_SETTINGS}
+    db.settings["embedded"] = "xasink.embedded.EmbeddedPostgres (private cluster, fsync/synchronous_commit off)"
+    return server, db
+
+
+def mariadb(host: str = "127.0.0.1", port: int = 3306) -> Database | None:
+    """The machine's MariaDB with a fresh scratch database, or None (with a log line) when it is not reachable."""
+    name = MARIADB_DB_PREFIX + uuid.uuid4().hex[:8]
+    try:
+        conn = pymysql.connect(host=host, port=port, user="root", password="", autocommit=True)
+    except pymysql.MySQLError as exc:
+        log.warning("MariaDB at %s:%s not reachable (%s): MariaDB contenders skipped", host, port, exc)
+        return None
+    with conn.cursor() as cur:
+        cur.execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
+        settings: dict[str, Any] = {}
+        for var in MARIADB_SETTINGS:
+            cur.execute("SHOW VARIABLES LIKE %s", (var,))
+            row = cur.fetchone()
+            settings[var] = row[1] if row else None
+    conn.close()
+    db = Database(
+        kind="mariadb",
+        xasink_url=f"mysql://root@{host}:{port}/{name}",
+        # jdbc:mysql: so that Spark picks its MySQL dialect (backtick quoting); Connector/J 2.x accepts it
+        jdbc_url=f"jdbc:mysql://{host}:{port}/{name}",
+        jdbc_driver="org.mariadb.jdbc.Driver",
+        jdbc_props={"user": "root", "password": ""},
+        host=host,
+        port=port,
+        user="root",
+        password="",
+        database=name,
+        settings=settings,
+    )
+    try:
+        import xasink.dialects.mysql  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - not written yet, or broken: say so and measure the others
+        db.xasink_ok = False
+        db.note = f"xasink MariaDB contenders skipped: xasink.dialects.mysql cannot be imported ({exc})"
+        log.warning("%s", db.note)
+    return db
+
+
+def drop_scratch(db: Database) -> None:
+    if db.kind == "mariadb" and db.database.startswith(MARIADB_DB_PREFIX):
+        conn = pymysql.connect(host=db.host, port=db.port, user=db.user, password=db.password, autocommit=True)
+        with conn.cursor() as cur:
+            cur.execute(f"DROP DATABASE IF EXISTS `{db.database}`")
+        conn.close()
+
+
+def jars() -> tuple[list[str], list[str]]:
+    """JDBC driver jars present, and notes for the ones missing (their contenders are skipped)."""
+    present, notes = [], []
+    for jar, package in ((PG_JAR, "libpostgresql-jdbc-java"), (MARIADB_JAR, "libmariadb-java")):
+        if jar.exists():
+            present.append(str(jar))
+        else:
+            notes.append(f"{jar} missing (apt-get install {package}): Spark JDBC contenders for it skipped")
+    return present, notes
+
+
+def spark_session(master: str, arrow_batch: int, jar_paths: list[str], driver_memory: str = "6g") -> Any:
+    """A local Spark session; workers import ``benchmarks`` (our data sources) and xasink from this checkout."""
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    os.environ["TZ"] = "UTC"  # Row-based writers get naive datetimes in the worker's local zone
+    paths = [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    from pyspark.sql import SparkSession
+
+    builder = (
+        SparkSession.builder.master(master)
+        .appName("xasink-benchmarks")
+        .config("spark.driver.memory", driver_memory)
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.sql.execution.arrow.maxRecordsPerBatch", str(arrow_batch))
+        .config("spark.executorEnv.TZ", "UTC")
+        .config("spark.ui.showConsoleProgress", "false")
+    )
+    if jar_paths:
+        builder = builder.config("spark.jars", ",".join(jar_paths))
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    import xasink
+
+    xasink.register(spark)
+    from benchmarks.sources import register_sources
+
+    register_sources(spark)
+    return spark
+
+
+def machine() -> dict[str, Any]:
+    return {
+        "cpus": os.cpu_count(),
+        "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "psql": shutil.which("psql"),
+        "mysql": shutil.which("mysql") or shutil.which("mariadb"),
+    }

@@ -1,0 +1,169 @@
+"""One partition fails after the others have written: what does a concurrent reader see?
+
+For each contender the same job runs twice: first with the last row of the last partition poisoned (a
+Python UDF that waits, so the other partitions finish first, then raises), then again clean, as a user
+reruns a failed job.  A reader thread in READ COMMITTED polls ``count(*)`` and ``count(DISTINCT id)``
+every ~50 ms throughout.  The result says what the table showed: a partial batch, duplicates after the
+retry, or nothing until the whole batch was there.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from benchmarks import contenders as c
+from benchmarks import data
+from benchmarks.env import Database
+
+log = logging.getLogger("benchmarks")
+
+SCENARIO_CONTENDERS = ("xasink", "plain-commit", "jdbc-tuned", "upsert-hand", "xasink-upsert")
+
+
+@dataclass
+class Reader:
+    """Polls the table on its own autocommit connection until stopped."""
+
+    db: Database
+    table: str
+    interval: float = 0.05
+    phase: str = "idle"
+    samples: list[tuple[float, str, int, int]] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+    error: str | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="bench-reader", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        q = self.db.quote(self.table)
+        try:
+            with self.db.connect() as conn, conn.cursor() as cur:
+                if self.db.kind == "mariadb":
+                    cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                while not self._stop.is_set():
+                    cur.execute(f"SELECT count(*), count(DISTINCT id) FROM {q}")
+                    n, d = cur.fetchone()
+                    self.samples.append((time.perf_counter(), self.phase, int(n), int(d)))
+                    self._stop.wait(self.interval)
+        except Exception as exc:  # noqa: BLE001 - reported, not fatal for the benchmark
+            self.error = str(exc).splitlines()[0]
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
+
+    def seen(self, phase: str) -> list[tuple[int, int]]:
+        return [(n, d) for _, p, n, d in self.samples if p == phase]
+
+
+def poisoned_frame(df: Any, last_id: int, delay: float) -> Any:
+    from pyspark.sql import functions as F  # noqa: N812
+    from pyspark.sql.types import LongType
+
+    def poison(value: int) -> int:  # shipped by value to the workers
+        if value == last_id:
+            time.sleep(delay)  # let the other partitions finish writing first
+            raise RuntimeError(f"injected failure at id {last_id} (last row of the last partition)")
+        return value
+
+    return df.withColumn("id", F.udf(poison, LongType())("id"))
+
+
+def run_scenario(spark: Any, db: Database, size: int, names: list[str], delay: float) -> list[dict[str, Any]]:
+    df = data.frame(spark, "narrow", size).cache()
+    df.count()
+    results = []
+    try:
+        for name in names:
+            contender = c.BY_NAME[name]
+            table = f"fail_{name.replace('-', '_')}_{db.kind[:2]}"
+            upsert = contender.kind == "upsert"
+            data.create_table(db, table, "narrow", primary_key=upsert)  # append: no key, so a retry can duplicate
+            ctx = c.Ctx(spark, db, df, "narrow", size, run=int(time.time()) % 1_000_000, table=table, seed_table="")
+            bad = c.Ctx(**{**ctx.__dict__, "df": poisoned_frame(df, size - 1, delay)})
+            reader = Reader(db, table)
+            reader.start()
+            error = None
+            try:
+                reader.phase = "failed run"
+                t0 = time.perf_counter()
+                try:
+                    contender.run(bad)
+                    error = "the poisoned job did not fail"
+                except Exception as exc:  # noqa: BLE001 - the expected failure
+                    error = None
+                    log.info("%s failed as intended: %s", name, str(exc).splitlines()[0][:200])
+                failed_s = time.perf_counter() - t0
+                reader.phase = "after failure"
+                time.sleep(0.3)
+                reader.phase = "retry"
+                t1 = time.perf_counter()
+                contender.run(ctx)  # the user reruns the same job (same sinkId/batchId for xasink)
+                retry_s = time.perf_counter() - t1
+                reader.phase = "after retry"
+                time.sleep(0.3)
+            finally:
+                reader.stop()
+            results.append(summarize(name, contender.label, db, table, size, reader, error, failed_s, retry_s))
+            db.drop(table)
+    finally:
+        df.unpersist()
+    return results
+
+
+def summarize(
+    name: str,
+    label: str,
+    db: Database,
+    table: str,
+    size: int,
+    reader: Reader,
+    error: str | None,
+    failed_s: float,
+    retry_s: float,
+) -> dict[str, Any]:
+    during = reader.seen("failed run")
+    after = reader.seen("after failure")
+    retry = reader.seen("retry")
+    final_n, final_d = db.count(table), int(db.scalar(f"SELECT count(DISTINCT id) FROM {db.quote(table)}"))
+    max_during = max((n for n, _ in during), default=0)
+    after_fail = after[-1][0] if after else max_during
+    partial_in_retry = sorted({n for n, _ in retry if 0 < n < size and n != after_fail})
+    problems = []
+    if max_during or after_fail:
+        problems.append(f"partial batch visible ({max(max_during, after_fail)} of {size} rows)")
+    if final_n != final_d:
+        problems.append(f"{final_n - final_d} duplicate rows after the retry")
+    if final_d != size:
+        problems.append(f"{final_d} distinct ids after the retry, expected {size}")
+    left = db.leftover_prepared()
+    if left:
+        problems.append(f"{left} prepared transactions left")
+    return {
+        "db": db.kind,
+        "contender": name,
+        "label": label,
+        "rows": size,
+        "max_visible_during_failed_run": max_during,
+        "visible_after_failure": after_fail,
+        "intermediate_counts_during_retry": partial_in_retry[:10],
+        "final_rows": final_n,
+        "final_distinct_ids": final_d,
+        "duplicates": final_n - final_d,
+        "prepared_left": left,
+        "samples": len(reader.samples),
+        "reader_error": reader.error,
+        "failed_run_s": round(failed_s, 3),
+        "retry_s": round(retry_s, 3),
+        "verdict": "all or nothing, exactly once"
+        if not problems and not error
+        else "; ".join(problems or [error or ""]),
+    }

@@ -1,0 +1,57 @@
+"""Python worker memory as partitions grow: the peak RSS of the writing worker, measured inside each task.
+
+Each task resets its process's peak-RSS mark (``/proc/self/clear_refs``) before it starts writing and reads
+``VmHWM`` when done, so a reused Python worker reports its own task's peak.  A streaming writer's peak stays
+flat as the partition grows; one that materializes the partition grows with it.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from benchmarks import data
+from benchmarks.env import Database
+
+
+def run_memory(spark: Any, db: Database, per_partition: list[int]) -> list[dict[str, Any]]:
+    out = []
+    table = "mem_probe"
+    for per in per_partition:
+        total = per * data.PARTITIONS
+        df = data.frame(spark, "narrow", total).cache()
+        df.count()
+        try:
+            for writer, opts in (
+                ("arrow-noop", {}),
+                ("xasink", {"url": db.xasink_url, "dbtable": table, "createTable": "false"}),
+                (
+                    "xasink-upsert",
+                    {"url": db.xasink_url, "dbtable": table, "createTable": "false", "upsertKeyColumns": "id"},
+                ),
+            ):
+                if writer != "arrow-noop" and not db.xasink_ok:
+                    continue
+                data.create_table(db, table, "narrow")
+                with tempfile.TemporaryDirectory(prefix="bench-rss-") as stats:
+                    fmt = "bench_noop" if writer == "arrow-noop" else "bench_rss"
+                    df.write.format(fmt).options(**opts, benchStatsDir=stats).mode("append").save()
+                    tasks = [json.loads(p.read_text()) for p in Path(stats).glob("*.json")]
+                out.append(
+                    {
+                        "db": db.kind,
+                        "writer": writer,
+                        "rows_per_partition": per,
+                        "tasks": len(tasks),
+                        "peak_rss_mb": round(max(t["peak_rss_kb"] for t in tasks) / 1024, 1),
+                        "rss_at_task_start_mb": round(max(t["rss_start_kb"] for t in tasks) / 1024, 1),
+                        "peak_over_start_mb": round(max(t["peak_rss_kb"] - t["rss_start_kb"] for t in tasks) / 1024, 1),
+                        "peak_reset": all(t["peak_reset"] for t in tasks),
+                    }
+                )
+        finally:
+            df.unpersist()
+            db.drop(table)
+    return out

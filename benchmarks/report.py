@@ -1,0 +1,384 @@
+"""Results as JSON, a markdown page and PNG charts (matplotlib, headless)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+SIZE_FOR_TARGETS = 2_000_000
+
+
+def _fmt_size(n: int) -> str:
+    return f"{n / 1e6:g}M" if n >= 1_000_000 else f"{n / 1e3:g}k"
+
+
+def _median(results: list[dict[str, Any]], db: str, schema: str, size: int, contender: str) -> float | None:
+    for r in results:
+        if (r["db"], r["schema"], r["size"], r["contender"]) == (db, schema, size, contender) and r.get("median_s"):
+            return float(r["median_s"])
+    return None
+
+
+def ratios(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (db, schema, size): speed-ups (x, higher is better for xasink) and the price of XA."""
+    out = []
+    keys = sorted({(r["db"], r["schema"], r["size"]) for r in results})
+    for db, schema, size in keys:
+
+        def m(name: str, db: str = db, schema: str = schema, size: int = size) -> float | None:
+            return _median(results, db, schema, size, name)
+
+        xa, row = m("xasink"), {"db": db, "schema": schema, "size": size}
+
+        def div(a: float | None, b: float | None) -> float | None:
+            return round(a / b, 3) if a and b else None
+
+        row["xasink_speedup_vs_jdbc_tuned"] = div(m("jdbc-tuned"), xa)
+        row["xasink_speedup_vs_jdbc_default"] = div(m("jdbc-default"), xa)
+        row["xasink_time_over_floor"] = div(xa, m("floor-copy"))
+        price = div(xa, m("plain-commit"))
+        row["price_of_xa_pct"] = round((price - 1) * 100, 1) if price else None
+        row["upsert_speedup_vs_hand"] = div(m("upsert-hand"), m("xasink-upsert"))
+        row["arrow_handoff_share_of_xasink"] = div(m("arrow-noop"), xa)
+        out.append(row)
+    return out
+
+
+def targets(rat: list[dict[str, Any]], scale: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def pick(db: str, schema: str = "narrow") -> dict[str, Any] | None:
+        rows = [r for r in rat if r["db"] == db and r["schema"] == schema]
+        if not rows:
+            return None
+        return min(rows, key=lambda r: (abs(r["size"] - SIZE_FOR_TARGETS), -r["size"]))
+
+    out = []
+
+    def add(what: str, row: dict[str, Any] | None, key: str, goal: str, ok: Any) -> None:
+        value = row.get(key) if row else None
+        at = f"{row['db']} {row['schema']} {_fmt_size(row['size'])}" if row else "not measured"
+        out.append(
+            {
+                "target": what,
+                "measured_at": at,
+                "value": value,
+                "goal": goal,
+                "met": None if value is None else bool(ok(value)),
+            }
+        )
+
+    pg, my = pick("postgresql"), pick("mariadb")
+    add("PG: xasink vs tuned JDBC writer", pg, "xasink_speedup_vs_jdbc_tuned", ">= 2x", lambda v: v >= 2)
+    add("PG: xasink vs default JDBC writer", pg, "xasink_speedup_vs_jdbc_default", ">= 3.5x", lambda v: v >= 3.5)
+    add("PG: xasink time / floor (parallel COPY)", pg, "xasink_time_over_floor", "<= 1.15", lambda v: v <= 1.15)
+    add("PG: price of XA (vs plain COMMIT)", pg, "price_of_xa_pct", "<= 5 %", lambda v: v <= 5)
+    add("MariaDB: xasink vs tuned JDBC writer", my, "xasink_speedup_vs_jdbc_tuned", ">= 2x", lambda v: v >= 2)
+    add("PG: xasink upsert vs hand-written upsert", pg, "upsert_speedup_vs_hand", ">= 2x", lambda v: v >= 2)
+    big = [s for s in scale if s["branches"] == 256]
+    best = min(big, key=lambda s: s["decide_commit_s"]) if big else None
+    out.append(
+        {
+            "target": "256 branches decided + committed",
+            "measured_at": f"commitParallelism {best['commit_parallelism']}" if best else "not measured",
+            "value": best["decide_commit_s"] if best else None,
+            "goal": "< 1 s",
+            "met": None if best is None else best["decide_commit_s"] < 1,
+        }
+    )
+    return out
+
+
+def _table(headers: list[str], rows: list[list[Any]]) -> str:
+    def cell(v: Any) -> str:
+        if v is None:
+            return "–"
+        if isinstance(v, float):
+            return f"{v:,.3g}" if abs(v) < 100 else f"{v:,.0f}"
+        if isinstance(v, int) and not isinstance(v, bool):
+            return f"{v:,}"
+        return str(v).replace("|", "\\|")
+
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def markdown(res: dict[str, Any]) -> str:
+    out = [f"# xasink benchmarks: {res['name']}", ""]
+    out += [f"Command: `{res['command']}`  ", f"Started {res['started']}, took {res.get('elapsed_s', 0):,.0f} s.", ""]
+    out += ["## Set-up", ""]
+    m = res["setup"]["machine"]
+    out.append(
+        f"- Machine: {m['cpus']} CPUs, {m['memory_gb']} GB; load average at start {m['load_average_at_start']}, "
+        f"at end {res['setup'].get('load_average_at_end')}. Timings on a busy machine are noisy."
+    )
+    sp = res["setup"]["spark"]
+    out.append(
+        f"- Spark {sp['version']} `{sp['master']}`, {sp['partitions']} partitions of a cached DataFrame, "
+        f"Arrow batches of {sp['arrow_batch']} rows; {res['setup']['runs']} measured runs per contender "
+        f"after {res['setup']['warmup']} warm-up run(s); medians reported."
+    )
+    for db, settings in res["setup"]["databases"].items():
+        out.append(f"- {db}: " + ", ".join(f"{k}={v}" for k, v in settings.items()))
+    for note in res.get("notes", []):
+        out.append(f"- Note: {note}")
+    out.append("")
+    if res.get("targets"):
+        out += ["## Targets (shown, not asserted)", ""]
+        out.append(
+            _table(
+                ["target", "measured at", "value", "goal", "met"],
+                [
+                    [
+                        t["target"],
+                        t["measured_at"],
+                        t["value"],
+                        t["goal"],
+                        {True: "yes", False: "**no**", None: "–"}[t["met"]],
+                    ]
+                    for t in res["targets"]
+                ],
+            )
+        )
+        out.append("")
+    thr = res.get("throughput", [])
+    for db, schema in sorted({(r["db"], r["schema"]) for r in thr}):
+        rows = [r for r in thr if r["db"] == db and r["schema"] == schema]
+        sizes = sorted({r["size"] for r in rows})
+        names = list(dict.fromkeys(r["contender"] for r in rows))
+        out += [f"## Throughput: {db}, {schema} schema", "", "Median seconds (rows/s).", ""]
+        table_rows = []
+        for name in names:
+            line: list[Any] = [next(r["label"] for r in rows if r["contender"] == name)]
+            for size in sizes:
+                r = next((x for x in rows if x["contender"] == name and x["size"] == size), None)
+                if r is None:
+                    line.append(None)
+                elif r.get("median_s"):
+                    line.append(f"{r['median_s']:.2f} s ({r['rows_per_s']:,.0f}/s)")
+                else:
+                    line.append(f"skipped: {r.get('note') or r.get('error')}"[:120])
+            table_rows.append(line)
+        out.append(_table(["contender"] + [_fmt_size(s) for s in sizes], table_rows))
+        out.append("")
+    if res.get("ratios"):
+        out += [
+            "## Ratios",
+            "",
+            "Speed-ups are the other contender's time over xasink's (higher is better for "
+            "xasink); the floor ratio and the price of XA are xasink's time over theirs.",
+            "",
+        ]
+        out.append(
+            _table(
+                [
+                    "db",
+                    "schema",
+                    "size",
+                    "vs JDBC tuned",
+                    "vs JDBC default",
+                    "time/floor",
+                    "price of XA %",
+                    "upsert vs hand",
+                    "Arrow hand-off share",
+                ],
+                [
+                    [
+                        r["db"],
+                        r["schema"],
+                        _fmt_size(r["size"]),
+                        r["xasink_speedup_vs_jdbc_tuned"],
+                        r["xasink_speedup_vs_jdbc_default"],
+                        r["xasink_time_over_floor"],
+                        r["price_of_xa_pct"],
+                        r["upsert_speedup_vs_hand"],
+                        r["arrow_handoff_share_of_xasink"],
+                    ]
+                    for r in res["ratios"]
+                ],
+            )
+        )
+        out.append("")
+    if res.get("failure"):
+        out += [
+            "## Failure scenario: one partition fails after the others have written",
+            "",
+            "A reader polls count(*) every ~50 ms (read committed) during the failed run and the user's rerun.",
+            "",
+        ]
+        out.append(
+            _table(
+                [
+                    "db",
+                    "contender",
+                    "max visible during failed run",
+                    "visible after failure",
+                    "partial counts in rerun",
+                    "final rows",
+                    "distinct ids",
+                    "duplicates",
+                    "verdict",
+                ],
+                [
+                    [
+                        f["db"],
+                        f["label"],
+                        f["max_visible_during_failed_run"],
+                        f["visible_after_failure"],
+                        ", ".join(map(str, f["intermediate_counts_during_retry"])) or "none",
+                        f["final_rows"],
+                        f["final_distinct_ids"],
+                        f["duplicates"],
+                        f["verdict"],
+                    ]
+                    for f in res["failure"]
+                ],
+            )
+        )
+        out.append("")
+    if res.get("coordinator"):
+        out += ["## Coordinator scale: decide + commit N prepared branches", ""]
+        out.append(
+            _table(
+                [
+                    "branches",
+                    "commitParallelism",
+                    "decide+commit (median s)",
+                    "decide s",
+                    "COMMIT PREPARED s",
+                    "sweep s",
+                    "runs",
+                ],
+                [
+                    [
+                        c["branches"],
+                        c["commit_parallelism"],
+                        c["decide_commit_s"],
+                        c["decide_s"],
+                        c["commit_s"],
+                        c["sweep_s"],
+                        ", ".join(f"{t:.3f}" for t in c["all_runs_s"]),
+                    ]
+                    for c in res["coordinator"]
+                ],
+            )
+        )
+        out.append("")
+    if res.get("memory"):
+        out += [
+            "## Python worker memory as partitions grow",
+            "",
+            "Peak RSS of the writing Python worker during its task (VmHWM, reset at task start).",
+            "",
+        ]
+        out.append(
+            _table(
+                ["db", "writer", "rows per partition", "peak RSS MB", "RSS at task start MB", "peak - start MB"],
+                [
+                    [
+                        r["db"],
+                        r["writer"],
+                        r["rows_per_partition"],
+                        r["peak_rss_mb"],
+                        r["rss_at_task_start_mb"],
+                        r["peak_over_start_mb"],
+                    ]
+                    for r in res["memory"]
+                ],
+            )
+        )
+        out.append("")
+    if res.get("strategies"):
+        out += ["## Upsert inside a prepared PostgreSQL branch: staging table vs unnest", ""]
+        out.append(
+            _table(
+                ["method", "rows", "median s", "rows/s", "runs"],
+                [
+                    [s["method"], s["rows"], s["median_s"], s["rows_per_s"], ", ".join(map(str, s["runs_s"]))]
+                    for s in res["strategies"]
+                ],
+            )
+        )
+        out.append("")
+    if res.get("charts"):
+        out += ["## Charts", ""] + [f"![{Path(c).stem}]({Path(c).name})" for c in res["charts"]] + [""]
+    if res.get("errors"):
+        out += ["## Errors", ""] + [f"- {e}" for e in res["errors"]] + [""]
+    return "\n".join(out)
+
+
+def charts(res: dict[str, Any], outdir: Path, name: str) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    thr = [r for r in res.get("throughput", []) if r.get("rows_per_s")]
+    groups = sorted({(r["db"], r["schema"]) for r in thr})
+    if groups:
+        fig, axes = plt.subplots(len(groups), 1, figsize=(11, 3.6 * len(groups)), squeeze=False)
+        for ax, (db, schema) in zip(axes[:, 0], groups, strict=True):
+            rows = [r for r in thr if r["db"] == db and r["schema"] == schema]
+            sizes = sorted({r["size"] for r in rows})
+            names = list(dict.fromkeys(r["contender"] for r in rows))
+            width = 0.8 / max(1, len(names))
+            for i, cname in enumerate(names):
+                ys = [
+                    next((r["rows_per_s"] / 1e3 for r in rows if r["contender"] == cname and r["size"] == s), 0)
+                    for s in sizes
+                ]
+                ax.bar([x + i * width for x in range(len(sizes))], ys, width, label=cname)
+            ax.set_xticks([x + width * (len(names) - 1) / 2 for x in range(len(sizes))])
+            ax.set_xticklabels([f"{_fmt_size(s)} rows" for s in sizes])
+            ax.set_ylabel("thousand rows/s")
+            ax.set_title(f"Throughput, {db}, {schema} schema (median)")
+            ax.legend(fontsize=7, ncol=4)
+        fig.tight_layout()
+        p = outdir / f"{name}-throughput.png"
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        paths.append(str(p))
+    rat = [r for r in res.get("ratios", []) if r.get("price_of_xa_pct") is not None]
+    if rat:
+        fig, ax = plt.subplots(figsize=(9, 3.5))
+        labels = [f"{r['db'][:2]} {r['schema']} {_fmt_size(r['size'])}" for r in rat]
+        vals = [r["price_of_xa_pct"] for r in rat]
+        ax.bar(labels, vals, color=["tab:red" if v > 5 else "tab:green" for v in vals])
+        ax.axhline(5, color="gray", ls="--", lw=1, label="target 5 %")
+        ax.set_ylabel("xasink time over plain COMMIT, %")
+        ax.set_title("Price of XA: the same data path with PREPARE + decision log vs plain COMMIT")
+        ax.tick_params(axis="x", labelrotation=30, labelsize=8)
+        ax.legend()
+        fig.tight_layout()
+        p = outdir / f"{name}-xa-overhead.png"
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        paths.append(str(p))
+    coord = res.get("coordinator", [])
+    if coord:
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        for par in sorted({c["commit_parallelism"] for c in coord}):
+            pts = sorted((c["branches"], c["decide_commit_s"]) for c in coord if c["commit_parallelism"] == par)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"commitParallelism {par}")
+        ax.axhline(1.0, color="gray", ls="--", lw=1, label="1 s")
+        ax.set_xlabel("prepared branches in the batch")
+        ax.set_ylabel("decide + commit, s")
+        ax.set_title("Coordinator scale")
+        ax.legend()
+        fig.tight_layout()
+        p = outdir / f"{name}-coordinator.png"
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        paths.append(str(p))
+    return paths
+
+
+def save(res: dict[str, Any], outdir: Path, name: str) -> tuple[Path, Path]:
+    outdir.mkdir(parents=True, exist_ok=True)
+    res["charts"] = charts(res, outdir, name)
+    js = outdir / f"{name}.json"
+    js.write_text(json.dumps(res, indent=2, default=str))
+    md = outdir / f"{name}.md"
+    md.write_text(markdown(res))
+    return js, md

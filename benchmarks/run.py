@@ -1,0 +1,326 @@
+"""One command for every measurement: ``python -m benchmarks.run [--sizes ...] [--db ...] [--quick]``.
+
+Sections (``--sections``): throughput (every contender on the same cached DataFrame, 4 partitions, a warm-up
+round then ``--runs`` measured rounds, interleaved), failure (what a concurrent reader sees when one partition
+fails), coordinator (decide + commit N branches), memory (worker peak RSS at two partition sizes),
+strategies (how to upsert inside a prepared PostgreSQL branch).  Results go to benchmarks/results/<name>.*
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from benchmarks import contenders as cmod
+from benchmarks import data, env, report
+
+log = logging.getLogger("benchmarks")
+
+SECTIONS = ("throughput", "failure", "coordinator", "memory", "strategies")
+DEFAULT_SIZES = "100000,1000000,2000000"  # 2M: the size the targets are stated for
+QUICK_SIZES = "20000,100000"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.splitlines()[0])
+    p.add_argument(
+        "--sizes", help=f"rows per DataFrame, comma-separated (default {DEFAULT_SIZES}; quick {QUICK_SIZES})"
+    )
+    p.add_argument("--db", default="postgresql,mariadb", help="postgresql,mariadb")
+    p.add_argument("--schemas", default="narrow,wide", help="narrow,wide")
+    p.add_argument("--wide-max", type=int, default=1_000_000, help="largest size run with the wide schema (1000000)")
+    p.add_argument("--runs", type=int, help="measured runs per contender (default 3; quick 1)")
+    p.add_argument("--warmup", type=int, default=1, help="warm-up rounds before measuring (default 1)")
+    p.add_argument("--quick", action="store_true", help="small sizes, one run: to check the harness, not to quote")
+    p.add_argument("--sections", default=",".join(SECTIONS), help=",".join(SECTIONS))
+    p.add_argument("--contenders", default=",".join(cmod.BY_NAME), help="subset of " + ",".join(cmod.BY_NAME))
+    p.add_argument("--name", help="results file name (default: quick or full, plus a time stamp)")
+    p.add_argument("--master", default="local[4]", help="Spark master (default local[4]: one core per partition)")
+    p.add_argument("--arrow-batch", type=int, default=10_000, help="spark.sql.execution.arrow.maxRecordsPerBatch")
+    p.add_argument("--failure-size", type=int, help="rows in the failure scenario (default 200000; quick 20000)")
+    p.add_argument("--failure-delay", type=float, default=5.0, help="seconds the failing partition waits first")
+    p.add_argument("--branches", help="coordinator scale branch counts (default 8,64,256; quick 8,64)")
+    p.add_argument("--commit-parallelism", default="4,16", help="commitParallelism values for the coordinator scale")
+    p.add_argument("--memory-sizes", help="rows per partition for the memory probe (default 250000,1000000)")
+    p.add_argument("--strategy-rows", type=int, help="rows for the upsert strategy comparison (default 1000000)")
+    p.add_argument("--mariadb", default="127.0.0.1:3306", help="host:port of the MariaDB server")
+    p.add_argument("--out", default=str(Path(__file__).parent / "results"), help="results directory")
+    p.add_argument("-v", "--verbose", action="store_true")
+    args = p.parse_args(argv)
+    q = args.quick
+    args.sizes = [int(s) for s in (args.sizes or (QUICK_SIZES if q else DEFAULT_SIZES)).split(",") if s]
+    args.runs = args.runs or (1 if q else 3)
+    args.failure_size = args.failure_size or (20_000 if q else 200_000)
+    args.branches = [int(s) for s in (args.branches or ("8,64" if q else "8,64,256")).split(",") if s]
+    args.commit_parallelism = [int(s) for s in args.commit_parallelism.split(",") if s]
+    args.memory_sizes = [int(s) for s in (args.memory_sizes or ("20000,80000" if q else "250000,1000000")).split(",")]
+    args.strategy_rows = args.strategy_rows or (50_000 if q else 1_000_000)
+    args.dbs = [d.strip() for d in args.db.split(",") if d.strip()]
+    args.schema_list = [s.strip() for s in args.schemas.split(",") if s.strip()]
+    args.section_list = [s.strip() for s in args.sections.split(",") if s.strip()]
+    args.contender_list = [c.strip() for c in args.contenders.split(",") if c.strip()]
+    stamp = datetime.now().strftime("%Y%m%d-%H%M")
+    args.name = args.name or f"{'quick' if q else 'full'}-{stamp}"
+    for bad in set(args.section_list) - set(SECTIONS):
+        p.error(f"unknown section {bad!r}")
+    for bad in set(args.contender_list) - set(cmod.BY_NAME):
+        p.error(f"unknown contender {bad!r}")
+    for bad in set(args.dbs) - {"postgresql", "mariadb"}:
+        p.error(f"unknown database {bad!r}")
+    for bad in set(args.schema_list) - set(data.SCHEMAS):
+        p.error(f"unknown schema {bad!r}")
+    return args
+
+
+def available(contender: cmod.Contender, db: env.Database, jar_paths: list[str]) -> str | None:
+    """None when the contender can run against db, else why not."""
+    if contender.needs == "xasink" and not db.xasink_ok:
+        return db.note or "xasink dialect unavailable"
+    if contender.needs == "jdbc":
+        jar = env.PG_JAR if db.kind == "postgresql" else env.MARIADB_JAR
+        if str(jar) not in jar_paths:
+            package = "libpostgresql-jdbc-java" if db.kind == "postgresql" else "libmariadb-java"
+            return f"{jar} missing (apt-get install {package})"
+    if contender.needs == "csv":
+        client = "psql" if db.kind == "postgresql" else "mysql"
+        if shutil.which(client) is None:
+            return f"{client} client not installed"
+    return None
+
+
+def throughput(
+    args: argparse.Namespace, spark: Any, dbs: list[env.Database], jar_paths: list[str], work: Path, res: dict[str, Any]
+) -> None:
+    results: list[dict[str, Any]] = res["throughput"]
+    chosen = [cmod.BY_NAME[n] for n in args.contender_list]
+    for schema in args.schema_list:
+        for size in args.sizes:
+            if schema == "wide" and size > args.wide_max:
+                res["notes"].append(f"wide schema not run at {size} rows (--wide-max {args.wide_max})")
+                continue
+            df = data.frame(spark, schema, size).cache()
+            t0 = time.perf_counter()
+            df.count()
+            log.info("cached %s %s rows in %.1fs", schema, size, time.perf_counter() - t0)
+            csv_files: list[Path] = []
+            try:
+                for db in dbs:
+                    ready = []
+                    for c in chosen:
+                        why = available(c, db, jar_paths)
+                        if why:
+                            results.append(
+                                {
+                                    "db": db.kind,
+                                    "schema": schema,
+                                    "size": size,
+                                    "contender": c.name,
+                                    "label": c.label,
+                                    "note": why,
+                                }
+                            )
+                            continue
+                        ready.append(c)
+                    if any(c.needs == "csv" for c in ready) and not csv_files:
+                        csv_files = data.write_csv(df, schema, work / f"csv-{schema}-{size}")
+                    seed = f"seed_{schema}_{size}"
+                    if any(c.kind == "upsert" for c in ready):
+                        cmod.make_seed(spark, db, df, schema, seed)
+                    times: dict[str, list[float]] = {c.name: [] for c in ready}
+                    errors: dict[str, str] = {}
+                    for rnd in range(args.warmup + args.runs):
+                        measuring = rnd >= args.warmup
+                        for c in ready:
+                            if c.name in errors:
+                                continue
+                            table = f"t_{c.name.replace('-', '_')}"
+                            ctx = cmod.Ctx(
+                                spark,
+                                db,
+                                df,
+                                schema,
+                                size,
+                                run=rnd + int(time.time()) % 100_000 * 100,
+                                table=table,
+                                seed_table=seed,
+                                csv_files=csv_files,
+                            )
+                            try:
+                                c.prepare(ctx)
+                                seconds = cmod.timed(lambda c=c, ctx=ctx: c.run(ctx))
+                                wrong = c.verify(ctx)
+                                if wrong:
+                                    raise RuntimeError(f"wrong result: {wrong}")
+                            except Exception as exc:  # noqa: BLE001 - one contender failing must not end the run
+                                errors[c.name] = cmod.summary(exc)
+                                log.error("%s %s %s %s: %s", db.kind, schema, size, c.name, errors[c.name])
+                                log.debug("%s", traceback.format_exc())
+                                continue
+                            log.info(
+                                "%s %s %-7s %-14s %s %.2fs (%.0f rows/s)",
+                                db.kind,
+                                schema,
+                                size,
+                                c.name,
+                                "run" if measuring else "warm-up",
+                                seconds,
+                                size / seconds,
+                            )
+                            if measuring:
+                                times[c.name].append(seconds)
+                    for c in ready:
+                        t = times[c.name]
+                        entry: dict[str, Any] = {
+                            "db": db.kind,
+                            "schema": schema,
+                            "size": size,
+                            "contender": c.name,
+                            "label": c.label,
+                            "runs_s": [round(x, 3) for x in t],
+                        }
+                        if t:
+                            med = statistics.median(t)
+                            entry |= {"median_s": round(med, 3), "rows_per_s": round(size / med)}
+                        if c.name in errors:
+                            entry["error"] = errors[c.name]
+                            res["errors"].append(f"{db.kind} {schema} {size} {c.name}: {errors[c.name]}")
+                        results.append(entry)
+                        db.drop(f"t_{c.name.replace('-', '_')}")
+                    db.drop(seed)
+                    left = db.leftover_prepared()
+                    if left:
+                        res["errors"].append(f"{db.kind}: {left} prepared transactions left after {schema} {size}")
+            finally:
+                df.unpersist()
+                shutil.rmtree(work / f"csv-{schema}-{size}", ignore_errors=True)
+            save(args, res)  # partial results survive an interrupted run
+
+
+def save(args: argparse.Namespace, res: dict[str, Any]) -> None:
+    res["ratios"] = report.ratios([r for r in res["throughput"] if r.get("median_s")])
+    res["targets"] = report.targets(res["ratios"], res.get("coordinator", []))
+    res["setup"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    res["elapsed_s"] = round(time.perf_counter() - res["_t0"], 1)
+    clean = {k: v for k, v in res.items() if not k.startswith("_")}
+    js, md = report.save(clean, Path(args.out), args.name)
+    res["charts"] = clean.get("charts", [])
+    log.info("results: %s, %s", js, md)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    for noisy in ("py4j", "xasink", "urllib3"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    res: dict[str, Any] = {
+        "name": args.name,
+        "command": "python -m benchmarks.run " + " ".join(sys.argv[1:] if argv is None else argv),
+        "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "setup": {"machine": env.machine(), "runs": args.runs, "warmup": args.warmup, "databases": {}},
+        "throughput": [],
+        "failure": [],
+        "coordinator": [],
+        "memory": [],
+        "strategies": [],
+        "notes": [],
+        "errors": [],
+        "_t0": time.perf_counter(),
+    }
+    if args.quick:
+        res["notes"].append("--quick: small sizes and one run, to check the harness; do not quote these figures")
+    if os.getloadavg()[0] > (os.cpu_count() or 1):
+        res["notes"].append(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs at start: noisy timings")
+    jar_paths, jar_notes = env.jars()
+    res["notes"] += jar_notes
+    server = None
+    dbs: list[env.Database] = []
+    work = Path(tempfile.mkdtemp(prefix="xasink-bench-"))
+    os.chmod(work, 0o755)
+    try:
+        if "postgresql" in args.dbs:
+            server, pg = env.start_postgres(max_prepared=300)
+            dbs.append(pg)
+            res["setup"]["databases"]["postgresql"] = pg.settings
+        if "mariadb" in args.dbs:
+            host, _, port = args.mariadb.partition(":")
+            my = env.mariadb(host, int(port or 3306))
+            if my is None:
+                res["notes"].append(f"MariaDB at {args.mariadb} not reachable: MariaDB contenders skipped")
+            else:
+                dbs.append(my)
+                res["setup"]["databases"]["mariadb"] = my.settings
+                if my.note:
+                    res["notes"].append(my.note)
+        needs_spark = any(s in args.section_list for s in ("throughput", "failure", "memory"))
+        spark = env.spark_session(args.master, args.arrow_batch, jar_paths) if needs_spark else None
+        import pyspark
+
+        res["setup"]["spark"] = {
+            "version": pyspark.__version__,
+            "master": args.master,
+            "partitions": data.PARTITIONS,
+            "arrow_batch": args.arrow_batch,
+        }
+        if "throughput" in args.section_list:
+            throughput(args, spark, dbs, jar_paths, work, res)
+        if "failure" in args.section_list:
+            from benchmarks.failure import SCENARIO_CONTENDERS, run_scenario
+
+            for db in dbs:
+                names = [n for n in SCENARIO_CONTENDERS if available(cmod.BY_NAME[n], db, jar_paths) is None]
+                try:
+                    res["failure"] += run_scenario(spark, db, args.failure_size, names, args.failure_delay)
+                except Exception as exc:  # noqa: BLE001
+                    res["errors"].append(f"failure scenario on {db.kind}: {exc}")
+                    log.exception("failure scenario on %s", db.kind)
+            save(args, res)
+        if "coordinator" in args.section_list and any(d.kind == "postgresql" for d in dbs):
+            from benchmarks.scale import run_scale
+
+            pg = next(d for d in dbs if d.kind == "postgresql")
+            res["coordinator"] = run_scale(pg, args.branches, args.runs, args.commit_parallelism)
+            save(args, res)
+        if "memory" in args.section_list:
+            from benchmarks.memory import run_memory
+
+            for db in dbs:
+                try:
+                    res["memory"] += run_memory(spark, db, args.memory_sizes)
+                except Exception as exc:  # noqa: BLE001
+                    res["errors"].append(f"memory probe on {db.kind}: {exc}")
+                    log.exception("memory probe on %s", db.kind)
+            save(args, res)
+        if "strategies" in args.section_list and any(d.kind == "postgresql" for d in dbs):
+            from benchmarks.strategies import run_strategies
+
+            pg = next(d for d in dbs if d.kind == "postgresql")
+            res["strategies"] = run_strategies(pg, args.strategy_rows, args.runs)
+        save(args, res)
+        if spark is not None:
+            spark.stop()
+    finally:
+        if server is not None:
+            server.stop()
+        for db in dbs:
+            env.drop_scratch(db)
+        shutil.rmtree(work, ignore_errors=True)
+    print(Path(args.out) / f"{args.name}.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,233 @@
+"""The benchmark's own Python data sources (workers import them from this package).
+
+* ``bench_plain``: xasink's data path (plan, conform, the dialect's bulk load) ending in a plain COMMIT per
+  partition instead of PREPARE + journal + COMMIT PREPARED: the price of XA is the difference.
+* ``bench_noop``: an Arrow writer that only counts rows: the cost of handing the rows to Python as Arrow.
+* ``bench_rss``: xasink itself, with the writing worker's peak RSS recorded per task.
+
+``bench_noop`` and ``bench_rss`` accept ``benchStatsDir``: each task appends its figures there as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from pyspark import TaskContext
+from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
+from pyspark.sql.types import StructType
+
+from xasink.dialects import dialect_for
+from xasink.dialects.base import TargetPlan
+from xasink.options import WriteOptions, parse_options
+from xasink.schema import conform
+from xasink.spark.datasource import XasinkBatchWriter, XasinkCommitMessage, XasinkDataSource, _prepare
+from xasink.xid import Xid, attempt_token, new_run_nonce
+
+STATS_OPTION = "benchstatsdir"
+
+
+# --------------------------------------------------------------------------- memory probes
+
+
+def _status_kb(field: str) -> int:
+    with open("/proc/self/status") as f:
+        m = re.search(rf"^{field}:\s+(\d+) kB", f.read(), re.M)
+    return int(m.group(1)) if m else 0
+
+
+def reset_peak_rss() -> bool:
+    """Reset this process's peak RSS (VmHWM) so a task's peak is its own, even in a reused worker."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def record(stats_dir: str | None, payload: dict[str, Any]) -> None:
+    if stats_dir:
+        path = Path(stats_dir) / f"{payload.get('partition', 'x')}-{os.getpid()}-{uuid.uuid4().hex[:6]}.json"
+        path.write_text(json.dumps(payload))
+
+
+def _split_options(options: Any) -> tuple[dict[str, str], str | None]:
+    opts = {k: v for k, v in options.items() if k.lower() != STATS_OPTION}
+    stats = next((v for k, v in options.items() if k.lower() == STATS_OPTION), None)
+    return opts, stats
+
+
+# --------------------------------------------------------------------------- plain COMMIT (no XA)
+
+
+def commit_plain(session: Any) -> None:
+    """End a dialect's branch session with a plain one-phase COMMIT instead of PREPARE (benchmark only)."""
+    kind = type(session).__name__
+    if kind == "PostgresBranch":  # BEGIN .. COPY .. COMMIT
+        session.conn.commit()
+        session._close()
+    elif kind == "MySQLBranch":  # XA START .. rows .. XA END, XA COMMIT ONE PHASE: no prepare, no XA log
+        session.cursor.execute(f"XA END {session._xa}")
+        session.cursor.execute(f"XA COMMIT {session._xa} ONE PHASE")
+        session._close()
+    else:
+        raise RuntimeError(f"bench_plain does not know how to commit a {kind}")
+
+
+def write_plain(options: WriteOptions, plan: TargetPlan, partition: int, batches: Iterator[pa.RecordBatch]) -> int:
+    """xasink's branch data path, minus the decision log and two-phase commit."""
+    rest = (b for b in batches if b.num_rows)
+    first = next(rest, None)
+    if first is None:
+        return 0
+    dialect = dialect_for(options.url)
+    dialect.lock_timeout = options.lock_timeout
+    xid = Xid(options.sink_id, options.batch_id, partition, attempt_token(partition, new_run_nonce()))
+    session = dialect.open_branch(xid, plan)
+    try:
+        import itertools
+
+        rows = session.load(conform(b, plan, partition) for b in itertools.chain([first], rest))
+    except BaseException:
+        session.rollback()
+        raise
+    try:
+        commit_plain(session)
+    finally:
+        dialect.dispose()
+    return rows
+
+
+@dataclass
+class CountMessage(WriterCommitMessage):
+    rows: int
+
+
+class PlainWriter(DataSourceArrowWriter):
+    def __init__(self, options: WriteOptions, plan: TargetPlan) -> None:
+        self.options = options
+        self.plan = plan
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> CountMessage:
+        ctx = TaskContext.get()
+        partition = ctx.partitionId() if ctx is not None else 0
+        return CountMessage(write_plain(self.options, self.plan, partition, iterator))
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        pass  # every partition committed on its own: that is the point of the comparison
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        pass  # what the finished partitions committed stays
+
+
+class PlainDataSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return "bench_plain"
+
+    def writer(self, schema: StructType, overwrite: bool) -> PlainWriter:
+        options = parse_options(dict(self.options))
+        return PlainWriter(options, _prepare(options, schema, None))
+
+
+# --------------------------------------------------------------------------- no-op Arrow writer
+
+
+class NoopWriter(DataSourceArrowWriter):
+    def __init__(self, stats_dir: str | None) -> None:
+        self.stats_dir = stats_dir
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> CountMessage:
+        ctx = TaskContext.get()
+        reset = reset_peak_rss()
+        rss0 = _status_kb("VmRSS")
+        t0 = time.perf_counter()
+        rows = 0
+        for batch in iterator:
+            rows += batch.num_rows
+        record(
+            self.stats_dir,
+            {
+                "writer": "noop",
+                "partition": ctx.partitionId() if ctx else 0,
+                "rows": rows,
+                "seconds": time.perf_counter() - t0,
+                "rss_start_kb": rss0,
+                "peak_rss_kb": _status_kb("VmHWM"),
+                "peak_reset": reset,
+                "pid": os.getpid(),
+            },
+        )
+        return CountMessage(rows)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        pass
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        pass
+
+
+class NoopDataSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return "bench_noop"
+
+    def writer(self, schema: StructType, overwrite: bool) -> NoopWriter:
+        return NoopWriter(_split_options(self.options)[1])
+
+
+# --------------------------------------------------------------------------- xasink with an RSS probe
+
+
+class RssWriter(XasinkBatchWriter):
+    def __init__(self, inner: XasinkBatchWriter, stats_dir: str | None) -> None:
+        super().__init__(inner.options, inner.plan)
+        self.run = inner.run
+        self.stats_dir = stats_dir
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> XasinkCommitMessage:
+        ctx = TaskContext.get()
+        reset = reset_peak_rss()
+        rss0 = _status_kb("VmRSS")
+        t0 = time.perf_counter()
+        message = super().write(iterator)
+        record(
+            self.stats_dir,
+            {
+                "writer": "xasink-upsert" if self.plan.upsert_keys else "xasink",
+                "partition": ctx.partitionId() if ctx else 0,
+                "rows": message.outcome.rows,
+                "seconds": time.perf_counter() - t0,
+                "rss_start_kb": rss0,
+                "peak_rss_kb": _status_kb("VmHWM"),
+                "peak_reset": reset,
+                "pid": os.getpid(),
+            },
+        )
+        return message
+
+
+class RssDataSource(XasinkDataSource):
+    @classmethod
+    def name(cls) -> str:
+        return "bench_rss"
+
+    def _options(self, streaming: bool) -> WriteOptions:
+        return parse_options(_split_options(self.options)[0], streaming=streaming)
+
+    def writer(self, schema: StructType, overwrite: bool) -> RssWriter:
+        return RssWriter(super().writer(schema, overwrite), _split_options(self.options)[1])
+
+
+def register_sources(spark: Any) -> None:
+    for source in (PlainDataSource, NoopDataSource, RssDataSource):
+        spark.dataSource.register(source)

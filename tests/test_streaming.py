@@ -1,0 +1,460 @@
+"""Structured Streaming into PostgreSQL through xasink, in the test process's local Spark session.
+
+A file source (one JSON file per micro-batch, ``maxFilesPerTrigger=1``) is the replayable input.  A
+replay is made the way a crash makes it: Spark's ``commits/N`` is missing while our decision for N is
+durable.  Each test checks the exact ids (each once), the decision log, and that nothing of the sink is
+left prepared.  The kill-at-every-point tests are in ``test_stream_crash.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import psycopg2
+import pyarrow as pa
+import pytest
+from psycopg2 import sql
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
+
+import xasink
+from tests.dbutil import connect, prepared_gids, rows
+from xasink.branch import write_partition
+from xasink.coordinator import Coordinator
+from xasink.dialects import dialect_for
+from xasink.faults import LOCAL_PROPERTY
+from xasink.options import parse_options
+from xasink.schema import plan_target
+from xasink.xid import Xid, attempt_token, new_run_nonce
+
+ROWS = 60  # per input file, i.e. per micro-batch
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+class Stream:
+    """One streaming query's input, checkpoint, table and sink id."""
+
+    def __init__(self, spark: SparkSession, root: Path, url: str) -> None:
+        self.spark = spark
+        self.url = url
+        self.input = root / "input"
+        self.checkpoint = root / "checkpoint"
+        self.input.mkdir()
+        self.table = f"st_{uuid.uuid4().hex[:8]}"
+        self.sink_id = f"st-{uuid.uuid4().hex[:8]}"
+        self.files = 0
+
+    def add_files(self, n: int) -> None:
+        """Append ``n`` input files; file k holds ids k*ROWS .. (k+1)*ROWS-1 and becomes batch k."""
+        for _ in range(n):
+            k = self.files
+            tmp = self.input.parent / f".part-{k:04d}.json"
+            tmp.write_text("".join(json.dumps({"id": i}) + "\n" for i in range(k * ROWS, (k + 1) * ROWS)))
+            os.utime(tmp, (1_700_000_000 + k, 1_700_000_000 + k))
+            tmp.rename(self.input / f"part-{k:04d}.json")
+            self.files += 1
+
+    def frame(self, partitions: int = 3, transform: Callable[[DataFrame], DataFrame] | None = None) -> DataFrame:
+        df = self.spark.readStream.schema("id LONG").option("maxFilesPerTrigger", 1).json(str(self.input))
+        df = df.repartition(partitions)
+        return transform(df) if transform else df
+
+    def writer(self, df: DataFrame, **options: str) -> DataStreamWriter:
+        opts = {"url": self.url, "dbtable": self.table, "sinkId": self.sink_id, **options}
+        return df.writeStream.format("xasink").options(**opts).option("checkpointLocation", str(self.checkpoint))
+
+    def run(self, partitions: int = 3, **options: str) -> None:
+        """Process all input (availableNow) through ``format("xasink")``."""
+        self.writer(self.frame(partitions), **options).trigger(availableNow=True).start().awaitTermination()
+
+    def ids(self) -> list[int]:
+        return [r[0] for r in rows(self.url, self.table)] if table_exists(self.url, self.table) else []
+
+    def decisions(self) -> dict[int, dict[str, Any]]:
+        return decisions(self.url, self.sink_id)
+
+    def prepared(self) -> list[str]:
+        return prepared_gids(self.url, prefix=f"xasink:{self.sink_id}:")
+
+    def forget_spark_commit(self, batch: int) -> None:
+        """What a kill after our commit and before Spark's commit log leaves: Spark replays ``batch``."""
+        commits = self.checkpoint / "commits"
+        (commits / str(batch)).unlink()
+        (commits / f".{batch}.crc").unlink(missing_ok=True)  # Hadoop's checksum file would block the rewrite
+
+    def assert_exactly_once(self) -> None:
+        assert self.ids() == list(range(self.files * ROWS))
+        assert self.prepared() == []
+        decided = self.decisions()
+        assert sorted(decided) == list(range(self.files))
+        assert all(d["state"] == "committed" for d in decided.values()), decided
+        assert sum(d["rows"] for d in decided.values()) == self.files * ROWS
+
+
+def table_exists(url: str, table: str) -> bool:
+    with connect(url) as conn, conn.cursor() as cur:
+        cur.execute("SELECT to_regclass(%s) IS NOT NULL", (table,))
+        return bool(cur.fetchone()[0])
+
+
+def decisions(url: str, sink_id: str) -> dict[int, dict[str, Any]]:
+    if not table_exists(url, "xasink_batches"):
+        return {}
+    with connect(url) as conn, conn.cursor() as cur:
+        cur.execute(
+            "SELECT batch_id, state, xids, rows, branches, prepare_ms, commit_ms FROM xasink_batches "
+            "WHERE sink_id = %s",
+            (sink_id,),
+        )
+        names = ("batch_id", "state", "xids", "rows", "branches", "prepare_ms", "commit_ms")
+        out = {}
+        for row in cur.fetchall():
+            rec = dict(zip(names, row, strict=True))
+            rec["xids"] = json.loads(rec["xids"])
+            out[int(rec["batch_id"])] = rec
+        return out
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def hold_partition(flag: Path, partition: int) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """A mapInArrow function that keeps one partition's task waiting until ``flag`` exists."""
+    path = str(flag)
+
+    def hold(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        if ctx is not None and ctx.partitionId() == partition:
+            deadline = time.monotonic() + 300
+            while not os.path.exists(path) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        yield from batches
+
+    return hold
+
+
+@contextmanager
+def no_branch_opened(stream: Stream, batch: int) -> Iterator[None]:
+    """Fail the query if a task of ``batch`` gets past the decision-log check to open a branch."""
+    ctx = stream.spark.sparkContext
+    ctx.setLocalProperty(LOCAL_PROPERTY, f"task.before_load:raise:b={batch}")
+    try:
+        yield
+    finally:
+        ctx.setLocalProperty(LOCAL_PROPERTY, None)  # type: ignore[arg-type]
+
+
+def failure_text(query: StreamingQuery) -> str:
+    with pytest.raises(Exception) as info:  # noqa: PT011 - Spark wraps our error; its text carries our message
+        query.awaitTermination()
+    return str(info.value)
+
+
+@pytest.fixture
+def stream(spark: SparkSession, tmp_path: Path, pg_url: str) -> Iterator[Stream]:
+    s = Stream(spark, tmp_path, pg_url)
+    try:
+        yield s
+    finally:
+        for q in spark.streams.active:
+            q.stop()
+        spark.sparkContext.setLocalProperty(LOCAL_PROPERTY, None)  # type: ignore[arg-type]
+        with connect(pg_url) as conn, conn.cursor() as cur:
+            cur.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(s.table)))
+
+
+# --------------------------------------------------------------------------- the happy path and options
+
+
+def test_each_batch_once_with_its_figures_in_the_decision_log(stream: Stream) -> None:
+    stream.add_files(3)
+    stream.run()
+    stream.assert_exactly_once()
+    for batch, rec in stream.decisions().items():
+        assert (rec["rows"], rec["branches"], len(rec["xids"])) == (ROWS, 3, 3), (batch, rec)
+        assert rec["prepare_ms"] >= 0 and rec["commit_ms"] is not None and rec["commit_ms"] >= 0
+        assert all(x.startswith(f"xasink:{stream.sink_id}:{batch}/") for x in rec["xids"])
+    # each batch's tasks share one run nonce; every batch has its own (streamWriter() plans each batch)
+    runs = [{x.rsplit("-", 1)[1] for x in rec["xids"]} for rec in stream.decisions().values()]
+    assert all(len(r) == 1 for r in runs) and len(set.union(*runs)) == 3
+
+
+def test_sink_id_is_required_for_streaming(stream: Stream) -> None:
+    stream.add_files(1)
+    df = stream.frame()
+    query = (
+        df.writeStream.format("xasink")
+        .option("url", stream.url)
+        .option("dbtable", stream.table)
+        .option("checkpointLocation", str(stream.checkpoint))
+        .trigger(availableNow=True)
+    )
+    with pytest.raises(Exception, match="option 'sinkId' is required for streaming"):  # noqa: PT011
+        query.start().awaitTermination()
+    assert stream.ids() == []
+
+
+def test_batch_id_option_is_refused_for_streaming(stream: Stream) -> None:
+    stream.add_files(1)
+    with pytest.raises(Exception, match="option 'batchId' cannot be set for streaming"):  # noqa: PT011
+        stream.run(batchId="7")
+    assert stream.ids() == []
+
+
+# --------------------------------------------------------------------------- replays
+
+
+def test_replayed_batch_writes_nothing_even_partitioned_differently(stream: Stream) -> None:
+    stream.add_files(2)
+    stream.run(partitions=3)
+    before = stream.decisions()
+    stream.forget_spark_commit(1)
+    with no_branch_opened(stream, 1):  # Spark re-runs batch 1 with two partitions: its tasks see the decision
+        stream.run(partitions=2)
+    assert stream.decisions() == before  # no new decision, the record is the first run's
+    stream.add_files(1)
+    stream.run(partitions=2)
+    stream.assert_exactly_once()
+    assert stream.decisions()[2]["branches"] == 2
+
+
+def test_replay_of_a_decided_but_unfinished_batch_is_finished_not_rewritten(stream: Stream) -> None:
+    """A crash after the decision: the restart commits the decided branches; the replay adds nothing."""
+    stream.add_files(1)
+    stream.run(partitions=3)
+    # batch 1 as a crashed run left it: its three branches prepared and decided, none committed
+    options = parse_options({"url": stream.url, "dbtable": stream.table, "sinkId": stream.sink_id})
+    coordinator = Coordinator(options)
+    try:
+        with coordinator.dialect.connect() as conn:
+            plan = plan_target(coordinator.dialect, conn, options, pa.schema([("id", pa.int64())]))
+        run = new_run_nonce()
+        outcomes = [
+            write_partition(
+                options,
+                plan,
+                batch_id=1,
+                partition=p,
+                task_attempt_id=1000 + p,
+                run=run,
+                batches=iter([pa.record_batch([pa.array(list(range(ROWS + p, 2 * ROWS, 3)), pa.int64())], ["id"])]),
+            )
+            for p in range(3)
+        ]
+        os.environ["XASINK_FAULT"] = "driver.after_decide:raise:b=1"
+        try:
+            with pytest.raises(Exception, match="injected fault at driver.after_decide"):  # noqa: PT011
+                coordinator.commit(1, outcomes)
+        finally:
+            del os.environ["XASINK_FAULT"]
+    finally:
+        coordinator.close()
+    assert stream.decisions()[1]["state"] == "committing" and len(stream.prepared()) == 3
+    assert stream.ids() == list(range(ROWS))
+    stream.add_files(1)  # Spark's batch 1: the same ids the crashed run had prepared
+    with no_branch_opened(stream, 1):
+        stream.run(partitions=2)
+    stream.assert_exactly_once()
+    assert stream.decisions()[1]["branches"] == 3  # finished as decided, not rewritten by the replay
+
+
+def test_a_reset_checkpoint_is_refused_not_silently_skipped(stream: Stream, tmp_path: Path) -> None:
+    stream.add_files(2)
+    stream.run()
+    stream.checkpoint = tmp_path / "new-checkpoint"  # same sinkId, fresh checkpoint: Spark starts at batch 0
+    with pytest.raises(Exception, match="has already decided batch 1, but Spark is committing batch 0"):  # noqa: PT011
+        stream.run()
+    assert stream.ids() == list(range(2 * ROWS))
+    assert stream.prepared() == []
+
+
+# --------------------------------------------------------------------------- failures and stops
+
+
+def test_failed_task_rolls_back_the_batch_and_a_restart_writes_it_once(stream: Stream) -> None:
+    stream.add_files(2)
+    # every attempt of partition 1 of batch 1 prepares its branch, then fails: Spark gives up and aborts
+    stream.spark.sparkContext.setLocalProperty(LOCAL_PROPERTY, "task.after_prepare:raise:p=1:b=1")
+    query = stream.writer(stream.frame()).trigger(availableNow=True).start()
+    assert "injected fault at task.after_prepare" in failure_text(query)
+    stream.spark.sparkContext.setLocalProperty(LOCAL_PROPERTY, None)  # type: ignore[arg-type]
+    assert stream.ids() == list(range(ROWS))
+    assert stream.prepared() == []
+    assert sorted(stream.decisions()) == [0]
+    stream.run()
+    stream.assert_exactly_once()
+
+
+def test_retried_task_replaces_its_prepared_branch(stream: Stream) -> None:
+    stream.add_files(1)
+    stream.spark.sparkContext.setLocalProperty(LOCAL_PROPERTY, "task.after_prepare:raise:p=1:a=0")
+    try:
+        stream.run()
+    finally:
+        stream.spark.sparkContext.setLocalProperty(LOCAL_PROPERTY, None)  # type: ignore[arg-type]
+    stream.assert_exactly_once()
+    assert sorted(int(x.split("/")[1].split(":")[0]) for x in stream.decisions()[0]["xids"]) == [0, 1, 2]
+
+
+def test_clean_stop_leaves_nothing_prepared(stream: Stream, tmp_path: Path) -> None:
+    """Stop while one partition's branch is prepared and another task still runs: the batch is rolled back."""
+    stream.add_files(1)
+    flag = tmp_path / "release"
+    df = stream.frame(2, lambda d: d.mapInArrow(hold_partition(flag, 1), d.schema))
+    query = stream.writer(df).trigger(availableNow=True).start()
+    wait_for(lambda: len(stream.prepared()) == 1, "partition 0's branch to be prepared")
+    query.stop()
+    assert stream.prepared() == []
+    assert stream.ids() == []
+    assert stream.decisions() == {}
+    flag.touch()
+    stream.run()
+    stream.assert_exactly_once()
+
+
+def test_stale_branches_of_a_crashed_run_are_rolled_back(stream: Stream) -> None:
+    """Branches no decision lists (a crashed run's, a zombie task's) never commit; the next batch clears them."""
+    stream.add_files(1)
+    stream.run()
+    options = parse_options({"url": stream.url, "dbtable": stream.table, "sinkId": stream.sink_id})
+    coordinator = Coordinator(options)
+    try:
+        with coordinator.dialect.connect() as conn:
+            plan = plan_target(coordinator.dialect, conn, options, pa.schema([("id", pa.int64())]))
+    finally:
+        coordinator.close()
+    stale = range(10_000, 10_010)  # ids no input file has: any of them in the table would be a leak
+
+    def leave_branch(batch: int, partition: int) -> None:
+        """Prepare a branch the way a task does, without its check of the decision log (a zombie would not)."""
+        dialect = dialect_for(options.url)
+        try:
+            session = dialect.open_branch(
+                Xid(stream.sink_id, batch, partition, attempt_token(99, new_run_nonce())), plan
+            )
+            session.load(iter([pa.record_batch([pa.array(list(stale), pa.int64())], ["id"])]))
+            session.prepare()
+        finally:
+            dialect.dispose()
+
+    leave_branch(0, 1)  # a zombie task of the committed batch 0, prepared after its decision
+    leave_branch(1, 0)  # the crashed run's branch of batch 1, which the restart replays
+    assert len(stream.prepared()) == 2
+    stream.add_files(1)
+    stream.run(partitions=2)
+    stream.assert_exactly_once()
+
+
+# --------------------------------------------------------------------------- invariant 4 through Spark
+
+
+def _lock_waiters(url: str) -> int:
+    with connect(url) as conn, conn.cursor() as cur:
+        cur.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock' AND query ILIKE '%FOR UPDATE%'"
+        )
+        return int(cur.fetchone()[0])
+
+
+def test_recovery_racing_a_live_commit_cannot_make_rows_vanish(stream: Stream, pg_url: str) -> None:
+    """``xasink recover`` while a batch is prepared and its commit is deciding: recovery goes first.
+
+    The test holds the sink lock once every branch of a batch is prepared, queues a full recovery on it,
+    then the stream's commit; released, the recovery rolls the branches back and the decision finds
+    them gone: the batch fails cleanly, nothing of it visible, and the restart writes it once.
+    """
+    options = parse_options({"url": pg_url, "dbtable": stream.table, "sinkId": stream.sink_id})
+    query = stream.writer(stream.frame()).trigger(processingTime="200 milliseconds").start()
+    caught: int | None = None
+    report: dict[str, Any] = {}
+    try:
+        for batch in range(4):  # a batch may be decided before the test catches it: then try the next one
+            stream.add_files(1)
+            gid_prefix = f"xasink:{stream.sink_id}:{batch}/"
+            wait_for(
+                lambda p=gid_prefix, b=batch: len(prepared_gids(pg_url, prefix=p)) == 3 or b in stream.decisions(),
+                f"batch {batch} prepared",
+            )
+            lock = psycopg2.connect(pg_url)
+            try:
+                with lock.cursor() as cur:
+                    cur.execute("SELECT sink_id FROM xasink_sinks WHERE sink_id = %s FOR UPDATE", (stream.sink_id,))
+                if batch in stream.decisions():
+                    lock.rollback()
+                    wait_for(lambda b=batch: (stream.checkpoint / "commits" / str(b)).exists(), "Spark's commit")
+                    continue
+                caught = batch
+
+                def recover() -> None:
+                    coordinator = Coordinator(options)
+                    try:
+                        report["report"] = coordinator.recover()
+                    finally:
+                        coordinator.close()
+
+                thread = threading.Thread(target=recover)
+                thread.start()
+                wait_for(lambda: _lock_waiters(pg_url) >= 1, "the recovery to wait for the sink lock")
+                wait_for(lambda: _lock_waiters(pg_url) >= 2, "the stream's commit to wait for the sink lock")
+            finally:
+                lock.rollback()
+                lock.close()
+            thread.join(120)
+            break
+        assert caught is not None, "every batch was decided before the test could hold the sink lock"
+        assert len(report["report"].rolled_back) == 3
+        assert "vanished before the decision" in failure_text(query)
+    finally:
+        query.stop()
+    assert stream.ids() == list(range(caught * ROWS))  # nothing of the raced batch is visible
+    assert stream.prepared() == [] and caught not in stream.decisions()
+    stream.run()
+    stream.assert_exactly_once()
+
+
+# --------------------------------------------------------------------------- foreachBatch
+
+
+def test_foreach_batch_writes_each_batch_once_and_skips_replays(stream: Stream) -> None:
+    stream.add_files(2)
+    fn = xasink.foreach_batch(url=stream.url, table=stream.table, sink_id=stream.sink_id)
+
+    def run() -> None:
+        (
+            stream.frame(3)
+            .writeStream.foreachBatch(fn)
+            .option("checkpointLocation", str(stream.checkpoint))
+            .trigger(availableNow=True)
+            .start()
+            .awaitTermination()
+        )
+
+    run()
+    before = stream.decisions()
+    stream.forget_spark_commit(1)
+    with no_branch_opened(stream, 1):  # Spark calls the function again with batch 1: it writes nothing
+        run()
+    assert stream.decisions() == before
+    stream.assert_exactly_once()
+    stream.checkpoint = stream.checkpoint.parent / "new-checkpoint"
+    with pytest.raises(Exception, match="has already decided batch 1, but Spark is committing batch 0"):  # noqa: PT011
+        run()
+    stream.assert_exactly_once()

@@ -1,0 +1,509 @@
+"""Upsert mode (``upsertKeyColumns``) against the embedded PostgreSQL: merge on the key, still exactly once.
+
+Most tests drive the executor and driver pieces directly (branch.write_partition, Coordinator), so each
+partition's timing is under the test's control; the Spark tests cover both entry points.  Every test checks
+the exact row set and that nothing of ours is left prepared (the autouse fixture checks that too).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import re
+import uuid
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import psycopg2
+import pyarrow as pa
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F  # noqa: N812 - Spark's usual alias
+from pyspark.sql.types import IntegerType
+
+import xasink
+from tests.dbutil import (
+    XASINK_GID_PREFIX,
+    connect,
+    mariadb_connect,
+    mariadb_prepared_gids,
+    mariadb_rows,
+    mariadb_sink_ids,
+    prepared_gids,
+    rows,
+)
+from xasink.branch import write_partition
+from xasink.coordinator import Coordinator
+from xasink.dialects.postgres import PostgresDialect
+from xasink.errors import BranchError, PreflightError, XasinkError
+from xasink.faults import InjectedFault
+from xasink.options import parse_options
+from xasink.results import BranchOutcome, WriteResult
+from xasink.schema import plan_target
+from xasink.xid import new_run_nonce
+
+# --------------------------------------------------------------------------- helpers
+
+
+def sql(url: str, statement: str, *params: Any) -> list[tuple[Any, ...]]:
+    with connect(url) as conn, conn.cursor() as cur:
+        cur.execute(statement, params or None)
+        return list(cur.fetchall()) if cur.description else []
+
+
+def ours(url: str) -> list[str]:
+    return prepared_gids(url, prefix=XASINK_GID_PREFIX)
+
+
+def new_sink() -> str:
+    return f"u{uuid.uuid4().hex[:10]}"
+
+
+def batch(ids: Sequence[int | None], names: Sequence[str | None]) -> pa.RecordBatch:
+    return pa.RecordBatch.from_arrays([pa.array(ids, pa.int32()), pa.array(names, pa.string())], names=["id", "name"])
+
+
+def write_direct(
+    url: str,
+    table: str,
+    partitions: Sequence[pa.RecordBatch | list[pa.RecordBatch]],
+    *,
+    sink: str | None = None,
+    batch_id: int = 0,
+    keys: str = "id",
+    **extra: Any,
+) -> WriteResult:
+    """One batch as Spark would run it, without Spark: plan on the driver, a branch per partition, then decide.
+
+    A partition that fails aborts the batch (as Spark's abort does) and re-raises.
+    """
+    raw = {"url": url, "dbtable": table, "sinkId": sink or new_sink(), "batchId": batch_id, **extra}
+    if keys:
+        raw["upsertKeyColumns"] = keys
+    options = parse_options(raw)
+    coordinator = Coordinator(options)
+    run = new_run_nonce()
+    try:
+        coordinator.preflight(len(partitions))
+        parts = [p if isinstance(p, list) else [p] for p in partitions]
+        with coordinator.dialect.connect() as conn:
+            plan = plan_target(coordinator.dialect, conn, options, parts[0][0].schema)
+        outcomes: list[BranchOutcome | None] = []
+        try:
+            for number, batches in enumerate(parts):
+                outcomes.append(
+                    write_partition(
+                        options,
+                        plan,
+                        batch_id=batch_id,
+                        partition=number,
+                        task_attempt_id=number,
+                        run=run,
+                        batches=batches,
+                    )
+                )
+        except BaseException:
+            coordinator.abort(batch_id, outcomes)
+            raise
+        return coordinator.commit(batch_id, outcomes)
+    finally:
+        coordinator.close()
+
+
+@pytest.fixture
+def table(pg_url: str, fresh_table_name: str) -> Iterator[str]:
+    yield fresh_table_name
+    sql(pg_url, f'DROP TABLE IF EXISTS "{fresh_table_name}"')
+
+
+@pytest.fixture
+def keyed(pg_url: str, table: str) -> str:
+    """A table with a primary key holding ids 0..9 named old<id>."""
+    sql(pg_url, f"CREATE TABLE {table} (id int PRIMARY KEY, name text)")
+    sql(pg_url, f"INSERT INTO {table} SELECT g, 'old' || g FROM generate_series(0, 9) g")
+    return table
+
+
+OLD = [(i, f"old{i}") for i in range(10)]
+
+
+# --------------------------------------------------------------------------- merge semantics (no Spark)
+
+
+def test_upsert_updates_existing_rows_and_inserts_new_ones(pg_url: str, keyed: str) -> None:
+    result = write_direct(
+        pg_url, keyed, [batch([5, 6, 7], ["n5", "n6", "n7"]), batch([8, 12, 11], ["n8", "n12", "n11"])]
+    )
+    assert (result.rows, result.branches, result.skipped) == (6, 2, False)
+    assert rows(pg_url, keyed) == OLD[:5] + [(5, "n5"), (6, "n6"), (7, "n7"), (8, "n8"), (9, "old9")] + [
+        (11, "n11"),
+        (12, "n12"),
+    ]
+    assert ours(pg_url) == []
+
+
+def test_replay_of_a_committed_upsert_batch_writes_nothing(pg_url: str, keyed: str) -> None:
+    sink = new_sink()
+    write_direct(pg_url, keyed, [batch([1, 20], ["first", "first"])], sink=sink, batch_id=7)
+    after_first = rows(pg_url, keyed)
+    sql(pg_url, f"UPDATE {keyed} SET name = 'changed later' WHERE id = 1")  # a replay must not revert this
+    replay = write_direct(pg_url, keyed, [batch([1, 20, 21], ["second", "second", "second"])], sink=sink, batch_id=7)
+    assert replay.skipped
+    expected = [(i, "changed later" if i == 1 else n) for i, n in after_first]
+    assert rows(pg_url, keyed) == expected
+    assert (1, "first") in after_first and (20, "first") in after_first
+    assert ours(pg_url) == []
+
+
+def test_duplicate_keys_in_one_partition_last_row_wins(
+    pg_url: str, keyed: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ON CONFLICT DO UPDATE cannot touch a row twice in one statement: xasink keeps the partition's last row."""
+    monkeypatch.setattr(PostgresDialect, "upsert_chunk_rows", 3)  # duplicates within a statement and across them
+    part = [
+        batch([3, 30, 3, 31, 3], ["a", "x", "b", "y", "c"]),  # chunks [3,30,3] [31,3]
+        batch([30, 40, 40], ["z", "p", "q"]),
+    ]
+    result = write_direct(pg_url, keyed, [part])
+    assert result.rows == 8  # rows handed over, before duplicates collapse
+    got = dict(rows(pg_url, keyed))
+    assert (got[3], got[30], got[31], got[40]) == ("c", "z", "y", "q")
+    assert len(got) == 13
+    assert ours(pg_url) == []
+
+
+def test_a_null_key_is_refused_and_nothing_is_written(pg_url: str, keyed: str) -> None:
+    with pytest.raises(BranchError, match=r"upsert key column 'id' is NULL"):
+        write_direct(pg_url, keyed, [batch([1, 2], ["n1", "n2"]), batch([3, None], ["n3", "nothing"])])
+    assert rows(pg_url, keyed) == OLD
+    assert ours(pg_url) == []
+
+
+def test_failure_in_one_partition_leaves_the_table_exactly_as_before(
+    pg_url: str, keyed: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Partitions 0 and 1 have updated and inserted rows (prepared) when partition 2 fails: all of it is undone."""
+    monkeypatch.setenv("XASINK_FAULT", "task.before_prepare:raise:p=2")
+    parts = [batch([0, 1, 100], ["x", "x", "x"]), batch([2, 3, 101], ["x", "x", "x"]), batch([4, 102], ["x", "x"])]
+    with pytest.raises(InjectedFault, match="injected fault at task.before_prepare"):
+        write_direct(pg_url, keyed, parts)
+    assert rows(pg_url, keyed) == OLD
+    assert ours(pg_url) == []
+
+
+def test_equal_keys_in_two_partitions_fail_clearly_instead_of_waiting(pg_url: str, keyed: str) -> None:
+    """Partition 0 holds key 5 in a prepared branch; partition 1 would wait for it forever without lockTimeout."""
+    parts = [batch([5, 50], ["p0", "p0"]), batch([51, 5], ["p1", "p1"])]
+    with pytest.raises(BranchError) as info:
+        write_direct(pg_url, keyed, parts, lockTimeout=1)
+    text = str(info.value)
+    assert "partition 1" in text and "lock timeout" in text, text
+    assert "repartition" in text and "df.repartition('id')" in text, text
+    assert "INSERT INTO" not in text, "the statement text is noise in the user's error"
+    assert rows(pg_url, keyed) == OLD
+    assert ours(pg_url) == []
+
+
+def test_composite_key_and_names_that_need_quoting(pg_url: str, table: str) -> None:
+    name = f"Up {table}"
+    sql(
+        pg_url,
+        f'CREATE TABLE "{name}" ("Region" text, "select" int, "value;drop" text, '
+        'CONSTRAINT k UNIQUE ("select", "Region"))',
+    )
+    sql(pg_url, f"INSERT INTO \"{name}\" VALUES ('eu', 1, 'old'), ('us', 1, 'old')")
+    try:
+        data = pa.RecordBatch.from_arrays(
+            [pa.array(["eu", "eu"]), pa.array([1, 2], pa.int32()), pa.array(["new", "new2"])],
+            names=["Region", "select", "value;drop"],
+        )
+        write_direct(pg_url, f'"{name}"', [data], keys="Region,select")
+        assert sorted(sql(pg_url, f'SELECT * FROM "{name}"')) == [("eu", 1, "new"), ("eu", 2, "new2"), ("us", 1, "old")]
+    finally:
+        sql(pg_url, f'DROP TABLE IF EXISTS "{name}"')
+    assert ours(pg_url) == []
+
+
+def test_key_only_table_inserts_missing_keys_once(pg_url: str, table: str) -> None:
+    """Nothing to update: ON CONFLICT DO NOTHING."""
+    sql(pg_url, f"CREATE TABLE {table} (id int PRIMARY KEY)")
+    sql(pg_url, f"INSERT INTO {table} VALUES (1), (2)")
+    data = pa.RecordBatch.from_arrays([pa.array([2, 3, 3, 4], pa.int32())], names=["id"])
+    write_direct(pg_url, table, [data])
+    assert rows(pg_url, table) == [(1,), (2,), (3,), (4,)]
+
+
+def test_a_created_table_gets_the_keys_as_primary_key(pg_url: str, table: str) -> None:
+    write_direct(pg_url, table, [batch([1, 2], ["a", "b"])])
+    write_direct(pg_url, table, [batch([2, 3], ["B", "c"])])
+    assert rows(pg_url, table) == [(1, "a"), (2, "B"), (3, "c")]
+    pk = sql(
+        pg_url,
+        "SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) "
+        "WHERE i.indrelid = %s::regclass AND i.indisprimary",
+        table,
+    )
+    assert pk == [("id",)]
+
+
+def test_every_supported_type_merges_as_append_loads_it(pg_url: str, table: str) -> None:
+    """The upsert path binds Arrow arrays as parameters; append uses COPY BINARY: the stored values must agree."""
+    ddl = (
+        "id bigint PRIMARY KEY, i2 smallint, i4 int, f4 real, f8 double precision, d numeric(12,2), dn numeric, "
+        "b boolean, s text, v varchar(8), by bytea, dt date, ts timestamp, tz timestamptz"
+    )
+    sql(pg_url, f"CREATE TABLE {table} ({ddl})")
+    sql(pg_url, f"CREATE TABLE {table}_a ({ddl})")
+    utc = dt.timezone.utc
+    data = pa.RecordBatch.from_pydict(
+        {
+            "id": pa.array([1, 2, 3], pa.int64()),
+            "i2": pa.array([-32768, None, 7], pa.int16()),
+            "i4": pa.array([2**31 - 1, None, 0], pa.int32()),
+            "f4": pa.array([1.5, None, float("inf")], pa.float32()),
+            "f8": pa.array([-0.1, None, float("nan")], pa.float64()),
+            "d": pa.array([decimal.Decimal("1.25"), None, decimal.Decimal("-9999999999.99")], pa.decimal128(12, 2)),
+            "dn": pa.array([decimal.Decimal("1.5"), None, decimal.Decimal("-3.000000000001")], pa.decimal128(38, 12)),
+            "b": pa.array([True, None, False]),
+            "s": pa.array(["tab\there", None, "quote ' \" \\ ünï"]),
+            "v": pa.array(["short", None, ""]),
+            "by": pa.array([b"\x00\xff", None, b""], pa.binary()),
+            "dt": pa.array([dt.date(2024, 2, 29), None, dt.date(1, 1, 1)], pa.date32()),
+            "ts": pa.array(
+                [dt.datetime(2024, 1, 2, 3, 4, 5, 6), None, dt.datetime(1969, 12, 31, 23, 59)], pa.timestamp("us")
+            ),
+            "tz": pa.array(
+                [dt.datetime(2024, 1, 2, 3, 4, 5, 6, tzinfo=utc), None, dt.datetime(1900, 1, 1, tzinfo=utc)],
+                pa.timestamp("us", tz="UTC"),
+            ),
+        }
+    )
+    try:
+        write_direct(pg_url, f"{table}_a", [data], keys="")
+        write_direct(pg_url, table, [data])
+        merged = sql(pg_url, f"SELECT t::text FROM {table} t ORDER BY id")
+        assert merged == sql(pg_url, f"SELECT t::text FROM {table}_a t ORDER BY id")  # text: NaN = NaN here
+        assert len(merged) == 3 and "ünï" in merged[2][0]
+    finally:
+        sql(pg_url, f"DROP TABLE IF EXISTS {table}_a")
+
+
+# --------------------------------------------------------------------------- pre-flight: the key must be unique
+
+
+@pytest.mark.parametrize(
+    ("ddl", "keys", "message"),
+    [
+        pytest.param("id int, name text", "id", r"it has none", id="no-key-at-all"),
+        pytest.param(
+            "id int, name text, UNIQUE (id, name)", "id", r"it has UNIQUE \(id, name\)", id="wider-unique-constraint"
+        ),
+        pytest.param("id int PRIMARY KEY, name text", "name", r"PRIMARY KEY \(id\)", id="other-column"),
+    ],
+)
+def test_keys_without_a_unique_index_are_refused_before_any_branch(
+    pg_url: str, table: str, ddl: str, keys: str, message: str
+) -> None:
+    sql(pg_url, f"CREATE TABLE {table} ({ddl})")
+    with pytest.raises(PreflightError) as info:
+        write_direct(pg_url, table, [batch([1], ["a"])], keys=keys)
+    text = str(info.value)
+    assert "upsertKeyColumns" in text and "unique" in text.lower() and "CREATE UNIQUE INDEX" in text, text
+    assert re.search(message, text), text
+    assert rows(pg_url, table) == []
+
+
+def test_a_partial_unique_index_is_not_a_key(pg_url: str, table: str) -> None:
+    sql(pg_url, f"CREATE TABLE {table} (id int, name text)")
+    sql(pg_url, f"CREATE UNIQUE INDEX ON {table} (id) WHERE name IS NOT NULL")
+    with pytest.raises(PreflightError, match="upsertKeyColumns"):
+        write_direct(pg_url, table, [batch([1], ["a"])])
+
+
+def test_a_unique_index_in_another_column_order_is_a_key(pg_url: str, table: str) -> None:
+    sql(pg_url, f"CREATE TABLE {table} (id int, name text, n int)")
+    sql(pg_url, f"CREATE UNIQUE INDEX ON {table} (name, id)")
+    sql(pg_url, f"INSERT INTO {table} VALUES (1, 'a', 0)")
+    data = pa.RecordBatch.from_arrays(
+        [pa.array([1, 1], pa.int32()), pa.array(["a", "b"]), pa.array([5, 6], pa.int32())], names=["id", "name", "n"]
+    )
+    write_direct(pg_url, table, [data], keys="id,name")
+    assert rows(pg_url, table) == [(1, "a", 5), (1, "b", 6)]
+
+
+# --------------------------------------------------------------------------- through Spark
+
+
+def frame(spark: SparkSession, start: int, stop: int, partitions: int, label: str) -> DataFrame:
+    return spark.range(start, stop, 1, partitions).selectExpr("cast(id as int) as id", f"concat('{label}', id) as name")
+
+
+def spark_error_text(exc: BaseException) -> str:
+    parts = [str(exc), str(getattr(exc, "_desc", "") or "")]
+    return "\n".join(parts)
+
+
+@pytest.mark.parametrize("path", ["api", "format"])
+def test_spark_upsert_updates_inserts_and_replays_nothing(
+    spark: SparkSession, pg_url: str, keyed: str, path: str
+) -> None:
+    sink = new_sink()
+    df = frame(spark, 5, 25, 4, "new")
+    if path == "api":
+        result = xasink.write(df, pg_url, keyed, sink_id=sink, batch_id=1, upsertKeyColumns="id")
+        assert (result.rows, result.skipped) == (20, False)
+        again = xasink.write(
+            frame(spark, 0, 40, 4, "replay"), pg_url, keyed, sink_id=sink, batch_id=1, upsertKeyColumns="id"
+        )
+        assert again.skipped
+    else:
+        writer = (
+            df.write.format("xasink")
+            .option("url", pg_url)
+            .option("dbtable", keyed)
+            .option("sinkId", sink)
+            .option("batchId", 1)
+            .option("upsertKeyColumns", "id")
+            .mode("append")
+        )
+        writer.save()
+        writer.save()  # the same batch again: nothing new
+    assert rows(pg_url, keyed) == OLD[:5] + [(i, f"new{i}") for i in range(5, 25)]
+    assert ours(pg_url) == []
+
+
+def test_spark_failure_in_one_partition_leaves_the_table_exactly_as_before(
+    spark: SparkSession, pg_url: str, keyed: str
+) -> None:
+    def poisoned(value: int) -> int:  # the last row of the last partition: the others have merged by then
+        if value == 39:
+            raise ValueError("boom: row 39 is poisoned")
+        return value
+
+    df = frame(spark, 0, 40, 4, "new").withColumn("id", F.udf(poisoned, IntegerType())("id"))
+    with pytest.raises(XasinkError, match="boom: row 39"):
+        xasink.write(df, pg_url, keyed, upsertKeyColumns="id")
+    assert rows(pg_url, keyed) == OLD
+    assert ours(pg_url) == []
+
+
+def test_spark_format_path_with_equal_keys_in_two_partitions_fails_clearly(
+    spark: SparkSession, pg_url: str, keyed: str
+) -> None:
+    """df.write.format() cannot repartition for the user: the lock wait on the other branch becomes a clear error."""
+    df = spark.range(0, 8, 1, 2).selectExpr("cast(id % 4 as int) as id", "concat('dup', id) as name")
+    writer = (
+        df.write.format("xasink")
+        .option("url", pg_url)
+        .option("dbtable", keyed)
+        .option("upsertKeyColumns", "id")
+        .option("lockTimeout", 1)
+        .mode("append")
+    )
+    with pytest.raises(Exception) as info:  # noqa: B017,PT011 - Spark picks the wrapper class
+        writer.save()
+    text = spark_error_text(info.value)
+    assert "xasink.errors.BranchError" in text and "repartition" in text, text[:3000]
+    assert rows(pg_url, keyed) == OLD
+    assert ours(pg_url) == []
+
+
+def test_spark_api_repartitions_by_the_key_itself(spark: SparkSession, pg_url: str, keyed: str) -> None:
+    """The same DataFrame through xasink.write: equal keys land in one partition, one row per key survives."""
+    df = spark.range(0, 8, 1, 2).selectExpr("cast(id % 4 as int) as id", "concat('dup', id % 4) as name")
+    result = xasink.write(df, pg_url, keyed, upsertKeyColumns="id", lockTimeout=5)
+    assert result.rows == 8
+    assert rows(pg_url, keyed) == [(i, f"dup{i}") for i in range(4)] + OLD[4:]
+    assert ours(pg_url) == []
+
+
+def test_a_reader_sees_no_partial_merge_while_the_branch_is_prepared(pg_url: str, keyed: str) -> None:
+    """Between PREPARE and the decision, a reader sees the table as before (read committed)."""
+    options = parse_options({"url": pg_url, "dbtable": keyed, "sinkId": new_sink(), "upsertKeyColumns": "id"})
+    coordinator = Coordinator(options)
+    try:
+        coordinator.preflight(1)
+        with coordinator.dialect.connect() as conn:
+            plan = plan_target(coordinator.dialect, conn, options, batch([1], ["a"]).schema)
+        outcome = write_partition(
+            options,
+            plan,
+            batch_id=0,
+            partition=0,
+            task_attempt_id=0,
+            run=new_run_nonce(),
+            batches=[batch([1, 99], ["x", "y"])],
+        )
+        assert rows(pg_url, keyed) == OLD  # prepared, not visible
+        coordinator.commit(0, [outcome])
+    finally:
+        coordinator.close()
+    assert rows(pg_url, keyed) == [(0, "old0"), (1, "x")] + OLD[2:] + [(99, "y")]
+    with pytest.raises(psycopg2.Error):  # and the branch is really gone
+        sql(pg_url, f"COMMIT PREPARED '{outcome.gid}'")
+
+
+# --------------------------------------------------------------------------- MariaDB (ON DUPLICATE KEY UPDATE)
+
+
+@pytest.fixture
+def my_keyed(mariadb_url: str, fresh_table_name: str) -> Iterator[str]:
+    """The same keyed table on MariaDB; afterwards no branch of the test's sinks may be left prepared."""
+    with mariadb_connect(mariadb_url) as conn, conn.cursor() as cur:
+        cur.execute(f"CREATE TABLE `{fresh_table_name}` (id INT PRIMARY KEY, name VARCHAR(40)) ENGINE=InnoDB")
+        cur.executemany(f"INSERT INTO `{fresh_table_name}` VALUES (%s, %s)", OLD)
+    yield fresh_table_name
+    left = mariadb_prepared_gids(mariadb_url, sink_ids=mariadb_sink_ids(mariadb_url))
+    with mariadb_connect(mariadb_url) as conn, conn.cursor() as cur:
+        cur.execute(f"DROP TABLE IF EXISTS `{fresh_table_name}`")
+    assert left == [], f"XA branches left prepared: {left}"
+
+
+def my_rows(url: str, table: str) -> list[tuple[Any, ...]]:
+    return [tuple(r) for r in mariadb_rows(url, table)]
+
+
+def test_mariadb_upsert_updates_inserts_and_replays_nothing(mariadb_url: str, my_keyed: str) -> None:
+    sink = new_sink()
+    parts = [batch([5, 6, 7], ["n5", "n6", "n7"]), batch([8, 12, 11], ["n8", "n12", "n11"])]
+    result = write_direct(mariadb_url, my_keyed, parts, sink=sink, batch_id=3)
+    assert (result.rows, result.branches, result.skipped) == (6, 2, False)
+    expected = OLD[:5] + [(5, "n5"), (6, "n6"), (7, "n7"), (8, "n8"), (9, "old9"), (11, "n11"), (12, "n12")]
+    assert my_rows(mariadb_url, my_keyed) == expected
+    replay = write_direct(mariadb_url, my_keyed, [batch([1, 5, 30], ["r", "r", "r"])], sink=sink, batch_id=3)
+    assert replay.skipped
+    assert my_rows(mariadb_url, my_keyed) == expected
+
+
+def test_mariadb_duplicate_keys_in_one_partition_last_row_wins(mariadb_url: str, my_keyed: str) -> None:
+    write_direct(mariadb_url, my_keyed, [[batch([3, 30, 3], ["a", "x", "b"]), batch([30, 3], ["z", "c"])]])
+    got = dict(my_rows(mariadb_url, my_keyed))
+    assert (got[3], got[30], len(got)) == ("c", "z", 11)
+
+
+def test_mariadb_failure_in_one_partition_leaves_the_table_exactly_as_before(
+    mariadb_url: str, my_keyed: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XASINK_FAULT", "task.before_prepare:raise:p=1")
+    with pytest.raises(InjectedFault):
+        write_direct(mariadb_url, my_keyed, [batch([0, 1, 100], ["x", "x", "x"]), batch([2, 101], ["x", "x"])])
+    assert my_rows(mariadb_url, my_keyed) == OLD
+
+
+def test_mariadb_equal_keys_in_two_partitions_fail_clearly(mariadb_url: str, my_keyed: str) -> None:
+    with pytest.raises(BranchError) as info:
+        write_direct(mariadb_url, my_keyed, [batch([5, 50], ["p0", "p0"]), batch([51, 5], ["p1", "p1"])], lockTimeout=1)
+    assert "partition 1" in str(info.value) and "repartition the dataframe" in str(info.value).lower(), str(info.value)
+    assert my_rows(mariadb_url, my_keyed) == OLD
+
+
+def test_mariadb_keys_without_a_unique_index_are_refused(mariadb_url: str, fresh_table_name: str) -> None:
+    with mariadb_connect(mariadb_url) as conn, conn.cursor() as cur:
+        cur.execute(f"CREATE TABLE `{fresh_table_name}` (id INT, name VARCHAR(40), UNIQUE KEY (id, name))")
+    try:
+        with pytest.raises(PreflightError, match=r"upsertKeyColumns.*UNIQUE.*\(id, name\)"):
+            write_direct(mariadb_url, fresh_table_name, [batch([1], ["a"])])
+        assert my_rows(mariadb_url, fresh_table_name) == []
+    finally:
+        with mariadb_connect(mariadb_url) as conn, conn.cursor() as cur:
+            cur.execute(f"DROP TABLE IF EXISTS `{fresh_table_name}`")
