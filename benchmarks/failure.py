@@ -1,18 +1,23 @@
 """One partition fails after the others have written: what does a concurrent reader see?
 
 For each contender the same job runs twice: first with the last row of the last partition poisoned (a
-Python UDF that waits, so the other partitions finish first, then raises), then again clean, as a user
-reruns a failed job.  A reader thread in READ COMMITTED polls ``count(*)`` and ``count(DISTINCT id)``
-every ~50 ms throughout.  The result says what the table showed: a partial batch, duplicates after the
-retry, or nothing until the whole batch was there.
+Python UDF that waits until Spark reports the other three tasks of the stage finished, i.e. their rows are
+committed or prepared, then raises), then again clean, as a user reruns a failed job.  A reader thread in
+READ COMMITTED polls ``count(*)`` and ``count(DISTINCT id)`` every ~50 ms throughout.  The result says
+what the table showed: a partial batch, duplicates after the retry, or nothing until the whole batch was
+there.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import tempfile
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from benchmarks import contenders as c
@@ -64,17 +69,47 @@ class Reader:
         return [(n, d) for _, p, n, d in self.samples if p == phase]
 
 
-def poisoned_frame(df: Any, last_id: int, delay: float) -> Any:
+def poisoned_frame(df: Any, last_id: int, barrier: str, delay: float) -> Any:
     from pyspark.sql import functions as F  # noqa: N812
     from pyspark.sql.types import LongType
 
-    def poison(value: int) -> int:  # shipped by value to the workers
+    def poison(value: int) -> int:  # shipped by value to the workers (local mode: same machine as the driver)
         if value == last_id:
-            time.sleep(delay)  # let the other partitions finish writing first
+            deadline = time.monotonic() + 600
+            while not os.path.exists(barrier) and time.monotonic() < deadline:
+                time.sleep(0.05)  # until the other partitions have finished writing
+            time.sleep(delay)
             raise RuntimeError(f"injected failure at id {last_id} (last row of the last partition)")
         return value
 
     return df.withColumn("id", F.udf(poison, LongType())("id"))
+
+
+class Barrier:
+    """Creates ``path`` once a running stage of ``tasks`` tasks has all but one of them completed."""
+
+    def __init__(self, spark: Any, path: str, tasks: int = data.PARTITIONS) -> None:
+        self.tracker = spark.sparkContext.statusTracker()
+        self.path, self.tasks = path, tasks
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="bench-barrier", daemon=True)
+
+    def __enter__(self) -> Barrier:
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.05):
+            for stage in self.tracker.getActiveStageIds():
+                info = self.tracker.getStageInfo(stage)
+                if info is not None and info.numTasks == self.tasks and info.numCompletedTasks >= self.tasks - 1:
+                    Path(self.path).touch()
+                    return
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        Path(self.path).unlink(missing_ok=True)
 
 
 def run_scenario(spark: Any, db: Database, size: int, names: list[str], delay: float) -> list[dict[str, Any]]:
@@ -88,7 +123,8 @@ def run_scenario(spark: Any, db: Database, size: int, names: list[str], delay: f
             upsert = contender.kind == "upsert"
             data.create_table(db, table, "narrow", primary_key=upsert)  # append: no key, so a retry can duplicate
             ctx = c.Ctx(spark, db, df, "narrow", size, run=int(time.time()) % 1_000_000, table=table, seed_table="")
-            bad = c.Ctx(**{**ctx.__dict__, "df": poisoned_frame(df, size - 1, delay)})
+            barrier = os.path.join(tempfile.gettempdir(), f"xasink-bench-barrier-{uuid.uuid4().hex}")
+            bad = c.Ctx(**{**ctx.__dict__, "df": poisoned_frame(df, size - 1, barrier, delay)})
             reader = Reader(db, table)
             reader.start()
             error = None
@@ -96,7 +132,8 @@ def run_scenario(spark: Any, db: Database, size: int, names: list[str], delay: f
                 reader.phase = "failed run"
                 t0 = time.perf_counter()
                 try:
-                    contender.run(bad)
+                    with Barrier(spark, barrier):
+                        contender.run(bad)
                     error = "the poisoned job did not fail"
                 except Exception as exc:  # noqa: BLE001 - the expected failure
                     error = None

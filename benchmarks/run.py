@@ -48,7 +48,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--master", default="local[4]", help="Spark master (default local[4]: one core per partition)")
     p.add_argument("--arrow-batch", type=int, default=10_000, help="spark.sql.execution.arrow.maxRecordsPerBatch")
     p.add_argument("--failure-size", type=int, help="rows in the failure scenario (default 200000; quick 20000)")
-    p.add_argument("--failure-delay", type=float, default=5.0, help="seconds the failing partition waits first")
+    p.add_argument(
+        "--failure-delay", type=float, default=0.5, help="seconds the failing partition waits after the others finished"
+    )
     p.add_argument("--branches", help="coordinator scale branch counts (default 8,64,256; quick 8,64)")
     p.add_argument("--commit-parallelism", default="4,16", help="commitParallelism values for the coordinator scale")
     p.add_argument("--memory-sizes", help="rows per partition for the memory probe (default 250000,1000000)")

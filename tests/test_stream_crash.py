@@ -297,7 +297,7 @@ def partitions_for(step: int) -> int:
     return 3 if step % 2 == 0 else 2
 
 
-def run_chain(job: StreamJob, steps: list[tuple[str, Any]], rng: random.Random, max_finish_runs: int = 3) -> None:
+def run_chain(job: StreamJob, steps: list[tuple[str, Any]], max_finish_runs: int = 3) -> None:
     """Run ``steps`` (("point", batch) or ("random", delay)), then restart without faults until done."""
     for i, (kind, arg) in enumerate(steps):
         partitions = partitions_for(i)
@@ -348,7 +348,7 @@ def test_stream_source_survives_a_kill_at_every_point(tmp_path: Path, pg_url: st
     steps += [("random", rng.uniform(0.0, 1.0)) for _ in range(2)]
     job = StreamJob(tmp_path, pg_url, "source", files=len(NAMED_POINTS) + 6)
     try:
-        run_chain(job, steps, rng)
+        run_chain(job, steps)
         check_exactly_once(job)
         assert sum(r.killed for r in job.results) == len(steps)  # the random kills landed too
         # each batch the last run committed logged its figures at INFO, as the decision log holds them
@@ -370,22 +370,22 @@ def test_stream_source_survives_a_kill_at_every_point(tmp_path: Path, pg_url: st
 
 
 @pytest.mark.timeout(3600)
-def test_foreach_batch_survives_kills(tmp_path: Path, pg_url: str, rng: random.Random) -> None:
+def test_foreach_batch_survives_kills(tmp_path: Path, pg_url: str) -> None:
     """foreachBatch(xasink.foreach_batch(...)): decided-but-unfinished and committed-but-unlogged batches."""
     job = StreamJob(tmp_path, pg_url, "foreach", files=3)
     try:
-        run_chain(job, [("driver.after_first_commit", 0), ("driver.after_mark", 1)], rng)
+        run_chain(job, [("driver.after_first_commit", 0), ("driver.after_mark", 1)])
         check_exactly_once(job)
     finally:
         job.drop()
 
 
 @pytest.mark.timeout(3600)
-def test_plain_foreach_batch_duplicates_after_the_same_kills(tmp_path: Path, pg_url: str, rng: random.Random) -> None:
+def test_plain_foreach_batch_duplicates_after_the_same_kills(tmp_path: Path, pg_url: str) -> None:
     """The usual foreachBatch (a psycopg2 commit per partition) killed at the same points writes rows twice."""
     job = StreamJob(tmp_path, pg_url, "plain", files=3)
     try:
-        run_chain(job, [("driver.after_first_commit", 0), ("driver.after_mark", 1)], rng)
+        run_chain(job, [("driver.after_first_commit", 0), ("driver.after_mark", 1)])
         totals = job.totals()
         counts = Counter(job.ids())
         assert totals.lost == 0 and totals.extra == 0

@@ -231,10 +231,24 @@ class Coordinator:
         return committed
 
     # -- abort, sweep, recovery -----------------------------------------------------------
-    def abort(self, batch_id: int, outcomes: Sequence[BranchOutcome | None] = ()) -> RecoveryReport:
-        """Roll back what a failed batch prepared (and anything else of it that can never commit)."""
+    def abort(
+        self, batch_id: int, outcomes: Sequence[BranchOutcome | None] = (), settle_s: float = 0.0
+    ) -> RecoveryReport:
+        """Roll back what a failed batch prepared (and anything else of it that can never commit).
+
+        When Spark aborts a job, tasks still running are cancelled but may PREPARE in the moments
+        before their worker is killed (``spark.python.task.killTimeout``, 2 s by default).  With
+        ``settle_s`` the sweep is repeated over that window so such late branches are rolled back too.
+        """
         log.warning("aborting sink %s batch %s", self.sink_id, batch_id)
-        return self.recover(upto=batch_id)
+        report = self.recover(upto=batch_id)
+        deadline = time.monotonic() + settle_s
+        while time.monotonic() < deadline:
+            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+            late = self.recover(upto=batch_id)
+            report.rolled_back += late.rolled_back
+            report.committed += late.committed
+        return report
 
     def recover(self, upto: int | None = None, min_age_s: float = 0.0) -> RecoveryReport:
         """Finish decided batches and roll back undecided branches of this sink (batches <= ``upto``).

@@ -40,6 +40,8 @@ from ..xid import new_run_nonce
 log = logging.getLogger("xasink")
 
 STREAM_BATCH_PROPERTY = "streaming.sql.batchId"
+# Spark kills a cancelled task's Python worker after spark.python.task.killTimeout (2 s): sweep past that
+ABORT_SETTLE_S = 4.0
 # internal option: xasink.write() names the run, so it can tell its own decision from a concurrent writer's
 RUN_OPTION = "xasink.run"
 
@@ -131,7 +133,7 @@ class XasinkBatchWriter(DataSourceArrowWriter):
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         coordinator = Coordinator(self.options)
         try:
-            coordinator.abort(self.options.batch_id, _outcomes(messages))
+            coordinator.abort(self.options.batch_id, _outcomes(messages), settle_s=ABORT_SETTLE_S)
         finally:
             coordinator.close()
 
@@ -248,7 +250,7 @@ class XasinkStreamWriter(DataSourceStreamArrowWriter):
         _worker_logging(logging.INFO)
         coordinator = Coordinator(self.options)
         try:
-            coordinator.abort(batchId, _outcomes(messages))
+            coordinator.abort(batchId, _outcomes(messages), settle_s=ABORT_SETTLE_S)
         finally:
             coordinator.close()
 
