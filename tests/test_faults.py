@@ -2,10 +2,10 @@
 a second writer of the same sink, and concurrent OLTP load.
 
 The cluster (a Master and one Worker started from the pyspark installation, see ``tests/cluster.py``) and
-one long-lived driver application are started once for the module.  Every test checks the exact row set
-(each id once, no row of a losing writer), the decision log, and that nothing of the sink is left
-prepared; the figures go to ``benchmarks/results/faults.json``.  The password every test passes must
-not appear in any log line, exception or output.
+one driver application are started once for the module (the driver again after a test kills it).  Every
+test checks the exact row set (each id once, no row of a losing writer), the decision log, and that
+nothing of the sink is left prepared; the figures go to ``benchmarks/results/faults.json``.  The
+password every test passes must not appear in any log line, exception or output.
 
 Connection cuts and restarts during the commit phase are driven at the coordinator level (branches
 written by ``write_partition`` against the database directly, the coordinator talking through
@@ -57,6 +57,7 @@ from xasink.schema import plan_target
 from xasink.xid import Xid, new_run_nonce
 
 RUN_TIMEOUT = 600.0  # seconds a cluster job may take on a loaded machine before it counts as hung
+KILL_BATCH = {"driver.before_decide": 9001, "driver.after_decide": 9002}  # batch ids whose decision kills the driver
 LOSER_ERRORS = {ConcurrentWriterError.__name__, BatchAbortedError.__name__}
 
 # --------------------------------------------------------------------------- module fixtures
@@ -95,15 +96,47 @@ def cluster() -> Iterator[StandaloneCluster]:
         assert_no_secret(*logs)
 
 
-@pytest.fixture(scope="module")
-def driver(cluster: StandaloneCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterDriver]:
-    d = ClusterDriver(cluster.master_url, tmp_path_factory.mktemp("driver") / "driver.log")
-    try:
+class Drivers:
+    """The module's driver application; a test that kills it gets a fresh one on the next request.
+
+    Every driver carries driver-side fault points for two batch ids no other test uses, so a test can
+    kill it at the decision without starting a separate application (each costs a JVM and an executor).
+    """
+
+    def __init__(self, cluster: StandaloneCluster, logs: Path) -> None:
+        self.cluster, self.logs = cluster, logs
+        self.all: list[ClusterDriver] = []
+        self.spent: set[str] = set()  # points already killed at: a rerun of that batch must not die again
+
+    def get(self) -> ClusterDriver:
+        if self.all and self.all[-1].proc.poll() is None:
+            return self.all[-1]
+        faults = ",".join(f"{point}:b={batch}" for point, batch in KILL_BATCH.items() if point not in self.spent)
+        d = ClusterDriver(
+            self.cluster.master_url, self.logs / f"driver{len(self.all)}.log", env={"XASINK_FAULT": faults}
+        )
+        self.all.append(d)
         d.app_id = d.wait_ready(RUN_TIMEOUT)  # type: ignore[attr-defined]
-        yield d
+        return d
+
+    def close(self) -> None:
+        for d in self.all:
+            d.stop()
+        assert_no_secret(*(d.log() for d in self.all))
+
+
+@pytest.fixture(scope="module")
+def drivers(cluster: StandaloneCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Drivers]:
+    pool = Drivers(cluster, tmp_path_factory.mktemp("drivers"))
+    try:
+        yield pool
     finally:
-        d.stop()
-        assert_no_secret(d.log())
+        pool.close()
+
+
+@pytest.fixture
+def driver(drivers: Drivers) -> ClusterDriver:
+    return drivers.get()
 
 
 @pytest.fixture
@@ -306,62 +339,6 @@ def test_executor_jvm_killed_mid_batch_commits_once(
     check_exact(pg_url, table, expected(0, 90), tally, sink)
     state, gids = decision(pg_url, sink, 4) or ("", [])
     assert state == "committed" and sorted(Xid.parse(g).partition for g in gids) == [0, 1, 2]  # type: ignore[union-attr]
-
-
-# =========================================================================== the cluster: driver kill + restart
-
-
-@pytest.mark.crash
-@pytest.mark.spark
-@pytest.mark.parametrize("point", ["driver.before_decide", "driver.after_decide"])
-def test_driver_killed_then_database_restarted_then_rerun(
-    cluster: StandaloneCluster,
-    driver: ClusterDriver,
-    restartable: EmbeddedPostgres,
-    pg_url: str,
-    table: str,
-    tally: Tally,
-    tmp_path: Path,
-    point: str,
-) -> None:
-    """A driver dies at the decision (before / after it is durable); the database restarts; a rerun finishes.
-
-    Prepared branches and the decision survive the restart.  The rerun of the same (sinkId, batchId)
-    rolls back the undecided branches and writes the batch anew, or, when it was decided, commits the
-    listed branches and writes nothing itself.
-    """
-    sink, batch = new_sink(), 7
-    doomed = ClusterDriver(cluster.master_url, tmp_path / "doomed.log", env={"XASINK_FAULT": f"{point}:b={batch}"})
-    try:
-        doomed.wait_ready(RUN_TIMEOUT)
-        fut = doomed.submit(url=pg_url, table=table, password=SECRET, n=60, partitions=3, sink_id=sink, batch_id=batch)
-        assert doomed.wait(RUN_TIMEOUT) == -9, "the driver was not killed by its fault point"
-        with pytest.raises(DriverError):
-            fut.result(60)
-        tally.add(driver_kills=1)
-    finally:
-        doomed.stop()
-        assert_no_secret(doomed.log())
-    before = sorted(sink_prepared(pg_url, sink))
-    decided = decision(pg_url, sink, batch)
-    assert len(before) == 3 and table_rows(pg_url, table) == []
-    if point == "driver.before_decide":
-        assert decided is None
-    else:
-        assert decided == ("committing", before)
-
-    restartable.restart()
-    tally.add(db_restarts=1)
-    assert sorted(sink_prepared(pg_url, sink)) == before, "prepared branches did not survive the restart"
-    assert decision(pg_url, sink, batch) == decided
-
-    answer = ok(run(driver, pg_url, table, n=60, partitions=2, sink_id=sink, batch_id=batch))
-    assert answer["rows"] == 60 and answer["skipped"] is (point == "driver.after_decide")
-    check_exact(pg_url, table, expected(0, 60), tally, sink)
-    state, gids = decision(pg_url, sink, batch) or ("", [])
-    assert state == "committed"
-    if point == "driver.after_decide":
-        assert gids == before  # the killed run's decision was finished, not replaced
 
 
 # =========================================================================== restarts in the commit phase
@@ -675,6 +652,61 @@ def test_concurrent_oltp_load_on_the_target_table(driver: ClusterDriver, pg_url:
     assert states == [(b, "committed") for b in range(4)]
 
 
+# =========================================================================== the cluster: driver kill + restart
+# (last: each kill ends the module's driver application; the next request starts a new one)
+
+
+@pytest.mark.crash
+@pytest.mark.spark
+@pytest.mark.parametrize("point", ["driver.before_decide", "driver.after_decide"])
+def test_driver_killed_then_database_restarted_then_rerun(
+    drivers: Drivers, restartable: EmbeddedPostgres, pg_url: str, table: str, tally: Tally, point: str
+) -> None:
+    """The driver dies at the decision (before / after it is durable); the database restarts; then a rerun.
+
+    Prepared branches and the decision survive the restart.  Before the decision, a rerun of the same
+    (sinkId, batchId) on a new driver rolls back the dead run's branches and writes the batch anew; after
+    it, the operator's ``xasink recover`` commits exactly the listed branches.
+    """
+    sink, batch = new_sink(), KILL_BATCH[point]
+    doomed = drivers.get()
+    fut = doomed.submit(url=pg_url, table=table, password=SECRET, n=60, partitions=3, sink_id=sink, batch_id=batch)
+    assert doomed.wait(RUN_TIMEOUT) == -9, "the driver was not killed by its fault point"
+    drivers.spent.add(point)
+    with pytest.raises(DriverError):
+        fut.result(60)
+    tally.add(driver_kills=1)
+    before = sorted(sink_prepared(pg_url, sink))
+    decided = decision(pg_url, sink, batch)
+    assert len(before) == 3 and table_rows(pg_url, table) == []
+    assert decided == (None if point == "driver.before_decide" else ("committing", before))
+
+    restartable.restart()
+    tally.add(db_restarts=1)
+    assert sorted(sink_prepared(pg_url, sink)) == before, "prepared branches did not survive the restart"
+    assert decision(pg_url, sink, batch) == decided
+
+    if point == "driver.before_decide":
+        answer = ok(run(drivers.get(), pg_url, table, n=60, partitions=2, sink_id=sink, batch_id=batch))
+        assert (answer["rows"], answer["skipped"]) == (60, False)
+    else:
+        url = pg_url.replace("postgres@", f"postgres:{SECRET}@")
+        cli = subprocess.run(
+            [sys.executable, "-m", "xasink.cli", "recover", "--url", url, "--sink-id", sink, "--older-than", "0s"],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=120,
+        )
+        assert_no_secret(cli.stdout, cli.stderr)
+        assert cli.returncode == 0, cli.stdout + cli.stderr
+    check_exact(pg_url, table, expected(0, 60), tally, sink)
+    state, gids = decision(pg_url, sink, batch) or ("", [])
+    assert state == "committed"
+    if point == "driver.after_decide":
+        assert gids == before  # the dead run's decision was finished, not replaced
+
+
 # =========================================================================== soak
 
 
@@ -707,4 +739,48 @@ def test_soak_random_executor_and_worker_kills(
             tally.add(python_worker_kills=1)
         assert ok(fut.result(RUN_TIMEOUT))["rows"] == 60
         want += expected(batch * 100, 60)
+        check_exact(pg_url, table, want, tally, sink)
+
+
+@pytest.mark.soak
+@pytest.mark.crash
+@pytest.mark.timeout(0)
+def test_soak_random_cuts_and_restarts_during_commit(
+    proxy: TcpProxy, restartable: EmbeddedPostgres, pg_url: str, table: str, tally: Tally
+) -> None:
+    """Many batches, each committed through the proxy with a random cut, refusal, outage or server restart."""
+    rounds = int(os.environ.get("XASINK_SOAK_RUNS", "5")) * 20
+    rng = random.Random(int(os.environ.get("XASINK_CRASH_SEED", random.randrange(2**32))))
+    sink, want = new_sink(), []
+    writer = Writer(pg_url, table, sink)
+    for batch in range(rounds):
+        rows = expected(batch * 100, rng.randint(3, 40))
+        outcomes = writer.batch(batch, split(rows, rng.randint(1, 4)))
+        proxy.reset()
+        kind = rng.choice(["reply-lost", "statement-lost", "refused", "outage", "restart"])
+        if kind == "outage":
+            proxy.cut_on(b"COMMIT PREPARED", times=1, after_reply=rng.random() < 0.5, then_down=True)
+        elif kind == "refused":
+            proxy.cut_on(b"COMMIT PREPARED", times=1, after_reply=False, then_refuse=rng.randint(1, 3))
+        elif kind != "restart":
+            proxy.cut_on(b"COMMIT PREPARED", times=rng.randint(1, 3), after_reply=kind == "reply-lost")
+        dialect = RestartingDialect(restartable, writer.options.url, rng.randint(1, 3) if kind == "restart" else 0)
+        if kind == "restart":
+            coordinator = Coordinator(options(pg_url, table, sink, commitRetries=5), dialect=dialect)  # type: ignore[arg-type]
+        else:
+            coordinator = Coordinator(options(via(proxy, pg_url), table, sink, commitRetries=5))
+        try:
+            coordinator.commit(batch, outcomes)
+        except CommitIncompleteError as exc:
+            assert kind == "outage", exc
+            assert_no_secret(exc)
+            proxy.reset()
+            recovery = Coordinator(options(via(proxy, pg_url), table, sink))
+            recovery.recover()
+            recovery.close()
+        finally:
+            coordinator.close()
+        tally.add(cut_connections=proxy.cut, refused_connections=proxy.refused, db_restarts=dialect.restarts)
+        proxy.cut = proxy.refused = 0
+        want += rows
         check_exact(pg_url, table, want, tally, sink)
