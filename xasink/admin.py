@@ -148,7 +148,7 @@ def _survey(
     with dialect.connect() as conn:
         has_journal = journal.exists(conn)
         prepared: list[PreparedTxn] = dialect.list_prepared(conn)
-        now: Any = conn.exec_driver_sql("SELECT CURRENT_TIMESTAMP").scalar()
+        now: Any = dialect.server_now(conn)
         known_sinks = set(journal.sink_ids(conn)) if has_journal else set()
         pending: dict[str, list[BatchRecord]] = {}
         decisions: dict[tuple[str, int], BatchRecord] = {}

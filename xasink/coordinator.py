@@ -267,7 +267,7 @@ class Coordinator:
             log.info("recovery finished decided batch %s of sink %s", record.batch_id, self.sink_id)
         to_commit: list[Xid] = []
         with self.journal.locked(self.sink_id) as conn:
-            now = conn.exec_driver_sql("SELECT CURRENT_TIMESTAMP").scalar()
+            now = self.dialect.server_now(conn)
             mine = [
                 p
                 for p in self.dialect.list_prepared(conn)

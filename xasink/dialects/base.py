@@ -190,6 +190,10 @@ class Dialect(ABC):
     def parse_type(self, text: str) -> sa.types.TypeEngine[Any]:
         """A ``createTableColumnTypes`` entry as a SQLAlchemy type of this dialect."""
 
+    def server_now(self, conn: Connection) -> Any:
+        """The server's clock, to age prepared transactions by the clock that stamped them."""
+        return conn.exec_driver_sql("SELECT CURRENT_TIMESTAMP").scalar()
+
     def table_kwargs(self) -> dict[str, Any]:
         """Extra keywords for tables xasink creates (e.g. the storage engine)."""
         return {}
