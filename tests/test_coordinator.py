@@ -232,6 +232,40 @@ def test_replay_racing_the_first_decision_is_rolled_back(sink: Sink) -> None:
     assert sink.mine() == []
 
 
+def test_writer_taken_over_by_a_newer_run_loses_and_cannot_come_back(sink: Sink) -> None:
+    """Two writers of one (sink, batch): the newer run's first task takes the batch over; exactly one wins."""
+    old_run, new_run = new_run_nonce(), new_run_nonce()
+    old = [sink.write(7, 0, range(0, 10), run=old_run)]
+    new = [sink.write(7, 0, range(100, 110), run=new_run)]  # takes over: the old run's branch is rolled back
+    assert sink.mine() == gids(new)
+    with pytest.raises(ConcurrentWriterError, match="taken over by a newer writer"):
+        sink.write(7, 1, range(10, 20), run=old_run)  # the old run's later task: refused, opens no branch
+    assert sink.mine() == gids(new)
+    with pytest.raises(ConcurrentWriterError, match="wrote nothing"):
+        sink.coordinator.commit(7, old)
+    # the old writer's abort (with its settle sweep) leaves the new holder's branches alone
+    sink.coordinator.abort(7, old, run=old_run)
+    sink.coordinator.abort(7, [None], run=old_run)
+    assert sink.mine() == gids(new)
+    new.append(sink.write(7, 1, range(110, 120), run=new_run))
+    result = sink.coordinator.commit(7, new)
+    assert (result.rows, result.skipped) == (20, False)
+    assert sink.rows() == expected(range(100, 120))
+    assert sink.mine() == []
+    assert sink.coordinator.commit(7, old).skipped  # once decided, the old writer's commit is a replay
+    assert sink.rows() == expected(range(100, 120))
+
+
+def test_decided_batch_is_a_replay_for_a_later_writer(sink: Sink) -> None:
+    """A writer arriving after another decided the batch writes nothing and reports a replay."""
+    first = sink.write_batch(3, [range(0, 10)])
+    sink.coordinator.commit(3, first)
+    late = [sink.write(3, 0, range(500, 510), run=new_run_nonce())]
+    assert late[0].skipped
+    assert Coordinator(sink.options).commit(3, late).skipped
+    assert sink.rows() == expected(range(10))
+
+
 # --------------------------------------------------------------------------- abort
 
 

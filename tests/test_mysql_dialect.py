@@ -578,7 +578,8 @@ def test_sql_file_runs_on_mariadb(mariadb_url: str) -> None:
                 "SELECT TABLE_NAME, ENGINE FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s ORDER BY 1",
                 (scratch,),
             )
-            assert cur.fetchall() == (("xasink_batches", "InnoDB"), ("xasink_sinks", "InnoDB"))
+            want = (("xasink_batches", "InnoDB"), ("xasink_claims", "InnoDB"), ("xasink_sinks", "InnoDB"))
+            assert cur.fetchall() == want
         finally:
             cur.execute(f"DROP DATABASE `{scratch}`")
 

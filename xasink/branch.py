@@ -18,6 +18,7 @@ import pyarrow as pa
 
 from .dialects import dialect_for
 from .dialects.base import Dialect, TargetPlan
+from .errors import ConcurrentWriterError
 from .faults import fault
 from .journal import Journal
 from .options import WriteOptions
@@ -33,15 +34,23 @@ def _non_empty(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
 
 
 def clear_blockers(dialect: Dialect, journal: Journal, me: Xid) -> bool:
-    """Under the sink lock: False if the batch is already decided; else roll back branches that can never commit.
+    """Under the sink lock: False if the batch is already decided; else claim it and clear what can never commit.
 
-    Those are branches of this batch from another run (a crashed driver, a
-    replay) and earlier attempts of this partition in this run (a retried
-    task).  Left prepared they would hold row locks this attempt may need.
+    The first task of a run takes the batch over from earlier runs (a crashed
+    driver, a concurrent writer of the same sinkId); a task of a run that was
+    taken over fails.  Then branches of this batch from other runs and earlier
+    attempts of this partition in this run (a retried task) are rolled back:
+    left prepared they would hold row locks this attempt may need.
     """
     with journal.locked(me.sink_id) as conn:
         if journal.get(conn, me.sink_id, me.batch_id) is not None:
             return False
+        if not journal.claim(conn, me.sink_id, me.batch_id, me.run):
+            raise ConcurrentWriterError(
+                f"sink {me.sink_id} batch {me.batch_id} was taken over by a newer writer with the same sinkId "
+                f"(run {me.run} lost it); this writer's branches are rolled back and it wrote nothing. "
+                "Run one writer per sinkId at a time."
+            )
         stale = [
             p.xid
             for p in dialect.list_prepared(conn)

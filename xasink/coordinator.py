@@ -133,7 +133,9 @@ class Coordinator:
             other = self.journal.get(conn, self.sink_id, record.batch_id)
             prepared = {p.xid for p in self.dialect.list_prepared(conn) if p.xid is not None}
             missing = [x for x in record.xids if x not in prepared]
-            if other is None and not missing:
+            holder = self.journal.holder(conn, self.sink_id, record.batch_id)
+            taken_over = holder is not None and any(x.run != holder for x in record.xids)
+            if other is None and not missing and not taken_over:
                 self.dialect.durable_commit(conn)
                 self.journal.insert_decision(conn, record)
                 log.info(
@@ -146,6 +148,12 @@ class Coordinator:
                 return
             doomed = [x for x in record.xids if x in prepared and (other is None or x not in other.xids)]
             self._rollback(doomed)
+        if other is None and taken_over:
+            raise ConcurrentWriterError(
+                f"sink {self.sink_id} batch {record.batch_id} was taken over by a newer writer with the same "
+                "sinkId before this one decided; this attempt's branches were rolled back and it wrote nothing. "
+                "Run one writer per sinkId at a time."
+            )
         if other is not None:
             raise ConcurrentWriterError(
                 f"sink {self.sink_id} batch {record.batch_id} was decided by another writer "
@@ -232,29 +240,39 @@ class Coordinator:
 
     # -- abort, sweep, recovery -----------------------------------------------------------
     def abort(
-        self, batch_id: int, outcomes: Sequence[BranchOutcome | None] = (), settle_s: float = 0.0
+        self,
+        batch_id: int,
+        outcomes: Sequence[BranchOutcome | None] = (),
+        settle_s: float = 0.0,
+        run: str | None = None,
     ) -> RecoveryReport:
         """Roll back what a failed batch prepared (and anything else of it that can never commit).
 
         When Spark aborts a job, tasks still running are cancelled but may PREPARE in the moments
         before their worker is killed (``spark.python.task.killTimeout``, 2 s by default).  With
         ``settle_s`` the sweep is repeated over that window so such late branches are rolled back too.
+        ``run`` (else the run of the outcomes' xids) names the aborting writer: when a newer writer has
+        taken the batch over, its branches are left to it.
         """
         log.warning("aborting sink %s batch %s", self.sink_id, batch_id)
-        report = self.recover(upto=batch_id)
+        if run is None:
+            run = next((o.xid.run for o in outcomes if o is not None and o.xid is not None), None)
+        report = self.recover(upto=batch_id, run=run)
         deadline = time.monotonic() + settle_s
         while time.monotonic() < deadline:
             time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
-            late = self.recover(upto=batch_id)
+            late = self.recover(upto=batch_id, run=run)
             report.rolled_back += late.rolled_back
             report.committed += late.committed
         return report
 
-    def recover(self, upto: int | None = None, min_age_s: float = 0.0) -> RecoveryReport:
+    def recover(self, upto: int | None = None, min_age_s: float = 0.0, run: str | None = None) -> RecoveryReport:
         """Finish decided batches and roll back undecided branches of this sink (batches <= ``upto``).
 
         Undecided branches younger than ``min_age_s`` are left alone (a live
-        batch may still decide them); decided ones are always finished.
+        batch may still decide them); decided ones are always finished.  With
+        ``run``, the caller is a writer of batch ``upto``: branches of that
+        batch held by another run (one that took the batch over) are left to it.
         """
         report = RecoveryReport()
         with self.dialect.connect() as conn:
@@ -274,9 +292,12 @@ class Coordinator:
                 if p.xid is not None and p.xid.sink_id == self.sink_id and (upto is None or p.xid.batch_id <= upto)
             ]
             decided = self.journal.get_many(conn, self.sink_id, {p.xid.batch_id for p in mine if p.xid})
+            holder = self.journal.holder(conn, self.sink_id, upto) if run is not None and upto is not None else None
             doomed = []
             for p in mine:
                 assert p.xid is not None
+                if holder not in (None, run) and p.xid.batch_id == upto and p.xid.run == holder:
+                    continue  # a newer writer holds this batch now: its branches are its own to decide or abort
                 action = branch_action(p.xid, decided.get(p.xid.batch_id), age_seconds(now, p.prepared_at), min_age_s)
                 if action == COMMIT:
                     to_commit.append(p.xid)

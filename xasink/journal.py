@@ -1,6 +1,6 @@
 """The decision log: which batches of which sinks are decided, with their branch lists.
 
-Two small tables in the target database, written on the driver in short
+Three small tables in the target database, written on the driver in short
 ordinary transactions, never inside a branch:
 
 * ``<prefix>sinks``: one row per sink.  Its row lock serializes deciding a
@@ -9,6 +9,10 @@ ordinary transactions, never inside a branch:
   ``committing`` (decided) or ``committed``, the exact xid list, figures.
   Its primary key makes a second decision for the same batch impossible
   (invariant 3).
+* ``<prefix>claims``: which writer runs took part in an undecided (sink,
+  batch), and which one holds it now.  A run's first task takes the batch
+  over (rolling back what other runs prepared); a run that was taken over
+  can never come back, so two writers of one batch cannot both lose.
 """
 
 from __future__ import annotations
@@ -56,7 +60,7 @@ class BatchRecord:
         return self.state == COMMITTED
 
 
-def journal_metadata(schema: str | None = None, prefix: str = "xasink_") -> tuple[sa.Table, sa.Table]:
+def journal_metadata(schema: str | None = None, prefix: str = "xasink_") -> tuple[sa.Table, sa.Table, sa.Table]:
     """The two journal tables; ``sql/*.sql`` holds the same DDL for DBAs."""
     md = sa.MetaData(schema=schema)
     sinks = sa.Table(
@@ -82,13 +86,23 @@ def journal_metadata(schema: str | None = None, prefix: str = "xasink_") -> tupl
         sa.Column("committed_at", sa.DateTime),
         mysql_engine="InnoDB",
     )
-    return sinks, batches
+    claims = sa.Table(
+        f"{prefix}claims",
+        md,
+        sa.Column("sink_id", sa.String(32), primary_key=True),
+        sa.Column("batch_id", sa.BigInteger, primary_key=True, autoincrement=False),
+        sa.Column("run", sa.String(8), primary_key=True),
+        sa.Column("superseded", sa.Boolean(create_constraint=False), nullable=False),
+        sa.Column("claimed_at", sa.DateTime, nullable=False),
+        mysql_engine="InnoDB",
+    )
+    return sinks, batches, claims
 
 
 class Journal:
     def __init__(self, dialect: Dialect, schema: str | None = None, prefix: str = "xasink_") -> None:
         self.dialect = dialect
-        self.sinks, self.batches = journal_metadata(schema, prefix)
+        self.sinks, self.batches, self.claims = journal_metadata(schema, prefix)
         self._known_sinks: set[str] = set()
 
     # -- set-up ---------------------------------------------------------------
@@ -98,7 +112,8 @@ class Journal:
     def ensure(self) -> None:
         """Create the tables if they are missing (first use); a concurrent creator is fine."""
         with self.dialect.connect() as conn:
-            if self.exists(conn) and sa.inspect(conn).has_table(self.sinks.name, schema=self.sinks.schema):
+            inspector = sa.inspect(conn)
+            if all(inspector.has_table(t.name, schema=t.schema) for t in (self.batches, self.sinks, self.claims)):
                 return
             conn.rollback()
             try:
@@ -108,9 +123,10 @@ class Journal:
                 pass
             except sa.exc.DBAPIError as exc:
                 raise PreflightError(
-                    f"cannot create the xasink decision log tables {self.batches.fullname} and "
-                    f"{self.sinks.fullname}: {str(exc.orig).strip().splitlines()[0]}. Create them with "
-                    "sql/postgres.sql or sql/mysql.sql, or grant CREATE, or pick a schema with 'journalSchema'."
+                    f"cannot create the xasink decision log tables {self.batches.fullname}, "
+                    f"{self.sinks.fullname} and {self.claims.fullname}: {str(exc.orig).strip().splitlines()[0]}. "
+                    "Create them with sql/postgres.sql or sql/mysql.sql, or grant CREATE, "
+                    "or pick a schema with 'journalSchema'."
                 ) from None
 
     # -- reads ------------------------------------------------------------------
@@ -191,6 +207,31 @@ class Journal:
                 conn.execute(sa.select(self.sinks.c.sink_id).where(self.sinks.c.sink_id == sink_id).with_for_update())
                 yield conn
 
+    def claim(self, conn: Connection, sink_id: str, batch_id: int, run: str) -> bool:
+        """Make ``run`` the holder of an undecided batch, under the sink lock; False if it was taken over.
+
+        A run new to the batch supersedes every earlier one (a crashed run's replay, or a concurrent
+        writer: the later one wins).  A superseded run stays superseded, so its tasks and its decision fail.
+        """
+        c = self.claims.c
+        mine = c.sink_id == sink_id, c.batch_id == batch_id
+        superseded = conn.execute(sa.select(c.superseded).where(*mine, c.run == run)).scalar()
+        if superseded is not None:
+            return not superseded
+        conn.execute(self.claims.update().where(*mine, c.run != run).values(superseded=True))
+        conn.execute(
+            self.claims.insert().values(
+                sink_id=sink_id, batch_id=batch_id, run=run, superseded=False, claimed_at=utcnow()
+            )
+        )
+        return True
+
+    def holder(self, conn: Connection, sink_id: str, batch_id: int) -> str | None:
+        """The run holding a batch now, or None when no run claimed it (or its claims were trimmed)."""
+        c = self.claims.c
+        q = sa.select(c.run).where(c.sink_id == sink_id, c.batch_id == batch_id, c.superseded.is_(False))
+        return conn.execute(q).scalar()
+
     def insert_decision(self, conn: Connection, record: BatchRecord) -> None:
         conn.execute(
             self.batches.insert().values(
@@ -224,5 +265,7 @@ class Journal:
         res = conn.execute(
             self.batches.delete().where(b.sink_id == sink_id, b.state == COMMITTED, b.batch_id <= newest - keep)
         )
+        c = self.claims.c
+        conn.execute(self.claims.delete().where(c.sink_id == sink_id, c.batch_id <= newest - keep))
         conn.commit()
         return int(res.rowcount or 0)

@@ -133,7 +133,7 @@ class XasinkBatchWriter(DataSourceArrowWriter):
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         coordinator = Coordinator(self.options)
         try:
-            coordinator.abort(self.options.batch_id, _outcomes(messages), settle_s=ABORT_SETTLE_S)
+            coordinator.abort(self.options.batch_id, _outcomes(messages), settle_s=ABORT_SETTLE_S, run=self.run)
         finally:
             coordinator.close()
 
@@ -280,12 +280,13 @@ class XasinkDataSource(DataSource):
             )
         options = self._options(streaming=False)
         plan = _prepare(options, schema, options.num_partitions)
+        run = self._run() or new_run_nonce()
         coordinator = Coordinator(options)
-        try:  # finish or clear what an earlier run of this batch left in doubt, before our tasks start
-            coordinator.recover(upto=options.batch_id)
+        try:  # finish what an earlier run of this batch decided; a live run's branches are taken over by our tasks
+            coordinator.recover(upto=options.batch_id, run=run)
         finally:
             coordinator.close()
-        return XasinkBatchWriter(options, plan, self._run())
+        return XasinkBatchWriter(options, plan, run)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> XasinkStreamWriter:  # noqa: N802 - Spark's name
         if overwrite:
