@@ -23,7 +23,7 @@ import pyarrow as pa
 import pymysql
 from sqlalchemy.engine import make_url
 
-from xasink.dialects.base import TargetPlan
+from xasink.dialects.base import BranchSettings, TargetPlan
 from xasink.dialects.mysql import MySQLBranch, MySQLDialect, xid_literal
 from xasink.xid import Xid, new_run_nonce
 
@@ -101,8 +101,7 @@ def main() -> None:
         data = list(batches(args.rows))
         print(f"{args.rows} rows, {len(data)} batches of 10,000; best and median of {args.repeat} runs (load+prepare)")
         for method, chunk in (("LOAD DATA", 10_000), ("LOAD DATA", 50_000), ("INSERT", 10_000), ("INSERT", 50_000)):
-            dialect.local_infile = method == "LOAD DATA"
-            dialect.batch_size = chunk
+            dialect.settings = BranchSettings(local_infile=method == "LOAD DATA", batch_size=chunk)
             times = [run_once(dialect, plan, args.rows, data) for _ in range(args.repeat)]
             best, med = min(times), statistics.median(times)
             rate = args.rows / best

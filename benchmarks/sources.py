@@ -89,8 +89,7 @@ def write_plain(options: WriteOptions, plan: TargetPlan, partition: int, batches
     first = next(rest, None)
     if first is None:
         return 0
-    dialect = dialect_for(options.url)
-    dialect.lock_timeout = options.lock_timeout
+    dialect = dialect_for(options.url, options.branch_settings)
     xid = Xid(options.sink_id, options.batch_id, partition, attempt_token(partition, new_run_nonce()))
     session = dialect.open_branch(xid, plan)
     try:

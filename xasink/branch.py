@@ -90,10 +90,7 @@ def write_partition(
     if first is None:
         return BranchOutcome(partition, None)
     xid = Xid(options.sink_id, batch_id, partition, attempt_token(task_attempt_id, run))
-    dialect = dialect_for(options.url)
-    dialect.lock_timeout = options.lock_timeout
-    dialect.batch_size = options.batch_size
-    dialect.local_infile = options.local_infile
+    dialect = dialect_for(options.url, options.branch_settings)
     journal = Journal(dialect, options.journal_schema, options.journal_prefix)
     try:
         if not clear_blockers(dialect, journal, xid):

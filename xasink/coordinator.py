@@ -48,8 +48,7 @@ class Coordinator:
     def __init__(self, options: WriteOptions, dialect: Dialect | None = None) -> None:
         self.options = options
         self.sink_id = options.sink_id
-        self.dialect = dialect or dialect_for(options.url)
-        self.dialect.local_infile = options.local_infile  # check_server warns when LOAD DATA is unavailable
+        self.dialect = dialect or dialect_for(options.url, options.branch_settings)  # check_server reads them
         self.journal = Journal(self.dialect, options.journal_schema, options.journal_prefix)
 
     def close(self) -> None:

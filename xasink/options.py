@@ -17,6 +17,7 @@ from urllib.parse import parse_qsl, urlsplit
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
+from .dialects.base import BranchSettings
 from .errors import OptionError
 from .xid import MAX_BATCH_ID, MAX_SINK_ID, valid_sink_id
 
@@ -87,6 +88,10 @@ class WriteOptions:
     @property
     def backend(self) -> str:
         return self.url.get_backend_name()
+
+    @property
+    def branch_settings(self) -> BranchSettings:
+        return BranchSettings(self.lock_timeout, self.batch_size, self.local_infile)
 
     def with_batch(self, batch_id: int) -> WriteOptions:
         return replace(self, batch_id=batch_id)

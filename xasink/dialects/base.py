@@ -93,21 +93,28 @@ class BranchSession(ABC):
         """Roll back an unprepared branch and disconnect; never raises."""
 
 
-class Dialect(ABC):
-    """One place per database."""
+@dataclass(frozen=True)
+class BranchSettings:
+    """How a branch loads its rows: the options that reach a dialect (``WriteOptions.branch_settings``)."""
 
-    name: str = ""
     # seconds a branch waits for a row lock (0: no limit).  A key held by a prepared branch of the same
     # batch (duplicate keys across partitions) is never released before the task ends: without a limit
-    # the task and the driver wait for each other forever.  Set from the option lockTimeout.
+    # the task and the driver wait for each other forever.  Option lockTimeout.
     lock_timeout: int = 60
     # rows per bulk statement where the database loads in chunks (MySQL: LOAD DATA / INSERT); option batchsize
     batch_size: int = 10_000
     # MySQL: load with LOAD DATA LOCAL when the server allows it; option localInfile
     local_infile: bool = True
 
-    def __init__(self, url: URL) -> None:
+
+class Dialect(ABC):
+    """One place per database."""
+
+    name: str = ""
+
+    def __init__(self, url: URL, settings: BranchSettings | None = None) -> None:
         self.url = url
+        self.settings = settings or BranchSettings()
         self._engine: Engine | None = None
 
     # -- control side -------------------------------------------------------

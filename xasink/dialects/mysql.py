@@ -292,7 +292,7 @@ class MySQLBranch(BranchSession):
         self.dialect = dialect
         self.plan = plan
         self._xa = xid_literal(xid)
-        self.conn = dialect.raw_connect(local_infile=dialect.local_infile)
+        self.conn = dialect.raw_connect(local_infile=dialect.settings.local_infile)
         self.cursor = self.conn.cursor()
         self.is_mariadb = "mariadb" in self.conn.get_server_info().lower()
         try:
@@ -300,7 +300,7 @@ class MySQLBranch(BranchSession):
             row = self.cursor.fetchone()
             assert row is not None
             self.connection_id, server_infile, max_packet = int(row[0]), int(row[1] or 0), int(row[2])
-            lock_wait = int(dialect.lock_timeout) or _MAX_LOCK_WAIT
+            lock_wait = int(dialect.settings.lock_timeout) or _MAX_LOCK_WAIT
             self.cursor.execute(
                 f"SET SESSION sql_mode = '{BRANCH_SQL_MODE}', time_zone = '+00:00', "
                 f"innodb_lock_wait_timeout = {lock_wait}"
@@ -309,7 +309,7 @@ class MySQLBranch(BranchSession):
         except Exception as exc:
             self._close()
             raise dialect.branch_error(exc, xid, plan) from None
-        self.use_load_data = dialect.local_infile and server_infile == 1 and not plan.upsert_keys
+        self.use_load_data = dialect.settings.local_infile and server_infile == 1 and not plan.upsert_keys
         self.cursor.max_stmt_length = max(1 << 20, min(max_packet - 4096, dialect.max_stmt_bytes))
 
     # -- loading --------------------------------------------------------------------------
@@ -349,7 +349,7 @@ class MySQLBranch(BranchSession):
                 for batch in batches:
                     f.write(encode_tsv(batch))
                     pending += batch.num_rows
-                    if pending >= self.dialect.batch_size or f.tell() >= self.dialect.load_data_max_bytes:
+                    if pending >= self.dialect.settings.batch_size or f.tell() >= self.dialect.load_data_max_bytes:
                         f.flush()
                         self._run_load(stmt, pending)
                         total += pending
@@ -390,7 +390,7 @@ class MySQLBranch(BranchSession):
         """Multi-row INSERT: pymysql's executemany packs rows into statements of up to max_stmt_length bytes."""
         stmt = self.insert_sql()
         keys = [self.plan.arrow_schema.get_field_index(k) for k in self.plan.upsert_keys]
-        step = self.dialect.batch_size
+        step = self.dialect.settings.batch_size
         total = 0
         for batch in batches:
             if keys:
@@ -578,7 +578,8 @@ class MySQLDialect(Dialect):
                     f"MariaDB at {self.where()} has legacy_xa_rollback_at_disconnect = ON, which rolls back a "
                     "prepared branch when its writer disconnects: SET GLOBAL legacy_xa_rollback_at_disconnect = OFF"
                 )
-        if self.local_infile and not int(conn.exec_driver_sql("SELECT @@GLOBAL.local_infile").scalar_one() or 0):
+        server_infile = conn.exec_driver_sql("SELECT @@GLOBAL.local_infile").scalar_one()
+        if self.settings.local_infile and not int(server_infile or 0):
             log.warning(
                 "%s at %s has local_infile = OFF: loading with multi-row INSERT instead of LOAD DATA LOCAL "
                 "(slower). To use LOAD DATA: SET GLOBAL local_infile = 1; to silence this: localInfile=false",

@@ -107,7 +107,7 @@ class PostgresBranch(BranchSession):
             raise dialect.connect_error(exc) from None
         self.cursor = self.conn.cursor()
         try:
-            self.cursor.execute(f"SET lock_timeout = {int(dialect.lock_timeout) * 1000}")
+            self.cursor.execute(f"SET lock_timeout = {int(dialect.settings.lock_timeout) * 1000}")
         except Exception as exc:
             self.rollback()
             raise dialect.branch_error(exc, xid, plan) from None
