@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +104,107 @@ def _table(headers: list[str], rows: list[list[Any]]) -> str:
     return "\n".join(lines)
 
 
+Column = tuple[str, Callable[[dict[str, Any]], Any]]
+
+
+def _key(name: str) -> Callable[[dict[str, Any]], Any]:
+    return lambda r: r[name]
+
+
+def _cols(*spec: tuple[str, str | Callable[[dict[str, Any]], Any]]) -> list[Column]:
+    """Columns of a record table: a header and a record key (or a function of the record)."""
+    return [(header, _key(get) if isinstance(get, str) else get) for header, get in spec]
+
+
+def _records(records: list[dict[str, Any]], columns: list[Column]) -> str:
+    return _table([h for h, _ in columns], [[get(r) for _, get in columns] for r in records])
+
+
+TARGET_COLUMNS = _cols(
+    ("target", "target"),
+    ("measured at", "measured_at"),
+    ("value", "value"),
+    ("goal", "goal"),
+    ("met", lambda t: {True: "yes", False: "**no**", None: "–"}[t["met"]]),
+)
+
+# (result key, section title, intro line, columns): the record tables after the throughput tables
+SECTIONS: list[tuple[str, str, str, list[Column]]] = [
+    (
+        "ratios",
+        "Ratios",
+        "Speed-ups are the other contender's time over xasink's (higher is better for "
+        "xasink); the floor ratio and the price of XA are xasink's time over theirs.",
+        _cols(
+            ("db", "db"),
+            ("schema", "schema"),
+            ("size", lambda r: _fmt_size(r["size"])),
+            ("vs JDBC tuned", "xasink_speedup_vs_jdbc_tuned"),
+            ("vs JDBC default", "xasink_speedup_vs_jdbc_default"),
+            ("time/floor", "xasink_time_over_floor"),
+            ("price of XA %", "price_of_xa_pct"),
+            ("upsert vs hand", "upsert_speedup_vs_hand"),
+            ("Arrow hand-off share", "arrow_handoff_share_of_xasink"),
+        ),
+    ),
+    (
+        "failure",
+        "Failure scenario: one partition fails after the others have written",
+        "A reader polls count(*) every ~50 ms (read committed) during the failed run and the user's rerun.",
+        _cols(
+            ("db", "db"),
+            ("contender", "label"),
+            ("max visible during failed run", "max_visible_during_failed_run"),
+            ("visible after failure", "visible_after_failure"),
+            ("partial counts in rerun", lambda f: ", ".join(map(str, f["intermediate_counts_during_retry"])) or "none"),
+            ("final rows", "final_rows"),
+            ("distinct ids", "final_distinct_ids"),
+            ("duplicates", "duplicates"),
+            ("verdict", "verdict"),
+        ),
+    ),
+    (
+        "coordinator",
+        "Coordinator scale: decide + commit N prepared branches",
+        "",
+        _cols(
+            ("branches", "branches"),
+            ("commitParallelism", "commit_parallelism"),
+            ("decide+commit (median s)", "decide_commit_s"),
+            ("decide s", "decide_s"),
+            ("COMMIT PREPARED s", "commit_s"),
+            ("sweep s", "sweep_s"),
+            ("runs", lambda c: ", ".join(f"{t:.3f}" for t in c["all_runs_s"])),
+        ),
+    ),
+    (
+        "memory",
+        "Python worker memory as partitions grow",
+        "Peak RSS of the writing Python worker during its task (VmHWM, reset at task start).",
+        _cols(
+            ("db", "db"),
+            ("writer", "writer"),
+            ("rows per partition", "rows_per_partition"),
+            ("peak RSS MB", "peak_rss_mb"),
+            ("RSS at task start MB", "rss_at_task_start_mb"),
+            ("peak - start MB", "peak_over_start_mb"),
+        ),
+    ),
+    (
+        "strategies",
+        "Upsert inside a prepared PostgreSQL branch: staging table vs unnest",
+        "",
+        _cols(
+            ("method", "method"),
+            ("rows", "rows"),
+            ("median s", "median_s"),
+            ("rows/s", "rows_per_s"),
+            ("runs", lambda x: ", ".join(map(str, x["runs_s"]))),
+        ),
+    ),
+]
+
+
 def markdown(res: dict[str, Any]) -> str:
     out = [f"# xasink benchmarks: {res['name']}", ""]
     out += [f"Command: `{res['command']}`  ", f"Started {res['started']}, took {res.get('elapsed_s', 0):,.0f} s.", ""]
@@ -125,22 +227,7 @@ def markdown(res: dict[str, Any]) -> str:
     out.append("")
     if res.get("targets"):
         out += ["## Targets (shown, not asserted)", ""]
-        out.append(
-            _table(
-                ["target", "measured at", "value", "goal", "met"],
-                [
-                    [
-                        t["target"],
-                        t["measured_at"],
-                        t["value"],
-                        t["goal"],
-                        {True: "yes", False: "**no**", None: "–"}[t["met"]],
-                    ]
-                    for t in res["targets"]
-                ],
-            )
-        )
-        out.append("")
+        out += [_records(res["targets"], TARGET_COLUMNS), ""]
     thr = res.get("throughput", [])
     for db, schema in sorted({(r["db"], r["schema"]) for r in thr}):
         rows = [r for r in thr if r["db"] == db and r["schema"] == schema]
@@ -161,145 +248,10 @@ def markdown(res: dict[str, Any]) -> str:
             table_rows.append(line)
         out.append(_table(["contender"] + [_fmt_size(s) for s in sizes], table_rows))
         out.append("")
-    if res.get("ratios"):
-        out += [
-            "## Ratios",
-            "",
-            "Speed-ups are the other contender's time over xasink's (higher is better for "
-            "xasink); the floor ratio and the price of XA are xasink's time over theirs.",
-            "",
-        ]
-        out.append(
-            _table(
-                [
-                    "db",
-                    "schema",
-                    "size",
-                    "vs JDBC tuned",
-                    "vs JDBC default",
-                    "time/floor",
-                    "price of XA %",
-                    "upsert vs hand",
-                    "Arrow hand-off share",
-                ],
-                [
-                    [
-                        r["db"],
-                        r["schema"],
-                        _fmt_size(r["size"]),
-                        r["xasink_speedup_vs_jdbc_tuned"],
-                        r["xasink_speedup_vs_jdbc_default"],
-                        r["xasink_time_over_floor"],
-                        r["price_of_xa_pct"],
-                        r["upsert_speedup_vs_hand"],
-                        r["arrow_handoff_share_of_xasink"],
-                    ]
-                    for r in res["ratios"]
-                ],
-            )
-        )
-        out.append("")
-    if res.get("failure"):
-        out += [
-            "## Failure scenario: one partition fails after the others have written",
-            "",
-            "A reader polls count(*) every ~50 ms (read committed) during the failed run and the user's rerun.",
-            "",
-        ]
-        out.append(
-            _table(
-                [
-                    "db",
-                    "contender",
-                    "max visible during failed run",
-                    "visible after failure",
-                    "partial counts in rerun",
-                    "final rows",
-                    "distinct ids",
-                    "duplicates",
-                    "verdict",
-                ],
-                [
-                    [
-                        f["db"],
-                        f["label"],
-                        f["max_visible_during_failed_run"],
-                        f["visible_after_failure"],
-                        ", ".join(map(str, f["intermediate_counts_during_retry"])) or "none",
-                        f["final_rows"],
-                        f["final_distinct_ids"],
-                        f["duplicates"],
-                        f["verdict"],
-                    ]
-                    for f in res["failure"]
-                ],
-            )
-        )
-        out.append("")
-    if res.get("coordinator"):
-        out += ["## Coordinator scale: decide + commit N prepared branches", ""]
-        out.append(
-            _table(
-                [
-                    "branches",
-                    "commitParallelism",
-                    "decide+commit (median s)",
-                    "decide s",
-                    "COMMIT PREPARED s",
-                    "sweep s",
-                    "runs",
-                ],
-                [
-                    [
-                        c["branches"],
-                        c["commit_parallelism"],
-                        c["decide_commit_s"],
-                        c["decide_s"],
-                        c["commit_s"],
-                        c["sweep_s"],
-                        ", ".join(f"{t:.3f}" for t in c["all_runs_s"]),
-                    ]
-                    for c in res["coordinator"]
-                ],
-            )
-        )
-        out.append("")
-    if res.get("memory"):
-        out += [
-            "## Python worker memory as partitions grow",
-            "",
-            "Peak RSS of the writing Python worker during its task (VmHWM, reset at task start).",
-            "",
-        ]
-        out.append(
-            _table(
-                ["db", "writer", "rows per partition", "peak RSS MB", "RSS at task start MB", "peak - start MB"],
-                [
-                    [
-                        r["db"],
-                        r["writer"],
-                        r["rows_per_partition"],
-                        r["peak_rss_mb"],
-                        r["rss_at_task_start_mb"],
-                        r["peak_over_start_mb"],
-                    ]
-                    for r in res["memory"]
-                ],
-            )
-        )
-        out.append("")
-    if res.get("strategies"):
-        out += ["## Upsert inside a prepared PostgreSQL branch: staging table vs unnest", ""]
-        out.append(
-            _table(
-                ["method", "rows", "median s", "rows/s", "runs"],
-                [
-                    [s["method"], s["rows"], s["median_s"], s["rows_per_s"], ", ".join(map(str, s["runs_s"]))]
-                    for s in res["strategies"]
-                ],
-            )
-        )
-        out.append("")
+    for key, title, intro, columns in SECTIONS:
+        if res.get(key):
+            out += [f"## {title}", ""] + ([intro, ""] if intro else [])
+            out += [_records(res[key], columns), ""]
     if res.get("charts"):
         out += ["## Charts", ""] + [f"![{Path(c).stem}]({Path(c).name})" for c in res["charts"]] + [""]
     if res.get("errors"):

@@ -63,6 +63,15 @@ def redact(text: str, secret: str | None) -> str:
     return text
 
 
+def branch_failed(xid: Xid, plan: TargetPlan, what: str, hint: str | None = None) -> BranchError:
+    """The one shape of a branch's error: which partition, which table, what went wrong, what to do."""
+    target = f"{plan.schema}.{plan.table}" if plan.schema else plan.table
+    msg = f"partition {xid.partition} could not be written to {target}: {what}"
+    if hint:
+        msg += f". {hint}"
+    return BranchError(msg + ". The branch was rolled back; nothing of this batch is visible.")
+
+
 def check_upsert_keys(batch: pa.RecordBatch, plan: TargetPlan, key_index: list[int], partition: int) -> None:
     """A NULL key never matches a row (ON CONFLICT / ON DUPLICATE KEY), so it cannot be upserted: say so."""
     for i in key_index:

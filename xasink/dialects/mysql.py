@@ -44,7 +44,16 @@ from sqlalchemy.engine import Connection
 
 from ..errors import BranchError, PreflightError, XasinkError
 from ..xid import FORMAT_ID, Xid
-from .base import BranchSession, Dialect, ErrorKind, PreparedTxn, TargetPlan, check_upsert_keys, redact
+from .base import (
+    BranchSession,
+    Dialect,
+    ErrorKind,
+    PreparedTxn,
+    TargetPlan,
+    branch_failed,
+    check_upsert_keys,
+    redact,
+)
 
 log = logging.getLogger(__name__)
 
@@ -628,12 +637,8 @@ class MySQLDialect(Dialect):
         hint = _BRANCH_HINTS.get(code or 0)
         if plan.upsert_keys and code in (1205, 1213):
             hint = _UPSERT_LOCK_HINT.format(keys=", ".join(plan.upsert_keys))
-        target = f"{plan.schema}.{plan.table}" if plan.schema else plan.table
         first = text.splitlines()[0] if text else "unknown error"
-        msg = f"partition {xid.partition} could not be written to {target}: {first}" + (f" [{code}]" if code else "")
-        if hint:
-            msg += f". {hint}"
-        err = BranchError(msg + ". The branch was rolled back; nothing of this batch is visible.")
+        err = branch_failed(xid, plan, first + (f" [{code}]" if code else ""), hint)
         err.errno = code  # type: ignore[attr-defined]
         return err
 

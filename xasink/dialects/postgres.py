@@ -15,7 +15,16 @@ from sqlalchemy.engine import Connection
 
 from ..errors import BranchError, PreflightError
 from ..xid import Xid
-from .base import BranchSession, Dialect, ErrorKind, PreparedTxn, TargetPlan, check_upsert_keys, redact
+from .base import (
+    BranchSession,
+    Dialect,
+    ErrorKind,
+    PreparedTxn,
+    TargetPlan,
+    branch_failed,
+    check_upsert_keys,
+    redact,
+)
 
 log = logging.getLogger(__name__)
 
@@ -269,14 +278,11 @@ class PostgresDialect(Dialect):
             hint = _UPSERT_LOCK_HINT.format(keys=", ".join(keys), quoted=", ".join(repr(k) for k in keys))
         if state == "53200" and "prepared transactions" not in text:  # a real out-of-memory
             hint = None
-        target = f"{plan.schema}.{plan.table}" if plan.schema else plan.table
-        msg = f"partition {xid.partition} could not be written to {target}: {text.splitlines()[0] if text else exc}"
+        what = text.splitlines()[0] if text else str(exc)
         detail = [ln for ln in text.splitlines()[1:] if ln.startswith(("DETAIL", "HINT"))]
         if detail:
-            msg += " (" + "; ".join(d.strip() for d in detail) + ")"
-        if hint:
-            msg += f". {hint}"
-        err = BranchError(msg + ". The branch was rolled back; nothing of this batch is visible.")
+            what += " (" + "; ".join(d.strip() for d in detail) + ")"
+        err = branch_failed(xid, plan, what, hint)
         err.sqlstate = state  # type: ignore[attr-defined]
         return err
 
