@@ -37,7 +37,14 @@ def ratios(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
         row["xasink_speedup_vs_jdbc_tuned"] = div(m("jdbc-tuned"), xa)
         row["xasink_speedup_vs_jdbc_default"] = div(m("jdbc-default"), xa)
-        row["xasink_time_over_floor"] = div(xa, m("floor-copy"))
+        # the floor as the issue defines it: parallel bulk load from files plus the Arrow hand-off to Python
+        copy, handoff = m("floor-copy"), m("arrow-noop")
+        floor = copy + handoff if copy and handoff else None
+        row["floor_s"] = round(floor, 3) if floor else None
+        row["xasink_time_over_floor"] = div(xa, floor)
+        row["xasink_time_over_copy"] = div(xa, copy)
+        # the best "vs tuned JDBC" any Arrow-fed writer can reach here: the tuned writer's time over the floor
+        row["floor_speedup_vs_jdbc_tuned"] = div(m("jdbc-tuned"), floor)
         price = div(xa, m("plain-commit"))
         row["price_of_xa_pct"] = round((price - 1) * 100, 1) if price else None
         row["upsert_speedup_vs_hand"] = div(m("upsert-hand"), m("xasink-upsert"))
@@ -71,7 +78,13 @@ def targets(rat: list[dict[str, Any]], scale: list[dict[str, Any]]) -> list[dict
     pg, my = pick("postgresql"), pick("mariadb")
     add("PG: xasink vs tuned JDBC writer", pg, "xasink_speedup_vs_jdbc_tuned", ">= 2x", lambda v: v >= 2)
     add("PG: xasink vs default JDBC writer", pg, "xasink_speedup_vs_jdbc_default", ">= 3.5x", lambda v: v >= 3.5)
-    add("PG: xasink time / floor (parallel COPY)", pg, "xasink_time_over_floor", "<= 1.15", lambda v: v <= 1.15)
+    add(
+        "PG: xasink time / floor (parallel COPY + Arrow hand-off)",
+        pg,
+        "xasink_time_over_floor",
+        "<= 1.15",
+        lambda v: v <= 1.15,
+    )
     add("PG: price of XA (vs plain COMMIT)", pg, "price_of_xa_pct", "<= 5 %", lambda v: v <= 5)
     add("MariaDB: xasink vs tuned JDBC writer", my, "xasink_speedup_vs_jdbc_tuned", ">= 2x", lambda v: v >= 2)
     add("PG: xasink upsert vs hand-written upsert", pg, "upsert_speedup_vs_hand", ">= 2x", lambda v: v >= 2)
@@ -134,14 +147,19 @@ SECTIONS: list[tuple[str, str, str, list[Column]]] = [
         "ratios",
         "Ratios",
         "Speed-ups are the other contender's time over xasink's (higher is better for "
-        "xasink); the floor ratio and the price of XA are xasink's time over theirs.",
+        "xasink); the floor ratio and the price of XA are xasink's time over theirs. The floor is the "
+        "parallel bulk load from files plus the Arrow hand-off (the no-op writer); 'floor vs JDBC tuned' "
+        "is the most any writer fed by Spark's Arrow hand-off could gain over the tuned JDBC writer here.",
         _cols(
             ("db", "db"),
             ("schema", "schema"),
             ("size", lambda r: _fmt_size(r["size"])),
             ("vs JDBC tuned", "xasink_speedup_vs_jdbc_tuned"),
             ("vs JDBC default", "xasink_speedup_vs_jdbc_default"),
+            ("floor s (COPY + hand-off)", "floor_s"),
             ("time/floor", "xasink_time_over_floor"),
+            ("time/COPY alone", "xasink_time_over_copy"),
+            ("floor vs JDBC tuned", "floor_speedup_vs_jdbc_tuned"),
             ("price of XA %", "price_of_xa_pct"),
             ("upsert vs hand", "upsert_speedup_vs_hand"),
             ("Arrow hand-off share", "arrow_handoff_share_of_xasink"),

@@ -13,11 +13,12 @@ import itertools
 import logging
 import time
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import pyarrow as pa
 
 from .dialects import dialect_for
-from .dialects.base import Dialect, TargetPlan
+from .dialects.base import BranchSession, Dialect, TargetPlan
 from .errors import ConcurrentWriterError
 from .faults import fault
 from .journal import Journal
@@ -72,6 +73,14 @@ def clear_blockers(dialect: Dialect, journal: Journal, me: Xid) -> bool:
     return True
 
 
+def _discard(opening: Future[BranchSession]) -> None:
+    """Roll back and close a branch opened in vain (or never opened: its error is moot then)."""
+    try:
+        opening.result().rollback()
+    except Exception as exc:  # noqa: BLE001 - nothing was written in it
+        log.debug("discarded branch: %s", exc)
+
+
 def write_partition(
     options: WriteOptions,
     plan: TargetPlan,
@@ -93,16 +102,29 @@ def write_partition(
     dialect = dialect_for(options.url, options.branch_settings)
     journal = Journal(dialect, options.journal_schema, options.journal_prefix)
     try:
-        if not clear_blockers(dialect, journal, xid):
-            log.info(
-                "sink %s batch %s is already decided: partition %s writes nothing", options.sink_id, batch_id, partition
-            )
-            for _ in rest:  # drain, so Spark sees the partition consumed
-                pass
-            return BranchOutcome(partition, None, skipped=True)
-        fault("task.before_load", partition=partition, attempt=attempt_number, batch=batch_id)
-        session = dialect.open_branch(xid, plan)
+        # connecting the branch (ADBC reads the server's type catalogue) overlaps the decision-log check;
+        # the branch touches no row until clear_blockers has returned
+        with ThreadPoolExecutor(1, thread_name_prefix="xasink-open") as pool:
+            opening = pool.submit(dialect.open_branch, xid, plan)
+            try:
+                go = clear_blockers(dialect, journal, xid)
+            except BaseException:
+                _discard(opening)
+                raise
+            if not go:
+                _discard(opening)
+                log.info(
+                    "sink %s batch %s is already decided: partition %s writes nothing",
+                    options.sink_id,
+                    batch_id,
+                    partition,
+                )
+                for _ in rest:  # drain, so Spark sees the partition consumed
+                    pass
+                return BranchOutcome(partition, None, skipped=True)
+            session = opening.result()
         try:
+            fault("task.before_load", partition=partition, attempt=attempt_number, batch=batch_id)
             rows = session.load(conform(b, plan, partition) for b in itertools.chain([first], rest))
             fault("task.before_prepare", partition=partition, attempt=attempt_number, batch=batch_id)
         except BaseException:

@@ -184,25 +184,24 @@ class Journal:
         return [r[0] for r in conn.execute(sa.select(self.sinks.c.sink_id).order_by(self.sinks.c.sink_id))]
 
     # -- the serialization point --------------------------------------------------
-    def _ensure_sink(self, sink_id: str) -> None:
+    def _ensure_sink(self, conn: Connection, sink_id: str) -> None:
         if sink_id in self._known_sinks:
             return
-        with self.dialect.connect() as conn:
-            found = conn.execute(sa.select(self.sinks.c.sink_id).where(self.sinks.c.sink_id == sink_id)).first()
-            conn.rollback()
-            if found is None:
-                try:
-                    with conn.begin():
-                        conn.execute(self.sinks.insert().values(sink_id=sink_id, created_at=utcnow()))
-                except sa.exc.IntegrityError:
-                    pass  # inserted concurrently
+        found = conn.execute(sa.select(self.sinks.c.sink_id).where(self.sinks.c.sink_id == sink_id)).first()
+        conn.rollback()
+        if found is None:
+            try:
+                with conn.begin():
+                    conn.execute(self.sinks.insert().values(sink_id=sink_id, created_at=utcnow()))
+            except sa.exc.IntegrityError:
+                pass  # inserted concurrently
         self._known_sinks.add(sink_id)
 
     @contextmanager
     def locked(self, sink_id: str) -> Iterator[Connection]:
         """A transaction holding the sink's row lock: decide and abort-undecided both run inside one."""
-        self._ensure_sink(sink_id)
         with self.dialect.connect() as conn:
+            self._ensure_sink(conn, sink_id)
             with conn.begin():
                 conn.execute(sa.select(self.sinks.c.sink_id).where(self.sinks.c.sink_id == sink_id).with_for_update())
                 yield conn
