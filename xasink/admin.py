@@ -152,6 +152,7 @@ def _survey(
         known_sinks = set(journal.sink_ids(conn)) if has_journal else set()
         pending: dict[str, list[BatchRecord]] = {}
         decisions: dict[tuple[str, int], BatchRecord] = {}
+        claimed: dict[tuple[str, int, str], Any] = {}  # when a run claimed its batch: ages XA RECOVER does not give
         if has_journal:
             for rec in journal.pending(conn, sink_filter):
                 pending.setdefault(rec.sink_id, []).append(rec)
@@ -162,10 +163,14 @@ def _survey(
             for sink, batches in by_sink.items():
                 for b, rec in journal.get_many(conn, sink, batches).items():
                     decisions[(sink, b)] = rec
+                undated = {p.xid.batch_id for p in prepared if p.xid and p.xid.sink_id == sink and not p.prepared_at}
+                for (b, run), at in journal.claimed_at(conn, sink, undated).items():
+                    claimed[(sink, b, run)] = at
     entries = []
     for p in prepared:
-        age = age_seconds(now, p.prepared_at)
         x = p.xid
+        when = p.prepared_at or (claimed.get((x.sink_id, x.batch_id, x.run)) if x is not None else None)
+        age = age_seconds(now, when)
         if x is None:
             action = ROLLBACK_FOREIGN if p.gid in rollback_foreign else IGNORE_FOREIGN
             entries.append(

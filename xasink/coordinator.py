@@ -292,12 +292,15 @@ class Coordinator:
             ]
             decided = self.journal.get_many(conn, self.sink_id, {p.xid.batch_id for p in mine if p.xid})
             holder = self.journal.holder(conn, self.sink_id, upto) if run is not None and upto is not None else None
+            undated = {p.xid.batch_id for p in mine if p.xid and p.prepared_at is None} if min_age_s > 0 else set()
+            claimed = self.journal.claimed_at(conn, self.sink_id, undated)
             doomed = []
             for p in mine:
                 assert p.xid is not None
                 if holder not in (None, run) and p.xid.batch_id == upto and p.xid.run == holder:
                     continue  # a newer writer holds this batch now: its branches are its own to decide or abort
-                action = branch_action(p.xid, decided.get(p.xid.batch_id), age_seconds(now, p.prepared_at), min_age_s)
+                when = p.prepared_at or claimed.get((p.xid.batch_id, p.xid.run))
+                action = branch_action(p.xid, decided.get(p.xid.batch_id), age_seconds(now, when), min_age_s)
                 if action == COMMIT:
                     to_commit.append(p.xid)
                 elif action in (ROLLBACK_UNDECIDED, ROLLBACK_ORPHAN):

@@ -220,10 +220,21 @@ class Journal:
         conn.execute(self.claims.update().where(*mine, c.run != run).values(superseded=True))
         conn.execute(
             self.claims.insert().values(
-                sink_id=sink_id, batch_id=batch_id, run=run, superseded=False, claimed_at=utcnow()
+                sink_id=sink_id, batch_id=batch_id, run=run, superseded=False, claimed_at=sa.func.current_timestamp()
             )
         )
         return True
+
+    def claimed_at(self, conn: Connection, sink_id: str, batch_ids: set[int]) -> dict[tuple[int, str], datetime]:
+        """When each run claimed each batch, by the server's clock: the age of branches XA RECOVER does not date.
+
+        A run claims its batch before any of its branches opens, so this is an upper bound of their age.
+        """
+        if not batch_ids or not sa.inspect(conn).has_table(self.claims.name, schema=self.claims.schema):
+            return {}
+        c = self.claims.c
+        q = sa.select(c.batch_id, c.run, c.claimed_at).where(c.sink_id == sink_id, c.batch_id.in_(sorted(batch_ids)))
+        return {(int(b), str(r)): t for b, r, t in conn.execute(q)}
 
     def holder(self, conn: Connection, sink_id: str, batch_id: int) -> str | None:
         """The run holding a batch now, or None when no run claimed it (or its claims were trimmed)."""
