@@ -35,12 +35,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "faults.json"
 
 # Every fault test passes this password (the embedded server trusts local logins and ignores it): it must
 # never appear in a log line, an exception or CLI output.
-SECRET = "Fa7ts-pw#s3cr3t-q9Zx"
 
 JAVA_MODULE_OPTIONS = [
     "-XX:+IgnoreUnrecognizedVMOptions",
@@ -483,35 +484,6 @@ def _serve(master: str) -> None:
 # ------------------------------------------------------------------------------------------- checks
 
 
-def texts(exc: BaseException) -> Iterator[str]:
-    """Every text an exception shows: str, repr, Spark's description and JVM trace, of it and its causes."""
-    seen: set[int] = set()
-    todo: list[BaseException | None] = [exc]
-    while todo:
-        e = todo.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        yield str(e)
-        yield repr(e)
-        for attr in ("_desc", "_stackTrace"):
-            value = getattr(e, attr, None)
-            if value:
-                yield str(value)
-        todo += [e.__cause__, e.__context__, getattr(e, "_cause", None)]
-
-
-def assert_no_secret(*items: BaseException | str | None, secret: str = SECRET) -> None:
-    """The password appears in none of these texts or exceptions."""
-    for item in items:
-        if item is None:
-            continue
-        for text in texts(item) if isinstance(item, BaseException) else [item]:
-            if secret in text:
-                at = text.index(secret)
-                raise AssertionError(f"the password leaked: ...{text[max(0, at - 300) : at + 100]}...")
-
-
 def host_port(url: str) -> tuple[str, int]:
     m = re.search(r"@([^:/@]+):(\d+)/", url)
     assert m, url
@@ -581,6 +553,19 @@ class Tally:
         }
         path.write_text(json.dumps(data, indent=1) + "\n")
         return data
+
+
+def tally_fixture(module: str) -> Any:
+    """A module-scoped ``tally`` fixture that records the module's counts in faults.json when it ends."""
+
+    @pytest.fixture(scope="module", name="tally")
+    def tally() -> Iterator[Tally]:
+        t = Tally(module)
+        yield t
+        data = t.save()
+        print(f"\nfault totals (benchmarks/results/faults.json): {json.dumps(data['totals'])}")
+
+    return tally
 
 
 def _now() -> str:

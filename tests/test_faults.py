@@ -15,12 +15,9 @@ written by ``write_partition`` against the database directly, the coordinator ta
 from __future__ import annotations
 
 import json
-import logging
 import os
 import random
 import signal
-import subprocess
-import sys
 import threading
 import uuid
 from collections.abc import Iterator
@@ -33,17 +30,16 @@ import pyarrow as pa
 import pytest
 
 from tests.cluster import (
-    ROOT,
-    SECRET,
     ClusterDriver,
     DriverError,
     StandaloneCluster,
     Tally,
-    assert_no_secret,
     host_port,
+    tally_fixture,
     wait_for,
 )
 from tests.dbutil import connect, prepared_gids
+from tests.leaks import SECRET, assert_no_secret, no_secret_in_output, run_cli  # noqa: F401 - autouse fixture
 from tests.tcp_proxy import TcpProxy
 from xasink.branch import write_partition
 from xasink.coordinator import Coordinator
@@ -63,25 +59,7 @@ LOSER_ERRORS = {ConcurrentWriterError.__name__, BatchAbortedError.__name__}
 # --------------------------------------------------------------------------- module fixtures
 
 
-@pytest.fixture(scope="module")
-def tally() -> Iterator[Tally]:
-    t = Tally("test_faults")
-    yield t
-    data = t.save()
-    print(f"\nfault totals (benchmarks/results/faults.json): {json.dumps(data['totals'])}")
-
-
-@pytest.fixture(autouse=True)
-def no_secret_in_output(caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]) -> Iterator[None]:
-    """Every log record (xasink at DEBUG), and all output of the test, is free of the password."""
-    caplog.set_level(logging.DEBUG, logger="xasink")
-    yield
-    out, err = capfd.readouterr()
-    sys.stdout.write(out)
-    sys.stderr.write(err)
-    fmt = logging.Formatter("%(message)s")
-    records = caplog.get_records("setup") + caplog.get_records("call")
-    assert_no_secret(out, err, *(fmt.format(r) for r in records))
+tally = tally_fixture("test_faults")
 
 
 @pytest.fixture(scope="module")
@@ -471,14 +449,7 @@ def test_server_unreachable_during_commit_gives_commit_incomplete_then_recovery_
 
     proxy.reset()  # the server is reachable again: the operator's tool finishes the batch
     url = via(proxy, pg_url).replace("postgres@", f"postgres:{SECRET}@")
-    cli = subprocess.run(
-        [sys.executable, "-m", "xasink.cli", "recover", "--url", url, "--sink-id", sink, "--older-than", "0s"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=120,
-    )
-    assert_no_secret(cli.stdout, cli.stderr)
+    cli = run_cli("recover", "--url", url, "--sink-id", sink, "--older-than", "0s")
     assert cli.returncode == 0, cli.stdout + cli.stderr
     check_exact(pg_url, table, rows, tally, sink)
     assert decision(pg_url, sink, 5) == ("committed", gids)
@@ -682,14 +653,7 @@ def test_driver_killed_then_database_restarted_then_rerun(
         assert (answer["rows"], answer["skipped"]) == (60, False)
     else:
         url = pg_url.replace("postgres@", f"postgres:{SECRET}@")
-        cli = subprocess.run(
-            [sys.executable, "-m", "xasink.cli", "recover", "--url", url, "--sink-id", sink, "--older-than", "0s"],
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-            timeout=120,
-        )
-        assert_no_secret(cli.stdout, cli.stderr)
+        cli = run_cli("recover", "--url", url, "--sink-id", sink, "--older-than", "0s")
         assert cli.returncode == 0, cli.stdout + cli.stderr
     check_exact(pg_url, table, expected(0, 60), tally, sink)
     state, gids = decision(pg_url, sink, batch) or ("", [])

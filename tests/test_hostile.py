@@ -15,10 +15,7 @@
 
 from __future__ import annotations
 
-import logging
 import re
-import subprocess
-import sys
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -28,8 +25,9 @@ from psycopg2 import sql as psql
 from pyspark.sql import DataFrame, SparkSession
 
 import xasink
-from tests.cluster import ROOT, SECRET, Tally, assert_no_secret, host_port, texts
+from tests.cluster import Tally, host_port, tally_fixture
 from tests.dbutil import connect, make_foreign_prepared, prepared_gids, rollback_prepared
+from tests.leaks import SECRET, assert_no_secret, no_secret_in_output, run_cli, texts  # noqa: F401 - autouse fixture
 from tests.tcp_proxy import TcpProxy
 from xasink.coordinator import Coordinator
 from xasink.embedded import EmbeddedPostgres
@@ -48,23 +46,7 @@ VICTIMS = ("victim", "students")
 # --------------------------------------------------------------------------- fixtures
 
 
-@pytest.fixture(scope="module")
-def tally() -> Iterator[Tally]:
-    t = Tally("test_hostile")
-    yield t
-    t.save()
-
-
-@pytest.fixture(autouse=True)
-def no_secret_in_output(caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]) -> Iterator[None]:
-    """Every log record (xasink at DEBUG), and all output of the test, is free of the password."""
-    caplog.set_level(logging.DEBUG, logger="xasink")
-    yield
-    out, err = capfd.readouterr()
-    sys.stdout.write(out)
-    sys.stderr.write(err)
-    fmt = logging.Formatter("%(message)s")
-    assert_no_secret(out, err, *(fmt.format(r) for r in caplog.get_records("setup") + caplog.get_records("call")))
+tally = tally_fixture("test_hostile")
 
 
 @pytest.fixture
@@ -278,14 +260,7 @@ def test_hostile_foreign_gid_is_untouched_then_rolled_back_only_on_request(
         assert gid in prepared_gids(pg_url)
         url = pg_url.replace("postgres@", f"postgres:{SECRET}@")
         for args in (["status"], ["recover", "--older-than", "0s"], ["recover", "--rollback-foreign", gid]):
-            cli = subprocess.run(
-                [sys.executable, "-m", "xasink.cli", *args, "--url", url, "--json"],
-                capture_output=True,
-                text=True,
-                cwd=ROOT,
-                timeout=120,
-            )
-            assert_no_secret(cli.stdout, cli.stderr)
+            cli = run_cli(*args, "--url", url, "--json")
             assert cli.returncode == 0, cli.stdout + cli.stderr
             if args[-1] != gid:
                 assert gid in prepared_gids(pg_url)

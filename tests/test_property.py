@@ -19,21 +19,18 @@ Each row carries its branch's gid, so a row is traced to the branch that wrote i
 from __future__ import annotations
 
 import json
-import logging
-import sys
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import pyarrow as pa
-import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
-from tests.cluster import SECRET, Tally, assert_no_secret
+from tests.cluster import Tally, tally_fixture
 from tests.dbutil import connect, make_foreign_prepared, prepared_gids, rollback_prepared
+from tests.leaks import SECRET, no_secret_in_output  # noqa: F401 - autouse fixture
 from xasink.branch import write_partition
 from xasink.coordinator import Coordinator
 from xasink.errors import BatchAbortedError, CommitIncompleteError, ConcurrentWriterError
@@ -49,22 +46,7 @@ PARTITIONS = st.integers(0, 1)
 SCRATCH = "prop_foreign_scratch"
 
 
-@pytest.fixture(scope="module")
-def tally() -> Iterator[Tally]:
-    t = Tally("test_property")
-    yield t
-    t.save()
-
-
-@pytest.fixture(autouse=True)
-def no_secret_in_output(caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]) -> Iterator[None]:
-    caplog.set_level(logging.DEBUG, logger="xasink")
-    yield
-    out, err = capfd.readouterr()
-    sys.stdout.write(out)
-    sys.stderr.write(err)
-    fmt = logging.Formatter("%(message)s")
-    assert_no_secret(out, err, *(fmt.format(r) for r in caplog.get_records("setup") + caplog.get_records("call")))
+tally = tally_fixture("test_property")
 
 
 def sql(url: str, statement: str, *params: Any) -> list[tuple[Any, ...]]:

@@ -24,15 +24,22 @@ def _say(text: str) -> None:
 
 
 def _count(url: str) -> tuple[int, int, int]:
-    import psycopg2
+    """Rows and distinct order ids in the demo table, and prepared transactions left on the server."""
+    import sqlalchemy as sa
 
-    with psycopg2.connect(url) as conn, conn.cursor() as cur:
-        cur.execute(f"SELECT count(*), count(DISTINCT order_id) FROM {TABLE}")  # fixed demo name, no user input
-        total, distinct = cur.fetchone()
-        cur.execute("SELECT count(*) FROM pg_prepared_xacts")
-        (prepared,) = cur.fetchone()
-    conn.close()
-    return int(total), int(distinct), int(prepared)
+    from ..dialects import dialect_for
+    from ..options import parse_url
+
+    dialect = dialect_for(parse_url(url))
+    orders = sa.table(TABLE, sa.column("order_id"))
+    try:
+        with dialect.connect() as conn:
+            query = sa.select(sa.func.count(), sa.func.count(sa.distinct(orders.c.order_id))).select_from(orders)
+            total, distinct = conn.execute(query).one()
+            prepared = len(dialect.list_prepared(conn))
+    finally:
+        dialect.dispose()
+    return int(total), int(distinct), prepared
 
 
 def run_demo(rows: int = 100_000, partitions: int = 4) -> int:
