@@ -15,6 +15,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pymysql
 import pytest
@@ -407,6 +408,32 @@ def test_bad_rows_fail_the_branch_and_leave_nothing(
         write_parts(opts, plan, [[id_val(rows)]])
     assert "nothing of this batch is visible" in str(err.value)
     assert mariadb_rows(mariadb_url, table) == []
+    assert mariadb_prepared_gids(mariadb_url, [opts.sink_id]) == []
+
+
+F32_MAX = float(np.finfo(np.float32).max)
+FLOATS = [F32_MAX, -F32_MAX, float(np.finfo(np.float32).tiny), 1.401298464324817e-45, 0.10000000149011612, -1.5, None]
+
+
+@pytest.mark.parametrize("local_infile", [True, False], ids=["load-data", "insert"])
+def test_float32_extremes_round_trip_exactly(mariadb_url: str, table: str, local_infile: bool) -> None:
+    """Spark's FloatType at its limits (Float.MaxValue, the smallest subnormal) lands as the same float32.
+
+    LOAD DATA once sent a float32 as its shortest float32 text ("3.4028235e+38"), which MariaDB reads as
+    a double above FLT_MAX: out of range, the whole batch refused.
+    """
+    schema = pa.schema([("id", pa.int64()), ("f", pa.float32())])
+    batch = pa.RecordBatch.from_pydict({"id": range(len(FLOATS)), "f": FLOATS}, schema=schema)
+    opts = options(mariadb_url, table, localInfile=str(local_infile).lower())
+    plan = plan_for(opts, schema)
+    assert sql(
+        mariadb_url,
+        f"SELECT COLUMN_TYPE FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() "
+        f"AND TABLE_NAME = '{table}' AND COLUMN_NAME = 'f'",
+    ) == [("float",)]
+    commit(opts, 0, write_parts(opts, plan, [[batch]]))
+    got = sql(mariadb_url, f"SELECT id, CAST(f AS DOUBLE) FROM `{table}` ORDER BY id")  # FLOAT's text shows 6 digits
+    assert got == [(i, f) for i, f in enumerate(FLOATS)]
     assert mariadb_prepared_gids(mariadb_url, [opts.sink_id]) == []
 
 
