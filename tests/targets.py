@@ -10,7 +10,7 @@ What differs per dialect lives here: identifier quoting, DDL (storage engine, se
 prepared transactions are listed and named (``pg_prepared_xacts`` gids, ``XA RECOVER`` xids), lock
 timeouts, column types.  MariaDB's ``XA RECOVER`` lists the whole server, where other test sessions may
 be running: :meth:`Target.prepared` only reports branches of sinks registered in this session's
-database, and foreign names are made unique.
+database, and tests give their foreign transactions unique names.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ from xasink.xid import Xid
 
 POSTGRESQL = "postgresql"
 MARIADB = "mariadb"
-KINDS = (POSTGRESQL, MARIADB)
 IDS = {POSTGRESQL: "pg", MARIADB: "mariadb"}
 
 
@@ -58,8 +57,6 @@ class Target(ABC):
     # the password the tests pass explicitly (the ``password`` option), or None to pass none; an error
     # text must never show it
     password: str | None = None
-    # what the server calls the error of a statement that waited longer than the lock timeout
-    lock_timeout_error: type[BaseException] = Exception
 
     def __init__(self, url: str) -> None:
         self.url = url  # what users pass to xasink (``url`` option), user included
@@ -106,9 +103,8 @@ class Target(ABC):
 
     def keyed_table(self, table: str, primary_key: bool = True) -> None:
         """``(id int [PRIMARY KEY], name text)``: the shape of the tests' frames."""
-        self.create_table(table, f"id int{' PRIMARY KEY' if primary_key else ''}, name {self.text_type}")
+        self.create_table(table, f"id int{' PRIMARY KEY' if primary_key else ''}, name text")
 
-    text_type = "text"
     # a column that numbers inserted rows whether or not their transaction commits
     serial_column = ""
 
@@ -198,7 +194,6 @@ class PostgresTarget(Target):
     kind = POSTGRESQL
     # the embedded server trusts every local login: any password is accepted, and must never show in an error
     password = "pw-Kq7#s3cr3t-xyzzy"
-    lock_timeout_error = psycopg2.errors.LockNotAvailable
     serial_column = "seq bigserial"
 
     def q(self, name: str) -> str:
@@ -286,9 +281,7 @@ def mariadb_user_url(admin_url: str) -> str:
 class MariaDBTarget(Target):
     kind = MARIADB
     password = None  # root logs in without one; tests/test_mysql_dialect.py covers a wrong one
-    lock_timeout_error = pymysql.err.OperationalError  # 1205, checked by is_lock_timeout
     serial_column = "seq BIGINT AUTO_INCREMENT PRIMARY KEY"
-    text_type = "text"
 
     def __init__(self, admin_url: str) -> None:
         super().__init__(mariadb_user_url(admin_url))

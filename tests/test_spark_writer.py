@@ -181,7 +181,7 @@ def test_rerun_of_committed_batch_writes_nothing(spark: SparkSession, db: Target
 def test_failing_udf_in_one_partition_leaves_nothing(spark: SparkSession, db: Target, path: str) -> None:
     # a serial column proves rows of the other partitions were really loaded (sequences ignore rollback)
     table = db.new_table()
-    db.create_table(table, f"{db.serial_column}, id int, name {db.text_type}")
+    db.create_table(table, f"{db.serial_column}, id int, name text")
 
     def poisoned(value: int) -> int:  # nested: cloudpickle ships it by value to the Python workers
         if value == 119:  # the last row: in the last partition, which runs after others have prepared
