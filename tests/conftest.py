@@ -1,4 +1,4 @@
-"""Shared fixtures: a private PostgreSQL for the session, a local Spark session, leak checks.
+"""Shared fixtures: private PostgreSQL, MariaDB, the ``db`` target of both, a local Spark session, leak checks.
 
 Set ``XASINK_TEST_PG_URL`` to run against an existing server (it needs
 ``max_prepared_transactions`` > 0) instead of starting one.  Tests marked
@@ -27,6 +27,7 @@ from tests.dbutil import (
     prepared_gids,
     rollback_prepared,
 )
+from tests.targets import IDS, MARIADB, POSTGRESQL, Target, make_target
 from xasink.embedded import EmbeddedPostgres
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -92,10 +93,16 @@ def fresh_table_name() -> str:
 
 @pytest.fixture(autouse=True)
 def no_prepared_left(request: pytest.FixtureRequest) -> Iterator[None]:
-    """After a test that used pg_url: no xasink branch may be left prepared (invariant 5).
+    """After a test that used pg_url, mariadb_url or db: no xasink branch may be left prepared (invariant 5).
 
     Leftovers are rolled back so later tests start clean, then this test errors with their gids.
     """
+    # a module may define a ``db`` of its own (test_recover_cli.py, which checks its leaks itself): not ours
+    if "db" in request.fixturenames and not hasattr(request.module, "db"):
+        target = request.getfixturevalue("db")  # set up before this check runs, so torn down after it
+        assert isinstance(target, Target), target
+        yield from _no_target_left(target)
+        return
     if "mariadb_url" in request.fixturenames:
         yield from _no_xa_left(request.getfixturevalue("mariadb_url"))
         return
@@ -160,6 +167,53 @@ def _no_xa_left(url: str) -> Iterator[None]:
         except pymysql.err.MySQLError:  # finished concurrently
             pass
     pytest.fail(f"{len(left)} xasink XA branch(es) left prepared (rolled back now): {left}", pytrace=False)
+
+
+def _no_target_left(target: Target) -> Iterator[None]:
+    yield
+    left = target.prepared()
+    if not left:
+        return
+    for gid in left:
+        try:
+            target.rollback_ours(gid)
+        except (psycopg2.Error, pymysql.err.MySQLError):  # finished concurrently
+            pass
+    pytest.fail(f"{len(left)} xasink branch(es) left prepared on {target.id} (rolled back now): {left}", pytrace=False)
+
+
+# --------------------------------------------------------------------------- one test, both databases
+
+
+@pytest.fixture(
+    params=[
+        pytest.param(POSTGRESQL, id=IDS[POSTGRESQL]),
+        pytest.param(MARIADB, id=IDS[MARIADB], marks=pytest.mark.mariadb),
+    ]
+)
+def db(request: pytest.FixtureRequest) -> Iterator[Target]:
+    """The database a dialect-neutral test runs against: PostgreSQL (``pg``) and MariaDB (``mariadb``).
+
+    See tests/targets.py.  The tables the test made through it are dropped afterwards; the autouse
+    ``no_prepared_left`` checks that nothing of xasink is left prepared on it.
+    """
+    kind: str = request.param
+    url = request.getfixturevalue("pg_url" if kind == POSTGRESQL else "mariadb_url")
+    target = make_target(kind, url)
+    try:
+        yield target
+    finally:
+        target.cleanup()
+
+
+@pytest.fixture
+def pg(pg_url: str) -> Iterator[Target]:
+    """The PostgreSQL target alone, for PostgreSQL-only tests; its tables are dropped afterwards."""
+    target = make_target(POSTGRESQL, pg_url)
+    try:
+        yield target
+    finally:
+        target.cleanup()
 
 
 # --------------------------------------------------------------------------- Spark

@@ -1,12 +1,16 @@
 """One batch ``xasink.write`` in a fresh local Spark driver, for tests/test_crash.py to kill at a fault point.
 
-    python tests/crash_driver.py URL TABLE SINK_ID BATCH_ID ROWS PARTITIONS
+    python tests/crash_driver.py URL TABLE SINK_ID BATCH_ID ROWS PARTITIONS [--direct]
 
 Writes ids 0..ROWS-1 (int ``id``, text ``name`` = 'n<id>') in PARTITIONS contiguous partitions, the same
 rows as ``tests.test_crash.frame``.  The fault comes from the environment (``XASINK_FAULT``, set by the
 test).  Before the SparkSession exists the script puts its process group in ``XASINK_FAULT_PGID``, so a
 fault point reached in the data source's driver-side Python worker takes the whole driver down at once
 (this Python, the JVM, the worker), like a crashed machine.  On success it prints the WriteResult as JSON.
+
+``--direct``: the same batch without Spark, in this one process: each partition written by
+``write_partition`` as a task would, then ``Coordinator.commit`` as the driver does.  A driver killed this
+way leaves exactly what a killed Spark driver leaves, without a JVM to start (seconds, not tens of them).
 """
 
 from __future__ import annotations
@@ -21,11 +25,49 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 
+def direct(url: str, table: str, sink_id: str, batch_id: int, n: int, partitions: int) -> int:
+    """The write without Spark: the executor side partition by partition, then the driver side."""
+    import pyarrow as pa
+
+    from xasink.branch import write_partition
+    from xasink.coordinator import Coordinator
+    from xasink.options import parse_options
+    from xasink.schema import plan_target
+    from xasink.xid import new_run_nonce
+
+    schema = pa.schema([pa.field("id", pa.int32(), nullable=False), ("name", pa.string())])
+    opts = parse_options({"url": url, "dbtable": table, "sinkId": sink_id, "batchId": batch_id})
+    coordinator = Coordinator(opts)
+    try:
+        coordinator.preflight(partitions)
+        with coordinator.dialect.connect() as conn:
+            plan = plan_target(coordinator.dialect, conn, opts, schema)
+            conn.commit()
+        per, run = n // partitions, new_run_nonce()
+        outcomes = []
+        for p in range(partitions):
+            ids = list(range(p * per, n if p == partitions - 1 else (p + 1) * per))
+            batch = pa.RecordBatch.from_pydict({"id": ids, "name": [f"n{i}" for i in ids]}, schema=schema)
+            outcomes.append(
+                write_partition(opts, plan, batch_id=batch_id, partition=p, task_attempt_id=p, run=run, batches=[batch])
+            )
+        result = coordinator.commit(batch_id, outcomes)
+    finally:
+        coordinator.close()
+    print(json.dumps({"rows": result.rows, "branches": result.branches, "skipped": result.skipped}), flush=True)
+    return 0
+
+
 def main(argv: list[str]) -> int:
+    spark_free = "--direct" in argv
+    argv = [a for a in argv if a != "--direct"]
     if len(argv) != 6:
         print(__doc__, file=sys.stderr)
         return 2
     url, table, sink_id, batch_id, n, partitions = argv[0], argv[1], argv[2], int(argv[3]), int(argv[4]), int(argv[5])
+    if spark_free:
+        logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        return direct(url, table, sink_id, batch_id, n, partitions)
 
     os.environ["XASINK_FAULT_PGID"] = str(os.getpgid(0))  # before the JVM and its Python workers start
     os.environ["PYSPARK_PYTHON"] = sys.executable

@@ -1,7 +1,8 @@
 """A Structured Streaming job the crash tests run as a subprocess and kill.
 
-It reads a replayable file source (JSON files, one per micro-batch), and writes the rows into
-PostgreSQL with one of three writers:
+It reads a replayable file source (JSON files, one per micro-batch), and writes the rows into the
+database of ``--url`` (PostgreSQL or MariaDB/MySQL; the plain baseline PostgreSQL only) with one of
+three writers:
 
 * ``source``: ``writeStream.format("xasink")`` (the streaming Arrow writer);
 * ``foreach``: ``foreachBatch(xasink.foreach_batch(...))``;
@@ -68,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sink-id", required=True)
     parser.add_argument("--partitions", type=int, default=3)
     args = parser.parse_args(argv)
+    if args.mode == "plain" and "postgres" not in args.url.split("://", 1)[0]:
+        parser.error("--mode=plain writes with psycopg2: it needs a PostgreSQL --url")
 
     os.environ["XASINK_FAULT_PGID"] = str(os.getpgid(0))  # before the JVM and its Python workers start
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)

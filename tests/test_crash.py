@@ -5,29 +5,32 @@ tests/crash_driver.py runs ``xasink.write`` in its own Spark driver; a fault poi
 commit, like a crashed machine.  The test first checks the kill landed where it was meant to (what is
 prepared, decided, visible), then reruns the write with the same (sinkId, batchId) in this process's
 Spark session: every id must be there exactly once, nothing of the sink left prepared, and a foreign
-prepared transaction untouched throughout.
+prepared transaction untouched throughout.  Each test runs on PostgreSQL and on MariaDB (``db``).
+
+The branches a killed driver leaves prepared hold their row locks: another writer of the same keys
+waits until recovery finishes them (test_branches_of_a_killed_driver_block_a_writer_until_recovery).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import psycopg2
-import psycopg2.errors
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
 import xasink
-from tests.dbutil import connect, make_foreign_prepared, prepared_gids, rollback_prepared, rows
+from tests.targets import Target, is_lock_timeout
+from xasink import admin
 from xasink.xid import Xid
 
 pytestmark = pytest.mark.crash
@@ -78,12 +81,16 @@ def _reap(tag: str, grace_s: float = 60.0) -> list[int]:
     return left
 
 
-def run_driver(url: str, table: str, sink: str, point: str, log: Path) -> int:
-    """Run crash_driver.py with the fault; return its exit status once it and all its children are gone."""
+def run_driver(url: str, table: str, sink: str, point: str, log: Path, direct: bool = False) -> int:
+    """Run crash_driver.py with the fault; return its exit status once it and all its children are gone.
+
+    ``direct``: the driver without Spark (crash_driver.py --direct).
+    """
     tag = uuid.uuid4().hex
     env = {**os.environ, "XASINK_FAULT": f"{point}:kill", TAG_ENV: tag, "PYSPARK_PYTHON": sys.executable}
     env.pop("XASINK_FAULT_PGID", None)
     cmd = [sys.executable, str(DRIVER), url, table, sink, str(BATCH), str(N), str(PARTITIONS)]
+    cmd += ["--direct"] if direct else []
     with log.open("wb") as out:
         proc = subprocess.Popen(
             cmd,
@@ -111,50 +118,34 @@ def tail(log: Path, lines: int = 40) -> str:
     return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
 
 
-def journal_state(url: str, sink: str) -> tuple[str, list[Xid]] | None:
-    with connect(url) as conn, conn.cursor() as cur:
-        cur.execute("SELECT state, xids FROM xasink_batches WHERE sink_id = %s AND batch_id = %s", (sink, BATCH))
-        found = cur.fetchone()
+def journal_state(db: Target, sink: str) -> tuple[str, list[Xid]] | None:
+    found = db.decision(sink, BATCH)
     if found is None:
         return None
-    return found[0], [x for x in (Xid.parse(g) for g in json.loads(found[1])) if x is not None]
+    return found.state, [x for x in (Xid.parse(g) for g in found.xids) if x is not None]
 
 
-def prepared_of(url: str, sink: str) -> list[Xid]:
-    return [x for x in (Xid.parse(g) for g in prepared_gids(url)) if x is not None and x.sink_id == sink]
+def prepared_of(db: Target, sink: str) -> list[Xid]:
+    return [x for x in (Xid.parse(g) for g in db.prepared(sink)) if x is not None]
 
 
 @pytest.fixture
-def crash_setup(pg_url: str, fresh_table_name: str) -> Iterator[tuple[str, str, str]]:
+def crash_setup(db: Target) -> Iterator[tuple[str, str, str]]:
     """Table name, sink id and a foreign prepared transaction that must outlive the crash and the recovery."""
-    foreign = f"foreign-etl-{uuid.uuid4().hex[:6]}"
-    scratch = f"{fresh_table_name}_scratch"
-    make_foreign_prepared(pg_url, foreign, table=scratch)
+    table = db.new_table()
+    scratch = f"{table}_scratch"
+    foreign = db.make_foreign_prepared(f"foreign-etl-{uuid.uuid4().hex[:6]}", scratch)
     sink = f"crash-{uuid.uuid4().hex[:8]}"
-    try:
-        yield fresh_table_name, sink, foreign
-    finally:
-        if foreign in prepared_gids(pg_url):
-            rollback_prepared(pg_url, foreign)
-        assert rows(pg_url, scratch) == []  # it was never committed either
-        drop_tables(pg_url, fresh_table_name, scratch)
+    yield table, sink, foreign
+    db.clear_foreign(foreign)
+    assert db.rows(scratch) == []  # it was never committed either
 
 
-def drop_tables(url: str, *tables: str) -> None:
-    """Drop, unless a branch a failed test left prepared holds a lock (no_prepared_left reports and clears it)."""
-    with connect(url) as conn, conn.cursor() as cur:
-        cur.execute("SET lock_timeout = '2s'")
-        try:
-            cur.execute(f"DROP TABLE IF EXISTS {', '.join(tables)}")
-        except psycopg2.errors.LockNotAvailable:
-            pass
-
-
-def check_killed_state(url: str, table: str, sink: str, point: str) -> None:
+def check_killed_state(db: Target, table: str, sink: str, point: str) -> None:
     """What a kill at ``point`` leaves: proof it landed where it was meant to."""
-    decision = journal_state(url, sink)
-    prepared = prepared_of(url, sink)
-    visible = rows(url, table)
+    decision = journal_state(db, sink)
+    prepared = prepared_of(db, sink)
+    visible = db.rows(table)
     if point == "driver.before_decide":
         assert decision is None
         assert sorted(x.partition for x in prepared) == list(range(PARTITIONS))
@@ -189,22 +180,80 @@ def check_killed_state(url: str, table: str, sink: str, point: str) -> None:
     ],
 )
 def test_driver_killed_then_rerun_writes_each_row_once(
-    spark: SparkSession, pg_url: str, crash_setup: tuple[str, str, str], tmp_path: Path, point: str
+    spark: SparkSession, db: Target, crash_setup: tuple[str, str, str], tmp_path: Path, point: str
 ) -> None:
     table, sink, foreign = crash_setup
     log = tmp_path / "driver.log"
-    returncode = run_driver(pg_url, table, sink, point, log)
+    returncode = run_driver(db.url, table, sink, point, log)
     assert returncode == -signal.SIGKILL, f"driver exited {returncode}, not killed at {point}:\n{tail(log)}"
-    check_killed_state(pg_url, table, sink, point)
-    assert foreign in prepared_gids(pg_url)
+    check_killed_state(db, table, sink, point)
+    assert foreign in db.listed()
 
-    result = xasink.write(frame(spark), pg_url, table, sink_id=sink, batch_id=BATCH)
+    result = xasink.write(frame(spark), db.url, table, sink_id=sink, batch_id=BATCH)
 
     # a decided batch is finished by recovery and not written again; an undecided one is written afresh
     assert result.skipped is (point != "driver.before_decide")
     assert (result.rows, result.branches) == (N, PARTITIONS)
-    assert rows(pg_url, table) == expected(range(N))
-    assert prepared_of(pg_url, sink) == []
-    decision = journal_state(pg_url, sink)
+    assert db.rows(table) == expected(range(N))
+    assert prepared_of(db, sink) == []
+    decision = journal_state(db, sink)
     assert decision is not None and decision[0] == "committed"
-    assert foreign in prepared_gids(pg_url)
+    assert foreign in db.listed()
+
+
+def insert_waiting(db: Target, table: str, row: tuple[int, str], timeout_s: int, done: threading.Event) -> Any:
+    """INSERT row in a transaction of its own, waiting at most timeout_s for row locks; keep it open until done.
+
+    Returns the exception the INSERT raised, or None once it went through (then rolled back, so the table
+    is unchanged by it).  Runs in a thread: the test watches it wait.
+    """
+    with db.connect() as conn, conn.cursor() as cur:
+        db.set_lock_timeout(cur, timeout_s)
+        cur.execute("BEGIN")
+        try:
+            cur.execute(f"INSERT INTO {db.q(table)} (id, name) VALUES (%s, %s)", row)
+        except Exception as exc:  # noqa: BLE001 - handed to the test
+            return exc
+        finally:
+            done.set()
+        cur.execute("ROLLBACK")
+    return None
+
+
+def test_branches_of_a_killed_driver_block_a_writer_until_recovery(db: Target, tmp_path: Path) -> None:
+    """Prepared branches outlive their driver with their row locks: a writer of the same keys waits.
+
+    The driver (no Spark: crash_driver.py --direct) is killed before it decides; its branches stay
+    prepared.  A writer inserting one of their keys gives up after its lock timeout; another one, still
+    waiting, goes through at once when ``xasink recover`` rolls the undecided branches back.
+    """
+    table, sink = db.new_table(), f"crash-{uuid.uuid4().hex[:8]}"
+    db.keyed_table(table)
+    log = tmp_path / "driver.log"
+    returncode = run_driver(db.url, table, sink, "driver.before_decide", log, direct=True)
+    assert returncode == -signal.SIGKILL, f"driver exited {returncode}, not killed before deciding:\n{tail(log)}"
+    assert sorted(x.partition for x in prepared_of(db, sink)) == list(range(PARTITIONS))
+    assert journal_state(db, sink) is None and db.rows(table) == []
+
+    # blocked: the key is held by a prepared branch, and the lock timeout ends the wait with an error
+    done = threading.Event()
+    t0 = time.monotonic()
+    error = insert_waiting(db, table, (PER + 1, "other"), 1, done)
+    assert error is not None and is_lock_timeout(db, error), repr(error)
+    assert time.monotonic() - t0 >= 0.9, "the writer did not wait for the lock"
+    # a key no branch holds is not blocked
+    assert insert_waiting(db, table, (N + 1, "other"), 1, threading.Event()) is None
+
+    # a writer waiting on the same key, released by recovery (not by its timeout)
+    done = threading.Event()
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(insert_waiting, db, table, (PER + 1, "other"), 120, done)
+        assert not done.wait(3), f"the second writer was not blocked: {waiting.result()!r}"
+        report = admin.recover(db.url, older_than_s=0)
+        assert not report.errors, report.errors
+        assert done.wait(30), "the writer still waits after recovery rolled the branches back"
+        assert waiting.result() is None
+    mine = [e for e in report.entries if e.sink_id == sink]
+    assert len(mine) == PARTITIONS and {(e.decision, e.outcome) for e in mine} == {("undecided", "done")}, mine
+    assert prepared_of(db, sink) == []
+    assert db.rows(table) == []  # the branches were rolled back; the waiting writer rolled its own row back

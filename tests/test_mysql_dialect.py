@@ -1,8 +1,16 @@
-"""The MySQL/MariaDB dialect against the machine's MariaDB: the protocol, exact round trips, errors, DDL.
+"""The MySQL/MariaDB dialect against the machine's MariaDB: what only this dialect has.
 
-Most tests drive the executor and driver pieces directly (branch.write_partition, Coordinator), as a
-Spark job would, without Spark; two tests go through ``df.write.format("xasink")``.  Every test checks
-exact row sets, and the autouse leak check fails a test that leaves a branch of its sinks prepared.
+Both load paths (LOAD DATA LOCAL and multi-row INSERT) and the TSV escaping, exact round trips of values
+PostgreSQL cannot hold (NUL in text), MariaDB's error codes and their classification, XA RECOVER parsing
+and naming, detached sessions, storage engines, reflected types and DDL.  The tests drive the executor
+and driver pieces directly (branch.write_partition, Coordinator), as a Spark job would, without Spark.
+Every test checks exact row sets, and the autouse leak check fails a test that leaves a branch of its
+sinks prepared.
+
+The Spark-level behaviour common to both dialects (atomicity, task retries, driver crashes, idempotent
+reruns, foreign transactions, type round trips, lock waits on a killed driver's branches, streaming
+crashes) runs on MariaDB through the ``db`` fixture: tests/test_spark_writer.py, test_crash.py,
+test_types.py and test_stream_crash.py.
 """
 
 from __future__ import annotations
@@ -11,10 +19,11 @@ import datetime as dt
 import decimal
 import re
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pymysql
 import pytest
@@ -214,14 +223,14 @@ def test_recovery_finishes_decided_and_rolls_back_undecided(
     assert not recover(opts)  # idempotent
 
 
-def test_foreign_prepared_transaction_is_never_touched(mariadb_url: str, table: str) -> None:
+def test_foreign_xid_with_binary_parts_is_listed_by_a_name_that_parses_back(mariadb_url: str, table: str) -> None:
+    """An XA xid is bytes: a foreign one that is not text is listed as foreign (hex), and recovery leaves it alone."""
     gtrid = f"foreign-x-{uuid.uuid4().hex[:6]}".encode()
     foreign = mariadb_make_foreign_prepared(mariadb_url, gtrid, b"\x00\xff", format_id=1)
     try:
         keyed_table(mariadb_url, table)
         opts = options(mariadb_url, table)
         plan = plan_for(opts, ID_VAL)
-        commit(opts, 0, write_parts(opts, plan, [[id_val([(1, "a")])]]))
         abandoned = write_parts(opts, plan, [[id_val([(2, "b")])]], batch_id=1)
         report = recover(opts)
         assert report.rolled_back == [abandoned[0].xid]
@@ -232,33 +241,10 @@ def test_foreign_prepared_transaction_is_never_touched(mariadb_url: str, table: 
         dialect.dispose()
         assert listed[foreign_gid(*foreign)] is None  # listed as foreign, by a name that parses back
         assert parse_foreign_gid(foreign_gid(*foreign)) == foreign
-        assert mariadb_rows(mariadb_url, table) == [(1, "a")]
+        assert mariadb_rows(mariadb_url, table) == []
     finally:
         mariadb_rollback_xa(mariadb_url, *foreign)
     assert foreign not in mariadb_recover(mariadb_url)
-
-
-def test_prepared_branch_of_a_killed_writer_blocks_until_recovery(
-    mariadb_url: str, table: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A task dies after PREPARE: its branch keeps the key locked (another writer times out) until recovery."""
-    keyed_table(mariadb_url, table)
-    opts = options(mariadb_url, table)
-    plan = plan_for(opts, ID_VAL)
-    monkeypatch.setenv("XASINK_FAULT", "task.after_prepare:raise")
-    with pytest.raises(InjectedFault):
-        write_parts(opts, plan, [[id_val([(1, "mine")])]])
-    monkeypatch.delenv("XASINK_FAULT")
-    [gid] = mariadb_prepared_gids(mariadb_url, [opts.sink_id])
-    with mariadb_connect(mariadb_url) as other, other.cursor() as cur:
-        cur.execute("SET SESSION innodb_lock_wait_timeout = 2")
-        with pytest.raises(pymysql.err.OperationalError) as blocked:
-            cur.execute(f"INSERT INTO `{table}` VALUES (1, 'other')")
-        assert blocked.value.args[0] == 1205  # lock wait timeout: the prepared branch holds the key
-        report = recover(opts)
-        assert [x.gid for x in report.rolled_back] == [gid]
-        cur.execute(f"INSERT INTO `{table}` VALUES (1, 'other')")  # released: the insert goes through now
-    assert mariadb_rows(mariadb_url, table) == [(1, "other")]
 
 
 def test_a_branch_still_attached_to_its_writer_is_busy_not_unknown(mariadb_url: str) -> None:
@@ -349,6 +335,10 @@ def _expected_decimal(d: decimal.Decimal | None) -> decimal.Decimal | None:
 
 @pytest.mark.parametrize("local_infile", [True, False], ids=["load-data", "insert"])
 def test_values_round_trip_exactly(mariadb_url: str, table: str, local_infile: bool) -> None:
+    """Values that stress the TSV escaping (NUL, backslash sequences, the text "\\N") through both load paths.
+
+    tests/test_types.py checks every Spark type on both dialects through Spark; this is the escaping.
+    """
     batch = round_trip_batch()
     opts = options(mariadb_url, table, localInfile=str(local_infile).lower(), batchsize="5")  # several statements
     plan = plan_for(opts, batch.schema)  # the table is created from the batch's schema
@@ -407,6 +397,32 @@ def test_bad_rows_fail_the_branch_and_leave_nothing(
         write_parts(opts, plan, [[id_val(rows)]])
     assert "nothing of this batch is visible" in str(err.value)
     assert mariadb_rows(mariadb_url, table) == []
+    assert mariadb_prepared_gids(mariadb_url, [opts.sink_id]) == []
+
+
+F32_MAX = float(np.finfo(np.float32).max)
+FLOATS = [F32_MAX, -F32_MAX, float(np.finfo(np.float32).tiny), 1.401298464324817e-45, 0.10000000149011612, -1.5, None]
+
+
+@pytest.mark.parametrize("local_infile", [True, False], ids=["load-data", "insert"])
+def test_float32_extremes_round_trip_exactly(mariadb_url: str, table: str, local_infile: bool) -> None:
+    """Spark's FloatType at its limits (Float.MaxValue, the smallest subnormal) lands as the same float32.
+
+    LOAD DATA once sent a float32 as its shortest float32 text ("3.4028235e+38"), which MariaDB reads as
+    a double above FLT_MAX: out of range, the whole batch refused.
+    """
+    schema = pa.schema([("id", pa.int64()), ("f", pa.float32())])
+    batch = pa.RecordBatch.from_pydict({"id": range(len(FLOATS)), "f": FLOATS}, schema=schema)
+    opts = options(mariadb_url, table, localInfile=str(local_infile).lower())
+    plan = plan_for(opts, schema)
+    assert sql(
+        mariadb_url,
+        f"SELECT COLUMN_TYPE FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() "
+        f"AND TABLE_NAME = '{table}' AND COLUMN_NAME = 'f'",
+    ) == [("float",)]
+    commit(opts, 0, write_parts(opts, plan, [[batch]]))
+    got = sql(mariadb_url, f"SELECT id, CAST(f AS DOUBLE) FROM `{table}` ORDER BY id")  # FLOAT's text shows 6 digits
+    assert got == [(i, f) for i, f in enumerate(FLOATS)]
     assert mariadb_prepared_gids(mariadb_url, [opts.sink_id]) == []
 
 
@@ -582,63 +598,3 @@ def test_sql_file_runs_on_mariadb(mariadb_url: str) -> None:
             assert cur.fetchall() == want
         finally:
             cur.execute(f"DROP DATABASE `{scratch}`")
-
-
-# --------------------------------------------------------------------------- Spark
-
-
-@pytest.fixture
-def mariadb_spark_url(mariadb_url: str) -> Iterator[str]:
-    yield jdbc(mariadb_url)
-
-
-def test_spark_batch_write_exactly_once(spark: Any, mariadb_url: str, mariadb_spark_url: str, table: str) -> None:
-    from pyspark.sql import functions as F  # noqa: N812 - Spark's usual alias
-
-    df = spark.range(0, 300, numPartitions=3).select(
-        F.col("id"),
-        F.concat(F.lit("v\t"), F.col("id").cast("string")).alias("val"),
-        F.lit(None).cast("binary").alias("b"),
-    )
-    sink = _sink()
-
-    def save() -> None:
-        (
-            df.write.format("xasink")
-            .option("url", mariadb_spark_url)
-            .option("user", "root")
-            .option("password", "")
-            .option("dbtable", table)
-            .option("sinkId", sink)
-            .option("batchId", 5)
-            .mode("append")
-            .save()
-        )
-
-    save()
-    save()  # a rerun of the same batch writes nothing
-    got = mariadb_rows(mariadb_url, table, order_by="id")
-    assert got == [(i, f"v\t{i}", None) for i in range(300)]
-    assert sql(mariadb_url, "SELECT state, `rows`, branches FROM xasink_batches WHERE sink_id = %s", sink) == [
-        ("committed", 300, 3)
-    ]
-    assert mariadb_prepared_gids(mariadb_url, [sink]) == []
-
-
-def test_spark_failed_task_leaves_nothing(spark: Any, mariadb_url: str, mariadb_spark_url: str, table: str) -> None:
-    keyed_table(mariadb_url, table)
-    sql(mariadb_url, f"INSERT INTO `{table}` VALUES (250, 'existing')")  # partition 2 collides: every attempt fails
-    df = spark.range(0, 300, numPartitions=3).selectExpr("id", "cast(id as string) as val")
-    sink = _sink()
-    with pytest.raises(Exception, match="duplicate key"):
-        (
-            df.write.format("xasink")
-            .option("url", mariadb_spark_url)
-            .option("user", "root")
-            .option("dbtable", table)
-            .option("sinkId", sink)
-            .mode("append")
-            .save()
-        )
-    assert mariadb_rows(mariadb_url, table) == [(250, "existing")]
-    assert mariadb_prepared_gids(mariadb_url, [sink]) == []

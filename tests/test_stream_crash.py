@@ -1,7 +1,7 @@
 """Crash tests for Structured Streaming: SIGKILL the streaming job at every point of the protocol.
 
 ``tests/stream_driver.py`` runs as a subprocess in its own process group: a file source (one JSON file of
-:data:`ROWS_PER_FILE` disjoint ids per micro-batch) written into PostgreSQL, checkpoint on disk,
+:data:`ROWS_PER_FILE` disjoint ids per micro-batch) written into the database, checkpoint on disk,
 ``trigger(availableNow=True)``.  A chain of runs kills it once per named fault point (each at its own
 batch, so every kill meets a fresh batch) and at random moments, then restarts it with the same
 checkpoint until all input is consumed, alternating the partition count so that every replay
@@ -12,9 +12,11 @@ the sink left prepared, and the decision log must agree with the table.
 The same chain run with the usual hand-made ``foreachBatch`` (psycopg2, one commit per partition)
 duplicates rows: the test proves the difference, not just our side.
 
-CI runs every named point once and two random kills.  ``--soak`` / ``XASINK_SOAK=1`` runs
-``XASINK_SOAK_RUNS`` (default 5) whole chains per writer with random kills and writes the totals to
-``benchmarks/results/soak.json``.
+The xasink writers' chains run on PostgreSQL and on MariaDB (``db``).  CI runs every named point once
+on both, and two random kills on PostgreSQL (MariaDB's chain is kept to the named points: each run is a
+fresh JVM, and the random kills test Spark's side, which is the same for both).  The baseline and the
+soak are PostgreSQL-only.  ``--soak`` / ``XASINK_SOAK=1`` runs ``XASINK_SOAK_RUNS`` (default 5) whole
+chains per writer with random kills and writes the totals to ``benchmarks/results/soak.json``.
 """
 
 from __future__ import annotations
@@ -34,9 +36,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from psycopg2 import sql
 
-from tests.dbutil import connect, prepared_gids
+from tests.targets import MARIADB, Target
 
 pytestmark = [pytest.mark.crash, pytest.mark.spark]
 
@@ -96,8 +97,8 @@ class StreamJob:
     """One streaming query (table, sink id, input files, checkpoint) and the runs of its driver."""
 
     root: Path
-    url: str
-    mode: str  # source | foreach | plain
+    db: Target
+    mode: str  # source | foreach | plain (PostgreSQL only)
     files: int
     sink_id: str = field(default_factory=lambda: f"st-{uuid.uuid4().hex[:8]}")
     table: str = field(default_factory=lambda: f"st_{uuid.uuid4().hex[:8]}")
@@ -109,13 +110,16 @@ class StreamJob:
         self.logs = self.root / "logs"
         for d in (self.input, self.logs):
             d.mkdir(parents=True, exist_ok=True)
-        with connect(self.url) as conn, conn.cursor() as cur:
-            cur.execute(sql.SQL("CREATE TABLE {} (id bigint)").format(sql.Identifier(self.table)))
+        self.db.create_table(self.table, "id bigint")
         base = time.time() - 10 * self.files
         for i in range(self.files):  # file i is micro-batch i: disjoint ids, ordered modification times
             path = self.input / f"part-{i:04d}.json"
             path.write_text("".join(f'{{"id": {n}}}\n' for n in range(i * ROWS_PER_FILE, (i + 1) * ROWS_PER_FILE)))
             os.utime(path, (base + i, base + i))
+
+    @property
+    def url(self) -> str:
+        return self.db.url
 
     # -- running the driver ----------------------------------------------------------------
     def run(self, fault: str | None = None, kill_after: float | None = None, partitions: int = 3) -> RunResult:
@@ -192,31 +196,13 @@ class StreamJob:
 
     # -- what the database holds ------------------------------------------------------------------
     def prepared(self, batch: int | None = None) -> list[str]:
-        prefix = f"xasink:{self.sink_id}:" + (f"{batch}/" if batch is not None else "")
-        return prepared_gids(self.url, prefix=prefix)
+        return self.db.prepared(self.sink_id, batch)
 
     def decisions(self) -> dict[int, dict[str, Any]]:
-        with connect(self.url) as conn, conn.cursor() as cur:
-            cur.execute("SELECT to_regclass('xasink_batches') IS NOT NULL")
-            if not cur.fetchone()[0]:
-                return {}
-            cur.execute(
-                "SELECT batch_id, state, xids, rows, branches, prepare_ms, commit_ms FROM xasink_batches "
-                "WHERE sink_id = %s",
-                (self.sink_id,),
-            )
-            names = ("batch_id", "state", "xids", "rows", "branches", "prepare_ms", "commit_ms")
-            out = {}
-            for row in cur.fetchall():
-                rec = dict(zip(names, row, strict=True))
-                rec["xids"] = json.loads(rec["xids"])
-                out[int(rec["batch_id"])] = rec
-            return out
+        return {b: asdict(d) for b, d in self.db.decisions(self.sink_id).items()}
 
     def ids(self) -> list[int]:
-        with connect(self.url) as conn, conn.cursor() as cur:
-            cur.execute(sql.SQL("SELECT id FROM {}").format(sql.Identifier(self.table)))
-            return [int(r[0]) for r in cur.fetchall()]
+        return [int(r[0]) for r in self.db.execute(f"SELECT id FROM {self.db.q(self.table)}")]
 
     def totals(self) -> Totals:
         expected = set(range(self.files * ROWS_PER_FILE))
@@ -232,8 +218,7 @@ class StreamJob:
         )
 
     def drop(self) -> None:
-        with connect(self.url) as conn, conn.cursor() as cur:
-            cur.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(self.table)))
+        self.db.drop_table(self.table)
 
 
 def _tagged_pids(tag: str) -> list[int]:
@@ -341,12 +326,15 @@ def rng(seed: int) -> random.Random:
 
 
 @pytest.mark.timeout(3600)
-def test_stream_source_survives_a_kill_at_every_point(tmp_path: Path, pg_url: str, rng: random.Random) -> None:
-    """writeStream.format("xasink"): a kill at each named point and two random kills, every id once."""
+def test_stream_source_survives_a_kill_at_every_point(tmp_path: Path, db: Target, rng: random.Random) -> None:
+    """writeStream.format("xasink"): a kill at each named point and (PostgreSQL) two random kills, every id once."""
     steps: list[tuple[str, Any]] = [(point, batch) for batch, point in enumerate(NAMED_POINTS)]
-    # a random kill lands within a second of a batch's start, with enough input left that it always lands
-    steps += [("random", rng.uniform(0.0, 1.0)) for _ in range(2)]
-    job = StreamJob(tmp_path, pg_url, "source", files=len(NAMED_POINTS) + 6)
+    if db.kind == MARIADB:  # the named points only, and one more file for the run that finishes
+        files = len(NAMED_POINTS) + 1
+    else:  # a random kill lands within a second of a batch's start, with enough input left that it always lands
+        steps += [("random", rng.uniform(0.0, 1.0)) for _ in range(2)]
+        files = len(NAMED_POINTS) + 6
+    job = StreamJob(tmp_path, db, "source", files=files)
     try:
         run_chain(job, steps)
         check_exactly_once(job)
@@ -370,9 +358,9 @@ def test_stream_source_survives_a_kill_at_every_point(tmp_path: Path, pg_url: st
 
 
 @pytest.mark.timeout(3600)
-def test_foreach_batch_survives_kills(tmp_path: Path, pg_url: str) -> None:
+def test_foreach_batch_survives_kills(tmp_path: Path, db: Target) -> None:
     """foreachBatch(xasink.foreach_batch(...)): decided-but-unfinished and committed-but-unlogged batches."""
-    job = StreamJob(tmp_path, pg_url, "foreach", files=3)
+    job = StreamJob(tmp_path, db, "foreach", files=3)
     try:
         run_chain(job, [("driver.after_first_commit", 0), ("driver.after_mark", 1)])
         check_exactly_once(job)
@@ -381,9 +369,9 @@ def test_foreach_batch_survives_kills(tmp_path: Path, pg_url: str) -> None:
 
 
 @pytest.mark.timeout(3600)
-def test_plain_foreach_batch_duplicates_after_the_same_kills(tmp_path: Path, pg_url: str) -> None:
+def test_plain_foreach_batch_duplicates_after_the_same_kills(tmp_path: Path, pg: Target) -> None:
     """The usual foreachBatch (a psycopg2 commit per partition) killed at the same points writes rows twice."""
-    job = StreamJob(tmp_path, pg_url, "plain", files=3)
+    job = StreamJob(tmp_path, pg, "plain", files=3)
     try:
         run_chain(job, [("driver.after_first_commit", 0), ("driver.after_mark", 1)])
         totals = job.totals()
@@ -427,7 +415,7 @@ def soak_chain(job: StreamJob, rng: random.Random, max_runs: int) -> None:
 
 @pytest.mark.soak
 @pytest.mark.timeout(0)
-def test_soak_random_kills(tmp_path: Path, pg_url: str, seed: int, rng: random.Random) -> None:
+def test_soak_random_kills(tmp_path: Path, pg: Target, seed: int, rng: random.Random) -> None:
     """Many chains of random kills per writer; totals printed and saved to benchmarks/results/soak.json."""
     runs = int(os.environ.get("XASINK_SOAK_RUNS", "5"))
     files = int(os.environ.get("XASINK_SOAK_FILES", "6"))
@@ -435,7 +423,7 @@ def test_soak_random_kills(tmp_path: Path, pg_url: str, seed: int, rng: random.R
     for mode in ("source", "foreach", "plain"):
         totals[mode] = Totals()
         for n in range(runs):
-            job = StreamJob(tmp_path / f"{mode}-{n}", pg_url, mode, files=files)
+            job = StreamJob(tmp_path / f"{mode}-{n}", pg, mode, files=files)
             try:
                 soak_chain(job, rng, max_runs=3 * files)
                 t = job.totals()
@@ -443,8 +431,7 @@ def test_soak_random_kills(tmp_path: Path, pg_url: str, seed: int, rng: random.R
                 totals[mode].add(t)
                 if t.left_prepared:  # counted (and failed) below; cleared so the next chain starts clean
                     for gid in job.prepared():
-                        with connect(pg_url) as conn, conn.cursor() as cur:
-                            cur.execute("ROLLBACK PREPARED %s", (gid,))
+                        pg.rollback_ours(gid)
             finally:
                 job.drop()
     report = {

@@ -260,6 +260,10 @@ def text_column(arr: pa.Array) -> pa.Array:
         out = arr.cast(pa.int8()).cast(pa.large_string())
     elif pa.types.is_timestamp(t):
         out = arr.cast(pa.timestamp(t.unit)).cast(pa.large_string())  # tz-aware: its UTC wall time
+    elif pa.types.is_float32(t):
+        # the server parses a number as a double: the shortest float32 text can lie beyond the float32
+        # range ("3.4028235e+38" > FLT_MAX, refused as out of range); the exact double of the value cannot
+        out = arr.cast(pa.float64()).cast(pa.large_string())
     else:
         out = arr.cast(pa.large_string())
     return out.fill_null(_NULL) if out.null_count else out

@@ -1,0 +1,406 @@
+"""The databases a dialect-neutral test runs against: one :class:`Target` per dialect.
+
+The ``db`` fixture (tests/conftest.py) is parametrized over ``postgresql`` (id ``pg``, the session's
+private server) and ``mariadb`` (id ``mariadb``, the machine's server, a fresh database per session).
+A test written against ``db`` states its checks once; the target answers them with the plain driver
+(psycopg2 / pymysql through tests/dbutil.py), never with xasink code (but for naming an XA transaction
+the way ``xasink recover`` lists it), so a bug in xasink cannot hide itself from the check.
+
+What differs per dialect lives here: identifier quoting, DDL (storage engine, serial columns), how
+prepared transactions are listed and named (``pg_prepared_xacts`` gids, ``XA RECOVER`` xids), lock
+timeouts, column types.  MariaDB's ``XA RECOVER`` lists the whole server, where other test sessions may
+be running: :meth:`Target.prepared` only reports branches of sinks registered in this session's
+database, and tests give their foreign transactions unique names.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+import psycopg2
+import psycopg2.errors
+import pymysql
+import pytest
+
+from tests import dbutil
+from xasink.xid import Xid
+
+POSTGRESQL = "postgresql"
+MARIADB = "mariadb"
+IDS = {POSTGRESQL: "pg", MARIADB: "mariadb"}
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One row of the decision log (``xasink_batches``), read with the plain driver."""
+
+    batch_id: int
+    state: str
+    xids: list[str]  # the decided gids, as listed in the log
+    rows: int
+    branches: int
+    prepare_ms: int
+    commit_ms: int | None
+
+
+class Target(ABC):
+    """One database under test, and the test's tables in it (dropped when the test ends)."""
+
+    kind = ""
+    # the password the tests pass explicitly (the ``password`` option), or None to pass none; an error
+    # text must never show it
+    password: str | None = None
+
+    def __init__(self, url: str) -> None:
+        self.url = url  # what users pass to xasink (``url`` option), user included
+        self.tables: list[str] = []
+        self.foreign: list[str] = []  # listed names of the foreign transactions the test made
+
+    @property
+    def id(self) -> str:
+        return IDS[self.kind]
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.id}>"
+
+    # -- names and statements -------------------------------------------------------------------
+    @abstractmethod
+    def q(self, name: str) -> str:
+        """A quoted identifier (``schema.name`` parts each quoted)."""
+
+    @abstractmethod
+    @contextmanager
+    def connect(self) -> Iterator[Any]:
+        """A plain autocommit DB-API connection to the test database (psycopg2 / pymysql)."""
+
+    def execute(self, statement: str, *params: Any) -> list[tuple[Any, ...]]:
+        """Run one statement (``%s`` placeholders in both drivers); its rows, if it returns any."""
+        with self.connect() as conn, conn.cursor() as cur:
+            cur.execute(statement, params or None)
+            return [tuple(r) for r in cur.fetchall()] if cur.description else []
+
+    def rows(self, table: str, order_by: str = "1") -> list[tuple[Any, ...]]:
+        """All rows of table, ordered by the SQL expression order_by."""
+        return self.execute(f"SELECT * FROM {self.q(table)} ORDER BY {order_by}")
+
+    # -- tables -----------------------------------------------------------------------------------
+    def new_table(self) -> str:
+        """A fresh table name, dropped when the test ends (whether xasink or the test creates it)."""
+        name = f"t_{uuid.uuid4().hex[:8]}"
+        self.tables.append(name)
+        return name
+
+    @abstractmethod
+    def create_table(self, table: str, columns: str) -> None:
+        """``CREATE TABLE table (columns)`` in the dialect's DDL (MariaDB: InnoDB), dropped when the test ends."""
+
+    def keyed_table(self, table: str, primary_key: bool = True) -> None:
+        """``(id int [PRIMARY KEY], name text)``: the shape of the tests' frames."""
+        self.create_table(table, f"id int{' PRIMARY KEY' if primary_key else ''}, name text")
+
+    # a column that numbers inserted rows whether or not their transaction commits
+    serial_column = ""
+
+    @abstractmethod
+    def serial_high_water(self, table: str) -> int:
+        """How many values ``serial_column`` of table has handed out (committed or rolled back)."""
+
+    @abstractmethod
+    def table_exists(self, table: str) -> bool: ...
+
+    @abstractmethod
+    def drop_table(self, *tables: str) -> None:
+        """Drop, unless a branch a failed test left prepared holds a lock (the leak check reports that)."""
+
+    @abstractmethod
+    def column_types(self, table: str) -> dict[str, str]:
+        """Column name -> the server's full type name, in table order."""
+
+    @abstractmethod
+    def not_null_columns(self, table: str) -> list[str]: ...
+
+    def cleanup(self) -> None:
+        """Roll back the test's foreign transactions that are still prepared, then drop its tables."""
+        for name in self.foreign:
+            self.clear_foreign(name)
+        if self.tables:
+            self.drop_table(*self.tables)
+
+    # -- prepared transactions --------------------------------------------------------------------
+    @abstractmethod
+    def prepared(self, sink_id: str | None = None, batch_id: int | None = None) -> list[str]:
+        """Gids (``xasink:<sink>:<batch>/<partition>:<attempt>``) of xasink's branches prepared for this database.
+
+        Optionally only those of one sink (and batch).  Sorted.
+        """
+
+    @abstractmethod
+    def listed(self) -> set[str]:
+        """Every prepared transaction the server lists, named as xasink names it (ours and foreign)."""
+
+    @abstractmethod
+    def rollback_ours(self, gid: str) -> None:
+        """Roll back one of xasink's branches by gid (a leak check's clean-up)."""
+
+    @abstractmethod
+    def make_foreign_prepared(self, name: str, table: str, format_id: int | None = None) -> str:
+        """Leave a prepared transaction that is not xasink's (one row in ``table``); returns its listed name.
+
+        MariaDB: ``name`` is split at the first '/' into gtrid and bqual, under XA formatID ``format_id``
+        (default 1; xasink's own is :data:`tests.dbutil.XASINK_FORMAT_ID`).  MariaDB refuses a second
+        transaction with the same gtrid and bqual under another formatID.  PostgreSQL: ``name`` is the gid.
+        Whatever is still prepared when the test ends is rolled back by :meth:`cleanup`.
+        """
+
+    @abstractmethod
+    def clear_foreign(self, listed_name: str) -> None:
+        """Roll back a foreign transaction made by :meth:`make_foreign_prepared`, if it is still prepared."""
+
+    # -- the decision log -----------------------------------------------------------------------
+    def decisions(self, sink_id: str, prefix: str = "xasink_") -> dict[int, Decision]:
+        """The decision log's records of one sink, by batch id (none when the log does not exist yet)."""
+        if not self.table_exists(f"{prefix}batches"):
+            return {}
+        found = self.execute(
+            f"SELECT batch_id, state, xids, {self.q('rows')}, branches, prepare_ms, commit_ms "
+            f"FROM {self.q(prefix + 'batches')} WHERE sink_id = %s",
+            sink_id,
+        )
+        return {
+            int(b): Decision(int(b), str(s), list(json.loads(x)), int(r), int(n), int(p), None if c is None else int(c))
+            for b, s, x, r, n, p, c in found
+        }
+
+    def decision(self, sink_id: str, batch_id: int) -> Decision | None:
+        return self.decisions(sink_id).get(batch_id)
+
+    # -- locks --------------------------------------------------------------------------------------
+    @abstractmethod
+    def set_lock_timeout(self, cursor: Any, seconds: int) -> None:
+        """Make the session's statements give up after waiting ``seconds`` for a row lock."""
+
+
+# --------------------------------------------------------------------------- PostgreSQL
+
+
+class PostgresTarget(Target):
+    kind = POSTGRESQL
+    # the embedded server trusts every local login: any password is accepted, and must never show in an error
+    password = "pw-Kq7#s3cr3t-xyzzy"
+    serial_column = "seq bigserial"
+
+    def q(self, name: str) -> str:
+        return ".".join('"' + p.replace('"', '""') + '"' for p in name.split("."))
+
+    @contextmanager
+    def connect(self) -> Iterator[Any]:
+        with dbutil.connect(self.url) as conn:
+            yield conn
+
+    def create_table(self, table: str, columns: str) -> None:
+        if table not in self.tables:
+            self.tables.append(table)
+        self.execute(f"CREATE TABLE {self.q(table)} ({columns})")
+
+    def serial_high_water(self, table: str) -> int:
+        return int(self.execute("SELECT last_value FROM " + self.q(f"{table}_seq_seq"))[0][0])
+
+    def table_exists(self, table: str) -> bool:
+        return self.execute("SELECT to_regclass(%s) IS NOT NULL", self.q(table))[0][0] is True
+
+    def drop_table(self, *tables: str) -> None:
+        with self.connect() as conn, conn.cursor() as cur:
+            cur.execute("SET lock_timeout = '2s'")
+            try:
+                cur.execute(f"DROP TABLE IF EXISTS {', '.join(self.q(t) for t in tables)}")
+            except psycopg2.errors.LockNotAvailable:
+                pass
+
+    def column_types(self, table: str) -> dict[str, str]:
+        found = self.execute(
+            "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
+            "WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
+            self.q(table),
+        )
+        return dict(found)  # type: ignore[arg-type]
+
+    def not_null_columns(self, table: str) -> list[str]:
+        found = self.execute(
+            "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 AND attnotnull "
+            "AND NOT attisdropped ORDER BY attnum",
+            self.q(table),
+        )
+        return [r[0] for r in found]
+
+    def prepared(self, sink_id: str | None = None, batch_id: int | None = None) -> list[str]:
+        prefix = dbutil.XASINK_GID_PREFIX
+        if sink_id is not None:
+            prefix += f"{sink_id}:" + (f"{batch_id}/" if batch_id is not None else "")
+        return sorted(dbutil.prepared_gids(self.url, prefix=prefix))
+
+    def listed(self) -> set[str]:
+        return set(dbutil.prepared_gids(self.url))
+
+    def rollback_ours(self, gid: str) -> None:
+        dbutil.rollback_prepared(self.url, gid)
+
+    def make_foreign_prepared(self, name: str, table: str, format_id: int | None = None) -> str:
+        if table not in self.tables:
+            self.tables.append(table)
+        dbutil.make_foreign_prepared(self.url, name, table=table)
+        self.foreign.append(name)
+        return name
+
+    def clear_foreign(self, listed_name: str) -> None:
+        if listed_name in self.listed():
+            dbutil.rollback_prepared(self.url, listed_name)
+
+    def set_lock_timeout(self, cursor: Any, seconds: int) -> None:
+        cursor.execute(f"SET lock_timeout = '{int(seconds)}s'")
+
+
+# --------------------------------------------------------------------------- MariaDB
+
+
+def mariadb_user_url(admin_url: str) -> str:
+    """The JDBC spelling a Spark user writes for the session database (user and password in the query)."""
+    p = dbutil.mariadb_params(admin_url)
+    query = f"user={quote(p['user'], safe='')}"
+    if p["password"]:
+        query += f"&password={quote(p['password'], safe='')}"
+    return f"jdbc:mariadb://{p['host']}:{p['port']}/{p['database']}?{query}"
+
+
+class MariaDBTarget(Target):
+    kind = MARIADB
+    password = None  # root logs in without one; tests/test_mysql_dialect.py covers a wrong one
+    serial_column = "seq BIGINT AUTO_INCREMENT PRIMARY KEY"
+
+    def __init__(self, admin_url: str) -> None:
+        super().__init__(mariadb_user_url(admin_url))
+        self.admin_url = admin_url  # mysql+pymysql://..., for the plain-driver helpers
+
+    def q(self, name: str) -> str:
+        return ".".join("`" + p.replace("`", "``") + "`" for p in name.split("."))
+
+    @contextmanager
+    def connect(self) -> Iterator[Any]:
+        with dbutil.mariadb_connect(self.admin_url) as conn:
+            yield conn
+
+    def create_table(self, table: str, columns: str) -> None:
+        if table not in self.tables:
+            self.tables.append(table)
+        self.execute(f"CREATE TABLE {self.q(table)} ({columns}) ENGINE=InnoDB")
+
+    def serial_high_water(self, table: str) -> int:
+        # InnoDB's counter is not rolled back either; ANALYZE makes information_schema read the live value
+        self.execute(f"ANALYZE TABLE {self.q(table)}")
+        found = self.execute(
+            "SELECT AUTO_INCREMENT FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s",
+            table,
+        )
+        return int(found[0][0]) - 1
+
+    def table_exists(self, table: str) -> bool:
+        found = self.execute(
+            "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s",
+            table,
+        )
+        return bool(found[0][0])
+
+    def drop_table(self, *tables: str) -> None:
+        with self.connect() as conn, conn.cursor() as cur:
+            cur.execute("SET SESSION lock_wait_timeout = 2")
+            try:
+                cur.execute(f"DROP TABLE IF EXISTS {', '.join(self.q(t) for t in tables)}")
+            except pymysql.err.OperationalError as exc:
+                if exc.args[0] != 1205:
+                    raise
+
+    def column_types(self, table: str) -> dict[str, str]:
+        found = self.execute(
+            "SELECT COLUMN_NAME, COLUMN_TYPE FROM information_schema.COLUMNS "
+            "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s ORDER BY ORDINAL_POSITION",
+            table,
+        )
+        return {str(n): str(t) for n, t in found}
+
+    def not_null_columns(self, table: str) -> list[str]:
+        found = self.execute(
+            "SELECT COLUMN_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() "
+            "AND TABLE_NAME = %s AND IS_NULLABLE = 'NO' ORDER BY ORDINAL_POSITION",
+            table,
+        )
+        return [str(r[0]) for r in found]
+
+    def prepared(self, sink_id: str | None = None, batch_id: int | None = None) -> list[str]:
+        sinks = dbutil.mariadb_sink_ids(self.admin_url) if sink_id is None else [sink_id]
+        gids = dbutil.mariadb_prepared_gids(self.admin_url, sink_ids=sinks)
+        if batch_id is not None:
+            gids = [g for g in gids if g.startswith(f"{dbutil.XASINK_GID_PREFIX}{sink_id}:{batch_id}/")]
+        return gids
+
+    @staticmethod
+    def listed_name(format_id: int, gtrid: bytes, bqual: bytes) -> str:
+        """As xasink lists it: an xid of ours as ``gtrid/bqual``, any other as ``xa:<formatID>:<hex>:<hex>``."""
+        xid = Xid.from_xa(format_id, gtrid, bqual)
+        return xid.gid if xid is not None else f"xa:{format_id}:{gtrid.hex()}:{bqual.hex()}"
+
+    def listed(self) -> set[str]:
+        return {self.listed_name(*x) for x in dbutil.mariadb_recover(self.admin_url)}
+
+    def rollback_ours(self, gid: str) -> None:
+        dbutil.mariadb_rollback_gid(self.admin_url, gid)
+
+    def make_foreign_prepared(self, name: str, table: str, format_id: int | None = None) -> str:
+        if table not in self.tables:
+            self.tables.append(table)
+        gtrid, _, bqual = name.partition("/")
+        xa = dbutil.mariadb_make_foreign_prepared(
+            self.admin_url, gtrid.encode(), bqual.encode(), 1 if format_id is None else format_id, table
+        )
+        self.foreign.append(self.listed_name(*xa))
+        return self.foreign[-1]
+
+    def clear_foreign(self, listed_name: str) -> None:
+        if listed_name.startswith("xa:"):
+            _, fmt, gtrid, bqual = listed_name.split(":")
+            xa = (int(fmt), bytes.fromhex(gtrid), bytes.fromhex(bqual))
+        else:
+            g, _, b = listed_name.partition("/")
+            xa = (dbutil.XASINK_FORMAT_ID, g.encode(), b.encode())
+        if xa in dbutil.mariadb_recover(self.admin_url):
+            dbutil.mariadb_rollback_xa(self.admin_url, *xa)
+
+    def set_lock_timeout(self, cursor: Any, seconds: int) -> None:
+        cursor.execute(f"SET SESSION innodb_lock_wait_timeout = {int(seconds)}")
+
+
+def is_lock_timeout(target: Target, exc: BaseException) -> bool:
+    """Whether exc is the server giving up on a row lock (PostgreSQL 55P03, MariaDB 1205)."""
+    if target.kind == MARIADB:
+        return isinstance(exc, pymysql.err.OperationalError) and exc.args[0] == 1205
+    return isinstance(exc, psycopg2.errors.LockNotAvailable)
+
+
+def case(kind: str, *values: Any) -> Any:
+    """One case of a test parametrized over ``db`` together with other arguments (``indirect=["db"]``).
+
+    For a test whose other arguments need not be crossed with both dialects, e.g.
+    ``@pytest.mark.parametrize(("db", "path"), [case(POSTGRESQL, "api"), case(MARIADB, "api")], indirect=["db"])``.
+    Its id is the dialect's id and the values (``pg-api``).
+    """
+    marks = [pytest.mark.mariadb] if kind == MARIADB else []
+    return pytest.param(kind, *values, id="-".join([IDS[kind], *map(str, values)]), marks=marks)
+
+
+def make_target(kind: str, url: str) -> Target:
+    return PostgresTarget(url) if kind == POSTGRESQL else MariaDBTarget(url)
