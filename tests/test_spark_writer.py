@@ -28,6 +28,7 @@ from pyspark.sql.types import IntegerType
 
 import xasink
 from tests.dbutil import XASINK_FORMAT_ID
+from tests.leaks import texts
 from tests.targets import MARIADB, POSTGRESQL, PostgresTarget, Target, case, make_target
 from xasink import admin
 from xasink.coordinator import Coordinator
@@ -84,24 +85,6 @@ def credentials(db: Target) -> dict[str, Any]:
 
 def write(db: Target, df: DataFrame, table: str, **options: Any) -> WriteResult:
     return xasink.write(df, db.url, table, **credentials(db), **options)
-
-
-def texts(exc: BaseException) -> Iterator[str]:
-    """Every text an exception shows: str, repr, Spark's description and JVM trace, of it and its causes."""
-    seen: set[int] = set()
-    todo: list[BaseException | None] = [exc]
-    while todo:
-        e = todo.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        yield str(e)
-        yield repr(e)
-        for attr in ("_desc", "_stackTrace"):
-            value = getattr(e, attr, None)
-            if value:
-                yield str(value)
-        todo += [e.__cause__, e.__context__, getattr(e, "_cause", None)]
 
 
 def assert_no_secret(exc: BaseException, secret: str = SECRET) -> None:
