@@ -17,7 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import pyarrow as pa
 
-from .dialects import dialect_for
+from .dialects import shared_dialect
 from .dialects.base import BranchSession, Dialect, TargetPlan
 from .errors import ConcurrentWriterError
 from .faults import fault
@@ -73,6 +73,18 @@ def clear_blockers(dialect: Dialect, journal: Journal, me: Xid) -> bool:
     return True
 
 
+_JOURNALS: dict[tuple[int, str | None, str], Journal] = {}
+
+
+def _shared_journal(dialect: Dialect, options: WriteOptions) -> Journal:
+    """The decision log of a shared dialect, kept with it (it remembers the sinks it has registered)."""
+    key = (id(dialect), options.journal_schema, options.journal_prefix)
+    journal = _JOURNALS.get(key)
+    if journal is None:
+        journal = _JOURNALS[key] = Journal(dialect, options.journal_schema, options.journal_prefix)
+    return journal
+
+
 def _discard(opening: Future[BranchSession]) -> None:
     """Roll back and close a branch opened in vain (or never opened: its error is moot then)."""
     try:
@@ -99,40 +111,37 @@ def write_partition(
     if first is None:
         return BranchOutcome(partition, None)
     xid = Xid(options.sink_id, batch_id, partition, attempt_token(task_attempt_id, run))
-    dialect = dialect_for(options.url, options.branch_settings)
-    journal = Journal(dialect, options.journal_schema, options.journal_prefix)
-    try:
-        # connecting the branch (ADBC reads the server's type catalogue) overlaps the decision-log check;
-        # the branch touches no row until clear_blockers has returned
-        with ThreadPoolExecutor(1, thread_name_prefix="xasink-open") as pool:
-            opening = pool.submit(dialect.open_branch, xid, plan)
-            try:
-                go = clear_blockers(dialect, journal, xid)
-            except BaseException:
-                _discard(opening)
-                raise
-            if not go:
-                _discard(opening)
-                log.info(
-                    "sink %s batch %s is already decided: partition %s writes nothing",
-                    options.sink_id,
-                    batch_id,
-                    partition,
-                )
-                for _ in rest:  # drain, so Spark sees the partition consumed
-                    pass
-                return BranchOutcome(partition, None, skipped=True)
-            session = opening.result()
+    dialect = shared_dialect(options.url, options.branch_settings)  # kept for the worker's next task
+    journal = _shared_journal(dialect, options)
+    # connecting the branch (ADBC reads the server's type catalogue) overlaps the decision-log check;
+    # the branch touches no row until clear_blockers has returned
+    with ThreadPoolExecutor(1, thread_name_prefix="xasink-open") as pool:
+        opening = pool.submit(dialect.open_branch, xid, plan)
         try:
-            fault("task.before_load", partition=partition, attempt=attempt_number, batch=batch_id)
-            rows = session.load(conform(b, plan, partition) for b in itertools.chain([first], rest))
-            fault("task.before_prepare", partition=partition, attempt=attempt_number, batch=batch_id)
+            go = clear_blockers(dialect, journal, xid)
         except BaseException:
-            session.rollback()
+            _discard(opening)
             raise
-        session.prepare()
-    finally:
-        dialect.dispose()
+        if not go:
+            _discard(opening)
+            log.info(
+                "sink %s batch %s is already decided: partition %s writes nothing",
+                options.sink_id,
+                batch_id,
+                partition,
+            )
+            for _ in rest:  # drain, so Spark sees the partition consumed
+                pass
+            return BranchOutcome(partition, None, skipped=True)
+        session = opening.result()
+    try:
+        fault("task.before_load", partition=partition, attempt=attempt_number, batch=batch_id)
+        rows = session.load(conform(b, plan, partition) for b in itertools.chain([first], rest))
+        fault("task.before_prepare", partition=partition, attempt=attempt_number, batch=batch_id)
+    except BaseException:
+        session.rollback()
+        raise
+    session.prepare()
     seconds = time.perf_counter() - start
     log.info("prepared branch %s: %d rows in %.3fs", xid, rows, seconds)
     fault("task.after_prepare", partition=partition, attempt=attempt_number, batch=batch_id)
