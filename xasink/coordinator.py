@@ -48,7 +48,8 @@ class Coordinator:
     def __init__(self, options: WriteOptions, dialect: Dialect | None = None) -> None:
         self.options = options
         self.sink_id = options.sink_id
-        self.dialect = dialect or dialect_for(options.url, options.branch_settings)  # check_server reads them
+        # check_server reads the branch settings; the pool serves the commit's parallel COMMITs and its journal steps
+        self.dialect = dialect or dialect_for(options.url, options.branch_settings, options.commit_parallelism + 2)
         self.journal = Journal(self.dialect, options.journal_schema, options.journal_prefix)
 
     def close(self) -> None:

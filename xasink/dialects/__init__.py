@@ -7,16 +7,18 @@ from sqlalchemy.engine import URL
 from .base import BranchSession, BranchSettings, Dialect, ErrorKind, PreparedTxn, TargetPlan
 
 
-def dialect_for(url: URL, settings: BranchSettings | None = None) -> Dialect:
+def dialect_for(url: URL, settings: BranchSettings | None = None, pool_size: int = 0) -> Dialect:
+    """The dialect of a URL.  ``pool_size`` > 0 keeps that many control connections open until ``dispose()``
+    (the coordinator: a commit runs a dozen short transactions); 0 opens one per use (executors, tools)."""
     backend = url.get_backend_name()
     if backend == "postgresql":
         from .postgres import PostgresDialect
 
-        return PostgresDialect(url, settings)
+        return PostgresDialect(url, settings, pool_size)
     if backend == "mysql":
         from .mysql import MySQLDialect  # type: ignore[import-not-found,unused-ignore]
 
-        return MySQLDialect(url, settings)  # type: ignore[no-any-return,unused-ignore]
+        return MySQLDialect(url, settings, pool_size)  # type: ignore[no-any-return,unused-ignore]
     raise ValueError(f"unsupported database {backend!r}")
 
 

@@ -121,16 +121,20 @@ class Dialect(ABC):
 
     name: str = ""
 
-    def __init__(self, url: URL, settings: BranchSettings | None = None) -> None:
+    def __init__(self, url: URL, settings: BranchSettings | None = None, pool_size: int = 0) -> None:
         self.url = url
         self.settings = settings or BranchSettings()
+        self.pool_size = pool_size
         self._engine: Engine | None = None
 
     # -- control side -------------------------------------------------------
     @property
     def engine(self) -> Engine:
         if self._engine is None:
-            self._engine = sa.create_engine(self.url, poolclass=NullPool, connect_args=self.connect_args())
+            pooling: dict[str, Any] = {"poolclass": NullPool}
+            if self.pool_size > 0:  # checked on every checkout: a server restart leaves no dead connection in use
+                pooling = {"pool_size": self.pool_size, "max_overflow": self.pool_size, "pool_pre_ping": True}
+            self._engine = sa.create_engine(self.url, connect_args=self.connect_args(), **pooling)
         return self._engine
 
     def connect_args(self) -> dict[str, Any]:
