@@ -507,3 +507,53 @@ def test_mariadb_keys_without_a_unique_index_are_refused(mariadb_url: str, fresh
     finally:
         with mariadb_connect(mariadb_url) as conn, conn.cursor() as cur:
             cur.execute(f"DROP TABLE IF EXISTS `{fresh_table_name}`")
+
+
+@pytest.mark.parametrize("local_infile", [True, False], ids=["load-data-staging", "multi-row-insert"])
+def test_mariadb_every_supported_type_merges_as_append_loads_it(
+    mariadb_url: str, fresh_table_name: str, local_infile: bool
+) -> None:
+    """Both MariaDB upsert paths (LOAD DATA into a staging table, multi-row INSERT) store what append stores.
+
+    The target already holds every key with other values, so each row goes through ON DUPLICATE KEY UPDATE.
+    """
+    table, appended = fresh_table_name, f"{fresh_table_name}_a"
+    ddl = (
+        "id BIGINT PRIMARY KEY, i2 SMALLINT, i4 INT, f4 FLOAT, f8 DOUBLE, d DECIMAL(12,2), b BOOLEAN, "
+        "s TEXT, v VARCHAR(8), `by` VARBINARY(16), dt DATE, ts DATETIME(6), tz DATETIME(6)"
+    )
+    utc = dt.timezone.utc
+    data = pa.RecordBatch.from_pydict(
+        {
+            "id": pa.array([1, 2, 3], pa.int64()),
+            "i2": pa.array([-32768, None, 7], pa.int16()),
+            "i4": pa.array([2**31 - 1, None, 0], pa.int32()),
+            "f4": pa.array([1.5, None, -3.25], pa.float32()),
+            "f8": pa.array([-0.1, None, 1e300], pa.float64()),
+            "d": pa.array([decimal.Decimal("1.25"), None, decimal.Decimal("-9999999999.99")], pa.decimal128(12, 2)),
+            "b": pa.array([True, None, False]),
+            "s": pa.array(["tab\there\nnew line", None, "quote ' \" \\ ünï \\N"]),
+            "v": pa.array(["short", None, ""]),
+            "by": pa.array([b"\x00\xff\t\n\\", None, b""], pa.binary()),
+            "dt": pa.array([dt.date(2024, 2, 29), None, dt.date(1000, 1, 1)], pa.date32()),
+            "ts": pa.array([dt.datetime(2024, 1, 2, 3, 4, 5, 6), None, dt.datetime(1970, 1, 2)], pa.timestamp("us")),
+            "tz": pa.array(
+                [dt.datetime(2024, 1, 2, 3, 4, 5, 6, tzinfo=utc), None, dt.datetime(1900, 1, 1, tzinfo=utc)],
+                pa.timestamp("us", tz="UTC"),
+            ),
+        }
+    )
+    with mariadb_connect(mariadb_url) as conn, conn.cursor() as cur:
+        for name in (table, appended):
+            cur.execute(f"CREATE TABLE `{name}` ({ddl}) ENGINE=InnoDB")
+        cur.executemany(f"INSERT INTO `{table}` (id, s) VALUES (%s, 'seeded')", [(1,), (2,), (3,)])
+    try:
+        write_direct(mariadb_url, appended, [data], keys="")
+        write_direct(mariadb_url, table, [data], localInfile=str(local_infile).lower())
+        merged = my_rows(mariadb_url, table)
+        assert merged == my_rows(mariadb_url, appended)
+        assert len(merged) == 3 and merged[2][7] == "quote ' \" \\ ünï \\N" and merged[0][9] == b"\x00\xff\t\n\\"
+    finally:
+        with mariadb_connect(mariadb_url) as conn, conn.cursor() as cur:
+            for name in (table, appended):
+                cur.execute(f"DROP TABLE IF EXISTS `{name}`")
