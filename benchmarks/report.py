@@ -14,11 +14,19 @@ def _fmt_size(n: int) -> str:
     return f"{n / 1e6:g}M" if n >= 1_000_000 else f"{n / 1e3:g}k"
 
 
-def _median(results: list[dict[str, Any]], db: str, schema: str, size: int, contender: str) -> float | None:
+def _record(
+    results: list[dict[str, Any]], db: str, schema: str, size: int, contender: str, key: str
+) -> dict[str, Any] | None:
+    """The contender's measured result at (db, schema, size) that has ``key``."""
     for r in results:
-        if (r["db"], r["schema"], r["size"], r["contender"]) == (db, schema, size, contender) and r.get("median_s"):
-            return float(r["median_s"])
+        if (r["db"], r["schema"], r["size"], r["contender"]) == (db, schema, size, contender) and r.get(key):
+            return r
     return None
+
+
+def _median(results: list[dict[str, Any]], db: str, schema: str, size: int, contender: str) -> float | None:
+    r = _record(results, db, schema, size, contender, "median_s")
+    return float(r["median_s"]) if r else None
 
 
 def ratios(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -49,8 +57,28 @@ def ratios(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
         row["price_of_xa_pct"] = round((price - 1) * 100, 1) if price else None
         row["upsert_speedup_vs_hand"] = div(m("upsert-hand"), m("xasink-upsert"))
         row["arrow_handoff_share_of_xasink"] = div(m("arrow-noop"), xa)
+        # the CPU ceiling: xasink's wall time if its own Python cost were zero and the cores never idled
+        unavoidable = _unavoidable_cpu_s(results, db, schema, size)
+        row["ceiling_vs_jdbc_tuned"] = div(m("jdbc-tuned"), unavoidable)
         out.append(row)
     return out
+
+
+def _unavoidable_cpu_s(results: list[dict[str, Any]], db: str, schema: str, size: int) -> float | None:
+    """The database's and Spark's JVM CPU seconds in xasink's runs over the cores: no writer fed by Spark's
+    Arrow hand-off into this database can finish faster on this machine."""
+    r = _record(results, db, schema, size, "xasink", "cpu_s")
+    if r is None:
+        return None
+    c = r["cpu_s"]
+    return float(c["database"] + c["spark_jvm"]) / c["cores"]
+
+
+def cpu_records(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per measured contender: median CPU seconds by process class and the wall time they bound."""
+    return [
+        {k: r[k] for k in ("db", "schema", "size", "label", "median_s")} | r["cpu_s"] for r in results if r.get("cpu_s")
+    ]
 
 
 def targets(rat: list[dict[str, Any]], scale: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -149,7 +177,9 @@ SECTIONS: list[tuple[str, str, str, list[Column]]] = [
         "Speed-ups are the other contender's time over xasink's (higher is better for "
         "xasink); the floor ratio and the price of XA are xasink's time over theirs. The floor is the "
         "parallel bulk load from files plus the Arrow hand-off (the no-op writer); 'floor vs JDBC tuned' "
-        "is the most any writer fed by Spark's Arrow hand-off could gain over the tuned JDBC writer here.",
+        "is the most any writer fed by Spark's Arrow hand-off could gain over the tuned JDBC writer here. "
+        "'CPU ceiling vs JDBC tuned' is the tuned writer's time over the database's and Spark's JVM CPU "
+        "seconds in xasink's runs divided by the cores: what xasink would reach with no Python cost at all.",
         _cols(
             ("db", "db"),
             ("schema", "schema"),
@@ -161,8 +191,29 @@ SECTIONS: list[tuple[str, str, str, list[Column]]] = [
             ("time/COPY alone", "xasink_time_over_copy"),
             ("floor vs JDBC tuned", "floor_speedup_vs_jdbc_tuned"),
             ("price of XA %", "price_of_xa_pct"),
+            ("CPU ceiling vs JDBC tuned", "ceiling_vs_jdbc_tuned"),
             ("upsert vs hand", "upsert_speedup_vs_hand"),
             ("Arrow hand-off share", "arrow_handoff_share_of_xasink"),
+        ),
+    ),
+    (
+        "cpu",
+        "Where the time goes: CPU seconds per write",
+        "Median CPU seconds of each process class during a contender's timed runs (user + system, "
+        "reaped children included), from /proc. 'CPU-bound s' is their total over the cores: a run can be no "
+        "faster; 'utilization' is the share of both cores the run kept busy.",
+        _cols(
+            ("db", "db"),
+            ("schema", "schema"),
+            ("size", lambda r: _fmt_size(r["size"])),
+            ("contender", "label"),
+            ("wall s", "median_s"),
+            ("database", "database"),
+            ("Spark JVM", "spark_jvm"),
+            ("Python workers", "python_workers"),
+            ("driver + clients", "driver_and_clients"),
+            ("CPU-bound s", "cpu_bound_s"),
+            ("utilization", "utilization"),
         ),
     ),
     (

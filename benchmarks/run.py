@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import contenders as cmod
-from benchmarks import data, env, report
+from benchmarks import cpu, data, env, report
 
 log = logging.getLogger("benchmarks")
 
@@ -139,6 +139,7 @@ def throughput(
                     if any(c.kind == "upsert" for c in ready):
                         cmod.make_seed(spark, db, df, schema, seed)
                     times: dict[str, list[float]] = {c.name: [] for c in ready}
+                    cpu_used: dict[str, list[dict[str, float]]] = {c.name: [] for c in ready}
                     errors: dict[str, str] = {}
                     for rnd in range(args.warmup + args.runs):
                         measuring = rnd >= args.warmup
@@ -159,7 +160,9 @@ def throughput(
                             )
                             try:
                                 c.prepare(ctx)
+                                before = cpu.snapshot()
                                 seconds = cmod.timed(lambda c=c, ctx=ctx: c.run(ctx))
+                                spent = cpu.used(before, cpu.snapshot())
                                 wrong = c.verify(ctx)
                                 if wrong:
                                     raise RuntimeError(f"wrong result: {wrong}")
@@ -180,6 +183,7 @@ def throughput(
                             )
                             if measuring:
                                 times[c.name].append(seconds)
+                                cpu_used[c.name].append(spent)
                     for c in ready:
                         t = times[c.name]
                         entry: dict[str, Any] = {
@@ -193,6 +197,7 @@ def throughput(
                         if t:
                             med = statistics.median(t)
                             entry |= {"median_s": round(med, 3), "rows_per_s": round(size / med)}
+                            entry["cpu_s"] = cpu.summarize(cpu_used[c.name], med)
                         if c.name in errors:
                             entry["error"] = errors[c.name]
                             res["errors"].append(f"{db.kind} {schema} {size} {c.name}: {errors[c.name]}")
@@ -210,6 +215,7 @@ def throughput(
 
 def save(args: argparse.Namespace, res: dict[str, Any]) -> None:
     res["ratios"] = report.ratios([r for r in res["throughput"] if r.get("median_s")])
+    res["cpu"] = report.cpu_records(res["throughput"])
     res["targets"] = report.targets(res["ratios"], res.get("coordinator", []))
     res["setup"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     res["elapsed_s"] = round(time.perf_counter() - res["_t0"], 1)
