@@ -64,7 +64,7 @@ def test_jdbc_postgresql_url_with_credentials_in_query() -> None:
     assert o.url.drivername == "postgresql+psycopg2"
     assert (o.url.host, o.url.port, o.url.database) == ("db.example", 5433, "shop")
     assert (o.url.username, o.url.password) == ("etl", "s3cr@t")
-    assert dict(o.url.query) == {}  # JDBC-only parameters are not passed to libpq
+    assert dict(o.url.query) == {"application_name": "x"}  # pgjdbc's name for libpq's parameter
 
 
 def test_options_override_url_credentials() -> None:
@@ -74,6 +74,16 @@ def test_options_override_url_credentials() -> None:
     assert (o.url.username, o.url.password) == ("etl", SECRET)
     o = parse_options({"url": "postgresql://a:b@h/d", "dbtable": "t", "user": "etl", "password": SECRET})
     assert (o.url.username, o.url.password) == ("etl", SECRET)
+
+
+def test_an_application_name_in_the_url_wins_over_xasinks() -> None:
+    for url in ("postgresql://etl@h/d?application_name=orders-etl", "jdbc:postgresql://h/d?ApplicationName=orders-etl"):
+        dialect = PostgresDialect(parse_options({"url": url, "dbtable": "t"}).url)
+        assert psycopg2.extensions.parse_dsn(dialect.libpq_uri())["application_name"] == "orders-etl"
+        assert dialect.connect_args()["application_name"] == "orders-etl"
+    assert PostgresDialect(parse_options({"url": "postgresql://h/d", "dbtable": "t"}).url).connect_args()[
+        "application_name"
+    ] == "xasink"
 
 
 def test_jdbc_tls_parameters_are_kept_or_refused() -> None:

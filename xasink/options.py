@@ -48,7 +48,8 @@ _REJECTED = {
     "cascadetruncate": "overwrite is not supported, so 'cascadeTruncate' has no meaning",
 }
 _IDENT_MAX = 63
-_PG_JDBC_PARAMS = {"sslmode", "sslrootcert", "sslcert", "sslkey", "options"}
+_PG_JDBC_PARAMS = {"sslmode", "sslrootcert", "sslcert", "sslkey", "options", "application_name"}
+_PG_JDBC_ALIASES = {"applicationname": "application_name"}  # pgjdbc's name -> libpq's
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,7 @@ def parse_url(raw: str, user: str | None = None, password: str | None = None) ->
                 f"option 'url': unsupported JDBC scheme 'jdbc:{parts.scheme}:'; "
                 "use jdbc:postgresql://, jdbc:mysql:// or jdbc:mariadb://"
             )
-        query = dict(parse_qsl(parts.query))
+        query = {_PG_JDBC_ALIASES.get(k.lower(), k): v for k, v in parse_qsl(parts.query)}
         user = user or query.pop("user", None)
         password = password or query.pop("password", None)
         try:

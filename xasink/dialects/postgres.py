@@ -203,11 +203,12 @@ class PostgresDialect(Dialect):
     upsert_chunk_rows = 10_000  # rows per upsert statement (array parameters)
 
     def connect_args(self) -> dict[str, Any]:
-        return {"connect_timeout": 10, "application_name": "xasink"}
+        # an application_name in the URL is the user's (monitoring, pg_stat_activity): it wins over ours
+        return {"connect_timeout": 10, "application_name": self.url.query.get("application_name", "xasink")}
 
     def libpq_uri(self) -> str:
         """A libpq URI for ADBC; it carries the password, so it is never logged."""
-        query = {**dict(self.url.query), "application_name": "xasink"}
+        query = {"application_name": "xasink", **dict(self.url.query)}
         if self.url.password is not None and not self.url.username:  # a URL renders no password without a user
             query["password"] = self.url.password
         base = self.url.set(drivername="postgresql", query={}).render_as_string(hide_password=False)
