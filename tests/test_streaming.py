@@ -365,62 +365,75 @@ def test_stale_branches_of_a_crashed_run_are_rolled_back(stream: Stream) -> None
 # --------------------------------------------------------------------------- invariant 4 through Spark
 
 
-def _lock_waiters(url: str) -> int:
+RECOVERY_APP = "xasink-test-recovery"
+
+
+def _lock_waiters(url: str) -> list[str]:
+    """application_name of each backend waiting for a row lock (FOR UPDATE)."""
     with connect(url) as conn, conn.cursor() as cur:
         cur.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "SELECT application_name FROM pg_stat_activity WHERE datname = current_database() "
             "AND wait_event_type = 'Lock' AND query ILIKE '%FOR UPDATE%'"
         )
-        return int(cur.fetchone()[0])
+        return [r[0] for r in cur.fetchall()]
 
 
 def test_recovery_racing_a_live_commit_cannot_make_rows_vanish(stream: Stream, pg_url: str) -> None:
-    """``xasink recover`` while a batch is prepared and its commit is deciding: recovery goes first.
+    """``xasink recover`` while a batch is prepared and its commit is deciding: whoever locks first wins cleanly.
 
-    The test holds the sink lock once every branch of a batch is prepared, queues a full recovery on it,
-    then the stream's commit; released, the recovery rolls the branches back and the decision finds
-    them gone: the batch fails cleanly, nothing of it visible, and the restart writes it once.
+    The test holds the sink lock once every branch of a batch is prepared and queues a full recovery on it
+    beside the stream's commit.  Released, either the recovery goes first: it rolls the branches back,
+    the decision finds them gone, the batch fails cleanly with nothing of it visible, and the restart
+    writes it once; or the decision goes first (the commit had queued before the recovery): the recovery
+    rolls back nothing and the batch commits, and the test tries the next batch.  Most batches go the
+    first way; the test needs it to happen once.
     """
-    options = parse_options({"url": pg_url, "dbtable": stream.table, "sinkId": stream.sink_id})
+    recovery_url = f"{pg_url}{'&' if '?' in pg_url else '?'}application_name={RECOVERY_APP}"
+    options = parse_options({"url": recovery_url, "dbtable": stream.table, "sinkId": stream.sink_id})
     query = stream.writer(stream.frame()).trigger(processingTime="200 milliseconds").start()
     caught: int | None = None
-    report: dict[str, Any] = {}
     try:
-        for batch in range(4):  # a batch may be decided before the test catches it: then try the next one
+        for batch in range(8):
             stream.add_files(1)
             gid_prefix = f"xasink:{stream.sink_id}:{batch}/"
             wait_for(
                 lambda p=gid_prefix, b=batch: len(prepared_gids(pg_url, prefix=p)) == 3 or b in stream.decisions(),
                 f"batch {batch} prepared",
             )
+            branches = set(prepared_gids(pg_url, prefix=gid_prefix))
+            report: dict[str, Any] = {}
             lock = psycopg2.connect(pg_url)
+            thread: threading.Thread | None = None
             try:
                 with lock.cursor() as cur:
                     cur.execute("SELECT sink_id FROM xasink_sinks WHERE sink_id = %s FOR UPDATE", (stream.sink_id,))
-                if batch in stream.decisions():
-                    lock.rollback()
-                    wait_for(lambda b=batch: (stream.checkpoint / "commits" / str(b)).exists(), "Spark's commit")
-                    continue
-                caught = batch
+                if batch not in stream.decisions():
 
-                def recover() -> None:
-                    coordinator = Coordinator(options)
-                    try:
-                        report["report"] = coordinator.recover()
-                    finally:
-                        coordinator.close()
+                    def recover(out: dict[str, Any] = report) -> None:
+                        coordinator = Coordinator(options)
+                        try:
+                            out["report"] = coordinator.recover()
+                        finally:
+                            coordinator.close()
 
-                thread = threading.Thread(target=recover)
-                thread.start()
-                wait_for(lambda: _lock_waiters(pg_url) >= 1, "the recovery to wait for the sink lock")
-                wait_for(lambda: _lock_waiters(pg_url) >= 2, "the stream's commit to wait for the sink lock")
+                    thread = threading.Thread(target=recover)
+                    thread.start()
+                    wait_for(lambda: RECOVERY_APP in _lock_waiters(pg_url), "the recovery to wait for the sink lock")
+                    wait_for(lambda: len(_lock_waiters(pg_url)) >= 2, "the stream's commit to wait for the sink lock")
             finally:
                 lock.rollback()
                 lock.close()
-            thread.join(120)
-            break
-        assert caught is not None, "every batch was decided before the test could hold the sink lock"
-        assert len(report["report"].rolled_back) == 3
+            if thread is not None:
+                thread.join(120)
+                assert not thread.is_alive(), "the recovery did not finish"
+                rolled_back = {x.gid for x in report["report"].rolled_back}
+                if batch not in stream.decisions():  # the recovery went first: the batch can never be decided
+                    assert rolled_back == branches and len(branches) == 3
+                    caught = batch
+                    break
+                assert rolled_back == set(), "a recovery rolled back branches of a decided batch"
+            wait_for(lambda b=batch: (stream.checkpoint / "commits" / str(b)).exists(), "Spark's commit")
+        assert caught is not None, "every batch was decided before the recovery could take the sink lock"
         assert "vanished before the decision" in failure_text(query)
     finally:
         query.stop()
