@@ -348,3 +348,24 @@ def test_unsupported_types_fail_before_any_write(
     assert f"column '{name}'" in msg and "cannot write" in msg
     assert not pg.table_exists(table)  # not even the table was created
     assert pg.prepared() == []
+
+
+@pytest.mark.parametrize("upsert", [False, True], ids=["append", "upsert"])
+def test_columns_of_user_defined_domain_types_load_as_their_base_types(
+    spark: SparkSession, typed_df: Any, pg: Target, upsert: bool
+) -> None:
+    """Branches resolve types from ADBC's built-in table (not the server's catalogue): a column whose type
+    the server defines (a domain, with its own OID and check) still loads, by COPY and by upsert."""
+    table, tag = pg.new_table(), uuid.uuid4().hex[:8]
+    code, amount = f"code_{tag}", f"amount_{tag}"
+    pg.execute(f"CREATE DOMAIN {code} AS varchar(80) CHECK (VALUE <> 'forbidden')")
+    pg.execute(f"CREATE DOMAIN {amount} AS numeric(10,2) CHECK (VALUE > -100000000)")
+    try:
+        pg.create_table(table, f"id integer PRIMARY KEY, st {code}, dec1 {amount}")
+        df = typed_df.where("id NOT IN (2, 3)").select("id", "st", "dec1")  # 2, 3: strings over 80 characters
+        save(spark, df, pg.url, table, createTable="false", **({"upsertKeyColumns": "id"} if upsert else {}))
+        assert read_rows(pg, table) == [(r[0], r[10], r[7]) for r in ROWS if r[0] not in (2, 3)]
+        assert pg.prepared() == []
+    finally:
+        pg.drop_table(table)
+        pg.execute(f"DROP DOMAIN {code}, {amount}")

@@ -294,6 +294,8 @@ class PostgresDialect(Dialect):
     # -- tables ------------------------------------------------------------
     def arrow_type(self, column: Any, source: pa.DataType) -> pa.DataType | None:
         t = column["type"]
+        while isinstance(t, pg.DOMAIN):  # a domain loads as its base type; the server checks its constraint
+            t = t.data_type
         if isinstance(t, sa.SmallInteger):
             return pa.int16()
         if isinstance(t, sa.BigInteger):
