@@ -124,9 +124,8 @@ class XasinkBatchWriter(DataSourceArrowWriter):
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         coordinator = Coordinator(self.options)
-        try:
-            result = coordinator.commit(self.options.batch_id, _outcomes(messages))
-            log.info("%s", result)
+        try:  # the coordinator logs the batch's figures
+            coordinator.commit(self.options.batch_id, _outcomes(messages))
         finally:
             coordinator.close()
 
