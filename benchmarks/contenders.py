@@ -73,6 +73,15 @@ def nothing(ctx: Ctx) -> None:
     pass
 
 
+def warm_python_workers(ctx: Ctx) -> None:
+    """Start one Python worker per partition before a timed run (not timed).
+
+    Spark kills Python workers idle for a minute; after a slow JVM-only contender (the default JDBC writer
+    at 2M rows) the next Python writer would otherwise pay for starting and importing four workers.
+    """
+    ctx.spark.range(0, data.PARTITIONS, 1, data.PARTITIONS).write.format("bench_noop").mode("append").save()
+
+
 def check_rows(ctx: Ctx) -> str | None:
     got = ctx.db.count(ctx.table)
     return None if got == ctx.size else f"expected {ctx.size} rows, found {got}"

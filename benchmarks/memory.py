@@ -19,7 +19,7 @@ from benchmarks.env import Database
 def run_memory(spark: Any, db: Database, per_partition: list[int]) -> list[dict[str, Any]]:
     out = []
     table = "mem_probe"
-    writers = [("arrow-noop", {})]
+    writers: list[tuple[str, dict[str, str]]] = [("arrow-noop", {})]
     if db.xasink_ok:
         writers += [
             ("xasink", {"url": db.xasink_url, "dbtable": table, "createTable": "false"}),

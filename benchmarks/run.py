@@ -9,6 +9,7 @@ strategies (how to upsert inside a prepared PostgreSQL branch).  Results go to b
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import shutil
@@ -160,8 +161,9 @@ def throughput(
                             )
                             try:
                                 c.prepare(ctx)
+                                cmod.warm_python_workers(ctx)
                                 before = cpu.snapshot()
-                                seconds = cmod.timed(lambda c=c, ctx=ctx: c.run(ctx))
+                                seconds = cmod.timed(functools.partial(c.run, ctx))
                                 spent = cpu.used(before, cpu.snapshot())
                                 wrong = c.verify(ctx)
                                 if wrong:
