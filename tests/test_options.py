@@ -81,9 +81,12 @@ def test_an_application_name_in_the_url_wins_over_xasinks() -> None:
         dialect = PostgresDialect(parse_options({"url": url, "dbtable": "t"}).url)
         assert psycopg2.extensions.parse_dsn(dialect.libpq_uri())["application_name"] == "orders-etl"
         assert dialect.connect_args()["application_name"] == "orders-etl"
-    assert PostgresDialect(parse_options({"url": "postgresql://h/d", "dbtable": "t"}).url).connect_args()[
-        "application_name"
-    ] == "xasink"
+    assert (
+        PostgresDialect(parse_options({"url": "postgresql://h/d", "dbtable": "t"}).url).connect_args()[
+            "application_name"
+        ]
+        == "xasink"
+    )
 
 
 def test_jdbc_tls_parameters_are_kept_or_refused() -> None:
