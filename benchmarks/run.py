@@ -216,9 +216,7 @@ def throughput(
 
 
 def save(args: argparse.Namespace, res: dict[str, Any]) -> None:
-    res["ratios"] = report.ratios([r for r in res["throughput"] if r.get("median_s")])
-    res["cpu"] = report.cpu_records(res["throughput"])
-    res["targets"] = report.targets(res["ratios"], res.get("coordinator", []))
+    report.derive(res)
     res["setup"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     res["elapsed_s"] = round(time.perf_counter() - res["_t0"], 1)
     clean = {k: v for k, v in res.items() if not k.startswith("_")}
