@@ -255,8 +255,17 @@ def spark_session(master: str, arrow_batch: int, jar_paths: list[str], driver_me
     return spark
 
 
+def _cpu_model() -> str | None:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)
+    except OSError:
+        return None
+
+
 def machine() -> dict[str, Any]:
     return {
+        "cpu_model": _cpu_model(),
         "cpus": os.cpu_count(),
         "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
         "load_average_at_start": [round(x, 2) for x in os.getloadavg()],

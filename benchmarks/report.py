@@ -335,7 +335,8 @@ def markdown(res: dict[str, Any]) -> str:
     out += ["## Set-up", ""]
     m = res["setup"]["machine"]
     out.append(
-        f"- Machine: {m['cpus']} CPUs, {m['memory_gb']} GB; load average at start {m['load_average_at_start']}, "
+        f"- Machine: {m.get('cpu_model') or 'CPU model unknown'}, {m['cpus']} CPUs, {m['memory_gb']} GB, "
+        f"{m.get('platform')}, Python {m.get('python')}; load average at start {m['load_average_at_start']}, "
         f"at end {res['setup'].get('load_average_at_end')}. Timings on a busy machine are noisy."
     )
     sp = res["setup"]["spark"]
