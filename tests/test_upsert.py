@@ -509,19 +509,101 @@ def test_mariadb_keys_without_a_unique_index_are_refused(mariadb_url: str, fresh
             cur.execute(f"DROP TABLE IF EXISTS `{fresh_table_name}`")
 
 
-@pytest.mark.parametrize("local_infile", [True, False], ids=["load-data-staging", "multi-row-insert"])
-def test_mariadb_every_supported_type_merges_as_append_loads_it(
-    mariadb_url: str, fresh_table_name: str, local_infile: bool
-) -> None:
-    """Both MariaDB upsert paths (LOAD DATA into a staging table, multi-row INSERT) store what append stores.
+def my_plan(url: str, table: str, source: pa.Schema | None = None) -> Any:
+    """The plan the driver makes for an upsert on ``id`` of ``source`` rows (default: id, name) into ``table``."""
+    options = parse_options({"url": url, "dbtable": table, "upsertKeyColumns": "id"})
+    coordinator = Coordinator(options)
+    try:
+        with coordinator.dialect.connect() as conn:
+            return plan_target(coordinator.dialect, conn, options, source or batch([1], ["a"]).schema)
+    finally:
+        coordinator.close()
 
-    The target already holds every key with other values, so each row goes through ON DUPLICATE KEY UPDATE.
+
+# (extra DDL inside CREATE TABLE, statements after it, REPLACE expected): REPLACE only where it equals the merge
+_MERGE_SHAPES = {
+    "only-primary-key": ("", [], True),
+    "second-unique-key": (", UNIQUE KEY (name)", [], False),
+    "column-not-written": (", note VARCHAR(8) DEFAULT 'default'", ["UPDATE `{t}` SET note = 'kept'"], False),
+    "delete-trigger": (
+        "",
+        [
+            "CREATE TABLE `{t}_log` (what VARCHAR(8)) ENGINE=InnoDB",
+            "CREATE TRIGGER `{t}_del` AFTER DELETE ON `{t}` FOR EACH ROW INSERT INTO `{t}_log` VALUES ('deleted')",
+        ],
+        False,
+    ),
+    "referenced-by-cascade": (
+        "",
+        [
+            "CREATE TABLE `{t}_child` (pid INT, FOREIGN KEY (pid) REFERENCES `{t}` (id) ON DELETE CASCADE) "
+            "ENGINE=InnoDB",
+            "INSERT INTO `{t}_child` VALUES (5), (6)",
+        ],
+        False,
+    ),
+}
+
+
+@pytest.mark.parametrize("shape", list(_MERGE_SHAPES))
+def test_mariadb_upsert_loads_by_replace_only_where_that_equals_the_merge(
+    mariadb_url: str, fresh_table_name: str, shape: str
+) -> None:
+    """LOAD DATA REPLACE is the fast merge, but deletes where ON DUPLICATE KEY UPDATE updates once the table has
+    another unique key, a DELETE trigger or a referencing foreign key, and resets columns it does not load:
+    there the staging table is used, and each table ends exactly as the merge leaves it."""
+    t = fresh_table_name
+    extra, after, replace = _MERGE_SHAPES[shape]
+    with mariadb_connect(mariadb_url) as conn, conn.cursor() as cur:
+        cur.execute(f"CREATE TABLE `{t}` (id INT PRIMARY KEY, name VARCHAR(40){extra}) ENGINE=InnoDB")
+        cur.executemany(f"INSERT INTO `{t}` (id, name) VALUES (%s, %s)", OLD)
+        for statement in after:
+            cur.execute(statement.format(t=t))
+    try:
+        assert my_plan(mariadb_url, t).upsert_by_replace is replace
+        write_direct(mariadb_url, t, [batch([5, 6], ["n5", "n6"]), batch([7, 12], ["n7", "n12"])])
+        got = my_rows(mariadb_url, t)
+        expected = OLD[:5] + [(5, "n5"), (6, "n6"), (7, "n7"), (8, "old8"), (9, "old9"), (12, "n12")]
+        if shape == "column-not-written":  # updated rows keep the column, the new one takes its default
+            assert got == [(*row, "default" if row[0] == 12 else "kept") for row in expected]
+        else:
+            assert got == expected
+        if shape == "delete-trigger":
+            assert my_rows(mariadb_url, f"{t}_log") == []
+        if shape == "referenced-by-cascade":
+            assert my_rows(mariadb_url, f"{t}_child") == [(5,), (6,)]
+    finally:
+        with mariadb_connect(mariadb_url) as conn, conn.cursor() as cur:
+            for name in (f"{t}_child", f"{t}_log", t):
+                cur.execute(f"DROP TABLE IF EXISTS `{name}`")
+
+
+def test_mariadb_replace_upsert_refuses_a_value_that_does_not_fit(mariadb_url: str, my_keyed: str) -> None:
+    assert my_plan(mariadb_url, my_keyed).upsert_by_replace
+    with pytest.raises(BranchError, match=r"partition 1 could not be written.*name") as info:
+        write_direct(mariadb_url, my_keyed, [batch([1, 20], ["ok", "ok"]), batch([2, 21], ["x" * 41, "ok"])])
+    assert "nothing of this batch is visible" in str(info.value)
+    assert my_rows(mariadb_url, my_keyed) == OLD
+
+
+@pytest.mark.parametrize(
+    ("local_infile", "unwritten_column"),
+    [(True, False), (True, True), (False, False)],
+    ids=["load-data-replace", "load-data-staging", "multi-row-insert"],
+)
+def test_mariadb_every_supported_type_merges_as_append_loads_it(
+    mariadb_url: str, fresh_table_name: str, local_infile: bool, unwritten_column: bool
+) -> None:
+    """Every MariaDB upsert path (LOAD DATA REPLACE, LOAD DATA into a staging table, multi-row INSERT) stores
+    what append stores.  A column the DataFrame does not write sends LOAD DATA to the staging table.
+
+    The target already holds every key with other values, so each row goes through the merge.
     """
     table, appended = fresh_table_name, f"{fresh_table_name}_a"
     ddl = (
         "id BIGINT PRIMARY KEY, i2 SMALLINT, i4 INT, f4 FLOAT, f8 DOUBLE, d DECIMAL(12,2), b BOOLEAN, "
         "s TEXT, v VARCHAR(8), `by` VARBINARY(16), dt DATE, ts DATETIME(6), tz DATETIME(6)"
-    )
+    ) + (", note VARCHAR(8) DEFAULT 'kept'" if unwritten_column else "")
     utc = dt.timezone.utc
     data = pa.RecordBatch.from_pydict(
         {
@@ -550,6 +632,8 @@ def test_mariadb_every_supported_type_merges_as_append_loads_it(
     try:
         write_direct(mariadb_url, appended, [data], keys="")
         write_direct(mariadb_url, table, [data], localInfile=str(local_infile).lower())
+        if local_infile:
+            assert my_plan(mariadb_url, table, data.schema).upsert_by_replace is not unwritten_column
         merged = my_rows(mariadb_url, table)
         assert merged == my_rows(mariadb_url, appended)
         assert len(merged) == 3 and merged[2][7] == "quote ' \" \\ ünï \\N" and merged[0][9] == b"\x00\xff\t\n\\"

@@ -148,8 +148,7 @@ def plan_target(dialect: Dialect, conn: Connection, options: WriteOptions, sourc
     if options.upsert_key_columns:
         check_upsert_key(insp, options)
     plan = TargetPlan(schema, table, pa.schema(fields), tuple(f.name for f in source), options.upsert_key_columns)
-    dialect.check_table(conn, plan)
-    return plan
+    return dialect.check_table(conn, plan)
 
 
 def check_upsert_key(insp: sa.Inspector, options: WriteOptions) -> None:

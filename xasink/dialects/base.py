@@ -53,6 +53,9 @@ class TargetPlan:
     arrow_schema: pa.Schema  # column names and exact types the table takes
     source_names: tuple[str, ...]  # DataFrame column for each arrow_schema field
     upsert_keys: tuple[str, ...] = ()
+    # MySQL family: the table is such that loading with REPLACE gives exactly the upsert's rows
+    # (MySQLDialect.replace_is_upsert), so the merge needs no staging table
+    upsert_by_replace: bool = False
 
 
 def redact(text: str, secret: str | None) -> str:
@@ -225,8 +228,9 @@ class Dialect(ABC):
         ordinary commit (the decision's) not when the server runs with asynchronous commit.
         """
 
-    def check_table(self, conn: Connection, plan: TargetPlan) -> None:  # noqa: B027 - optional hook
-        """Dialect-specific checks of the target table (e.g. storage engine)."""
+    def check_table(self, conn: Connection, plan: TargetPlan) -> TargetPlan:
+        """Dialect-specific checks of the target table (e.g. storage engine); the plan, refined if need be."""
+        return plan
 
     # -- branch side ---------------------------------------------------------
     @abstractmethod

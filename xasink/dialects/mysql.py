@@ -25,6 +25,7 @@ the client for a file: branch connections only enable it when the option ``local
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -333,6 +334,8 @@ class MySQLBranch(BranchSession):
     # -- loading --------------------------------------------------------------------------
     def load(self, batches: Iterator[pa.RecordBatch]) -> int:
         try:
+            if self.use_load_data and self.plan.upsert_by_replace:
+                return self._load_data(self._checked_keys(batches), _table(self.plan), replace=True)
             if self.use_load_data and self.plan.upsert_keys:
                 return self._staged_upsert(batches)
             if self.use_load_data:
@@ -343,7 +346,7 @@ class MySQLBranch(BranchSession):
         except Exception as exc:
             raise self.dialect.branch_error(exc, self.xid, self.plan) from None
 
-    def load_data_sql(self, path: str, into: str) -> str:
+    def load_data_sql(self, path: str, into: str, replace: bool = False) -> str:
         cols, sets = [], []
         for i, field in enumerate(self.plan.arrow_schema):
             t = field.type
@@ -353,7 +356,8 @@ class MySQLBranch(BranchSession):
             else:
                 cols.append(_ident(field.name))
         stmt = (
-            f"LOAD DATA LOCAL INFILE {self.conn.escape(path)} INTO TABLE {into} CHARACTER SET utf8mb4 "
+            f"LOAD DATA LOCAL INFILE {self.conn.escape(path)}{' REPLACE' if replace else ''} INTO TABLE {into} "
+            "CHARACTER SET utf8mb4 "
             "FIELDS TERMINATED BY '\\t' ESCAPED BY '\\\\' LINES TERMINATED BY '\\n' "
             f"({', '.join(cols)})"
         )
@@ -380,14 +384,7 @@ class MySQLBranch(BranchSession):
             f"CREATE TEMPORARY TABLE {stage} ({_ident(ordinal)} BIGINT AUTO_INCREMENT PRIMARY KEY) ENGINE=InnoDB "
             f"SELECT {cols} FROM {_table(self.plan)} LIMIT 0"
         )
-        keys = [self.plan.arrow_schema.get_field_index(k) for k in self.plan.upsert_keys]
-
-        def checked() -> Iterator[pa.RecordBatch]:
-            for batch in batches:
-                check_upsert_keys(batch, self.plan, keys, self.xid.partition)
-                yield batch
-
-        total = self._load_data(checked(), stage)
+        total = self._load_data(self._checked_keys(batches), stage)
         self.cursor.execute(
             f"INSERT INTO {_table(self.plan)} ({cols}) SELECT {cols} FROM {stage} ORDER BY {_ident(ordinal)} "
             f"ON DUPLICATE KEY UPDATE {self._updates()}"
@@ -395,32 +392,39 @@ class MySQLBranch(BranchSession):
         self.cursor.execute(f"DROP TEMPORARY TABLE {stage}")
         return total
 
+    def _checked_keys(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        """The batches, each checked for NULL upsert keys before it is loaded."""
+        keys = [self.plan.arrow_schema.get_field_index(k) for k in self.plan.upsert_keys]
+        for batch in batches:
+            check_upsert_keys(batch, self.plan, keys, self.xid.partition)
+            yield batch
+
     def _updates(self) -> str:
         """The ON DUPLICATE KEY UPDATE list: every non-key column takes the new row's value."""
         names = self.plan.arrow_schema.names
         others = [n for n in names if n not in self.plan.upsert_keys] or list(self.plan.upsert_keys[:1])
         return ", ".join(f"{_ident(n)} = VALUES({_ident(n)})" for n in others)
 
-    def _load_data(self, batches: Iterator[pa.RecordBatch], into: str) -> int:
+    def _load_data(self, batches: Iterator[pa.RecordBatch], into: str, replace: bool = False) -> int:
         """Batches are written to a private temp file and loaded every ``batch_size`` rows (or 64 MiB)."""
         fd, path = tempfile.mkstemp(prefix="xasink-", suffix=".tsv")
         total = pending = 0
         try:
-            stmt = self.load_data_sql(path, into)
+            stmt = self.load_data_sql(path, into, replace)
             with os.fdopen(fd, "wb") as f:
                 for batch in batches:
                     f.write(encode_tsv(batch))
                     pending += batch.num_rows
                     if pending >= self.dialect.settings.batch_size or f.tell() >= self.dialect.load_data_max_bytes:
                         f.flush()
-                        self._run_load(stmt, pending)
+                        self._run_load(stmt, pending, replace)
                         total += pending
                         pending = 0
                         f.seek(0)
                         f.truncate()
                 if pending:
                     f.flush()
-                    self._run_load(stmt, pending)
+                    self._run_load(stmt, pending, replace)
                     total += pending
         finally:
             try:
@@ -429,13 +433,15 @@ class MySQLBranch(BranchSession):
                 pass
         return total
 
-    def _run_load(self, stmt: str, expected: int) -> None:
+    def _run_load(self, stmt: str, expected: int, replace: bool = False) -> None:
         self.cursor.execute(stmt)
         loaded = self.cursor.rowcount
-        if self.cursor.warning_count or loaded != expected:
+        # a REPLACE counts a replaced row twice; strict mode makes a row it cannot store an error, not a skip
+        stored_all = expected <= loaded <= 2 * expected if replace else loaded == expected
+        if self.cursor.warning_count or not stored_all:
             self.cursor.execute("SHOW WARNINGS LIMIT 5")
             warnings = [w for w in self.cursor.fetchall() if str(w[0]).lower() != "note"]
-            if warnings or loaded != expected:
+            if warnings or not stored_all:
                 raise self.dialect.load_warning_error(warnings, loaded, expected, self.xid, self.plan)
 
     def insert_sql(self) -> str:
@@ -647,7 +653,7 @@ class MySQLDialect(Dialect):
                 self.where(),
             )
 
-    def check_table(self, conn: Connection, plan: TargetPlan) -> None:
+    def check_table(self, conn: Connection, plan: TargetPlan) -> TargetPlan:
         row = conn.execute(
             sa.text(
                 "SELECT ENGINE, TABLE_TYPE FROM information_schema.TABLES "
@@ -658,7 +664,7 @@ class MySQLDialect(Dialect):
         conn.rollback()
         target = f"{plan.schema}.{plan.table}" if plan.schema else plan.table
         if row is None:
-            return  # reflection found it a moment ago; the branch will say what happened
+            return plan  # reflection found it a moment ago; the branch will say what happened
         engine, kind = row
         if str(kind).upper() != "BASE TABLE":
             raise PreflightError(f"{target} is a {str(kind).lower()}: xasink writes into base tables only")
@@ -667,6 +673,46 @@ class MySQLDialect(Dialect):
                 f"table {target} uses the {engine} storage engine, which has no XA transactions: rows would "
                 f"become visible before the batch commits. Convert it: ALTER TABLE {target} ENGINE=InnoDB"
             )
+        if plan.upsert_keys and self.replace_is_upsert(conn, plan):
+            log.info("upsert into %s: LOAD DATA REPLACE (the key is the table's only unique key)", target)
+            return dataclasses.replace(plan, upsert_by_replace=True)
+        return plan
+
+    def replace_is_upsert(self, conn: Connection, plan: TargetPlan) -> bool:
+        """Whether REPLACE leaves exactly the rows ON DUPLICATE KEY UPDATE (every column) would: the upsert key
+        is the table's only unique key, no foreign key refers to the table and it has no triggers (then the
+        server turns each REPLACE of a row into an UPDATE of it, not a DELETE and INSERT), and every column is
+        written (REPLACE would reset the others to their defaults)."""
+        where = {"schema": plan.schema, "table": plan.table}
+        same_table = "TABLE_SCHEMA = COALESCE(:schema, DATABASE()) AND TABLE_NAME = :table"
+        unique = conn.execute(
+            sa.text(
+                "SELECT INDEX_NAME, COLUMN_NAME FROM information_schema.STATISTICS "
+                f"WHERE {same_table} AND NON_UNIQUE = 0"
+            ),
+            where,
+        ).all()
+        columns = conn.execute(
+            sa.text(f"SELECT COLUMN_NAME FROM information_schema.COLUMNS WHERE {same_table}"), where
+        ).all()
+        blockers = conn.execute(
+            sa.text(
+                "SELECT (SELECT COUNT(*) FROM information_schema.TRIGGERS WHERE "
+                "EVENT_OBJECT_SCHEMA = COALESCE(:schema, DATABASE()) AND EVENT_OBJECT_TABLE = :table) + "
+                "(SELECT COUNT(*) FROM information_schema.REFERENTIAL_CONSTRAINTS WHERE "
+                "UNIQUE_CONSTRAINT_SCHEMA = COALESCE(:schema, DATABASE()) AND REFERENCED_TABLE_NAME = :table)"
+            ),
+            where,
+        ).scalar()
+        conn.rollback()
+        indexes = {str(name) for name, _ in unique}
+        key_columns = {str(col).lower() for _, col in unique}
+        return (
+            len(indexes) == 1
+            and key_columns == {k.lower() for k in plan.upsert_keys}
+            and not blockers
+            and {str(c).lower() for (c,) in columns} == {n.lower() for n in plan.arrow_schema.names}
+        )
 
     def branch_error(self, exc: BaseException, xid: Xid, plan: TargetPlan) -> BranchError:
         code = _errno(exc)
