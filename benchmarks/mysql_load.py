@@ -65,7 +65,7 @@ def batches(rows: int, size: int = 10_000) -> Iterator[pa.RecordBatch]:
 
 
 def run_once(dialect: MySQLDialect, plan: TargetPlan, rows: int, data: list[pa.RecordBatch]) -> float:
-    xid = Xid("bench", 0, 0, f"1-{new_run_nonce()}")
+    xid = Xid("0000000000", "bench", 0, 0, f"1-{new_run_nonce()}")
     branch = MySQLBranch(dialect, xid, plan)
     t0 = time.perf_counter()
     loaded = branch.load(iter(data))

@@ -90,7 +90,7 @@ def write_plain(options: WriteOptions, plan: TargetPlan, partition: int, batches
     if first is None:
         return 0
     dialect = dialect_for(options.url, options.branch_settings)
-    xid = Xid(options.sink_id, options.batch_id, partition, attempt_token(partition, new_run_nonce()))
+    xid = Xid("0000000000", options.sink_id, options.batch_id, partition, attempt_token(partition, new_run_nonce()))
     session = dialect.open_branch(xid, plan)
     try:
         import itertools

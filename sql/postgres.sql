@@ -3,9 +3,19 @@
 -- Run it in the target database when the writing user may not CREATE tables, e.g.
 --   psql -h HOST -U admin -d shop -f sql/postgres.sql
 -- With journalTablePrefix / journalSchema set, rename (or schema-qualify) the tables accordingly.
--- The writing user needs SELECT, INSERT, UPDATE, DELETE on the three tables:
+-- The writing user needs SELECT, INSERT, UPDATE, DELETE on the four tables:
+--   GRANT SELECT, INSERT ON xasink_log TO etl;
 --   GRANT SELECT, INSERT, UPDATE, DELETE ON xasink_sinks, xasink_batches, xasink_claims TO etl;
 -- and the server needs max_prepared_transactions >= the partitions of one batch (restart to change it).
+
+-- The log's identity: one row (slot 1), a random log_id drawn by the first writer. Every branch's xid
+-- carries it; this log finishes only branches that carry it. Never change it while branches are prepared.
+CREATE TABLE IF NOT EXISTS xasink_log (
+    slot SMALLINT NOT NULL,
+    log_id VARCHAR(10) NOT NULL,
+    created_at TIMESTAMP WITHOUT TIME ZONE NOT NULL,
+    PRIMARY KEY (slot)
+);
 
 -- One row per sink; its row lock serializes deciding a batch against rolling back undecided branches.
 CREATE TABLE IF NOT EXISTS xasink_sinks (
@@ -36,5 +46,6 @@ CREATE TABLE IF NOT EXISTS xasink_claims (
     run VARCHAR(8) NOT NULL,
     superseded BOOLEAN NOT NULL,
     claimed_at TIMESTAMP WITHOUT TIME ZONE NOT NULL,
+    guard VARCHAR(64),
     PRIMARY KEY (sink_id, batch_id, run)
 );

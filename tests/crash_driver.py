@@ -20,6 +20,7 @@ import logging
 import os
 import sys
 
+OPTIONS_ENV = "XASINK_TEST_WRITE_OPTIONS"  # --direct: a JSON object of extra write options
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
@@ -31,12 +32,14 @@ def direct(url: str, table: str, sink_id: str, batch_id: int, n: int, partitions
 
     from xasink.branch import write_partition
     from xasink.coordinator import Coordinator
+    from xasink.liveness import InProcessGuard
     from xasink.options import parse_options
     from xasink.schema import plan_target
     from xasink.xid import new_run_nonce
 
     schema = pa.schema([pa.field("id", pa.int32(), nullable=False), ("name", pa.string())])
-    opts = parse_options({"url": url, "dbtable": table, "sinkId": sink_id, "batchId": batch_id})
+    extra = json.loads(os.environ.get(OPTIONS_ENV, "{}"))  # more write options, e.g. journalTablePrefix
+    opts = parse_options({"url": url, "dbtable": table, "sinkId": sink_id, "batchId": batch_id, **extra})
     coordinator = Coordinator(opts)
     try:
         coordinator.preflight(partitions)
@@ -44,14 +47,26 @@ def direct(url: str, table: str, sink_id: str, batch_id: int, n: int, partitions
             plan = plan_target(coordinator.dialect, conn, opts, schema)
             conn.commit()
         per, run = n // partitions, new_run_nonce()
+        # this process is the driver: it holds the run guard itself, as a Spark driver's keeper does
+        guard = InProcessGuard(coordinator.dialect, coordinator.journal.log_id())
         outcomes = []
         for p in range(partitions):
             ids = list(range(p * per, n if p == partitions - 1 else (p + 1) * per))
             batch = pa.RecordBatch.from_pydict({"id": ids, "name": [f"n{i}" for i in ids]}, schema=schema)
             outcomes.append(
-                write_partition(opts, plan, batch_id=batch_id, partition=p, task_attempt_id=p, run=run, batches=[batch])
+                write_partition(
+                    opts,
+                    plan,
+                    batch_id=batch_id,
+                    partition=p,
+                    task_attempt_id=p,
+                    run=run,
+                    batches=[batch],
+                    guard=guard.name,
+                )
             )
         result = coordinator.commit(batch_id, outcomes)
+        guard.close()
     finally:
         coordinator.close()
     print(json.dumps({"rows": result.rows, "branches": result.branches, "skipped": result.skipped}), flush=True)

@@ -8,8 +8,13 @@ exactly the connections that carry ``COMMIT PREPARED``:
   that resets logins), :meth:`TcpProxy.set_down` does so for every connection until turned off;
 * :meth:`TcpProxy.cut_on` watches the client's bytes for a pattern (e.g. ``b"COMMIT PREPARED"``): the
   statement is forwarded and executed, and the connection is cut instead of relaying the reply, so the
-  client cannot know whether it committed (``after_reply=False`` cuts before forwarding instead);
-  ``then_refuse=n`` refuses the next *n* connections after the cut, ``then_down=True`` every later one.
+  client cannot know whether it committed (``after_reply=False`` cuts before forwarding instead,
+  ``relay_reply=True`` after relaying the reply, so the client saw it succeed);
+  ``then_refuse=n`` refuses the next *n* connections after the cut, ``then_down=True`` every later one,
+  ``then_down_for=s`` drops every open connection and refuses new ones for *s* seconds (a server that
+  became unreachable for a while); ``armed_by=b"..."`` cuts only a connection that sent that pattern
+  before (e.g. the ``COMMIT`` that follows ``INSERT INTO xasink_batches``);
+* :meth:`TcpProxy.down_for` drops every connection and refuses new ones for a number of seconds.
 
 The proxy speaks no protocol: it matches raw bytes, which works for PostgreSQL's plain (non-TLS)
 simple-query messages the control connections send.  Threads only, no asyncio: tests stay synchronous.
@@ -21,6 +26,7 @@ import contextlib
 import logging
 import socket
 import threading
+import time
 from dataclasses import dataclass, field
 
 log = logging.getLogger(__name__)
@@ -35,6 +41,9 @@ class _Cut:
     after_reply: bool
     then_refuse: int
     then_down: bool
+    relay_reply: bool = False
+    then_down_for: float = 0.0
+    armed_by: bytes | None = None
 
 
 @dataclass
@@ -44,6 +53,8 @@ class _Link:
     client: socket.socket
     server: socket.socket
     swallow_reply: bool = False
+    close_after_reply: bool = False
+    sent: bytes = b""  # the client's bytes so far, kept only while a cut is armed by a pattern
     closed: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -72,6 +83,7 @@ class TcpProxy:
         self._links: list[_Link] = []
         self._refuse = 0
         self._down = False
+        self._down_until = 0.0  # time.monotonic() until which new connections are refused
         self._cuts: list[_Cut] = []
         self._running = False
         # figures a test reports
@@ -120,15 +132,34 @@ class TcpProxy:
         with self._lock:
             self._down = down
 
+    def down_for(self, seconds: float) -> None:
+        """Drop every open connection and refuse new ones for ``seconds`` (then accept again by itself)."""
+        with self._lock:
+            self._down_until = time.monotonic() + seconds
+        self.drop_all()
+
     def cut_on(
-        self, pattern: bytes, times: int = 1, *, after_reply: bool = True, then_refuse: int = 0, then_down: bool = False
+        self,
+        pattern: bytes,
+        times: int = 1,
+        *,
+        after_reply: bool = True,
+        then_refuse: int = 0,
+        then_down: bool = False,
+        relay_reply: bool = False,
+        then_down_for: float = 0.0,
+        armed_by: bytes | None = None,
     ) -> None:
         """Cut the next ``times`` connections whose client sends ``pattern`` (see the module docstring).
 
-        After each cut, refuse the next ``then_refuse`` new connections, or (``then_down``) all of them.
+        After each cut, refuse the next ``then_refuse`` new connections, or (``then_down``) all of them,
+        or (``then_down_for``) drop all and refuse new ones for that many seconds.  With ``armed_by``, only
+        a connection whose client sent ``armed_by`` earlier is cut.
         """
         with self._lock:
-            self._cuts.append(_Cut(pattern, times, after_reply, then_refuse, then_down))
+            self._cuts.append(
+                _Cut(pattern, times, after_reply, then_refuse, then_down, relay_reply, then_down_for, armed_by)
+            )
 
     def reset(self) -> None:
         """Forget armed cuts and refusals and come back up."""
@@ -136,6 +167,7 @@ class TcpProxy:
             self._cuts.clear()
             self._refuse = 0
             self._down = False
+            self._down_until = 0.0
 
     @property
     def open_connections(self) -> int:
@@ -151,7 +183,7 @@ class TcpProxy:
                 return
             with self._lock:
                 self.accepted += 1
-                refuse = self._down or self._refuse > 0
+                refuse = self._down or self._refuse > 0 or time.monotonic() < self._down_until
                 if self._refuse > 0:
                     self._refuse -= 1
             if refuse:
@@ -173,17 +205,31 @@ class TcpProxy:
             threading.Thread(target=self._pump_up, args=(link,), daemon=True).start()
             threading.Thread(target=self._pump_down, args=(link,), daemon=True).start()
 
-    def _armed_cut(self, tail: bytes, data: bytes) -> _Cut | None:
+    def _armed_cut(self, link: _Link, tail: bytes, data: bytes) -> _Cut | None:
         with self._lock:
             for cut in self._cuts:
+                if cut.armed_by is not None and cut.armed_by not in link.sent:
+                    continue
                 keep = len(cut.pattern) - 1  # a pattern wholly inside the tail was seen with the last chunk
                 if cut.times > 0 and cut.pattern in (tail[len(tail) - keep :] if keep else b"") + data:
                     cut.times -= 1
                     self._refuse += cut.then_refuse
                     if cut.then_down:
                         self._down = True
+                    if cut.then_down_for:
+                        self._down_until = time.monotonic() + cut.then_down_for
                     return cut
+            if any(c.times > 0 and c.armed_by is not None for c in self._cuts):
+                link.sent = (link.sent + data)[-65536:]
         return None
+
+    def _drop_others(self, keep: _Link) -> None:
+        with self._lock:
+            others = [link for link in self._links if link is not keep]
+            self._links = [keep]
+        for link in others:
+            link.close()
+        self.dropped += len(others)
 
     def _pump_up(self, link: _Link) -> None:
         """Client to server; watches for armed patterns (keeping a tail so a pattern split in two is seen)."""
@@ -193,17 +239,22 @@ class TcpProxy:
                 data = link.client.recv(_CHUNK)
                 if not data:
                     break
-                cut = self._armed_cut(tail, data)
+                cut = self._armed_cut(link, tail, data)
                 if cut is not None:
                     self.cut += 1
-                    if not cut.after_reply:
+                    if cut.then_down_for:
+                        self._drop_others(link)
+                    if cut.relay_reply:
+                        link.close_after_reply = True
+                    elif not cut.after_reply:
                         break
-                    link.swallow_reply = True
+                    else:
+                        link.swallow_reply = True
                 link.server.sendall(data)
                 tail = (tail + data)[-256:]
         except OSError:
             pass
-        if not link.swallow_reply:
+        if not (link.swallow_reply or link.close_after_reply):
             link.close()
 
     def _pump_down(self, link: _Link) -> None:
@@ -216,6 +267,8 @@ class TcpProxy:
                 if link.swallow_reply:
                     break
                 link.client.sendall(data)
+                if link.close_after_reply:
+                    break
         except OSError:
             pass
         link.close()

@@ -276,7 +276,8 @@ def test_abort_rolls_everything_back(sink: Sink) -> None:
     assert sink.rows() == []
     assert sink.mine() == []
     assert sink.journal() == {}
-    # an aborted batch was never decided: it can be written again
+    # an aborted batch was never decided: it can be written again (by a new run: the aborted one has ended)
+    sink.run = new_run_nonce()
     outcomes = sink.write_batch(1, [range(0, 3)])
     sink.coordinator.commit(1, outcomes)
     assert sink.rows() == expected(range(3))

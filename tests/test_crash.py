@@ -13,6 +13,7 @@ waits until recovery finishes them (test_branches_of_a_killed_driver_block_a_wri
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -81,15 +82,25 @@ def _reap(tag: str, grace_s: float = 60.0) -> list[int]:
     return left
 
 
-def run_driver(url: str, table: str, sink: str, point: str, log: Path, direct: bool = False) -> int:
+def run_driver(
+    url: str,
+    table: str,
+    sink: str,
+    point: str,
+    log: Path,
+    direct: bool = False,
+    options: dict[str, str] | None = None,
+    batch: int = BATCH,
+) -> int:
     """Run crash_driver.py with the fault; return its exit status once it and all its children are gone.
 
-    ``direct``: the driver without Spark (crash_driver.py --direct).
+    ``direct``: the driver without Spark (crash_driver.py --direct), with ``options`` as extra write options.
     """
     tag = uuid.uuid4().hex
     env = {**os.environ, "XASINK_FAULT": f"{point}:kill", TAG_ENV: tag, "PYSPARK_PYTHON": sys.executable}
+    env["XASINK_TEST_WRITE_OPTIONS"] = json.dumps(options or {})
     env.pop("XASINK_FAULT_PGID", None)
-    cmd = [sys.executable, str(DRIVER), url, table, sink, str(BATCH), str(N), str(PARTITIONS)]
+    cmd = [sys.executable, str(DRIVER), url, table, sink, str(batch), str(N), str(PARTITIONS)]
     cmd += ["--direct"] if direct else []
     with log.open("wb") as out:
         proc = subprocess.Popen(

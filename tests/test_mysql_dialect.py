@@ -251,7 +251,7 @@ def test_a_branch_still_attached_to_its_writer_is_busy_not_unknown(mariadb_url: 
     """XAER_NOTA while the owner is connected must not pass for 'committed earlier': it is transient."""
     opts = options(mariadb_url, "unused")
     dialect = MySQLDialect(opts.url)
-    xid = Xid(opts.sink_id, 0, 0, f"1-{new_run_nonce()}")
+    xid = Xid("0a0b0c0d0e", opts.sink_id, 0, 0, f"1-{new_run_nonce()}")
     sql(mariadb_url, "CREATE TABLE IF NOT EXISTS busy_scratch (x INT) ENGINE=InnoDB")
     with mariadb_connect(mariadb_url) as owner, owner.cursor() as cur:
         cur.execute("SELECT CONNECTION_ID()")
@@ -545,12 +545,12 @@ def test_create_table_column_types_use_mysql_names(mariadb_url: str, table: str)
 
 
 def test_xa_recover_rows_parse() -> None:
-    gtrid, bqual = b"xasink:s:1", b"0:1-0a0b0c0d"
-    assert parse_recover_row((FORMAT_ID, 10, 12, gtrid + bqual), False) == (FORMAT_ID, gtrid, bqual)
-    assert parse_recover_row((FORMAT_ID, 10, 12, "0x" + (gtrid + bqual).hex()), True) == (FORMAT_ID, gtrid, bqual)
+    gtrid, bqual = b"xasink:s:1", b"0a0b0c0d0e:0:1-0a0b0c0d"
+    assert parse_recover_row((FORMAT_ID, 10, 23, gtrid + bqual), False) == (FORMAT_ID, gtrid, bqual)
+    assert parse_recover_row((FORMAT_ID, 10, 23, "0x" + (gtrid + bqual).hex()), True) == (FORMAT_ID, gtrid, bqual)
     assert parse_recover_row((1, 3, 0, "abc"), False) == (1, b"abc", b"")
     assert parse_recover_row((1, 3, 2, b"abc"), False) is None  # lengths disagree: not parsed, never touched
-    assert Xid.from_xa(FORMAT_ID, gtrid, bqual) == Xid("s", 1, 0, "1-0a0b0c0d")
+    assert Xid.from_xa(FORMAT_ID, gtrid, bqual) == Xid("0a0b0c0d0e", "s", 1, 0, "1-0a0b0c0d")
     assert parse_foreign_gid("xa:1:00ff:") == (1, b"\x00\xff", b"")
     assert parse_foreign_gid("xasink:s:1/0:1-0a0b0c0d") is None
 
@@ -594,7 +594,12 @@ def test_sql_file_runs_on_mariadb(mariadb_url: str) -> None:
                 "SELECT TABLE_NAME, ENGINE FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s ORDER BY 1",
                 (scratch,),
             )
-            want = (("xasink_batches", "InnoDB"), ("xasink_claims", "InnoDB"), ("xasink_sinks", "InnoDB"))
+            want = (
+                ("xasink_batches", "InnoDB"),
+                ("xasink_claims", "InnoDB"),
+                ("xasink_log", "InnoDB"),
+                ("xasink_sinks", "InnoDB"),
+            )
             assert cur.fetchall() == want
         finally:
             cur.execute(f"DROP DATABASE `{scratch}`")

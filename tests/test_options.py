@@ -357,3 +357,14 @@ def test_hostile_values_in_other_options() -> None:
 def test_surrounding_whitespace_is_trimmed() -> None:
     assert opts(sinkId=" s1\n").sink_id == "s1"
     assert opts(batchId="\t9 ").batch_id == 9
+
+
+def test_commit_timeout_and_the_deprecated_commit_retries() -> None:
+    """commitTimeout bounds the work after the decision (default minutes); commitRetries is only a cap if set."""
+    o = opts()
+    assert o.commit_timeout == 300 and o.commit_retries is None
+    o = parse_options({"url": PG, "dbtable": "t", "COMMITTIMEOUT": " 5 ", "CommitRetries": "2"})
+    assert (o.commit_timeout, o.commit_retries) == (5, 2)
+    assert opts(commitTimeout="0").commit_timeout == 0  # one try of each step, no retry
+    assert "'commitTimeout'" in error({"url": PG, "dbtable": "t", "commitTimeout": "-1"})
+    assert "'commitTimeout'" in error({"url": PG, "dbtable": "t", "commitTimeout": "5min"})

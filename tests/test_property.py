@@ -107,7 +107,9 @@ class Protocol(RuleBasedStateMachine):
         self.attempt += 1
         ids = list(range(self.next_id, self.next_id + n))
         self.next_id += n
-        gid = Xid(self.sink, batch, partition, attempt_token(self.attempt, self.run)).gid
+        gid = Xid(
+            self.coordinator.journal.log_id(), self.sink, batch, partition, attempt_token(self.attempt, self.run)
+        ).gid
         rows = pa.RecordBatch.from_arrays([pa.array(ids, pa.int64()), pa.array([gid] * n)], schema=SCHEMA)
         outcome = write_partition(
             self.options,

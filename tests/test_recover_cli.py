@@ -210,9 +210,14 @@ class Db:
         return self.mine() | (self.backend.prepared() & set(self.foreign))
 
     def mine(self) -> set[str]:
-        """Prepared branches of this test's sinks."""
+        """Prepared branches of this test's sinks (in this test's decision log)."""
         ids = {s.sink_id for s in self.sinks}
-        return {g for g in self.backend.prepared() if (x := Xid.parse(g)) is not None and x.sink_id in ids}
+        logs = {s.coordinator.journal.log_id() for s in self.sinks}
+        return {
+            g
+            for g in self.backend.prepared()
+            if (x := Xid.parse(g)) is not None and x.sink_id in ids and x.log_id in logs
+        }
 
     def cleanup(self) -> list[str]:
         """Roll back what the test left; returns the branches of its sinks that were left (a leak)."""
@@ -319,7 +324,7 @@ def gid(outcome: BranchOutcome) -> str:
 
 
 def planned(report: admin.RecoverReport, sink: Sink) -> dict[str, tuple[str, str]]:
-    return {e.gid: (e.decision, e.action) for e in report.entries if e.sink_id == sink.sink_id}
+    return {e.gid: (e.decision, e.action) for e in report.entries if e.ours and e.sink_id == sink.sink_id}
 
 
 # --------------------------------------------------------------------------- the CLI
@@ -455,22 +460,27 @@ def test_status_reports_the_killed_job_then_the_recovered_one(db: Db) -> None:
 
 def test_foreign_and_near_miss_transactions_survive(db: Db) -> None:
     sink = db.sink()
-    s = sink.sink_id
+    s, log = sink.sink_id, sink.coordinator.journal.log_id()
     near = [
-        "xasink:s1:1/0:5-zzzzzzzz",
-        "xasink:s1:1/0:5-abcdef01x",
-        "XASINK:s1:1/0:5-abcdef01",
-        f"xasink:{s}:1/0:5-zzzzzzzz",
-        f"xasink:{s}:1/0:5-abcdef01x",
-        f"XASINK:{s}:1/0:5-abcdef01",
-        f"xasink:{s}:01/0:5-abcdef01",
-        f"xasink:{s}:1/0:5-ABCDEF01",
+        f"xasink:s1:1/{log}:0:5-zzzzzzzz",
+        f"xasink:s1:1/{log}:0:5-abcdef01x",
+        f"XASINK:s1:1/{log}:0:5-abcdef01",
+        f"xasink:{s}:1/{log}:0:5-zzzzzzzz",
+        f"xasink:{s}:1/{log}:0:5-abcdef01x",
+        f"XASINK:{s}:1/{log}:0:5-abcdef01",
+        f"xasink:{s}:01/{log}:0:5-abcdef01",
+        f"xasink:{s}:1/{log}:0:5-ABCDEF01",
+        f"xasink:{s}:1/{log.upper()}:0:5-abcdef01",
+        f"xasink:{s}:1/{log[:-1]}:0:5-abcdef01",
+        f"xasink:{s}:1/0:5-abcdef01",  # the format before log ids
     ]
     foreign = [db.make_foreign("foreign-1", format_id=1)] + [db.make_foreign(g) for g in near]
     if db.backend.name == "mariadb":  # our exact strings under another XA formatID are someone else's
-        foreign.append(db.make_foreign(f"xasink:{s}:1/0:5-abcdef01", format_id=1))
-    unknown = db.make_foreign("xasink:rcnosuchsink:1/0:5-abcdef01")  # parses as ours, but no sink of this log
-    assert len(set(foreign)) == len(foreign) and Xid.parse(unknown) is not None
+        foreign.append(db.make_foreign(f"xasink:{s}:1/{log}:0:5-abcdef01", format_id=1))
+    unknown = db.make_foreign(f"xasink:rcnosuchsink:1/{log}:0:5-abcdef01")  # parses as ours, but no sink of this log
+    other = "f" * 10 if log != "f" * 10 else "e" * 10
+    other_log = db.make_foreign(f"xasink:{s}:1/{other}:0:5-abcdef01")  # the same sink of another decision log
+    assert len(set(foreign)) == len(foreign) and Xid.parse(unknown) is not None and Xid.parse(other_log) is not None
     killed = killed_job(sink)
 
     report = xasink.recover(db.url, older_than_s=0)
@@ -481,10 +491,13 @@ def test_foreign_and_near_miss_transactions_survive(db: Db) -> None:
         assert (e.ours, e.decision, e.action, e.outcome) == (False, "foreign", "ignore", "untouched")
     e = by_gid[unknown]
     assert (e.ours, e.decision, e.action, e.outcome) == (True, "unknown-sink", "ignore-unknown-sink", "untouched")
+    e = by_gid[other_log]
+    assert (e.ours, e.decision, e.action, e.outcome) == (False, "other-log", "ignore-other-log", "untouched")
+    assert e.log_id == other and e.sink_id == s
     assert planned(report, sink) == killed.plan
     assert report.exit_code == 1  # the unknown sink's branch stays prepared, and it is old
     left = db.backend.prepared()
-    assert set(foreign) <= left and unknown in left
+    assert set(foreign) <= left and unknown in left and other_log in left
     assert db.mine() == set()
     assert sink.rows() == killed.decided_rows
     assert db.backend.rows("rc_scratch") == []  # the foreign ones are neither committed nor rolled back
@@ -500,7 +513,7 @@ def test_foreign_and_near_miss_transactions_survive(db: Db) -> None:
     # a name that is one of ours, or nothing at all, is refused and nothing at all is changed
     pending = sink.write(5, 0, range(200, 210))
     assert pending.gid is not None
-    for name in (pending.gid, unknown, "no-such-transaction"):
+    for name in (pending.gid, unknown, other_log, "no-such-transaction"):
         code, doc = cli_json("recover", "--url", db.url, "--older-than", "0s", "--rollback-foreign", name)
         assert code == 2 and doc["acted"] is False
         assert "nothing was changed" in doc["errors"]

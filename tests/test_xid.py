@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import pytest
 
-from xasink.xid import FORMAT_ID, MAX_BATCH_ID, Xid, attempt_token, new_run_nonce, valid_sink_id
+from xasink.xid import FORMAT_ID, MAX_BATCH_ID, Xid, attempt_token, new_log_id, new_run_nonce, valid_sink_id
 
 SINK32 = "S" * 16 + "a_.-" * 4  # 32 characters, every allowed kind
 MAX_PARTITION = 9_999_999_999
 MAX_TASK_ATTEMPT = 9_999_999_999_999_999_999  # 19 digits
-GOOD = "xasink:orders:7/3:42-0a1b2c3d"
+LOG = "0123456789"
+GOOD = "xasink:orders:7/0123456789:3:42-0a1b2c3d"
 
 
 def test_gid_layout_and_round_trip() -> None:
-    xid = Xid("orders", 7, 3, "42-0a1b2c3d")
+    xid = Xid(LOG, "orders", 7, 3, "42-0a1b2c3d")
     assert xid.gtrid == "xasink:orders:7"
-    assert xid.bqual == "3:42-0a1b2c3d"
+    assert xid.bqual == "0123456789:3:42-0a1b2c3d"
+    assert xid.log_id == LOG
     assert xid.gid == str(xid) == GOOD
     assert xid.task_attempt_id == 42
     assert xid.run == "0a1b2c3d"
@@ -23,7 +25,7 @@ def test_gid_layout_and_round_trip() -> None:
 
 
 def test_from_xa_round_trip() -> None:
-    xid = Xid("orders", 7, 3, "42-0a1b2c3d")
+    xid = Xid(LOG, "orders", 7, 3, "42-0a1b2c3d")
     assert Xid.from_xa(FORMAT_ID, xid.gtrid.encode(), xid.bqual.encode()) == xid
     assert Xid.from_xa(FORMAT_ID + 1, xid.gtrid.encode(), xid.bqual.encode()) is None
     assert Xid.from_xa(1, xid.gtrid.encode(), xid.bqual.encode()) is None  # MySQL's default formatID
@@ -42,7 +44,7 @@ def test_from_xa_round_trip() -> None:
     ],
 )
 def test_extremes_fit_and_round_trip(sink: str, batch: int, partition: int, task_attempt: int) -> None:
-    xid = Xid(sink, batch, partition, attempt_token(task_attempt, "ffffffff"))
+    xid = Xid(LOG, sink, batch, partition, attempt_token(task_attempt, "ffffffff"))
     assert len(xid.gtrid.encode()) <= 64  # MySQL's limit per part
     assert len(xid.bqual.encode()) <= 64
     assert len(xid.gid.encode()) < 200  # PostgreSQL's gid limit
@@ -53,8 +55,8 @@ def test_extremes_fit_and_round_trip(sink: str, batch: int, partition: int, task
 
 
 def test_order_and_hash() -> None:
-    a = Xid("s", 1, 0, "1-00000000")
-    b = Xid("s", 1, 1, "1-00000000")
+    a = Xid(LOG, "s", 1, 0, "1-00000000")
+    b = Xid(LOG, "s", 1, 1, "1-00000000")
     assert sorted([b, a]) == [a, b]
     assert {a, Xid.parse(a.gid)} == {a}
 
@@ -64,7 +66,7 @@ def test_run_nonce() -> None:
     assert len(nonces) == 50
     for n in nonces:
         assert len(n) == 8 and all(c in "0123456789abcdef" for c in n)
-        assert Xid("s", 0, 0, attempt_token(5, n)).run == n
+        assert Xid(LOG, "s", 0, 0, attempt_token(5, n)).run == n
 
 
 @pytest.mark.parametrize(
@@ -153,7 +155,7 @@ def test_near_miss_xa_parts_are_foreign() -> None:
 def test_hostile_sink_ids_rejected(sink: str) -> None:
     assert not valid_sink_id(sink)
     with pytest.raises(ValueError, match="sink id"):
-        Xid(sink, 0, 0, "1-00000000")
+        Xid(LOG, sink, 0, 0, "1-00000000")
 
 
 @pytest.mark.parametrize(
@@ -172,4 +174,22 @@ def test_hostile_sink_ids_rejected(sink: str) -> None:
 )
 def test_out_of_range_parts_rejected(batch: int, partition: int, attempt: str) -> None:
     with pytest.raises(ValueError):
-        Xid("s", batch, partition, attempt)
+        Xid(LOG, "s", batch, partition, attempt)
+
+
+def test_log_id_is_part_of_the_identity() -> None:
+    """Two decision logs on one server never take each other's branches for their own (issue 15, item 4)."""
+    a = Xid(LOG, "orders", 7, 3, "42-0a1b2c3d")
+    b = Xid("abcdef0123", "orders", 7, 3, "42-0a1b2c3d")
+    assert a != b and a.gtrid == b.gtrid and a.bqual != b.bqual
+    assert Xid.parse(b.gid) == b and Xid.parse(b.gid).log_id == "abcdef0123"  # type: ignore[union-attr]
+    # the format before log ids no longer parses: never touched as ours
+    assert Xid.parse("xasink:orders:7/3:42-0a1b2c3d") is None
+    ids = {new_log_id() for _ in range(50)}
+    assert len(ids) == 50 and all(len(i) == 10 and int(i, 16) >= 0 for i in ids)
+
+
+@pytest.mark.parametrize("log_id", ["", "012345678", "01234567890", "012345678G", "ABCDEF0123", "01234-6789"])
+def test_malformed_log_ids_rejected(log_id: str) -> None:
+    with pytest.raises(ValueError, match="log id"):
+        Xid(log_id, "s", 0, 0, "1-00000000")

@@ -29,7 +29,8 @@ from .coordinator import (  # noqa: F401 - re-exported for the CLI
 from .dialects import Dialect, PreparedTxn, dialect_for
 from .dialects.base import redact
 from .errors import OptionError, XasinkError
-from .journal import BatchRecord, Journal, utcnow
+from .journal import BatchRecord, Journal
+from .liveness import runs_alive
 from .options import TableName, WriteOptions, parse_url
 from .xid import Xid
 
@@ -37,6 +38,7 @@ log = logging.getLogger(__name__)
 
 IGNORE_FOREIGN = "ignore"  # not ours: never touched
 IGNORE_UNKNOWN_SINK = "ignore-unknown-sink"  # ours, but its sink is not in this decision log
+IGNORE_OTHER_LOG = "ignore-other-log"  # an xasink branch of another decision log (its log id differs)
 ROLLBACK_FOREIGN = "rollback-foreign"  # named explicitly by the operator
 DEFAULT_OLDER_THAN_S = 600.0
 
@@ -44,7 +46,7 @@ DEFAULT_OLDER_THAN_S = 600.0
 @dataclass
 class PreparedEntry:
     gid: str
-    ours: bool
+    ours: bool  # a branch of this decision log (another log's has decision "other-log" and is not ours)
     sink_id: str | None
     batch_id: int | None
     partition: int | None
@@ -52,9 +54,10 @@ class PreparedEntry:
     age_s: float | None
     database: str | None
     owner: str | None
-    decision: str  # decided / undecided / orphan / foreign / unknown-sink
+    decision: str  # decided / undecided / orphan / foreign / unknown-sink / other-log
     action: str
     outcome: str = "planned"  # planned / done / still-prepared / failed: <why>
+    log_id: str | None = None  # the decision log the branch belongs to (from its xid)
 
 
 @dataclass
@@ -108,6 +111,7 @@ class StatusReport:
     foreign_prepared: int
     older_than_s: float
     errors: list[str] = field(default_factory=list)
+    other_log_prepared: int = 0  # xasink branches of other decision logs on this server: never touched from here
 
     @property
     def exit_code(self) -> int:
@@ -150,15 +154,21 @@ def _survey(
         prepared: list[PreparedTxn] = dialect.list_prepared(conn)
         now: Any = dialect.server_now(conn)
         known_sinks = set(journal.sink_ids(conn)) if has_journal else set()
+        log_id = journal.find_log_id(conn) if has_journal else None
         pending: dict[str, list[BatchRecord]] = {}
         decisions: dict[tuple[str, int], BatchRecord] = {}
         claimed: dict[tuple[str, int, str], Any] = {}  # when a run claimed its batch: ages XA RECOVER does not give
+        alive: dict[tuple[str, int, str], bool | None] = {}  # whether each run's driver still holds its guard
         if has_journal:
             for rec in journal.pending(conn, sink_filter):
                 pending.setdefault(rec.sink_id, []).append(rec)
             by_sink: dict[str, set[int]] = {}
             for p in prepared:
-                if p.xid is not None and (sink_filter is None or p.xid.sink_id == sink_filter):
+                if (
+                    p.xid is not None
+                    and p.xid.log_id == log_id
+                    and (sink_filter is None or p.xid.sink_id == sink_filter)
+                ):
                     by_sink.setdefault(p.xid.sink_id, set()).add(p.xid.batch_id)
             for sink, batches in by_sink.items():
                 for b, rec in journal.get_many(conn, sink, batches).items():
@@ -166,6 +176,9 @@ def _survey(
                 undated = {p.xid.batch_id for p in prepared if p.xid and p.xid.sink_id == sink and not p.prepared_at}
                 for (b, run), at in journal.claimed_at(conn, sink, undated).items():
                     claimed[(sink, b, run)] = at
+                undecided = batches - {b for (s, b) in decisions if s == sink}
+                for (b, run), live in runs_alive(dialect, conn, journal.claim_states(conn, sink, undecided)).items():
+                    alive[(sink, b, run)] = live
     entries = []
     for p in prepared:
         x = p.xid
@@ -180,14 +193,27 @@ def _survey(
         if sink_filter is not None and x.sink_id != sink_filter:
             continue
         decision = decisions.get((x.sink_id, x.batch_id))
-        if x.sink_id not in known_sinks:
+        if log_id is not None and x.log_id != log_id:
+            state, action = "other-log", IGNORE_OTHER_LOG
+        elif x.sink_id not in known_sinks:
             state, action = "unknown-sink", IGNORE_UNKNOWN_SINK
         else:
-            action = branch_action(x, decision, age, older_than_s)
+            action = branch_action(x, decision, age, older_than_s, alive.get((x.sink_id, x.batch_id, x.run), False))
             state = "undecided" if decision is None else ("decided" if action == COMMIT else "orphan")
         entries.append(
             PreparedEntry(
-                p.gid, True, x.sink_id, x.batch_id, x.partition, x.attempt, age, p.database, p.owner, state, action
+                p.gid,
+                action != IGNORE_OTHER_LOG,
+                x.sink_id,
+                x.batch_id,
+                x.partition,
+                x.attempt,
+                age,
+                p.database,
+                p.owner,
+                state,
+                action,
+                log_id=x.log_id,
             )
         )
     return entries, pending, has_journal
@@ -253,8 +279,8 @@ def recover(
 
 def _check_foreign_names(entries: list[PreparedEntry], names: tuple[str, ...] | list[str]) -> list[str]:
     errors = []
-    ours = {e.gid for e in entries if e.ours}
-    foreign = {e.gid for e in entries if not e.ours}
+    ours = {e.gid for e in entries if e.decision != "foreign"}  # this log's or another xasink log's
+    foreign = {e.gid for e in entries if e.decision == "foreign"}
     for gid in sorted(set(names) - foreign):
         if gid in ours or Xid.parse(gid) is not None:
             errors.append(
@@ -309,15 +335,21 @@ def status(
     journal = Journal(dialect, journal_schema, journal_prefix)
     try:
         entries, pending, has_journal = _survey(dialect, journal, sink_id, older_than_s, set())
-        report = StatusReport(_masked(base), [], sum(1 for e in entries if not e.ours), older_than_s)
+        report = StatusReport(
+            _masked(base),
+            [],
+            sum(1 for e in entries if e.decision == "foreign"),
+            older_than_s,
+            other_log_prepared=sum(1 for e in entries if e.decision == "other-log"),
+        )
         if not has_journal and (sink_id is not None or any(e.ours for e in entries)):
             report.errors.append(
                 f"decision log {journal.batches.fullname} not found; pass --journal-schema / --journal-prefix "
                 "as the writers used them"
             )
         sinks: set[str] = {e.sink_id for e in entries if e.ours and e.sink_id} | set(pending)
-        now = utcnow()  # decided_at is the writer's UTC clock
         with dialect.connect() as conn:
+            now = dialect.server_now(conn)  # decided_at is stamped by the same clock, in UTC
             if has_journal:
                 sinks |= set(journal.sink_ids(conn)) if sink_id is None else {sink_id}
             for sink in sorted(sinks):
@@ -326,7 +358,7 @@ def status(
                 mine = [e for e in entries if e.ours and e.sink_id == sink]
                 ages = [e.age_s for e in mine if e.age_s is not None]
                 doubt = pending.get(sink, [])
-                stale = sum(1 for e in mine if e.age_s is None or e.age_s >= older_than_s)
+                stale = sum(1 for e in mine if e.action != WAIT and (e.age_s is None or e.age_s >= older_than_s))
                 stale += sum(1 for r in doubt if r.decided_at is None or _seconds(now - r.decided_at) >= older_than_s)
                 report.sinks.append(
                     SinkStatus(

@@ -34,7 +34,7 @@ def _non_empty(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     return (b for b in batches if b.num_rows)
 
 
-def clear_blockers(dialect: Dialect, journal: Journal, me: Xid) -> bool:
+def clear_blockers(dialect: Dialect, journal: Journal, me: Xid, guard: str | None = None) -> bool:
     """Under the sink lock: False if the batch is already decided; else claim it and clear what can never commit.
 
     The first task of a run takes the batch over from earlier runs (a crashed
@@ -46,7 +46,7 @@ def clear_blockers(dialect: Dialect, journal: Journal, me: Xid) -> bool:
     with journal.locked(me.sink_id) as conn:
         if journal.get(conn, me.sink_id, me.batch_id) is not None:
             return False
-        if not journal.claim(conn, me.sink_id, me.batch_id, me.run):
+        if not journal.claim(conn, me.sink_id, me.batch_id, me.run, guard):
             raise ConcurrentWriterError(
                 f"sink {me.sink_id} batch {me.batch_id} was taken over by a newer writer with the same sinkId "
                 f"(run {me.run} lost it); this writer's branches are rolled back and it wrote nothing. "
@@ -56,6 +56,7 @@ def clear_blockers(dialect: Dialect, journal: Journal, me: Xid) -> bool:
             p.xid
             for p in dialect.list_prepared(conn)
             if p.xid is not None
+            and p.xid.log_id == me.log_id
             and p.xid.sink_id == me.sink_id
             and p.xid.batch_id == me.batch_id
             and (
@@ -103,22 +104,30 @@ def write_partition(
     run: str,
     batches: Iterable[pa.RecordBatch],
     attempt_number: int = 0,
+    log_id: str | None = None,
+    guard: str | None = None,
 ) -> BranchOutcome:
-    """Write one partition as one prepared branch and report it."""
+    """Write one partition as one prepared branch and report it.
+
+    ``log_id`` is the decision log's identity as the driver read it when it planned the write (else it is
+    read here, once per worker process); the branch's xid carries it, so only that log ever finishes it.
+    ``guard`` names the session lock the run's driver holds (xasink.liveness): sweeps leave the run's
+    branches alone while it is held.
+    """
     start = time.perf_counter()
     rest = _non_empty(batches)
     first = next(rest, None)
     if first is None:
         return BranchOutcome(partition, None)
-    xid = Xid(options.sink_id, batch_id, partition, attempt_token(task_attempt_id, run))
     dialect = shared_dialect(options.url, options.branch_settings)  # kept for the worker's next task
     journal = _shared_journal(dialect, options)
+    xid = Xid(log_id or journal.log_id(), options.sink_id, batch_id, partition, attempt_token(task_attempt_id, run))
     # connecting the branch (ADBC reads the server's type catalogue) overlaps the decision-log check;
     # the branch touches no row until clear_blockers has returned
     with ThreadPoolExecutor(1, thread_name_prefix="xasink-open") as pool:
         opening = pool.submit(dialect.open_branch, xid, plan)
         try:
-            go = clear_blockers(dialect, journal, xid)
+            go = clear_blockers(dialect, journal, xid, guard)
         except BaseException:
             _discard(opening)
             raise

@@ -58,13 +58,19 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
+def _app(e: admin.PreparedEntry) -> str:
+    if e.ours:
+        return "xasink"
+    return f"xasink log {e.log_id}" if e.decision == "other-log" else "foreign"
+
+
 def _print_recover(report: admin.RecoverReport) -> None:
     print(f"server: {report.url}")
     if report.entries:
         rows = [
             (
                 e.gid,
-                "xasink" if e.ours else "foreign",
+                _app(e),
                 e.sink_id,
                 e.batch_id,
                 e.partition,
@@ -109,7 +115,9 @@ def _print_recover(report: admin.RecoverReport) -> None:
     rollbacks = (admin.ROLLBACK_UNDECIDED, admin.ROLLBACK_ORPHAN)
     foreign = sum(e.action == admin.ROLLBACK_FOREIGN for e in done)
     print(
-        f"{len(report.entries)} prepared: {len(ours)} of xasink, {len(report.entries) - len(ours)} foreign; "
+        f"{len(report.entries)} prepared: {len(ours)} of this xasink log, "
+        f"{sum(e.decision == 'other-log' for e in report.entries)} of other xasink logs, "
+        f"{sum(e.decision == 'foreign' for e in report.entries)} foreign; "
         f"{verb} commit {sum(e.action == admin.COMMIT for e in done)}, "
         f"roll back {sum(e.action in rollbacks for e in done)}"
         + (f" and {foreign} foreign" if foreign else "")
@@ -156,7 +164,8 @@ def _print_status(report: admin.StatusReport) -> None:
         print(f"error: {err}", file=sys.stderr)
     print(
         f"\n{len(report.sinks)} sinks; {sum(s.prepared_branches for s in report.sinks)} prepared branches of xasink; "
-        f"{report.foreign_prepared} foreign prepared transactions; {sum(s.stale for s in report.sinks)} in doubt "
+        f"{report.foreign_prepared} foreign prepared transactions, "
+        f"{report.other_log_prepared} of other xasink logs; {sum(s.stale for s in report.sinks)} in doubt "
         f"or prepared for {_age(report.older_than_s)} or longer"
     )
 

@@ -13,23 +13,35 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from .dialects import dialect_for
-from .dialects.base import Dialect, ErrorKind
-from .errors import BatchAbortedError, CommitIncompleteError, ConcurrentWriterError, ConnectError
+from .dialects.base import Dialect, ErrorKind, redact
+from .errors import (
+    BatchAbortedError,
+    CommitIncompleteError,
+    ConcurrentWriterError,
+    ConnectError,
+    DecisionUnknownError,
+)
 from .faults import fault
 from .journal import BatchRecord, Journal
+from .liveness import runs_alive
 from .options import WriteOptions
 from .results import BranchOutcome, WriteResult
 from .xid import Xid
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+BACKOFF_FIRST_S = 0.1  # the first retry's delay after the decision; doubled per retry ...
+BACKOFF_CAP_S = 5.0  # ... up to this: an outage of minutes is noticed within seconds of its end
 
 
 @dataclass
@@ -76,6 +88,15 @@ class Coordinator:
         if existing is not None:
             return self._replayed(existing, t0)
         xids = [o.xid for o in done if o.xid is not None]
+        strangers = [x for x in xids if not self.journal.owns(x)]
+        if strangers:  # the log was dropped and made anew while the batch ran: its branches name the old one
+            self._rollback(strangers)
+            self.abort(batch_id, outcomes)
+            raise BatchAbortedError(
+                f"sink {self.sink_id} batch {batch_id}: branches carry decision log id {strangers[0].log_id}, but "
+                f"the log {self.journal.batches.fullname} is now {self.journal.log_id()} (recreated while the "
+                "batch ran); batch rolled back, run it again"
+            )
         rows = sum(o.rows for o in done if o.gid)
         if any(o.skipped for o in done):  # a task saw a decision that is gone now: journal trimmed or tampered
             self.abort(batch_id, outcomes)
@@ -89,17 +110,17 @@ class Coordinator:
             self.sink_id, batch_id, "committing", tuple(sorted(xids)), rows, len(xids), int(prepare_s * 1000)
         )
         self._decide(record)
+        # after the decision, only forward: commit and mark through transient errors until commitTimeout
         fault("driver.after_decide", batch=batch_id)
         t_commit = time.perf_counter()
-        self._commit_branches(record.xids, first_commit_fault=True)
+        deadline = time.monotonic() + self.options.commit_timeout
+        self._commit_branches(record.xids, first_commit_fault=True, deadline=deadline)
         fault("driver.after_commits", batch=batch_id)
         commit_ms = int((time.perf_counter() - t_commit) * 1000)
-        with self.dialect.connect() as conn:
-            self.journal.mark_committed(conn, self.sink_id, batch_id, commit_ms)
+        self._mark(batch_id, commit_ms, deadline)
         fault("driver.after_mark", batch=batch_id)
         t_sweep = time.perf_counter()
-        self.recover(upto=batch_id)
-        self._trim()
+        self._after_commit(batch_id)
         t_end = time.perf_counter()
         result = WriteResult(
             self.sink_id,
@@ -128,26 +149,40 @@ class Coordinator:
         )
 
     def _decide(self, record: BatchRecord) -> None:
-        """Record the decision under the sink lock, after checking every listed branch is still prepared."""
-        with self.journal.locked(self.sink_id) as conn:
-            other = self.journal.get(conn, self.sink_id, record.batch_id)
-            prepared = {p.xid for p in self.dialect.list_prepared(conn) if p.xid is not None}
-            missing = [x for x in record.xids if x not in prepared]
-            holder = self.journal.holder(conn, self.sink_id, record.batch_id)
-            taken_over = holder is not None and any(x.run != holder for x in record.xids)
-            if other is None and not missing and not taken_over:
-                self.dialect.durable_commit(conn)
-                self.journal.insert_decision(conn, record)
-                log.info(
-                    "decided sink %s batch %s: %d branches, %d rows",
-                    self.sink_id,
-                    record.batch_id,
-                    record.branches,
-                    record.rows,
-                )
-                return
-            doomed = [x for x in record.xids if x in prepared and (other is None or x not in other.xids)]
-            self._rollback(doomed)
+        """Record the decision under the sink lock, after checking every listed branch is still prepared.
+
+        Once the decision is sent, a failure (above all a connection broken during its COMMIT) leaves its
+        fate unknown to us: :meth:`_settle_decision` reads the log again instead of guessing.
+        """
+        sent = False
+        try:
+            with self.journal.locked(self.sink_id) as conn:
+                other = self.journal.get(conn, self.sink_id, record.batch_id)
+                prepared = {p.xid for p in self.dialect.list_prepared(conn) if self.journal.owns(p.xid, conn)}
+                missing = [x for x in record.xids if x not in prepared]
+                holder = self.journal.holder(conn, self.sink_id, record.batch_id)
+                taken_over = holder is not None and any(x.run != holder for x in record.xids)
+                if other is None and not missing and not taken_over:
+                    self.dialect.durable_commit(conn)
+                    sent = True
+                    self.journal.insert_decision(conn, record)
+                else:
+                    doomed = [x for x in record.xids if x in prepared and (other is None or x not in other.xids)]
+                    self._rollback(doomed)
+        except Exception as exc:  # leaving locked() sends the decision's COMMIT: a failure there is ambiguous
+            if not sent:
+                raise
+            self._settle_decision(record, exc)
+            return
+        if sent:
+            log.info(
+                "decided sink %s batch %s: %d branches, %d rows",
+                self.sink_id,
+                record.batch_id,
+                record.branches,
+                record.rows,
+            )
+            return
         if other is None and taken_over:
             raise ConcurrentWriterError(
                 f"sink {self.sink_id} batch {record.batch_id} was taken over by a newer writer with the same "
@@ -165,6 +200,132 @@ class Coordinator:
             "nothing of this batch is visible, run it again"
         )
 
+    def _settle_decision(self, record: BatchRecord, cause: Exception) -> None:
+        """The decision was sent but not confirmed: read the log again and follow it, never guess.
+
+        The re-read takes the sink lock, which the broken session held: by the time it is granted that
+        session's transaction has ended one way or the other, so the log's answer is final.  Decided with our
+        exact list: go on committing.  Not decided: roll back the batch's branches under the same lock (so
+        it can never be decided later) and raise :class:`BatchAbortedError`.
+        """
+        batch = record.batch_id
+        log.warning(
+            "sink %s batch %s: the decision was sent but not confirmed (%s); reading the decision log again",
+            self.sink_id,
+            batch,
+            self._describe(cause),
+        )
+
+        def reread() -> BatchRecord | None:
+            with self.journal.locked(self.sink_id) as conn:
+                found = self.journal.get(conn, self.sink_id, batch)
+                if found is None or set(found.xids) != set(record.xids):
+                    prepared = {p.xid for p in self.dialect.list_prepared(conn) if p.xid is not None}
+                    kept = set(found.xids) if found is not None else set()
+                    self._rollback([x for x in record.xids if x in prepared and x not in kept])
+                return found
+
+        deadline = time.monotonic() + self.options.commit_timeout
+        try:
+            found = self._forward(f"re-reading the decision of sink {self.sink_id} batch {batch}", reread, deadline)
+        except Exception as exc:
+            if not self._transient(exc):
+                raise
+            raise DecisionUnknownError(
+                f"sink {self.sink_id} batch {batch}: the connection broke while the decision was committed and "
+                f"the decision log could not be read again within commitTimeout ({self.options.commit_timeout} s: "
+                f"{self._describe(exc)}), so whether the batch is decided is not known. Run it again with the "
+                f"same sinkId ('{self.sink_id}') and batchId, or run 'xasink recover': either finishes it if it "
+                "was decided and rolls it back if not; no row is lost or doubled. Do not rerun it under another "
+                "sink id: its rows could be written twice."
+            ) from exc
+        if found is None:
+            raise BatchAbortedError(
+                f"sink {self.sink_id} batch {batch}: the connection broke while the decision was committed, and "
+                "the decision log shows it was not recorded: the batch's branches were rolled back and nothing "
+                "of it is visible; run it again"
+            ) from cause
+        if set(found.xids) != set(record.xids):
+            raise ConcurrentWriterError(
+                f"sink {self.sink_id} batch {batch}: the connection broke while the decision was committed, and "
+                "the decision log shows another writer's decision for it; this attempt's branches were rolled "
+                "back and it wrote nothing"
+            ) from cause
+        log.warning("sink %s batch %s: the decision log holds the decision; committing it", self.sink_id, batch)
+
+    def _transient(self, exc: BaseException) -> bool:
+        """Worth retrying: the server unreachable or restarting, a connection cut, a lock or deadlock timeout."""
+        return isinstance(exc, ConnectError) or self.dialect.classify(exc) == ErrorKind.TRANSIENT
+
+    def _describe(self, exc: BaseException) -> str:
+        """An exception in one short line for a log or message, without the password."""
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return redact(f"{type(exc).__name__}: {text}"[:300], self.options.url.password)
+
+    def _forward(self, what: str, step: Callable[[], T], deadline: float, retries: int | None = None) -> T:
+        """Run a step of a decided batch, retrying transient errors with capped exponential backoff and
+        jitter until it succeeds, ``deadline`` (time.monotonic) passes, or ``retries`` retries were made."""
+        attempt = 0
+        while True:
+            try:
+                return step()
+            except Exception as exc:
+                left = deadline - time.monotonic()
+                if not self._transient(exc) or left <= 0 or (retries is not None and attempt >= retries):
+                    raise
+                delay = min(left, min(BACKOFF_CAP_S, BACKOFF_FIRST_S * 2**attempt) * random.uniform(0.5, 1.0))
+                attempt += 1
+                log.warning("%s failed (%s), retry %d in %.1f s", what, self._describe(exc), attempt, delay)
+                time.sleep(delay)
+
+    def _mark(self, batch_id: int, commit_ms: int, deadline: float) -> None:
+        """Mark the batch committed (retried like the commits); its rows are all visible by now."""
+
+        def mark() -> bool:
+            with self.dialect.connect() as conn:
+                return self.journal.mark_committed(conn, self.sink_id, batch_id, commit_ms)
+
+        try:
+            if not self._forward(f"marking sink {self.sink_id} batch {batch_id} committed", mark, deadline):
+                log.info(
+                    "sink %s batch %s was already marked committed (by a recovery run, or by a try whose reply "
+                    "was lost)",
+                    self.sink_id,
+                    batch_id,
+                )
+        except Exception as exc:
+            if not self._transient(exc):
+                raise
+            raise CommitIncompleteError(
+                f"sink {self.sink_id} batch {batch_id} is decided and all its branches are committed (its rows "
+                f"are visible), but marking it committed in the decision log failed within commitTimeout "
+                f"({self.options.commit_timeout} s: {self._describe(exc)}). The next run of this sink (sinkId "
+                f"'{self.sink_id}') or 'xasink recover' marks it; no row is lost or doubled. Do not rerun this "
+                "batch under another sink id: its rows would be written twice."
+            ) from exc
+
+    def _after_commit(self, batch_id: int) -> None:
+        """Sweep and trim after a committed batch: housekeeping, so a failure is a warning, never an error."""
+        try:
+            self.recover(upto=batch_id)
+        except Exception as exc:  # noqa: BLE001 - the batch is committed; the next write or recover sweeps
+            log.warning(
+                "sink %s batch %s is committed, but the sweep after it failed (%s): branches it would have "
+                "rolled back or finished are left to the next write of this sink or 'xasink recover'",
+                self.sink_id,
+                batch_id,
+                self._describe(exc),
+            )
+        try:
+            self._trim()
+        except Exception as exc:  # noqa: BLE001 - the batch is committed; the next write trims
+            log.warning(
+                "sink %s batch %s is committed, but trimming the decision log failed (%s); the next write trims it",
+                self.sink_id,
+                batch_id,
+                self._describe(exc),
+            )
+
     def _rollback(self, xids: Sequence[Xid]) -> None:
         if not xids:
             return
@@ -178,10 +339,16 @@ class Coordinator:
                         raise
                     xa.rollback()
 
-    def _commit_branches(self, xids: Sequence[Xid], first_commit_fault: bool = False) -> list[Xid]:
-        """COMMIT every decided branch in a small pool; transient errors are retried with backoff."""
+    def _commit_branches(
+        self, xids: Sequence[Xid], first_commit_fault: bool = False, deadline: float | None = None
+    ) -> list[Xid]:
+        """COMMIT every decided branch in a small pool; transient errors are retried with backoff until
+        ``deadline`` (time.monotonic; default commitTimeout from now), or ``commitRetries`` times if set."""
         if not xids:
             return []
+        t0 = time.monotonic()
+        if deadline is None:
+            deadline = t0 + self.options.commit_timeout
         local = threading.local()
         conns: list[Connection] = []
         lock = threading.Lock()
@@ -195,19 +362,14 @@ class Coordinator:
                     conns.append(conn)
             return conn
 
-        def commit_one(xid: Xid) -> None:
-            for attempt in range(self.options.commit_retries + 1):
-                try:
-                    self.dialect.commit_prepared(connection(), xid)
-                    break
-                except Exception as exc:
-                    kind = ErrorKind.TRANSIENT if isinstance(exc, ConnectError) else self.dialect.classify(exc)
-                    if kind == ErrorKind.UNKNOWN_XID:
-                        log.info("branch %s unknown to the server: committed by an earlier attempt", xid)
-                        break
-                    if kind != ErrorKind.TRANSIENT or attempt == self.options.commit_retries:
-                        raise
-                    log.warning("commit of %s failed (%s), retry %d", xid, exc.__class__.__name__, attempt + 1)
+        def commit_once(xid: Xid) -> None:
+            try:
+                self.dialect.commit_prepared(connection(), xid)
+            except Exception as exc:
+                if not isinstance(exc, ConnectError) and self.dialect.classify(exc) == ErrorKind.UNKNOWN_XID:
+                    log.info("branch %s unknown to the server: committed by an earlier attempt", xid)
+                    return
+                if self._transient(exc):  # the next try starts on a fresh connection
                     old = getattr(local, "conn", None)
                     local.conn = None
                     if old is not None:
@@ -215,7 +377,10 @@ class Coordinator:
                             old.invalidate()
                         except Exception:  # noqa: BLE001,S110
                             pass
-                    time.sleep(min(5.0, 0.1 * 2**attempt) * (0.5 + random.random()))
+                raise
+
+        def commit_one(xid: Xid) -> None:
+            self._forward(f"commit of {xid}", lambda: commit_once(xid), deadline, self.options.commit_retries)
             with lock:
                 committed.append(xid)
                 first = len(committed) == 1
@@ -226,15 +391,19 @@ class Coordinator:
         try:
             with ThreadPoolExecutor(workers, thread_name_prefix="xasink-commit") as pool:
                 futures = [pool.submit(commit_one, x) for x in xids]
-                errors = [f.exception() for f in futures if f.exception() is not None]
+                errors = [e for e in (f.exception() for f in futures) if e is not None]
         finally:
             for conn in conns:
                 conn.close()
         if errors:
+            batches = sorted({x.batch_id for x in xids})
+            which = f"batch {batches[0]} is" if len(batches) == 1 else f"batches {', '.join(map(str, batches))} are"
             raise CommitIncompleteError(
-                f"sink {self.sink_id}: {len(errors)} of {len(xids)} decided branches could not be committed yet "
-                f"({errors[0]!s:.300}). The decision is durable: the next write of this sink or 'xasink recover' "
-                "commits them; no row is lost or doubled."
+                f"sink {self.sink_id} {which} decided: {len(errors)} of {len(xids)} decided branches could not be "
+                f"committed yet after {time.monotonic() - t0:.0f} s of retries (commitTimeout "
+                f"{self.options.commit_timeout} s; {self._describe(errors[0])}). The decision is durable: the "
+                f"next run of this sink (sinkId '{self.sink_id}') or 'xasink recover' commits the rest; no row is "
+                "lost or doubled. Do not rerun it under another sink id: its rows would be written twice."
             ) from errors[0]
         return committed
 
@@ -257,6 +426,9 @@ class Coordinator:
         log.warning("aborting sink %s batch %s", self.sink_id, batch_id)
         if run is None:
             run = next((o.xid.run for o in outcomes if o is not None and o.xid is not None), None)
+        if run is not None:  # the run can never decide now: its late branches must not wait for it
+            with self.journal.locked(self.sink_id) as conn:
+                self.journal.end_run(conn, self.sink_id, batch_id, run)
         report = self.recover(upto=batch_id, run=run)
         deadline = time.monotonic() + settle_s
         while time.monotonic() < deadline:
@@ -289,19 +461,26 @@ class Coordinator:
             mine = [
                 p
                 for p in self.dialect.list_prepared(conn)
-                if p.xid is not None and p.xid.sink_id == self.sink_id and (upto is None or p.xid.batch_id <= upto)
+                if self.journal.owns(p.xid, conn)
+                and p.xid is not None
+                and p.xid.sink_id == self.sink_id
+                and (upto is None or p.xid.batch_id <= upto)
             ]
             decided = self.journal.get_many(conn, self.sink_id, {p.xid.batch_id for p in mine if p.xid})
             holder = self.journal.holder(conn, self.sink_id, upto) if run is not None and upto is not None else None
             undated = {p.xid.batch_id for p in mine if p.xid and p.prepared_at is None} if min_age_s > 0 else set()
             claimed = self.journal.claimed_at(conn, self.sink_id, undated)
+            undecided = {p.xid.batch_id for p in mine if p.xid and p.xid.batch_id not in decided}
+            alive = runs_alive(self.dialect, conn, self.journal.claim_states(conn, self.sink_id, undecided))
             doomed = []
             for p in mine:
                 assert p.xid is not None
                 if holder not in (None, run) and p.xid.batch_id == upto and p.xid.run == holder:
                     continue  # a newer writer holds this batch now: its branches are its own to decide or abort
                 when = p.prepared_at or claimed.get((p.xid.batch_id, p.xid.run))
-                action = branch_action(p.xid, decided.get(p.xid.batch_id), age_seconds(now, when), min_age_s)
+                # the caller's own run is settling its batch; a run without a claim can have no live driver
+                live = False if p.xid.run == run else alive.get((p.xid.batch_id, p.xid.run), False)
+                action = branch_action(p.xid, decided.get(p.xid.batch_id), age_seconds(now, when), min_age_s, live)
                 if action == COMMIT:
                     to_commit.append(p.xid)
                 elif action in (ROLLBACK_UNDECIDED, ROLLBACK_ORPHAN):
@@ -323,11 +502,20 @@ ROLLBACK_ORPHAN = "rollback-orphan"  # its batch was decided without it (a losin
 WAIT = "wait"  # undecided but young: a live batch may still decide it
 
 
-def branch_action(xid: Xid, decision: BatchRecord | None, age_s: float | None, min_age_s: float = 0.0) -> str:
-    """What recovery does with one prepared branch of ours; the single rule both recovery and its dry run use."""
+def branch_action(
+    xid: Xid, decision: BatchRecord | None, age_s: float | None, min_age_s: float = 0.0, alive: bool | None = None
+) -> str:
+    """What recovery does with one prepared branch of ours; the single rule both recovery and its dry run use.
+
+    An undecided branch is rolled back only when its run is dead (``alive`` False), at once; a live run's
+    branches wait whatever their age.  Only a run whose liveness is unknown (it kept no guard) is judged by
+    age against ``min_age_s``.
+    """
     if decision is not None:
         return COMMIT if xid in decision.xids else ROLLBACK_ORPHAN
-    if min_age_s > 0 and age_s is not None and age_s < min_age_s:
+    if alive:
+        return WAIT
+    if alive is None and min_age_s > 0 and age_s is not None and age_s < min_age_s:
         return WAIT
     return ROLLBACK_UNDECIDED
 

@@ -31,8 +31,22 @@ class CommitIncompleteError(XasinkError):
     """The batch is decided but some branches could not be committed yet.
 
     The decision is durable: the rows will appear when recovery (the next
-    write of the same sink, or ``xasink recover``) commits the rest.
+    write of the same sink, or ``xasink recover``) commits the rest.  Never
+    rerun the batch under another sink id: its rows would be written twice.
     """
+
+
+class DecisionUnknownError(CommitIncompleteError):
+    """The connection broke while the decision was committed, and the log could not be read again in time.
+
+    The batch may or may not be decided; recovery (the next write of the same
+    sink, or ``xasink recover``) settles it either way, as for a
+    :class:`CommitIncompleteError`.
+    """
+
+
+class JournalError(XasinkError):
+    """The decision log does not hold what xasink wrote into it: a row was deleted or changed by someone else."""
 
 
 class ConcurrentWriterError(BatchAbortedError):

@@ -79,7 +79,10 @@ class WriteOptions:
     journal_schema: str | None = None
     journal_prefix: str = "xasink_"
     commit_parallelism: int = 4
-    commit_retries: int = 5
+    # deprecated: when set, also caps the retries of each branch's COMMIT (the old few-second budget)
+    commit_retries: int | None = None
+    # seconds the coordinator keeps finishing a decided batch (commits, the mark) through transient errors
+    commit_timeout: int = 300
     journal_retention: int = 1000
     upsert_key_columns: tuple[str, ...] = ()
     local_infile: bool = True
@@ -281,6 +284,7 @@ KNOWN = {
     "journaltableprefix": "journalTablePrefix",
     "commitparallelism": "commitParallelism",
     "commitretries": "commitRetries",
+    "committimeout": "commitTimeout",
     "journalretention": "journalRetention",
     "locktimeout": "lockTimeout",
     "createtable": "createTable",
@@ -346,7 +350,8 @@ def parse_options(raw: Mapping[str, Any], *, streaming: bool = False) -> WriteOp
         journal_schema=journal_schema,
         journal_prefix=prefix,
         commit_parallelism=_int(opts, "commitparallelism", "commitParallelism", 4, 1, 64) or 4,
-        commit_retries=_int(opts, "commitretries", "commitRetries", 5, 0, 100) or 0,
+        commit_retries=_int(opts, "commitretries", "commitRetries", None, 0, 100),
+        commit_timeout=_int(opts, "committimeout", "commitTimeout", 300, 0, 86_400) or 0,
         journal_retention=_int(opts, "journalretention", "journalRetention", 1000, 1, 10**9) or 1000,
         upsert_key_columns=keys,
         local_infile=_bool(opts, "localinfile", "localInfile", True),

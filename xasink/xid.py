@@ -1,10 +1,15 @@
 """The xid of one branch: one value, one encoding, parsed to decide ownership.
 
 gtrid names the batch (``xasink:<sink>:<batch>``), shared by all its
-branches as XA intends; bqual names the partition attempt
-(``<partition>:<attempt>``).  PostgreSQL gets ``gtrid/bqual`` as its gid;
-MySQL gets the two parts with :data:`FORMAT_ID`.  Anything that does not
-parse exactly is foreign and is never touched.
+branches as XA intends; bqual names the decision log that owns the branch and
+the partition attempt (``<log>:<partition>:<attempt>``).  PostgreSQL gets
+``gtrid/bqual`` as its gid; MySQL gets the two parts with :data:`FORMAT_ID`.
+Anything that does not parse exactly is foreign and is never touched; a branch
+of another decision log parses, and is left to that log (its ``log_id``
+differs).
+
+The log id sits in bqual, not gtrid, because MySQL caps each part at 64 bytes
+and the gtrid is already 59 at the longest sink id and batch id.
 """
 
 from __future__ import annotations
@@ -18,14 +23,24 @@ PREFIX = "xasink"
 MAX_SINK_ID = 32
 SINK_ID_RE = re.compile(r"[A-Za-z0-9_.\-]{1,32}")
 ATTEMPT_RE = re.compile(r"[0-9]{1,19}-[0-9a-f]{8}")
+LOG_ID_RE = re.compile(r"[0-9a-f]{10}")
 _GTRID_RE = re.compile(r"xasink:(?P<sink>[A-Za-z0-9_.\-]{1,32}):(?P<batch>0|[1-9][0-9]{0,18})")
-_BQUAL_RE = re.compile(r"(?P<part>0|[1-9][0-9]{0,9}):(?P<attempt>[0-9]{1,19}-[0-9a-f]{8})")
+_BQUAL_RE = re.compile(r"(?P<log>[0-9a-f]{10}):(?P<part>0|[1-9][0-9]{0,9}):(?P<attempt>[0-9]{1,19}-[0-9a-f]{8})")
 _GID_RE = re.compile(_GTRID_RE.pattern + "/" + _BQUAL_RE.pattern)
 MAX_BATCH_ID = 2**63 - 1
 
 
 def valid_sink_id(value: str) -> bool:
     return SINK_ID_RE.fullmatch(value) is not None
+
+
+def valid_log_id(value: str) -> bool:
+    return LOG_ID_RE.fullmatch(value) is not None
+
+
+def new_log_id() -> str:
+    """A decision log's identity, drawn once when the log is created (40 random bits)."""
+    return secrets.token_hex(5)
 
 
 def new_run_nonce() -> str:
@@ -40,12 +55,15 @@ def attempt_token(task_attempt_id: int, run: str) -> str:
 
 @dataclass(frozen=True, order=True)
 class Xid:
+    log_id: str
     sink_id: str
     batch_id: int
     partition: int
     attempt: str
 
     def __post_init__(self) -> None:
+        if not valid_log_id(self.log_id):
+            raise ValueError(f"invalid log id {self.log_id!r}")
         if not valid_sink_id(self.sink_id):
             raise ValueError(f"invalid sink id {self.sink_id!r}")
         if not 0 <= self.batch_id <= MAX_BATCH_ID:
@@ -69,7 +87,7 @@ class Xid:
 
     @property
     def bqual(self) -> str:
-        return f"{self.partition}:{self.attempt}"
+        return f"{self.log_id}:{self.partition}:{self.attempt}"
 
     @property
     def gid(self) -> str:
@@ -86,7 +104,7 @@ class Xid:
         if m is None:
             return None
         try:  # the pattern admits a 19-digit batch above 2**63-1: foreign too, never an exception
-            return cls(m["sink"], int(m["batch"]), int(m["part"]), m["attempt"])
+            return cls(m["log"], m["sink"], int(m["batch"]), int(m["part"]), m["attempt"])
         except ValueError:
             return None
 

@@ -11,7 +11,7 @@ import enum
 import logging
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -213,9 +213,30 @@ class Dialect(ABC):
     def parse_type(self, text: str) -> sa.types.TypeEngine[Any]:
         """A ``createTableColumnTypes`` entry as a SQLAlchemy type of this dialect."""
 
+    def utc_now(self) -> sa.sql.ColumnElement[Any]:
+        """The server's clock in UTC (naive), as SQL: every time the decision log stamps, so ages need no client
+        clock and no time zone or daylight-saving rule."""
+        return sa.func.utc_timestamp()
+
     def server_now(self, conn: Connection) -> Any:
-        """The server's clock, to age prepared transactions by the clock that stamped them."""
-        return conn.exec_driver_sql("SELECT CURRENT_TIMESTAMP").scalar()
+        """The server's clock in UTC, to age prepared transactions by the clock that stamped them."""
+        return conn.execute(sa.select(self.utc_now())).scalar()
+
+    # -- session locks: the liveness of writer runs ---------------------------------
+    @abstractmethod
+    def try_session_lock(self, conn: Connection, name: str) -> bool:
+        """Take the session lock ``name`` without waiting; held until released or the session ends."""
+
+    @abstractmethod
+    def release_session_lock(self, conn: Connection, name: str) -> None: ...
+
+    @abstractmethod
+    def held_session_locks(self, conn: Connection, names: Iterable[str]) -> set[str]:
+        """Which of ``names`` some session holds now."""
+
+    @abstractmethod
+    def server_uptime_s(self, conn: Connection) -> float:
+        """Seconds since the server started: session locks held before a restart are being taken again."""
 
     def table_kwargs(self) -> dict[str, Any]:
         """Extra keywords for tables xasink creates (e.g. the storage engine)."""

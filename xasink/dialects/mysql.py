@@ -31,7 +31,7 @@ import os
 import re
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -592,6 +592,26 @@ class MySQLDialect(Dialect):
         stmt, hex_data = recover_statement(bool(getattr(conn.dialect, "is_mariadb", False)))
         rows = conn.exec_driver_sql(stmt).fetchall()
         return [p for p in (parse_recover_row(r, hex_data) for r in rows) if p is not None]
+
+    # -- session locks (server-wide names, like XA) -------------------------------------
+    def try_session_lock(self, conn: Connection, name: str) -> bool:
+        return conn.execute(sa.text("SELECT GET_LOCK(:n, 0)"), {"n": name}).scalar() == 1
+
+    def release_session_lock(self, conn: Connection, name: str) -> None:
+        conn.execute(sa.text("SELECT RELEASE_LOCK(:n)"), {"n": name})
+
+    def held_session_locks(self, conn: Connection, names: Iterable[str]) -> set[str]:
+        wanted = sorted(set(names))
+        if not wanted:
+            return set()
+        params = {f"n{i}": n for i, n in enumerate(wanted)}
+        probes = ", ".join(f"IS_USED_LOCK(:n{i})" for i in range(len(wanted)))
+        row = conn.execute(sa.text(f"SELECT {probes}"), params).one()
+        return {n for n, holder in zip(wanted, row, strict=True) if holder is not None}
+
+    def server_uptime_s(self, conn: Connection) -> float:
+        row = conn.exec_driver_sql("SHOW GLOBAL STATUS LIKE 'Uptime'").one()
+        return float(row[1])
 
     def list_prepared(self, conn: Connection) -> list[PreparedTxn]:
         """Every prepared XA transaction of the server (XA RECOVER has no database): ours parse, others are foreign."""

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -76,6 +77,11 @@ def _sqlstate(exc: BaseException) -> str | None:
 def _literal(value: str) -> str:
     assert _LITERAL is not None
     return str(_LITERAL(value))
+
+
+def advisory_key(name: str) -> int:
+    """A session lock's name as PostgreSQL's 64-bit advisory lock key (stable across processes and versions)."""
+    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "big", signed=True)
 
 
 def _ident(name: str) -> str:
@@ -233,9 +239,35 @@ class PostgresDialect(Dialect):
         # with synchronous_commit = off a crash right after the decision's COMMIT may lose it
         conn.exec_driver_sql("SET LOCAL synchronous_commit = on")
 
+    # -- session locks --------------------------------------------------------
+    def try_session_lock(self, conn: Connection, name: str) -> bool:
+        return bool(conn.execute(sa.text("SELECT pg_try_advisory_lock(:k)"), {"k": advisory_key(name)}).scalar())
+
+    def release_session_lock(self, conn: Connection, name: str) -> None:
+        conn.execute(sa.text("SELECT pg_advisory_unlock(:k)"), {"k": advisory_key(name)})
+
+    def held_session_locks(self, conn: Connection, names: Iterable[str]) -> set[str]:
+        by_key = {advisory_key(n) & 0xFFFFFFFFFFFFFFFF: n for n in names}
+        if not by_key:
+            return set()
+        rows = conn.execute(
+            sa.text(
+                "SELECT classid::bigint, objid::bigint FROM pg_locks WHERE locktype = 'advisory' "
+                "AND objsubid = 1 AND granted AND database = (SELECT oid FROM pg_database "
+                "WHERE datname = current_database())"
+            )
+        ).fetchall()
+        return {by_key[k] for k in ((int(hi) << 32) | int(lo) for hi, lo in rows) if k in by_key}
+
+    def server_uptime_s(self, conn: Connection) -> float:
+        return float(conn.exec_driver_sql("SELECT EXTRACT(EPOCH FROM now() - pg_postmaster_start_time())").scalar_one())
+
+    def utc_now(self) -> sa.sql.ColumnElement[Any]:
+        return sa.func.timezone("UTC", sa.func.now())
+
     def list_prepared(self, conn: Connection) -> list[PreparedTxn]:
         rows = conn.exec_driver_sql(
-            "SELECT gid, prepared, owner, database FROM pg_prepared_xacts "
+            "SELECT gid, prepared AT TIME ZONE 'UTC', owner, database FROM pg_prepared_xacts "
             "WHERE database = current_database() ORDER BY prepared"
         ).fetchall()
         return [PreparedTxn(r[0], Xid.parse(r[0]), r[1], r[2], r[3]) for r in rows]

@@ -32,6 +32,7 @@ from ..branch import write_partition
 from ..coordinator import Coordinator
 from ..dialects.base import TargetPlan
 from ..errors import OptionError, PreflightError
+from ..liveness import ensure_keeper, spark_driver_process
 from ..options import WriteOptions, parse_options
 from ..results import BranchOutcome
 from ..schema import plan_target
@@ -73,20 +74,33 @@ def arrow_schema(schema: StructType) -> pa.Schema:
     return pa.schema(fields)
 
 
-def _prepare(options: WriteOptions, schema: StructType, branches: int | None) -> TargetPlan:
+@dataclass(frozen=True)
+class WritePlan:
+    """What the driver decided before any task runs, shipped to every task."""
+
+    target: TargetPlan
+    log_id: str  # the decision log's identity: every branch's xid carries it
+    guard: str | None = None  # the session lock this driver holds while its runs live (xasink.liveness)
+
+
+def _prepare(options: WriteOptions, schema: StructType, branches: int | None) -> WritePlan:
     """Driver-side: server checks, journal, table plan.  Everything that can be wrong fails here."""
     coordinator = Coordinator(options)
     try:
         coordinator.preflight(branches)
         source = arrow_schema(schema)
         with coordinator.dialect.connect() as conn:
-            return plan_target(coordinator.dialect, conn, options, source)
+            target = plan_target(coordinator.dialect, conn, options, source)
+        log_id = coordinator.journal.log_id()
+        driver = spark_driver_process()
+        guard = ensure_keeper(coordinator.dialect, log_id, driver) if driver is not None else None
+        return WritePlan(target, log_id, guard)
     finally:
         coordinator.close()
 
 
 def _write_task(
-    options: WriteOptions, plan: TargetPlan, run: str, batch_id: int, iterator: Iterator[pa.RecordBatch]
+    options: WriteOptions, plan: WritePlan, run: str, batch_id: int, iterator: Iterator[pa.RecordBatch]
 ) -> XasinkCommitMessage:
     ctx = TaskContext.get()
     assert ctx is not None, "xasink writers run inside Spark tasks"
@@ -98,13 +112,15 @@ def _write_task(
         )
     outcome = write_partition(
         options,
-        plan,
+        plan.target,
         batch_id=batch_id,
         partition=partition,
         task_attempt_id=ctx.taskAttemptId(),
         attempt_number=ctx.attemptNumber(),
         run=run,
         batches=iterator,
+        log_id=plan.log_id,
+        guard=plan.guard,
     )
     return XasinkCommitMessage(outcome)
 
@@ -114,7 +130,7 @@ def _outcomes(messages: list[WriterCommitMessage | None]) -> list[BranchOutcome 
 
 
 class XasinkBatchWriter(DataSourceArrowWriter):
-    def __init__(self, options: WriteOptions, plan: TargetPlan, run: str | None = None) -> None:
+    def __init__(self, options: WriteOptions, plan: WritePlan, run: str | None = None) -> None:
         self.options = options
         self.plan = plan
         self.run = run or new_run_nonce()
@@ -217,7 +233,7 @@ class XasinkStreamWriter(DataSourceStreamArrowWriter):
     carried between calls but the commit messages, which hold the xids.
     """
 
-    def __init__(self, options: WriteOptions, plan: TargetPlan) -> None:
+    def __init__(self, options: WriteOptions, plan: WritePlan) -> None:
         self.options = options
         self.plan = plan
         self.run = new_run_nonce()

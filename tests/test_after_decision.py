@@ -1,0 +1,339 @@
+"""After the decision, only forward: outages, cut connections and lost replies once a batch is decided.
+
+Without Spark: branches are prepared by ``write_partition`` straight on the database (as tasks do); the
+coordinator talks through ``tests/tcp_proxy.py``, which cuts or refuses its connections at the exact
+moment a test names (the decision's ``COMMIT``, the mark's ``COMMIT``).  Each test runs on PostgreSQL and
+on MariaDB and checks the exact rows (each once), the decision log, and that nothing is left prepared.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from tests.targets import Target
+from tests.tcp_proxy import TcpProxy
+from xasink.branch import write_partition
+from xasink.coordinator import Coordinator
+from xasink.dialects import dialect_for
+from xasink.dialects.base import Dialect
+from xasink.errors import BatchAbortedError, CommitIncompleteError, DecisionUnknownError, JournalError
+from xasink.options import WriteOptions, parse_options
+from xasink.results import BranchOutcome
+from xasink.schema import plan_target
+from xasink.xid import Xid, new_run_nonce
+
+SCHEMA = pa.schema([pa.field("id", pa.int32(), nullable=False), ("name", pa.string())])
+OUTAGE_S = 15.0  # three times the whole retry budget of the old commit (commitRetries=5: under 5 s)
+DECISION = b"INSERT INTO xasink_batches"  # arms a cut of the COMMIT that follows on the same connection
+MARK = b"UPDATE xasink_batches"
+_HOST_PORT = re.compile(r"(//(?:[^@/]*@)?)([^:/@?]+):(\d+)")
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def host_port(url: str) -> tuple[str, int]:
+    m = _HOST_PORT.search(url)
+    assert m, url
+    return m.group(2), int(m.group(3))
+
+
+def through(proxy: TcpProxy, url: str) -> str:
+    """The same URL, pointed at the proxy."""
+    return _HOST_PORT.sub(lambda m: f"{m.group(1)}127.0.0.1:{proxy.port}", url, count=1)
+
+
+@pytest.fixture
+def proxy(db: Target) -> Iterator[TcpProxy]:
+    with TcpProxy(*host_port(db.url)) as p:
+        yield p
+
+
+def expected(ids: range) -> list[tuple[int, str]]:
+    return [(i, f"n{i}") for i in ids]
+
+
+class Sink:
+    """One sink: branches written directly, coordinators talking through the proxy."""
+
+    def __init__(self, db: Target, proxy: TcpProxy) -> None:
+        self.db, self.proxy = db, proxy
+        self.table = db.new_table()
+        db.keyed_table(self.table)
+        self.sink_id = f"ad{uuid.uuid4().hex[:10]}"
+        self.direct = self.options(db.url)
+        self.run = new_run_nonce()
+        self._attempt = 0
+        coordinator = Coordinator(self.direct)
+        try:
+            coordinator.preflight(4)
+            with coordinator.dialect.connect() as conn:
+                self.plan = plan_target(coordinator.dialect, conn, self.direct, SCHEMA)
+                conn.commit()
+        finally:
+            coordinator.close()
+
+    def options(self, url: str, **extra: Any) -> WriteOptions:
+        raw: dict[str, Any] = {"url": url, "dbtable": self.table, "sinkId": self.sink_id, **extra}
+        if self.db.password is not None:
+            raw["password"] = self.db.password
+        return parse_options(raw)
+
+    def prepare(self, batch_id: int, ids: range, parts: int = 3) -> list[BranchOutcome | None]:
+        """Prepare the batch's branches as its tasks would (straight on the database)."""
+        outcomes: list[BranchOutcome | None] = []
+        for p in range(parts):
+            chunk = list(ids)[p::parts]
+            self._attempt += 1
+            batch = pa.RecordBatch.from_pydict({"id": chunk, "name": [f"n{i}" for i in chunk]}, schema=SCHEMA)
+            outcomes.append(
+                write_partition(
+                    self.direct,
+                    self.plan,
+                    batch_id=batch_id,
+                    partition=p,
+                    task_attempt_id=self._attempt,
+                    run=self.run,
+                    batches=[batch],
+                )
+            )
+        return outcomes
+
+    def coordinator(self, dialect: Dialect | None = None, **extra: Any) -> Coordinator:
+        return Coordinator(self.options(through(self.proxy, self.db.url), **extra), dialect)
+
+    def commit(self, batch_id: int, outcomes: list[BranchOutcome | None], **extra: Any) -> Any:
+        coordinator = self.coordinator(**extra)
+        try:
+            return coordinator.commit(batch_id, outcomes)
+        finally:
+            coordinator.close()
+
+    def recover(self) -> None:
+        coordinator = self.coordinator()
+        try:
+            coordinator.recover()
+        finally:
+            coordinator.close()
+
+    def rows(self) -> list[tuple[Any, ...]]:
+        return [(int(i), str(n)) for i, n in self.db.rows(self.table, "id")]
+
+    def state(self, batch_id: int) -> str | None:
+        found = self.db.decision(self.sink_id, batch_id)
+        return found.state if found is not None else None
+
+    def prepared(self) -> list[str]:
+        return self.db.prepared(self.sink_id)
+
+
+@pytest.fixture
+def sink(db: Target, proxy: TcpProxy) -> Sink:
+    return Sink(db, proxy)
+
+
+def no_secret(db: Target, *texts: str) -> None:
+    if db.password:
+        for text in texts:
+            assert db.password not in text
+
+
+# --------------------------------------------------------------------------- outages after the decision
+
+
+def test_database_unreachable_right_after_the_decision_commit_waits_then_succeeds(
+    sink: Sink, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The decision is confirmed, then the database is unreachable for OUTAGE_S: the coordinator keeps
+    committing (default commitTimeout: minutes) and finishes once it is back; every row once."""
+    caplog.set_level(logging.INFO, logger="xasink")
+    outcomes = sink.prepare(1, range(30))
+    sink.proxy.cut_on(b"COMMIT", armed_by=DECISION, relay_reply=True, then_down_for=OUTAGE_S)
+    coordinator = sink.coordinator()  # default commitTimeout
+    t0 = time.monotonic()
+    try:
+        result = coordinator.commit(1, outcomes)
+    finally:
+        coordinator.close()
+    waited = time.monotonic() - t0
+    assert sink.proxy.cut == 1 and sink.proxy.refused > 0
+    assert waited >= OUTAGE_S - 1, f"committed after {waited:.1f} s: the outage did not hold the commit"
+    assert (result.rows, result.branches, result.skipped) == (30, 3, False)
+    assert sink.rows() == expected(range(30))
+    assert sink.state(1) == "committed" and sink.prepared() == []
+    assert "retry" in caplog.text
+    no_secret(sink.db, caplog.text)
+    assert coordinator.options.commit_timeout >= 120  # the default is minutes, not seconds
+
+
+def test_commit_timeout_exceeded_raises_commit_incomplete_then_recovery_finishes(sink: Sink) -> None:
+    """The outage outlasts commitTimeout: CommitIncompleteError says the batch is decided, who finishes it
+    and not to rerun it under another sink id; recovery then commits it, every row once."""
+    outcomes = sink.prepare(2, range(100, 130))
+    sink.proxy.cut_on(b"COMMIT", armed_by=DECISION, relay_reply=True, then_down_for=600)
+    t0 = time.monotonic()
+    with pytest.raises(CommitIncompleteError) as info:
+        sink.commit(2, outcomes, commitTimeout=2)
+    waited = time.monotonic() - t0
+    message = str(info.value)
+    assert 2 <= waited < 15, f"gave up after {waited:.1f} s with commitTimeout=2"
+    for phrase in (
+        f"sink {sink.sink_id} batch 2 is decided",
+        f"next run of this sink (sinkId '{sink.sink_id}')",
+        "'xasink recover'",
+        "no row is lost or doubled",
+        "Do not rerun it under another sink id",
+    ):
+        assert phrase in message, message
+    no_secret(sink.db, message)
+    assert sink.state(2) == "committing" and len(sink.prepared()) == 3 and sink.rows() == []
+
+    sink.proxy.reset()  # the database is back: recovery finishes the decided batch
+    sink.recover()
+    assert sink.rows() == expected(range(100, 130))
+    assert sink.state(2) == "committed" and sink.prepared() == []
+
+
+# --------------------------------------------------------------------------- the decision's own COMMIT
+
+
+@pytest.mark.parametrize("executed", [True, False], ids=["commit-executed-reply-lost", "commit-never-arrived"])
+def test_connection_cut_during_the_decisions_commit_is_settled_by_reading_the_log(
+    sink: Sink, executed: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The link breaks on the decision's COMMIT (after the server ran it, or before it got it), and the next
+    two connections are refused: the coordinator reconnects, reads the log again under the sink lock, and
+    follows it: committed in full, or rolled back cleanly and reported as not decided."""
+    caplog.set_level(logging.INFO, logger="xasink")
+    outcomes = sink.prepare(3, range(200, 230))
+    sink.proxy.cut_on(b"COMMIT", armed_by=DECISION, after_reply=executed, then_refuse=2)
+    if executed:
+        result = sink.commit(3, outcomes)
+        assert result.rows == 30 and not result.skipped
+        assert "the decision log holds the decision" in caplog.text
+        assert sink.rows() == expected(range(200, 230)) and sink.state(3) == "committed"
+    else:
+        with pytest.raises(BatchAbortedError) as info:
+            sink.commit(3, outcomes)
+        assert "was not recorded" in str(info.value) and "nothing of it is visible" in str(info.value)
+        assert sink.rows() == [] and sink.state(3) is None
+    assert sink.proxy.cut == 1 and sink.proxy.refused == 2
+    assert "reading the decision log again" in caplog.text
+    assert sink.prepared() == []
+    if not executed:  # not decided means free to run again: the rerun writes it once
+        assert sink.commit(3, sink.prepare(3, range(200, 230))).rows == 30
+        assert sink.rows() == expected(range(200, 230)) and sink.prepared() == []
+
+
+def test_decision_that_cannot_be_read_again_in_time_is_left_to_recovery(sink: Sink) -> None:
+    """The decision's COMMIT ran but its reply was lost, and the database stays away past commitTimeout:
+    DecisionUnknownError (a CommitIncompleteError) says it is not known and what settles it; recovery does."""
+    outcomes = sink.prepare(8, range(600, 630))
+    sink.proxy.cut_on(b"COMMIT", armed_by=DECISION, after_reply=True, then_down_for=600)
+    with pytest.raises(DecisionUnknownError) as info:
+        sink.commit(8, outcomes, commitTimeout=1)
+    message = str(info.value)
+    assert isinstance(info.value, CommitIncompleteError)
+    same = f"same sinkId ('{sink.sink_id}') and batchId"
+    for phrase in ("is not known", same, "'xasink recover'", "another sink id"):
+        assert phrase in message, message
+    no_secret(sink.db, message)
+    assert sink.state(8) == "committing" and sink.rows() == []
+
+    sink.proxy.reset()
+    sink.recover()
+    assert sink.rows() == expected(range(600, 630)) and sink.state(8) == "committed" and sink.prepared() == []
+
+
+# --------------------------------------------------------------------------- after the commit
+
+
+def test_sweep_and_trim_failing_after_the_commit_are_warnings(sink: Sink, caplog: pytest.LogCaptureFixture) -> None:
+    """The database goes away right after the batch is marked committed: the sweep and the trim fail, the
+    write still succeeds (warnings only), and what the sweep left is finished by the next recovery."""
+    stale = sink.prepare(4, range(900, 906), parts=1)  # an undecided batch the sweep of batch 5 rolls back
+    outcomes = sink.prepare(5, range(300, 330))
+    sink.proxy.cut_on(b"COMMIT", armed_by=MARK, relay_reply=True, then_down_for=600)
+    result = sink.commit(5, outcomes)
+    assert result.rows == 30 and sink.proxy.cut == 1
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("the sweep after it failed" in w for w in warnings), warnings
+    assert any("trimming the decision log failed" in w for w in warnings), warnings
+    no_secret(sink.db, caplog.text)
+    assert sink.rows() == expected(range(300, 330)) and sink.state(5) == "committed"
+    assert sink.prepared() == [stale[0].gid]  # type: ignore[union-attr] - the sweep really did not run
+
+    sink.proxy.reset()
+    sink.recover()
+    assert sink.prepared() == [] and sink.rows() == expected(range(300, 330))
+
+
+# --------------------------------------------------------------------------- marking the batch committed
+
+
+def test_mark_whose_reply_is_lost_is_retried_and_found_done(sink: Sink, caplog: pytest.LogCaptureFixture) -> None:
+    """The mark's COMMIT runs but its reply is lost: the retry changes no row, reads it back as committed."""
+    caplog.set_level(logging.INFO, logger="xasink")
+    outcomes = sink.prepare(6, range(400, 430))
+    sink.proxy.cut_on(b"COMMIT", armed_by=MARK, after_reply=True)
+    assert sink.commit(6, outcomes).rows == 30
+    assert sink.proxy.cut == 1 and "already marked committed" in caplog.text
+    assert sink.rows() == expected(range(400, 430)) and sink.state(6) == "committed" and sink.prepared() == []
+
+
+class AfterCommits:
+    """The real dialect; after the last branch's COMMIT, runs ``then`` (what a concurrent actor does then)."""
+
+    def __init__(self, options: WriteOptions, branches: int, then: Any) -> None:
+        self.inner: Dialect = dialect_for(options.url, options.branch_settings, 4)
+        self.left, self.then = branches, then
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def commit_prepared(self, conn: Any, xid: Xid) -> None:
+        self.inner.commit_prepared(conn, xid)
+        self.left -= 1
+        if self.left == 0:
+            self.then()
+
+
+@pytest.mark.parametrize("actor", ["recovery", "hand"])
+def test_mark_that_changes_no_row_is_detected(sink: Sink, actor: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Between the last COMMIT and the mark, a concurrent recovery finishes the batch (fine: it was marked),
+    or someone deletes its decision row (an error that says so: a rerun would write it again)."""
+    caplog.set_level(logging.INFO, logger="xasink")
+    outcomes = sink.prepare(7, range(500, 530))
+    if actor == "recovery":
+        then = sink.recover
+    else:
+
+        def then() -> None:
+            sink.db.execute(
+                f"DELETE FROM {sink.db.q('xasink_batches')} WHERE sink_id = %s AND batch_id = 7", sink.sink_id
+            )
+
+    coordinator = sink.coordinator(AfterCommits(sink.direct, 3, then), commitParallelism=1)
+    try:
+        if actor == "recovery":
+            assert coordinator.commit(7, outcomes).rows == 30
+            assert "already marked committed (by a recovery run" in caplog.text
+            assert sink.state(7) == "committed"
+        else:
+            with pytest.raises(JournalError) as info:
+                coordinator.commit(7, outcomes)
+            message = str(info.value)
+            assert f"sink {sink.sink_id} batch 7" in message and "changed 0 rows" in message, message
+            assert "no row for it" in message and "would write its rows again" in message, message
+            assert sink.state(7) is None
+    finally:
+        coordinator.close()
+    assert sink.rows() == expected(range(500, 530)) and sink.prepared() == []

@@ -1,0 +1,165 @@
+"""Which writer runs are alive: a session lock held for a driver tells sweeps and recovery to keep off.
+
+A run's branches may only be rolled back as undecided once the run is dead: a live driver may still decide
+them.  Ages cannot tell (a long batch outlives any threshold; two backfills of one sink run side by side),
+so every Spark driver holds a **guard**: a session lock named after the decision log and the driver
+(``xasink:<log>:<driver>``), taken on the log's database by a small keeper process
+(``python -m xasink.keeper``) that lives exactly as long as the driver's JVM.  A run records its guard in
+its claim before any branch opens.  The lock vanishes with its connection, so when the driver dies the
+server knows at once, with no clock: sweeps and ``xasink recover`` roll back branches of runs whose guard
+is free and leave the others alone, whatever their age.
+
+A database restart drops every session lock while prepared branches survive; for a short grace period
+after the server started, a free guard counts as alive so the keepers can take their locks again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import select
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from datetime import timedelta
+
+from sqlalchemy.engine import Connection
+
+from .dialects.base import Dialect
+from .errors import PreflightError
+from .journal import ClaimState
+
+log = logging.getLogger(__name__)
+
+RESTART_GRACE_S = 30.0  # after a server (re)start, keepers take their guards again within seconds
+KEEPER_START_TIMEOUT_S = 60.0
+
+
+def guard_name(log_id: str, driver: str) -> str:
+    return f"xasink:{log_id}:{driver}"
+
+
+def _stat(pid: int) -> tuple[int, int, str] | None:
+    """(parent pid, start time in clock ticks, command name) of a process, from /proc."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    name = raw[raw.index("(") + 1 : raw.rindex(")")]
+    fields = raw[raw.rindex(")") + 2 :].split()
+    return int(fields[1]), int(fields[19]), name
+
+
+@dataclass(frozen=True)
+class DriverProcess:
+    """The process whose life a guard follows (the Spark driver's JVM), named so a reused pid is not mistaken."""
+
+    pid: int
+    start: int
+
+    @property
+    def token(self) -> str:
+        seed = f"{socket.gethostname()}:{self.pid}:{self.start}".encode()
+        return hashlib.blake2b(seed, digest_size=6).hexdigest()
+
+    def alive(self) -> bool:
+        st = _stat(self.pid)
+        return st is not None and st[1] == self.start
+
+
+def spark_driver_process(max_depth: int = 8) -> DriverProcess | None:
+    """The JVM this Python runs under (a Spark worker's ancestor), or None outside Spark."""
+    pid = os.getppid()
+    for _ in range(max_depth):
+        st = _stat(pid)
+        if st is None or pid <= 1:
+            return None
+        if st[2] == "java":
+            return DriverProcess(pid, st[1])
+        pid = st[0]
+    return None
+
+
+def ensure_keeper(dialect: Dialect, log_id: str, driver: DriverProcess) -> str:
+    """The guard of this driver for this log, started on first use; returns its name."""
+    name = guard_name(log_id, driver.token)
+    with dialect.connect() as conn:
+        if dialect.held_session_locks(conn, [name]):
+            return name
+    config = {
+        "url": dialect.url.render_as_string(hide_password=False),  # through a pipe, never the command line
+        "name": name,
+        "pid": driver.pid,
+        "start": driver.start,
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "xasink.keeper"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        close_fds=True,
+        text=True,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(json.dumps(config) + "\n")
+    proc.stdin.close()
+    ready, _, _ = select.select([proc.stdout], [], [], KEEPER_START_TIMEOUT_S)
+    answer = proc.stdout.readline().strip() if ready else ""
+    proc.stdout.close()
+    proc.wait(timeout=10)  # the keeper forked: this is its short-lived parent
+    if answer not in ("ready", "held"):
+        raise PreflightError(
+            f"could not start the xasink run guard on {dialect.where()} ({answer or 'no answer'}): the driver "
+            "holds a session lock there while it writes, so sweeps and recovery know its runs are alive"
+        )
+    log.info("run guard %s held for driver process %s", name, driver.pid)
+    return name
+
+
+class InProcessGuard:
+    """A guard held by this very process: Spark-free writers (tests, tools) that coordinate themselves."""
+
+    def __init__(self, dialect: Dialect, log_id: str) -> None:
+        me = _stat(os.getpid())
+        self.name = guard_name(log_id, DriverProcess(os.getpid(), me[1] if me else 0).token)
+        self._conn: Connection | None = dialect.connect(autocommit=True)
+        if not dialect.try_session_lock(self._conn, self.name):
+            self.close()
+            raise PreflightError(f"run guard {self.name} is held by another session")
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+def runs_alive(
+    dialect: Dialect, conn: Connection, claims: dict[tuple[int, str], ClaimState]
+) -> dict[tuple[int, str], bool | None]:
+    """For each (batch, run) claim: True alive, False dead, None unknown (the run kept no guard).
+
+    A superseded run can never decide: dead.  A run whose guard some session holds: alive.  A run that
+    claimed its batch before the server last started, within a short grace after that start, counts as
+    alive too: its keeper is taking its guard again.
+    """
+    guards = {c.guard for c in claims.values() if c.guard and not c.superseded}
+    held = dialect.held_session_locks(conn, guards) if guards else set()
+    restarted_at = None
+    if guards - held:
+        uptime = dialect.server_uptime_s(conn)
+        if uptime < RESTART_GRACE_S:
+            restarted_at = dialect.server_now(conn) - timedelta(seconds=uptime)
+    out: dict[tuple[int, str], bool | None] = {}
+    for key, c in claims.items():
+        if c.superseded:
+            out[key] = False
+        elif c.guard is None:
+            out[key] = None
+        else:
+            out[key] = c.guard in held or (restarted_at is not None and c.claimed_at < restarted_at)
+    return out
