@@ -1,0 +1,303 @@
+"""The password never shows, wherever the user put it (issue 15 item 3).
+
+A Spark job hands credentials over in one of several spellings: the ``password`` option, the URL's
+user-info (``user:pw@host``), or the URL's query (``?user=etl&password=...``, any case, ``passwd`` for
+MySQL).  Each spelling is tried against the real servers, through ``xasink status`` and ``xasink recover``
+(table and ``--json``, with and without ``-v``), a wrong password, an unreachable server, a write with its
+log captured at DEBUG, and the reprs of every object a user may print.  The leak check also looks for the
+password percent-encoded, as it stands in a URL.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from urllib.parse import quote
+
+import pyarrow as pa
+import pytest
+from sqlalchemy.engine import make_url
+
+import xasink
+from tests import dbutil
+from tests.leaks import ROOT, SECRET, assert_no_secret, no_secret_in_output  # noqa: F401 - autouse fixture
+from xasink.branch import write_partition
+from xasink.coordinator import Coordinator
+from xasink.embedded import free_port
+from xasink.errors import OptionError
+from xasink.options import parse_options
+from xasink.schema import plan_target
+from xasink.xid import new_run_nonce
+
+Q = quote(SECRET, safe="")  # as it stands in a URL: the '#' in it is %23
+
+
+@dataclass
+class Server:
+    """Where a test logs in: host, port, database and a user whose password is :data:`SECRET`."""
+
+    kind: str  # postgresql | mariadb
+    host: str
+    port: int
+    database: str
+    user: str
+
+    def forms(self, password: str = Q, port: int | None = None) -> dict[str, str]:
+        """Every spelling of the same login; ``password`` is already percent-encoded."""
+        h, p, d, u, pw = self.host, port or self.port, self.database, self.user, password
+        if self.kind == "postgresql":
+            return {
+                "jdbc-query": f"jdbc:postgresql://{h}:{p}/{d}?user={u}&password={pw}",
+                "jdbc-query-upper": f"jdbc:postgresql://{h}:{p}/{d}?user={u}&PASSWORD={pw}&ApplicationName=x",
+                "jdbc-userinfo": f"jdbc:postgresql://{u}:{pw}@{h}:{p}/{d}",
+                "url-userinfo": f"postgresql://{u}:{pw}@{h}:{p}/{d}",
+                "url-query": f"postgresql://{h}:{p}/{d}?user={u}&password={pw}",
+            }
+        return {
+            "jdbc-query": f"jdbc:mariadb://{h}:{p}/{d}?user={u}&password={pw}",
+            "jdbc-query-upper": f"jdbc:mysql://{h}:{p}/{d}?User={u}&Password={pw}",
+            "jdbc-userinfo": f"jdbc:mysql://{u}:{pw}@{h}:{p}/{d}",
+            "url-userinfo": f"mysql://{u}:{pw}@{h}:{p}/{d}",
+            "url-query": f"mysql://{h}:{p}/{d}?user={u}&password={pw}",
+            "url-query-passwd": f"mysql://{h}:{p}/{d}?user={u}&passwd={pw}",
+        }
+
+    @property
+    def plain(self) -> str:
+        """The same login for the plain-driver helpers of tests/dbutil.py."""
+        scheme = "postgresql" if self.kind == "postgresql" else "mysql"
+        return f"{scheme}://{self.user}:{Q}@{self.host}:{self.port}/{self.database}"
+
+
+@pytest.fixture(scope="module")
+def pg_server_login(pg_url: str) -> Server:
+    # the embedded server trusts every local login: any password is accepted, enough to check the masking
+    u = make_url(pg_url)
+    return Server(
+        "postgresql", u.host or "127.0.0.1", u.port or 5432, u.database or "postgres", u.username or "postgres"
+    )
+
+
+@pytest.fixture(scope="module")
+def maria_server_login(mariadb_url: str) -> Iterator[Server]:
+    """A MariaDB user of its own with password :data:`SECRET`, dropped after the module."""
+    p = dbutil.mariadb_params(mariadb_url)
+    user = f"xs_{uuid.uuid4().hex[:10]}"
+    with dbutil.mariadb_connect(mariadb_url, database=False) as conn, conn.cursor() as cur:
+        cur.execute(f"CREATE USER IF NOT EXISTS '{user}'@'{p['host']}' IDENTIFIED BY %s", (SECRET,))
+        cur.execute(f"GRANT ALL PRIVILEGES ON *.* TO '{user}'@'{p['host']}'")
+    try:
+        yield Server("mariadb", p["host"], p["port"], p["database"], user)
+    finally:
+        with dbutil.mariadb_connect(mariadb_url, database=False) as conn, conn.cursor() as cur:
+            cur.execute(f"DROP USER IF EXISTS '{user}'@'{p['host']}'")
+
+
+@pytest.fixture(params=["postgresql", pytest.param("mariadb", marks=pytest.mark.mariadb)])
+def server(request: pytest.FixtureRequest) -> Server:
+    login = "pg_server_login" if request.param == "postgresql" else "maria_server_login"
+    value: Server = request.getfixturevalue(login)
+    return value
+
+
+def no_secret(*items: BaseException | str | None) -> None:
+    """Neither the password nor its percent-encoded form."""
+    assert_no_secret(*items, secret=SECRET)
+    assert_no_secret(*items, secret=Q)
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "xasink.cli", *args], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
+    no_secret(proc.stdout, proc.stderr)
+    return proc
+
+
+SCHEMA = pa.schema([("id", pa.int64()), ("v", pa.string())])
+
+
+def write_one_batch(url: str, server: Server) -> tuple[Coordinator, xasink.WriteResult, str]:
+    """A real two-branch batch through the protocol pieces (no Spark): prepare, decide, commit."""
+    table = f"t_{uuid.uuid4().hex[:8]}"
+    sink = f"sec{uuid.uuid4().hex[:8]}"
+    options = parse_options({"url": url, "dbtable": table, "sinkId": sink})
+    coordinator = Coordinator(options)
+    coordinator.preflight()
+    with coordinator.dialect.connect() as conn:
+        plan = plan_target(coordinator.dialect, conn, options, SCHEMA)
+    run = new_run_nonce()
+    outcomes = [
+        write_partition(
+            options,
+            plan,
+            batch_id=0,
+            partition=part,
+            task_attempt_id=part + 1,
+            run=run,
+            batches=iter(
+                [
+                    pa.RecordBatch.from_arrays(
+                        [pa.array(ids, pa.int64()), pa.array([f"v{i}" for i in ids])], schema=SCHEMA
+                    )
+                ]
+            ),
+        )
+        for part, ids in enumerate([[1, 2, 3], [4, 5]])
+    ]
+    result = coordinator.commit(0, outcomes)
+    return coordinator, result, table
+
+
+FORMS = ["jdbc-query", "jdbc-query-upper", "jdbc-userinfo", "url-userinfo", "url-query", "url-query-passwd"]
+
+
+def form_url(server: Server, form: str, **kw: object) -> str:
+    forms = server.forms(**kw)  # type: ignore[arg-type]
+    if form not in forms:
+        pytest.skip(f"no {form} spelling for {server.kind}")
+    return forms[form]
+
+
+def rows(server: Server, table: str) -> list[tuple[object, ...]]:
+    if server.kind == "postgresql":
+        return dbutil.rows(server.plain, table)
+    return dbutil.mariadb_rows(server.plain, table)
+
+
+# --------------------------------------------------------------------------- the CLI, every spelling
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_cli_masks_the_password_in_every_spelling(server: Server, form: str) -> None:
+    """status and recover, table and JSON, quiet and -v: the URL is shown, its password never."""
+    for name, url in [(form, form_url(server, form))]:
+        runs = [
+            cli("status", "--url", url, "--older-than", "0s"),
+            cli("-v", "status", "--url", url, "--json"),
+            cli("-v", "recover", "--url", url, "--dry-run", "--sink-id", "nosuchsink"),
+            cli("recover", "--url", url, "--dry-run", "--json", "--sink-id", "nosuchsink"),
+        ]
+        for proc in runs:
+            assert proc.returncode == 0, f"{name}: {proc.args[3:]}\n{proc.stdout}{proc.stderr}"
+        for proc in (runs[0], runs[2]):
+            server_line = proc.stdout.splitlines()[0]
+            assert server_line.startswith("server: "), proc.stdout
+            assert f"{server.user}:***@{server.host}:{server.port}/{server.database}" in server_line, (
+                name,
+                server_line,
+            )
+        for proc in (runs[1], runs[3]):
+            doc = json.loads(proc.stdout)
+            assert f"{server.user}:***@" in doc["url"], (name, doc["url"])
+        assert "Traceback" not in runs[1].stderr + runs[2].stderr
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_python_api_reports_mask_the_password(server: Server, form: str) -> None:
+    for name, url in [(form, form_url(server, form))]:
+        status = xasink.status(url)
+        report = xasink.recover(url, dry_run=True, sink_id="nosuchsink")
+        for text in (
+            repr(status),
+            str(status),
+            repr(report),
+            json.dumps(status.to_dict(), default=str),
+            json.dumps(report.to_dict(), default=str),
+        ):
+            no_secret(text)
+        assert f"{server.user}:***@" in status.url, (name, status.url)
+
+
+# --------------------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_wrong_password_is_refused_without_showing_it(server: Server, form: str) -> None:
+    if server.kind == "postgresql":
+        pytest.skip("the embedded PostgreSQL trusts every local login: a wrong password cannot fail")
+    wrong = quote(SECRET + "x", safe="")
+    for name, url in [(form, form_url(server, form, password=wrong))]:
+        for args in (["status", "--url", url], ["-v", "recover", "--url", url, "--dry-run", "--json"]):
+            proc = cli(*args)
+            assert proc.returncode == 2, (name, proc.stdout, proc.stderr)
+            out = proc.stdout + proc.stderr
+            assert "authentication failed" in out and server.user in out, (name, out)
+        with pytest.raises(xasink.ConnectError) as info:
+            xasink.status(url)
+        no_secret(info.value)
+        with pytest.raises(xasink.ConnectError) as info:
+            Coordinator(parse_options({"url": url, "dbtable": "t"})).preflight()
+        no_secret(info.value)
+        assert "authentication failed" in str(info.value)
+
+
+def test_unreachable_server_error_does_not_show_the_password(server: Server) -> None:
+    for name, url in server.forms(port=free_port()).items():
+        proc = cli("-v", "status", "--url", url, "--json")
+        assert proc.returncode == 2, (name, proc.stdout, proc.stderr)
+        assert "cannot connect" in json.loads(proc.stdout)["error"]
+        proc = cli("recover", "--url", url, "--dry-run")
+        assert proc.returncode == 2 and "cannot connect" in proc.stderr, (name, proc.stderr)
+        with pytest.raises(xasink.ConnectError) as info:
+            xasink.recover(url)
+        no_secret(info.value)
+
+
+def test_option_errors_do_not_show_the_password(server: Server) -> None:
+    for url in server.forms().values():
+        for bad in ({"dbtable": "a.b.c"}, {"dbtable": "t", "batchsize": "many"}, {"dbtable": "t", "nope": "1"}):
+            with pytest.raises(OptionError) as info:
+                parse_options({"url": url, **bad})
+            no_secret(info.value)
+
+
+# --------------------------------------------------------------------------- a write: logs, results, reprs
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_a_write_logs_and_shows_no_password(server: Server, form: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A real batch with the log at DEBUG; then every object a user may print."""
+    caplog.set_level(logging.DEBUG, logger="xasink")
+    for name, url in [(form, form_url(server, form))]:
+        coordinator, result, table = write_one_batch(url, server)
+        try:
+            assert sorted(rows(server, table)) == [(i, f"v{i}") for i in range(1, 6)], name
+            assert result.rows == 5 and result.branches == 2
+            options = coordinator.options
+            assert options.url.username == server.user and options.url.password == SECRET, name
+            shown = [
+                repr(result),
+                str(result),
+                repr(options),
+                str(options),
+                repr(options.url),
+                str(options.url),
+                repr(coordinator),
+                repr(coordinator.dialect),
+                repr(coordinator.dialect.engine),
+                repr(options.with_batch(1)),
+            ]
+            no_secret(*shown)
+            assert "***" in repr(options), repr(options)
+        finally:
+            coordinator.close()
+    messages = [logging.Formatter("%(message)s").format(r) for r in caplog.records]
+    assert any("committed 5 rows" in m for m in messages), messages
+    no_secret(*messages)
+
+
+def test_password_option_wins_over_the_url_and_is_masked(server: Server) -> None:
+    """The ``password`` option beside a URL that holds another: the option wins, neither is shown."""
+    other = "not-the-" + SECRET[::-1]
+    for url in server.forms(password=quote(other, safe="")).values():
+        options = parse_options({"url": url, "dbtable": "t", "password": SECRET})
+        assert options.url.password == SECRET
+        for text in (repr(options), str(options.url), repr(options.url)):
+            no_secret(text)
+            assert other not in text and quote(other, safe="") not in text, text
