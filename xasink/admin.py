@@ -27,10 +27,10 @@ from .coordinator import (  # noqa: F401 - re-exported for the CLI
     branch_action,
 )
 from .dialects import Dialect, PreparedTxn, dialect_for
-from .dialects.base import redact
 from .errors import OptionError, XasinkError
 from .journal import BatchRecord, Journal
 from .liveness import runs_alive
+from .masking import display_url, redact, url_secrets
 from .options import TableName, WriteOptions, parse_url
 from .xid import Xid
 
@@ -143,7 +143,7 @@ def _base_options(url: str, journal_schema: str | None, journal_prefix: str) -> 
 
 
 def _masked(options: WriteOptions) -> str:
-    return options.url.render_as_string(hide_password=True)
+    return display_url(options.url)
 
 
 def _survey(
@@ -407,12 +407,12 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _redacted(exc: BaseException, options: WriteOptions) -> str:
-    return redact(_first_line(exc), options.url.password)
+    return redact(_first_line(exc), url_secrets(options.url))
 
 
 def _server_error(exc: sa.exc.DBAPIError, dialect: Dialect) -> XasinkError:
     return XasinkError(
-        f"{dialect.name} at {dialect.where()}: {redact(_first_line(exc), dialect.url.password)}. Reading needs the "
+        f"{dialect.name} at {dialect.where()}: {redact(_first_line(exc), url_secrets(dialect.url))}. Reading needs the "
         "list of prepared transactions (MySQL: XA_RECOVER_ADMIN) and SELECT on the decision log tables; acting "
         "needs the writers' rights (PostgreSQL: the same user or a superuser finishes a prepared transaction)"
     )

@@ -9,32 +9,31 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import re
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 from . import admin
-from .dialects.base import redact
 from .errors import XasinkError
+from .masking import RedactingFormatter, redact, url_secrets
 from .options import parse_url
 
-_SECRETS = (
-    re.compile(r"(://[^/@\s:]*:)[^@\s]*(@)"),  # user:password@host
-    re.compile(r"(password=)[^&\s]*()", re.IGNORECASE),  # ?password=... (JDBC style)
-)
+_LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def _secrets(url: str | None) -> tuple[str, ...]:
+    """The secrets the ``--url`` holds, wherever in it they were written; none if it does not parse."""
+    if not url:
+        return ()
+    try:
+        return url_secrets(parse_url(url))
+    except Exception:  # noqa: BLE001 - an unparsable URL: redact's patterns still apply
+        return ()
 
 
 def _mask(text: str, url: str | None) -> str:
     """The message without the password of ``url``, and without anything that looks like one."""
-    if url:
-        try:
-            text = redact(text, parse_url(url).password)
-        except Exception:  # noqa: BLE001,S110 - an unparsable URL: the patterns below still apply
-            pass
-    for pattern in _SECRETS:
-        text = pattern.sub(r"\1***\2", text)
-    return text
+    return redact(text, _secrets(url))
 
 
 def _age(seconds: float | None) -> str:
@@ -213,10 +212,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format=_LOG_FORMAT)
+    for handler in logging.getLogger().handlers:  # log lines and -v tracebacks pass through redact too
+        handler.setFormatter(RedactingFormatter(_LOG_FORMAT, _secrets(getattr(args, "url", None))))
     try:
         if args.command == "demo":
             from .spark.demo import run_demo

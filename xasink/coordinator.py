@@ -22,7 +22,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from .dialects import dialect_for
-from .dialects.base import Dialect, ErrorKind, redact
+from .dialects.base import Dialect, ErrorKind
 from .errors import (
     BatchAbortedError,
     CommitIncompleteError,
@@ -33,6 +33,7 @@ from .errors import (
 from .faults import fault
 from .journal import BatchRecord, Journal
 from .liveness import runs_alive
+from .masking import redact, url_secrets
 from .options import WriteOptions
 from .results import BranchOutcome, WriteResult
 from .xid import Xid
@@ -260,7 +261,7 @@ class Coordinator:
     def _describe(self, exc: BaseException) -> str:
         """An exception in one short line for a log or message, without the password."""
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        return redact(f"{type(exc).__name__}: {text}"[:300], self.options.url.password)
+        return redact(f"{type(exc).__name__}: {text}"[:300], url_secrets(self.options.url))
 
     def _forward(self, what: str, step: Callable[[], T], deadline: float, retries: int | None = None) -> T:
         """Run a step of a decided batch, retrying transient errors with capped exponential backoff and

@@ -10,15 +10,16 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
 from .dialects.base import BranchSettings
 from .errors import OptionError
+from .masking import display_url
 from .xid import MAX_BATCH_ID, MAX_SINK_ID, valid_sink_id
 
 # backend name -> SQLAlchemy driver we use for the control connections
@@ -65,9 +66,9 @@ class TableName:
 
 @dataclass(frozen=True)
 class WriteOptions:
-    """Everything a write needs, validated.  ``url`` carries the password; its repr masks it."""
+    """Everything a write needs, validated.  ``url`` carries the password; the repr shows it masked."""
 
-    url: URL = field(repr=True)
+    url: URL
     table: TableName
     sink_id: str
     sink_id_given: bool
@@ -100,11 +101,45 @@ class WriteOptions:
     def with_batch(self, batch_id: int) -> WriteOptions:
         return replace(self, batch_id=batch_id)
 
+    def __repr__(self) -> str:
+        shown = (
+            f"{f.name}={display_url(self.url) if f.name == 'url' else repr(getattr(self, f.name))}"
+            for f in fields(self)
+            if f.repr
+        )
+        return f"WriteOptions({', '.join(shown)})"
+
+
+_USER_KEYS = {"user", "username"}
+_PASSWORD_KEYS = {"password", "passwd"}
+
+
+def _credentials_from_query(query: Mapping[str, Any]) -> tuple[dict[str, Any], str | None, str | None]:
+    """Take user and password out of a URL's query (keys in any case): the rest, the user, the password.
+
+    They go into the URL's credentials, the one place a password is kept and masked
+    (:func:`xasink.masking.display_url`).
+    """
+    rest: dict[str, Any] = {}
+    user = password = None
+    for key, value in query.items():
+        text = value if isinstance(value, str) else (value[-1] if value else "")
+        if key.lower() in _USER_KEYS:
+            user = text
+        elif key.lower() in _PASSWORD_KEYS:
+            password = text
+        else:
+            rest[key] = value
+    return rest, user, password
+
 
 def parse_url(raw: str, user: str | None = None, password: str | None = None) -> URL:
-    """Accept ``jdbc:postgresql://...``, ``jdbc:mysql://...`` and SQLAlchemy URLs."""
+    """Accept ``jdbc:postgresql://...``, ``jdbc:mysql://...`` and SQLAlchemy URLs.
+
+    The user and password may be given as options (they win), in the URL's user-info or in its
+    query; wherever they were, they end up in the URL's credentials only.
+    """
     text = raw.strip()
-    query: dict[str, str] = {}
     if text.lower().startswith("jdbc:"):
         parts = urlsplit(text[5:], allow_fragments=False)  # JDBC has no fragment: '#' may be in a password
         backend = _JDBC_SCHEMES.get(parts.scheme.lower())
@@ -113,9 +148,11 @@ def parse_url(raw: str, user: str | None = None, password: str | None = None) ->
                 f"option 'url': unsupported JDBC scheme 'jdbc:{parts.scheme}:'; "
                 "use jdbc:postgresql://, jdbc:mysql:// or jdbc:mariadb://"
             )
-        query = {_PG_JDBC_ALIASES.get(k.lower(), k): v for k, v in parse_qsl(parts.query)}
-        user = user or query.pop("user", None)
-        password = password or query.pop("password", None)
+        query, query_user, query_password = _credentials_from_query(
+            {_PG_JDBC_ALIASES.get(k.lower(), k): v for k, v in parse_qsl(parts.query)}
+        )
+        url_user = unquote(parts.username) if parts.username else query_user
+        url_password = unquote(parts.password) if parts.password is not None else query_password
         try:
             port = parts.port
         except ValueError as exc:
@@ -130,6 +167,8 @@ def parse_url(raw: str, user: str | None = None, password: str | None = None) ->
             )
         url = URL.create(
             DRIVERS[backend],
+            username=url_user or None,
+            password=url_password,
             host=parts.hostname or "localhost",
             port=port,
             database=parts.path.lstrip("/") or None,
@@ -149,7 +188,13 @@ def parse_url(raw: str, user: str | None = None, password: str | None = None) ->
                 f"option 'url': unsupported database '{url.get_backend_name()}'; "
                 "xasink writes to PostgreSQL and MySQL/MariaDB"
             )
-        url = url.set(drivername=DRIVERS[backend])
+        query, query_user, query_password = _credentials_from_query(url.query)
+        url = url.set(
+            drivername=DRIVERS[backend],
+            username=url.username or query_user or None,
+            password=url.password if url.password is not None else query_password,
+            query=query,
+        )
     if user:
         url = url.set(username=user)
     if password is not None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import enum
 import logging
-import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.pool import NullPool
 
 from ..errors import BranchError, ConnectError, XasinkError
+from ..masking import display_url, redact, url_secrets
 from ..xid import Xid
 
 log = logging.getLogger(__name__)
@@ -56,14 +56,6 @@ class TargetPlan:
     # MySQL family: the table is such that loading with REPLACE gives exactly the upsert's rows
     # (MySQLDialect.replace_is_upsert), so the merge needs no staging table
     upsert_by_replace: bool = False
-
-
-def redact(text: str, secret: str | None) -> str:
-    """Remove a password from a message, whatever quoting it went through."""
-    if secret:
-        for form in {secret, re.escape(secret), secret.replace("'", "''")}:
-            text = text.replace(form, "***")
-    return text
 
 
 def branch_failed(xid: Xid, plan: TargetPlan, what: str, hint: str | None = None) -> BranchError:
@@ -153,6 +145,9 @@ class Dialect(ABC):
             conn = conn.execution_options(isolation_level="AUTOCOMMIT")
         return conn
 
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({display_url(self.url)})"
+
     def where(self) -> str:
         return f"{self.url.host or 'localhost'}:{self.url.port or self.default_port}/{self.url.database}"
 
@@ -160,7 +155,7 @@ class Dialect(ABC):
 
     def connect_error(self, exc: BaseException) -> XasinkError:
         orig = getattr(exc, "orig", exc)
-        text = redact(str(orig).strip(), self.url.password)
+        text = redact(str(orig).strip(), url_secrets(self.url))
         low = text.lower()
         if "password" in low or "access denied" in low or "authentication" in low:
             return ConnectError(

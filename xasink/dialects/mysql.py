@@ -44,6 +44,7 @@ from sqlalchemy.dialects.mysql import pymysql as sa_pymysql
 from sqlalchemy.engine import Connection
 
 from ..errors import BranchError, PreflightError, XasinkError
+from ..masking import redact, url_secrets
 from ..xid import FORMAT_ID, Xid
 from .base import (
     BranchSession,
@@ -53,7 +54,6 @@ from .base import (
     TargetPlan,
     branch_failed,
     check_upsert_keys,
-    redact,
 )
 
 log = logging.getLogger(__name__)
@@ -739,7 +739,7 @@ class MySQLDialect(Dialect):
         orig = getattr(exc, "orig", exc)
         args: tuple[Any, ...] = tuple(getattr(orig, "args", ()))
         text = str(args[1]) if len(args) > 1 else str(orig)
-        return self._branch_error(code, redact(text.strip(), self.url.password), xid, plan)
+        return self._branch_error(code, redact(text.strip(), url_secrets(self.url)), xid, plan)
 
     def load_warning_error(
         self, warnings: list[tuple[Any, ...]], loaded: int, expected: int, xid: Xid, plan: TargetPlan

@@ -15,6 +15,7 @@ from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.engine import Connection
 
 from ..errors import BranchError, PreflightError
+from ..masking import redact, url_secrets
 from ..xid import Xid
 from .base import (
     BranchSession,
@@ -24,7 +25,6 @@ from .base import (
     TargetPlan,
     branch_failed,
     check_upsert_keys,
-    redact,
 )
 
 log = logging.getLogger(__name__)
@@ -305,7 +305,7 @@ class PostgresDialect(Dialect):
 
     def branch_error(self, exc: BaseException, xid: Xid, plan: TargetPlan) -> BranchError:
         state = _sqlstate(exc)
-        text = redact(str(getattr(exc, "orig", exc)), self.url.password)
+        text = redact(str(getattr(exc, "orig", exc)), url_secrets(self.url))
         text = re.sub(r"^[A-Z_]+: \[libpq\] ", "", text.strip())
         text = re.sub(r"Failed to execute query '.*?': (?=ERROR:)", "", text, count=1, flags=re.S)
         text = re.sub(r"^Failed to execute COPY statement: (?:PGRES_[A-Z_]+ )?(?=ERROR:)", "", text, count=1)

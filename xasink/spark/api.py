@@ -13,8 +13,8 @@ from pyspark.sql import DataFrame, SparkSession
 from .. import errors
 from ..coordinator import Coordinator
 from ..dialects import dialect_for
-from ..dialects.base import redact
 from ..journal import Journal
+from ..masking import redact, url_secrets
 from ..options import parse_options
 from ..results import WriteResult
 from ..xid import new_run_nonce
@@ -109,7 +109,7 @@ def write(
                 # not ours (a failing UDF, a lost executor...) and the batch is undecided: nothing of it is visible
                 inner = errors.BatchAbortedError(
                     f"sink {parsed.sink_id} batch {parsed.batch_id} was rolled back, no row of it is visible: "
-                    f"the Spark job failed ({redact(_summary(exc), parsed.url.password)})"
+                    f"the Spark job failed ({redact(_summary(exc), url_secrets(parsed.url))})"
                 )
             if inner is None:
                 raise
