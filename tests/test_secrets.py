@@ -311,3 +311,42 @@ def test_password_option_wins_over_the_url_and_is_masked(server: Server) -> None
         for text in (repr(options), str(options.url), repr(options.url)):
             no_secret(text)
             assert other not in text and quote(other, safe="") not in text, text
+
+
+# --------------------------------------------------------------------------- the masking functions themselves
+
+
+def test_display_url_masks_password_and_secret_query_values() -> None:
+    from xasink.masking import display_url, url_secrets
+    from xasink.options import parse_url
+
+    url = parse_url(f"postgresql://etl:{Q}@h:5432/db?sslmode=require&sslpassword={Q}")
+    assert display_url(url) == "postgresql+psycopg2://etl:***@h:5432/db?sslmode=require&sslpassword=***"
+    assert url_secrets(url) == (SECRET, SECRET)
+    assert url.query["sslmode"] == "require"  # the query is kept for the driver, only shown masked
+
+
+def test_redact_removes_every_quoting_and_credential_shapes() -> None:
+    from xasink.masking import redact
+
+    text = (
+        f"raw {SECRET} sql '{SECRET}' url {Q} "
+        "dsn host=h password='other secret' port=1 uri postgresql://u:xyz@h/db?PASSWORD=abc&x=1"
+    )
+    out = redact(text, [SECRET, None])
+    no_secret(out)
+    for gone in ("other secret", "xyz", "abc"):
+        assert gone not in out, out
+    assert "port=1" in out and "x=1" in out and "postgresql://u:***@h/db" in out
+
+
+def test_cli_log_formatter_cleans_tracebacks() -> None:
+    from xasink.masking import RedactingFormatter
+
+    try:
+        raise RuntimeError(f"driver said: cannot use {SECRET}")
+    except RuntimeError:
+        record = logging.LogRecord("xasink", logging.INFO, __file__, 1, "failure %s", (Q,), sys.exc_info())
+    line = RedactingFormatter("%(levelname)s %(message)s", [SECRET]).format(record)
+    assert "RuntimeError" in line and "***" in line
+    no_secret(line)
