@@ -17,6 +17,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import quote
 
 import pyarrow as pa
@@ -311,6 +312,33 @@ def test_password_option_wins_over_the_url_and_is_masked(server: Server) -> None
         for text in (repr(options), str(options.url), repr(options.url)):
             no_secret(text)
             assert other not in text and quote(other, safe="") not in text, text
+
+
+# --------------------------------------------------------------------------- through Spark
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("form", ["jdbc-query", "jdbc-userinfo", "url-query"])
+def test_spark_writes_and_failures_show_no_password(
+    spark: Any, server: Server, form: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """format("xasink") and xasink.write with the password in the URL: a committed batch, then a job that
+    fails in a task; the result, the error (its JVM trace included) and the log never show the password."""
+    caplog.set_level(logging.DEBUG, logger="xasink")
+    url = form_url(server, form)
+    table = f"t_{uuid.uuid4().hex[:8]}"
+    df = spark.range(0, 10, 1, 2).selectExpr("id", "cast(id as string) as v")
+    df.write.format("xasink").option("url", url).option("dbtable", table).mode("append").save()
+    result = xasink.write(df, url, table)
+    no_secret(str(result), repr(result))
+    assert result.rows == 10 and len(rows(server, table)) == 20
+    bad = spark.range(0, 20, 1, 2).selectExpr("id", "assert_true(id < 15, 'id too big') as v")
+    with pytest.raises(xasink.BatchAbortedError) as info:
+        xasink.write(bad, url, table)
+    no_secret(info.value)
+    assert "id too big" in str(info.value)
+    assert len(rows(server, table)) == 20
+    no_secret(*(logging.Formatter("%(message)s").format(r) for r in caplog.records))
 
 
 # --------------------------------------------------------------------------- the masking functions themselves
