@@ -378,3 +378,30 @@ def test_cli_log_formatter_cleans_tracebacks() -> None:
     line = RedactingFormatter("%(levelname)s %(message)s", [SECRET]).format(record)
     assert "RuntimeError" in line and "***" in line
     no_secret(line)
+
+
+@pytest.mark.parametrize(
+    "url, query",
+    [
+        (f"jdbc:postgresql://h:5432/db?user=etl&password={Q}", {}),
+        (f"jdbc:postgresql://h:5432/db?USER=etl&PASSWORD={Q}&sslmode=require", {"sslmode": "require"}),
+        (f"jdbc:postgresql://etl:{Q}@h:5432/db", {}),
+        (f"jdbc:mariadb://etl:{Q}@h:5432/db", {}),
+        (f"jdbc:mysql://h:5432/db?User=etl&Password={Q}", {}),
+        (f"postgresql://h:5432/db?user=etl&password={Q}&application_name=a", {"application_name": "a"}),
+        (f"postgresql+psycopg2://etl@h:5432/db?Password={Q}", {}),
+        (f"mysql://h:5432/db?user=etl&passwd={Q}&charset=utf8mb4", {"charset": "utf8mb4"}),
+        (f"mysql+pymysql://etl:{Q}@h:5432/db", {}),
+    ],
+)
+def test_parse_url_keeps_credentials_only_in_the_credentials(url: str, query: dict[str, str]) -> None:
+    """Wherever user and password were written, they end up in the URL's credentials, never in its query."""
+    parsed = parse_options({"url": url, "dbtable": "t"}).url
+    assert (parsed.username, parsed.password, parsed.host, parsed.port, parsed.database) == (
+        "etl",
+        SECRET,
+        "h",
+        5432,
+        "db",
+    )
+    assert dict(parsed.query) == query
