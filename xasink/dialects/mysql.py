@@ -26,6 +26,7 @@ the client for a file: branch connections only enable it when the option ``local
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import os
 import re
@@ -93,6 +94,21 @@ _PREPARER = _SA_DIALECT.identifier_preparer
 BRANCH_SQL_MODE = "STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION,NO_AUTO_VALUE_ON_ZERO"
 _MAX_LOCK_WAIT = 1_073_741_824  # innodb_lock_wait_timeout's maximum: "no limit"
 DETACH_TIMEOUT_S = 30.0
+OWNER_WAIT_S = 5.0  # longest wait for a branch's owner to finish disconnecting before XA COMMIT / ROLLBACK
+
+# Sessions still disconnecting while InnoDB holds their transaction attached: the branch's owner (named by its
+# owner lock), whether it is still listed or already gone from PROCESSLIST, and any transaction of a session
+# that is gone or being killed or quitting (an owner past releasing its locks but not yet detached).
+_DISCONNECTING_SQL = (
+    "SELECT (SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = IS_USED_LOCK(%(lock)s)) + "
+    "(SELECT COUNT(*) FROM information_schema.INNODB_TRX t WHERE t.trx_mysql_thread_id <> 0 "
+    "AND t.trx_state <> 'ROLLING BACK' AND (t.trx_mysql_thread_id = IS_USED_LOCK(%(lock)s) OR NOT EXISTS "
+    "(SELECT 1 FROM information_schema.PROCESSLIST p WHERE p.ID = t.trx_mysql_thread_id "
+    "AND p.COMMAND NOT IN ('Killed', 'Quit'))))"
+)
+_DISCONNECTING_SQL_NO_TRX = (  # without the PROCESS privilege (INNODB_TRX is not readable)
+    "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = IS_USED_LOCK(%(lock)s)"
+)
 
 ER_XAER_NOTA = 1397
 _TRANSIENT_CODES = {
@@ -177,6 +193,15 @@ def xa_literal(format_id: int, gtrid: bytes, bqual: bytes) -> str:
 
 def xid_literal(xid: Xid) -> str:
     return xa_literal(FORMAT_ID, xid.gtrid.encode("ascii"), xid.bqual.encode("ascii"))
+
+
+def owner_lock(xid: Xid) -> str:
+    """The user lock a branch's session holds while it owns the branch: ``IS_USED_LOCK`` names that session.
+
+    A lock name is at most 64 characters, so the gid is hashed; the lock is released only when the session
+    ends, so whoever finishes the branch can wait for exactly that session's disconnect.
+    """
+    return "xasink-owner:" + hashlib.blake2b(xid.gid.encode(), digest_size=16).hexdigest()
 
 
 def foreign_gid(format_id: int, gtrid: bytes, bqual: bytes) -> str:
@@ -310,7 +335,10 @@ class MySQLBranch(BranchSession):
         self.cursor = self.conn.cursor()
         self.is_mariadb = "mariadb" in self.conn.get_server_info().lower()
         try:
-            self.cursor.execute("SELECT CONNECTION_ID(), @@local_infile, @@max_allowed_packet")
+            # the owner lock names this session as the branch's owner until it has disconnected (see owner_lock)
+            self.cursor.execute(
+                "SELECT CONNECTION_ID(), @@local_infile, @@max_allowed_packet, GET_LOCK(%s, 0)", (owner_lock(xid),)
+            )
             row = self.cursor.fetchone()
             assert row is not None
             self.connection_id, server_infile, max_packet = int(row[0]), int(row[1] or 0), int(row[2])
@@ -538,9 +566,7 @@ class MySQLDialect(Dialect):
             deadline = time.monotonic() + timeout_s
             delay = 0.001
             while True:
-                cur.execute("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = %s", (connection_id,))
-                row = cur.fetchone()
-                if row is None or int(row[0]) == 0:
+                if self._session_gone(cur, connection_id):
                     return
                 if time.monotonic() > deadline:
                     raise BranchError(
@@ -552,8 +578,61 @@ class MySQLDialect(Dialect):
         finally:
             conn.close()
 
+    _trx_visible = True  # whether this user may read INNODB_TRX (the PROCESS privilege)
+
+    def _session_gone(self, cur: Any, connection_id: int) -> bool:
+        """Whether session ``connection_id`` has left PROCESSLIST and InnoDB no longer holds a transaction of it.
+
+        MariaDB removes a session from PROCESSLIST before InnoDB detaches its prepared transaction
+        (``THD::free_connection`` runs after ``server_threads.erase``), so both are checked.
+        """
+        query = "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = %s"
+        if self._trx_visible:
+            trx = "SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_mysql_thread_id = %s"
+            query = f"SELECT ({query}) + ({trx})"
+        try:
+            cur.execute(query, (connection_id,) * query.count("%s"))
+        except pymysql.err.MySQLError as exc:
+            if not self._trx_visible or _errno(exc) not in _PRIVILEGE_CODES:
+                raise
+            self._trx_visible = False
+            return self._session_gone(cur, connection_id)
+        row = cur.fetchone()
+        return row is None or int(row[0]) == 0
+
+    def await_owner(self, conn: Connection, xid: Xid | None, timeout_s: float = OWNER_WAIT_S) -> None:
+        """Wait until no session that may own the branch is still disconnecting: then XA COMMIT / ROLLBACK is safe.
+
+        A verb that lands while the owner's disconnect is in flight can answer OK (or XAER_NOTA) while the
+        transaction stays prepared, unlisted and holding its row locks until the server restarts (measured on
+        MariaDB 10.11 for COMMIT and ROLLBACK: tests/test_dialect_edges.py).  A branch's session holds its
+        owner lock, so the owner is known while it lives; an owner already past releasing it shows as an
+        InnoDB transaction of a session that is gone, killed or quitting.  Bounded: a hung owner is left to
+        the verb's XAER_NOTA handling.
+        """
+        lock = owner_lock(xid) if xid is not None else "xasink-owner:-"  # foreign: no owner lock
+        deadline = time.monotonic() + timeout_s
+        delay = 0.001
+        while True:
+            query = _DISCONNECTING_SQL if self._trx_visible else _DISCONNECTING_SQL_NO_TRX
+            try:
+                pending = int(conn.exec_driver_sql(query, {"lock": lock}).scalar() or 0)
+            except sa.exc.DBAPIError as exc:
+                if not self._trx_visible or _errno(exc) not in _PRIVILEGE_CODES:
+                    raise
+                self._trx_visible = False
+                continue
+            if not pending:
+                return
+            if time.monotonic() > deadline:
+                log.debug("%s: a session still disconnecting after %.0fs; finishing the branch anyway", xid, timeout_s)
+                return
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+
     # -- XA verbs ------------------------------------------------------------------------
     def _finish(self, conn: Connection, verb: str, literal: str, key: tuple[int, bytes, bytes]) -> None:
+        self.await_owner(conn, Xid.from_xa(*key))
         try:
             conn.exec_driver_sql(f"XA {verb} {literal}")
         except sa.exc.DBAPIError as exc:
