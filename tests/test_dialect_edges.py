@@ -93,3 +93,50 @@ def test_finishing_a_branch_whose_owner_was_just_killed_leaves_no_hidden_prepare
         _roll_back_listed(mariadb_url, xids)  # whatever the verb left prepared (before the fix)
     dialect.dispose()
     assert bad == [], f"{len(bad)} of {rounds}: {bad}"
+
+
+# --------------------------------------------------------------------------- item 11: literals, control connections
+
+NASTY = "o'k \\ \\n \\' %s %% ''"  # a backslash before n, before a quote, printf and doubled quotes
+
+
+def _pg_scs_off(pg_url: str) -> str:
+    """The PostgreSQL URL with standard_conforming_strings off, where a backslash in '...' escapes."""
+    return pg_url + ("&" if "?" in pg_url else "?") + "options=-c%20standard_conforming_strings%3Doff"
+
+
+def test_postgres_statements_without_parameters_quote_backslashes_and_quotes(pg_url: str) -> None:
+    """Item 11: ROLLBACK PREPARED of a gid with backslashes and quotes names exactly that gid, whatever
+    standard_conforming_strings says (before the fix: the backslash escaped, the gid 'did not exist')."""
+    from tests.dbutil import make_foreign_prepared, prepared_gids
+    from xasink.dialects.postgres import PostgresDialect
+
+    gid = f"foreign {uuid.uuid4().hex[:6]} {NASTY}"
+    make_foreign_prepared(pg_url, gid)
+    try:
+        for url in (pg_url, _pg_scs_off(pg_url)):  # listed the same by both; rolled back by the second
+            dialect = PostgresDialect(parse_options({"url": url, "dbtable": "unused"}).url)
+            with dialect.connect(autocommit=True) as conn:
+                assert gid in {p.gid for p in dialect.list_prepared(conn)}
+                if url != pg_url:
+                    dialect.rollback_foreign(conn, gid)
+            dialect.dispose()
+        assert gid not in prepared_gids(pg_url)
+    finally:
+        if gid in prepared_gids(pg_url):
+            from tests.dbutil import rollback_prepared
+
+            rollback_prepared(pg_url, gid)
+
+
+def test_mariadb_foreign_xid_with_backslashes_and_quotes_is_rolled_back(mariadb_url: str) -> None:
+    """Item 11 on MariaDB: xids travel as hex literals, so any byte of a foreign xid is named exactly."""
+    from tests.dbutil import mariadb_make_foreign_prepared
+    from xasink.dialects.mysql import foreign_gid
+
+    foreign = mariadb_make_foreign_prepared(mariadb_url, f"fx{uuid.uuid4().hex[:6]}{NASTY}".encode(), b"\\'")
+    dialect = _mariadb_dialect(mariadb_url)
+    with dialect.connect(autocommit=True) as conn:
+        dialect.rollback_foreign(conn, foreign_gid(*foreign))
+    dialect.dispose()
+    assert foreign not in mariadb_recover(mariadb_url)

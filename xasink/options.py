@@ -88,6 +88,7 @@ class WriteOptions:
     upsert_key_columns: tuple[str, ...] = ()
     local_infile: bool = True
     lock_timeout: int = 60  # seconds a branch waits for a row lock; bounds a wait on a prepared branch
+    control_lock_timeout: int = 60  # seconds a control connection (decide, commit, sweep) waits for a lock
     extra: Mapping[str, str] = field(default_factory=dict, repr=False)
 
     @property
@@ -96,7 +97,7 @@ class WriteOptions:
 
     @property
     def branch_settings(self) -> BranchSettings:
-        return BranchSettings(self.lock_timeout, self.batch_size, self.local_infile)
+        return BranchSettings(self.lock_timeout, self.batch_size, self.local_infile, self.control_lock_timeout)
 
     def with_batch(self, batch_id: int) -> WriteOptions:
         return replace(self, batch_id=batch_id)
@@ -332,6 +333,7 @@ KNOWN = {
     "committimeout": "commitTimeout",
     "journalretention": "journalRetention",
     "locktimeout": "lockTimeout",
+    "controllocktimeout": "controlLockTimeout",
     "createtable": "createTable",
     "upsertkeycolumns": "upsertKeyColumns",
     "localinfile": "localInfile",
@@ -401,4 +403,5 @@ def parse_options(raw: Mapping[str, Any], *, streaming: bool = False) -> WriteOp
         upsert_key_columns=keys,
         local_infile=_bool(opts, "localinfile", "localInfile", True),
         lock_timeout=_int(opts, "locktimeout", "lockTimeout", 60, 0, 86_400) or 0,
+        control_lock_timeout=_int(opts, "controllocktimeout", "controlLockTimeout", 60, 0, 86_400) or 0,
     )

@@ -109,6 +109,37 @@ class BranchSettings:
     batch_size: int = 10_000
     # MySQL: load with LOAD DATA LOCAL when the server allows it; option localInfile
     local_infile: bool = True
+    # seconds a control connection (decide, commit, sweep, recover) waits for a lock (0: no limit): the
+    # error is transient, so the step is retried instead of the coordinator waiting forever; option
+    # controlLockTimeout
+    control_lock_timeout: int = 60
+
+
+# TCP keepalives of every connection: a peer that died without closing (a server host lost, a cut network)
+# is noticed after about IDLE + INTERVAL * COUNT seconds instead of the system default of hours
+KEEPALIVE_IDLE_S = 30
+KEEPALIVE_INTERVAL_S = 10
+KEEPALIVE_COUNT = 3
+
+
+def set_keepalive(sock: Any) -> None:
+    """Turn on TCP keepalives with xasink's timings on a connected socket (a no-op for a Unix socket)."""
+    import socket
+
+    if sock is None or getattr(sock, "family", None) not in (socket.AF_INET, socket.AF_INET6):
+        return
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for name, value in (
+            ("TCP_KEEPIDLE", KEEPALIVE_IDLE_S),
+            ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL_S),
+            ("TCP_KEEPCNT", KEEPALIVE_COUNT),
+        ):
+            opt = getattr(socket, name, None)
+            if opt is not None:
+                sock.setsockopt(socket.IPPROTO_TCP, opt, value)
+    except OSError as exc:  # a platform without these options: the connection works, only less watched
+        log.debug("TCP keepalive not set: %s", exc)
 
 
 class Dialect(ABC):
@@ -129,8 +160,13 @@ class Dialect(ABC):
             pooling: dict[str, Any] = {"poolclass": NullPool}
             if self.pool_size > 0:  # checked on every checkout: a server restart leaves no dead connection in use
                 pooling = {"pool_size": self.pool_size, "max_overflow": self.pool_size, "pool_pre_ping": True}
-            self._engine = sa.create_engine(self.url, connect_args=self.connect_args(), **pooling)
+            engine = sa.create_engine(self.url, connect_args=self.connect_args(), **pooling)
+            sa.event.listen(engine, "connect", self.on_connect)
+            self._engine = engine
         return self._engine
+
+    def on_connect(self, dbapi_conn: Any, record: Any) -> None:  # noqa: B027 - optional hook
+        """Session settings of a new control connection the driver's connect arguments cannot carry."""
 
     def connect_args(self) -> dict[str, Any]:
         return {}

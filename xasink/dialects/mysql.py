@@ -55,6 +55,7 @@ from .base import (
     TargetPlan,
     branch_failed,
     check_upsert_keys,
+    set_keepalive,
 )
 
 log = logging.getLogger(__name__)
@@ -554,9 +555,20 @@ class MySQLDialect(Dialect):
         kwargs.update(self.connect_args())
         kwargs.update(autocommit=True, local_infile=local_infile)
         try:
-            return pymysql.connect(**kwargs)
+            conn = pymysql.connect(**kwargs)
         except pymysql.err.MySQLError as exc:
             raise self.connect_error(exc) from None
+        set_keepalive(getattr(conn, "_sock", None))
+        return conn
+
+    def on_connect(self, dbapi_conn: Any, record: Any) -> None:
+        """A control connection: TCP keepalives, and lock waits bounded by controlLockTimeout (error 1205,
+        transient: the step is retried) for row locks (InnoDB) and table metadata locks alike."""
+        set_keepalive(getattr(dbapi_conn, "_sock", None))
+        timeout = int(self.settings.control_lock_timeout)
+        if timeout:
+            with dbapi_conn.cursor() as cur:
+                cur.execute("SET SESSION innodb_lock_wait_timeout = %s, lock_wait_timeout = %s", (timeout, timeout))
 
     def wait_detached(self, connection_id: int, timeout_s: float = DETACH_TIMEOUT_S) -> None:
         """Return once the server has finished disconnecting session ``connection_id`` (see the module doc)."""

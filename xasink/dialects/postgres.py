@@ -18,6 +18,9 @@ from ..errors import BranchError, PreflightError
 from ..masking import redact, url_secrets
 from ..xid import Xid
 from .base import (
+    KEEPALIVE_COUNT,
+    KEEPALIVE_IDLE_S,
+    KEEPALIVE_INTERVAL_S,
     BranchSession,
     Dialect,
     ErrorKind,
@@ -30,7 +33,6 @@ from .base import (
 log = logging.getLogger(__name__)
 
 _SA_DIALECT = pg.psycopg2.dialect()
-_LITERAL = sa.String().literal_processor(_SA_DIALECT)
 
 _UPSERT_LOCK_HINT = (
     "another partition of this batch (or another transaction) holds rows with the same upsert keys ({keys}): a "
@@ -42,6 +44,13 @@ _UPSERT_LOCK_HINT = (
 # connect (~40 ms of client CPU on an empty database, minutes on one with many tables: apache/arrow-adbc#1755).
 # A branch only sends rows of built-in types (a domain column takes its base type's) and reads a count.
 _ADBC_DB_OPTIONS = {"adbc.postgresql.type_resolver_mode": "builtin"}
+# libpq's TCP keepalives (ignored on a Unix socket): a dead server or network is noticed in about a minute
+_KEEPALIVES = {
+    "keepalives": 1,
+    "keepalives_idle": KEEPALIVE_IDLE_S,
+    "keepalives_interval": KEEPALIVE_INTERVAL_S,
+    "keepalives_count": KEEPALIVE_COUNT,
+}
 _TRANSIENT_STATES = {"40001", "40P01", "55P03", "57P01", "57P02", "57P03", "53300", "58000", "58030"}
 _UNKNOWN_XID_STATE = "42704"
 
@@ -75,8 +84,19 @@ def _sqlstate(exc: BaseException) -> str | None:
 
 
 def _literal(value: str) -> str:
-    assert _LITERAL is not None
-    return str(_LITERAL(value))
+    """A string literal for the statements that take no bound parameter (PREPARE TRANSACTION, COMMIT PREPARED).
+
+    An escape string (E'...') with every backslash and quote doubled means the same text whatever the
+    session's standard_conforming_strings: a plain '...' literal does not (with it off, a backslash escapes).
+    """
+    if "\x00" in value:
+        raise ValueError("a PostgreSQL string cannot hold a NUL character")
+    return "E'" + value.replace("\\", "\\\\").replace("'", "''") + "'"
+
+
+def _driver_sql(statement: str) -> str:
+    """A statement for SQLAlchemy's exec_driver_sql: psycopg2 formats it with (empty) parameters, so '%' doubles."""
+    return statement.replace("%", "%%")
 
 
 def advisory_key(name: str) -> int:
@@ -214,11 +234,21 @@ class PostgresDialect(Dialect):
 
     def connect_args(self) -> dict[str, Any]:
         # an application_name in the URL is the user's (monitoring, pg_stat_activity): it wins over ours
-        return {"connect_timeout": 10, "application_name": self.url.query.get("application_name", "xasink")}
+        args: dict[str, Any] = {
+            "connect_timeout": 10,
+            "application_name": self.url.query.get("application_name", "xasink"),
+            **_KEEPALIVES,
+        }
+        timeout_ms = int(self.settings.control_lock_timeout) * 1000
+        if timeout_ms:  # a lock wait ends in SQLSTATE 55P03, transient: the step is retried, never hangs
+            ours = f"-c lock_timeout={timeout_ms}"
+            user = self.url.query.get("options")  # the URL's own options come after ours, so they win
+            args["options"] = f"{ours} {user}" if isinstance(user, str) and user else ours
+        return args
 
     def libpq_uri(self) -> str:
         """A libpq URI for ADBC; it carries the password, so it is never logged."""
-        query = {"application_name": "xasink", **dict(self.url.query)}
+        query = {"application_name": "xasink", **{k: str(v) for k, v in _KEEPALIVES.items()}, **dict(self.url.query)}
         if self.url.password is not None and not self.url.username:  # a URL renders no password without a user
             query["password"] = self.url.password
         base = self.url.set(drivername="postgresql", query={}).render_as_string(hide_password=False)
@@ -227,13 +257,13 @@ class PostgresDialect(Dialect):
 
     # -- XA verbs ----------------------------------------------------------
     def commit_prepared(self, conn: Connection, xid: Xid) -> None:
-        conn.exec_driver_sql(f"COMMIT PREPARED {_literal(xid.gid)}")
+        conn.exec_driver_sql(_driver_sql(f"COMMIT PREPARED {_literal(xid.gid)}"))
 
     def rollback_prepared(self, conn: Connection, xid: Xid) -> None:
-        conn.exec_driver_sql(f"ROLLBACK PREPARED {_literal(xid.gid)}")
+        conn.exec_driver_sql(_driver_sql(f"ROLLBACK PREPARED {_literal(xid.gid)}"))
 
     def rollback_foreign(self, conn: Connection, gid: str) -> None:
-        conn.exec_driver_sql(f"ROLLBACK PREPARED {_literal(gid)}")
+        conn.exec_driver_sql(_driver_sql(f"ROLLBACK PREPARED {_literal(gid)}"))
 
     def durable_commit(self, conn: Connection) -> None:
         # with synchronous_commit = off a crash right after the decision's COMMIT may lose it
