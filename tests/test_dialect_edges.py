@@ -140,3 +140,87 @@ def test_mariadb_foreign_xid_with_backslashes_and_quotes_is_rolled_back(mariadb_
         dialect.rollback_foreign(conn, foreign_gid(*foreign))
     dialect.dispose()
     assert foreign not in mariadb_recover(mariadb_url)
+
+
+def _url(request: pytest.FixtureRequest, kind: str) -> str:
+    return str(request.getfixturevalue("pg_url" if kind == "pg" else "mariadb_url"))
+
+
+BOTH = [pytest.param("pg", id="pg"), pytest.param("mariadb", id="mariadb", marks=pytest.mark.mariadb)]
+
+
+@pytest.mark.parametrize("kind", BOTH)
+def test_a_control_step_blocked_by_a_lock_times_out_as_transient(request: pytest.FixtureRequest, kind: str) -> None:
+    """Item 11: the sink lock held by another session (a hung writer) makes the decision step fail after
+    controlLockTimeout with an error classified transient (retried), instead of waiting forever."""
+    import threading
+    import time
+
+    import sqlalchemy as sa
+
+    from xasink.coordinator import Coordinator
+    from xasink.dialects.base import ErrorKind
+
+    url = _url(request, kind)
+    sink = f"lk{uuid.uuid4().hex[:8]}"
+    opts = parse_options({"url": url, "dbtable": "unused", "sinkId": sink, "controlLockTimeout": "2"})
+    coordinator = Coordinator(opts)
+    try:
+        coordinator.preflight()
+        journal = coordinator.journal
+        with journal.locked(sink):
+            pass  # the sink's row exists
+        holder = coordinator.dialect.engine.connect()  # another session: its own settings do not matter
+        tx = holder.begin()
+        holder.execute(sa.select(journal.sinks).where(journal.sinks.c.sink_id == sink).with_for_update())
+        release = threading.Timer(20, tx.rollback)  # before the fix the wait would never end
+        release.start()
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(sa.exc.DBAPIError) as blocked:
+                with journal.locked(sink):
+                    pass
+            waited = time.monotonic() - t0
+        finally:
+            release.cancel()
+            tx.rollback()
+            holder.close()
+        assert 1.5 <= waited < 10
+        assert coordinator.dialect.classify(blocked.value) == ErrorKind.TRANSIENT
+    finally:
+        coordinator.close()
+
+
+@pytest.mark.parametrize("kind", BOTH)
+def test_control_connections_keep_tcp_alive_and_bound_lock_waits(request: pytest.FixtureRequest, kind: str) -> None:
+    """Item 11: a control connection has TCP keepalives on (a dead peer is noticed in about a minute) and its
+    session's lock timeout is controlLockTimeout (default 60 s)."""
+    import os
+    import socket
+
+    from xasink.dialects import dialect_for
+    from xasink.dialects.base import KEEPALIVE_IDLE_S
+
+    url = _url(request, kind)
+    for given, expected in ((None, 60), ("7", 7)):
+        raw = {"url": url, "dbtable": "unused"} | ({"controlLockTimeout": given} if given else {})
+        opts = parse_options(raw)
+        dialect = dialect_for(opts.url, opts.branch_settings)
+        with dialect.connect() as conn:
+            dbapi = conn.connection.dbapi_connection
+            if kind == "pg":
+                sock = socket.socket(fileno=os.dup(dbapi.fileno()))  # type: ignore[union-attr]
+                shown = conn.exec_driver_sql("SELECT EXTRACT(EPOCH FROM current_setting('lock_timeout')::interval)")
+                assert shown.scalar() == expected
+            else:
+                sock = dbapi._sock  # type: ignore[union-attr]
+                row = conn.exec_driver_sql("SELECT @@innodb_lock_wait_timeout, @@lock_wait_timeout").one()
+                assert tuple(row) == (expected, expected)
+            try:
+                assert sock.family in (socket.AF_INET, socket.AF_INET6)
+                assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) != 0
+                assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == KEEPALIVE_IDLE_S
+            finally:
+                if kind == "pg":
+                    sock.close()  # our duplicate of the descriptor
+        dialect.dispose()
