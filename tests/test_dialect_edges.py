@@ -224,3 +224,124 @@ def test_control_connections_keep_tcp_alive_and_bound_lock_waits(request: pytest
                 if kind == "pg":
                     sock.close()  # our duplicate of the descriptor
         dialect.dispose()
+
+
+# --------------------------------------------------------------------------- item 10: durability of the server
+
+
+def _write(url: str, table: str, sink: str, batch_id: int) -> None:
+    """One batch of two rows through the protocol (preflight, a branch, decide, commit), as a job would."""
+    from xasink.branch import write_partition
+    from xasink.coordinator import Coordinator
+    from xasink.schema import plan_target
+
+    opts = parse_options({"url": url, "dbtable": table, "sinkId": sink, "batchId": str(batch_id)})
+    coordinator = Coordinator(opts)
+    try:
+        coordinator.preflight(1)
+        with coordinator.dialect.connect() as conn:
+            plan = plan_target(coordinator.dialect, conn, opts, ID)
+        batch = pa.RecordBatch.from_pylist([{"id": batch_id * 10}, {"id": batch_id * 10 + 1}], schema=ID)
+        outcome = write_partition(
+            opts, plan, batch_id=batch_id, partition=0, task_attempt_id=batch_id, run=new_run_nonce(), batches=[batch]
+        )
+        coordinator.commit(batch_id, [outcome])
+    finally:
+        coordinator.close()
+
+
+def _table_ids(url: str, kind: str, table: str) -> list[int]:
+    from tests.dbutil import mariadb_rows, rows
+
+    return sorted(r[0] for r in (rows(url, table) if kind == "pg" else mariadb_rows(url, table)))
+
+
+def _server_setting(url: str, kind: str, setting: str, value: str | None) -> str:
+    """Set a server-wide setting (None: only read it; PostgreSQL "DEFAULT": ALTER SYSTEM RESET); its value before."""
+    import time
+
+    from tests.dbutil import connect
+
+    if kind == "pg":
+        with connect(url) as conn, conn.cursor() as cur:
+            cur.execute(f"SHOW {setting}")
+            before = str(cur.fetchone()[0])  # type: ignore[index]
+            if value is None:
+                return before
+            cur.execute(
+                f"ALTER SYSTEM RESET {setting}" if value == "DEFAULT" else f"ALTER SYSTEM SET {setting} = {value}"
+            )
+            cur.execute("SELECT pg_reload_conf()")
+        for _ in range(250):  # the postmaster re-reads its files, then signals the backends
+            now = _server_setting(url, kind, setting, None)
+            if value == "DEFAULT" or now == value:
+                break
+            time.sleep(0.02)
+        else:
+            raise AssertionError(f"{setting} is still {now}, not {value}")
+        return before
+    with mariadb_connect(url) as conn, conn.cursor() as cur:
+        cur.execute(f"SELECT @@GLOBAL.{setting}")
+        before = str(cur.fetchone()[0])  # type: ignore[index]
+        if value is not None:
+            cur.execute(f"SET GLOBAL {setting} = {int(value)}")
+        return before
+
+
+RISKY = [
+    pytest.param("pg", "fsync", "off", id="pg-fsync"),
+    pytest.param("pg", "full_page_writes", "off", id="pg-full_page_writes"),
+    pytest.param("mariadb", "innodb_flush_log_at_trx_commit", "2", id="mariadb", marks=pytest.mark.mariadb),
+]
+# the test cluster runs without them (speed, xasink.embedded); the shared MariaDB runs with them
+DURABLE = {"pg": {"fsync": "on", "full_page_writes": "on"}, "mariadb": {}}
+
+
+@pytest.mark.parametrize(("kind", "setting", "risky"), RISKY)
+def test_a_server_that_can_lose_prepared_branches_is_warned_about_once_per_run(
+    request: pytest.FixtureRequest, caplog: pytest.LogCaptureFixture, kind: str, setting: str, risky: str
+) -> None:
+    """Item 10: two writes against a server whose setting lets a crash lose prepared branches: one warning
+    naming the setting, its value and what to set; none once the setting is durable again."""
+    import logging
+
+    from xasink.dialects import base
+
+    url = _url(request, kind)
+    table = f"dur_{uuid.uuid4().hex[:8]}"
+    sink = f"du{uuid.uuid4().hex[:8]}"
+    base._DURABILITY_WARNED.clear()
+    caplog.set_level(logging.WARNING, logger="xasink")
+    try:
+        for name, value in DURABLE[kind].items():
+            _server_setting(url, kind, name, value)
+        before = _server_setting(url, kind, setting, risky)
+        try:  # on the shared MariaDB the window stays as short as two small writes
+            _write(url, table, sink, 1)
+            _write(url, table, sink, 2)
+        finally:
+            _server_setting(url, kind, setting, before)
+        warned = [r.getMessage() for r in caplog.records if "server crash" in r.getMessage()]
+        assert len(warned) == 1, warned
+        assert f" {setting} = {risky}: " in warned[0] and f"Set {setting} = " in warned[0]
+        assert _server_setting(url, kind, setting, None) == before
+        base._DURABILITY_WARNED.clear()
+        caplog.clear()
+        _write(url, table, sink, 3)
+        assert [r.getMessage() for r in caplog.records if "server crash" in r.getMessage()] == []
+        assert _table_ids(url, kind, table) == [10, 11, 20, 21, 30, 31]
+    finally:
+        for name in DURABLE[kind]:
+            _server_setting(url, kind, name, "DEFAULT")
+        _drop(url, kind, table)
+
+
+def _drop(url: str, kind: str, table: str) -> None:
+    from tests.dbutil import connect
+
+    if kind == "pg":
+        with connect(url) as conn, conn.cursor() as cur:
+            cur.execute(f'DROP TABLE IF EXISTS "{table}"')
+    else:
+        with mariadb_connect(url) as conn, conn.cursor() as cur:
+            cur.execute(f"DROP TABLE IF EXISTS `{table}`")

@@ -120,14 +120,20 @@ class EmbeddedPostgres:
             "unix_socket_directories": str(self.base_dir),
             "max_prepared_transactions": str(self.max_prepared_transactions),
             "max_connections": str(max(100, self.max_prepared_transactions + 20)),
-            "fsync": "off",
-            "synchronous_commit": "off",
-            "full_page_writes": "off",
             "shared_buffers": "256MB",
             "max_wal_size": "4GB",
             "log_min_messages": "warning",
         }
-        settings.update(self.extra_settings)
+        # speed over durability, in postgresql.conf rather than on the command line so that ALTER SYSTEM can
+        # still change them (tests check the warning about them: tests/test_dialect_edges.py)
+        speed = {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
+        speed.update({k: v for k, v in self.extra_settings.items() if k in speed})
+        conf = self.data_dir / "postgresql.conf"
+        text = conf.read_text()
+        marker = "# xasink embedded: speed over durability\n"
+        text = text.split(marker)[0] + marker + "".join(f"{k} = {v}\n" for k, v in speed.items())
+        conf.write_text(text)
+        settings.update({k: v for k, v in self.extra_settings.items() if k not in speed})
         opts = " ".join(f"-c {k}={v}" for k, v in settings.items())
         self._run(
             "pg_ctl",

@@ -142,6 +142,19 @@ def set_keepalive(sock: Any) -> None:
         log.debug("TCP keepalive not set: %s", exc)
 
 
+# (dialect, host:port, setting, value) already warned about in this process: once per run, not per batch
+_DURABILITY_WARNED: set[tuple[str, str, str, str]] = set()
+
+
+@dataclass(frozen=True)
+class DurabilityRisk:
+    """A server setting under which a crash can lose prepared branches or decisions."""
+
+    setting: str
+    value: str
+    fix: str  # what to set, as the operator would type it
+
+
 class Dialect(ABC):
     """One place per database."""
 
@@ -230,6 +243,33 @@ class Dialect(ABC):
     @abstractmethod
     def check_server(self, conn: Connection, branches: int | None) -> None:
         """Raise :class:`PreflightError` when the server cannot hold ``branches`` prepared branches."""
+
+    def durability_risks(self, conn: Connection) -> list[DurabilityRisk]:
+        """The server's settings under which a crash can lose what PREPARE or the decision wrote."""
+        return []
+
+    def warn_durability(self, conn: Connection) -> None:
+        """Warn (once per process and server) about settings that let a server crash lose prepared branches.
+
+        Exactly once is only as durable as the server: with these settings a crash can forget a prepared
+        branch of a decided batch (its rows are lost) or the decision itself.  A warning, not an error: the
+        operator may accept the risk (a test server), and the setting is the server's, not the job's.
+        """
+        server = f"{self.url.host or 'localhost'}:{self.url.port or self.default_port}"
+        for risk in self.durability_risks(conn):
+            key = (self.name, server, risk.setting, risk.value)
+            if key in _DURABILITY_WARNED:
+                continue
+            _DURABILITY_WARNED.add(key)
+            log.warning(
+                "%s at %s has %s = %s: a server crash can lose prepared branches of a decided batch, so rows "
+                "can be lost despite exactly-once writes. Set %s",
+                self.name,
+                server,
+                risk.setting,
+                risk.value,
+                risk.fix,
+            )
 
     # -- tables --------------------------------------------------------------
     @abstractmethod

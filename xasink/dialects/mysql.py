@@ -50,6 +50,7 @@ from ..xid import FORMAT_ID, Xid
 from .base import (
     BranchSession,
     Dialect,
+    DurabilityRisk,
     ErrorKind,
     PreparedTxn,
     TargetPlan,
@@ -728,7 +729,21 @@ class MySQLDialect(Dialect):
             return ErrorKind.TRANSIENT
         return ErrorKind.FATAL
 
+    def durability_risks(self, conn: Connection) -> list[DurabilityRisk]:
+        flush, log_bin, sync_binlog = conn.exec_driver_sql(
+            "SELECT @@GLOBAL.innodb_flush_log_at_trx_commit, @@GLOBAL.log_bin, @@GLOBAL.sync_binlog"
+        ).one()
+        risks = []
+        if str(flush) != "1":  # 0 and 2 flush the redo log (and so XA PREPARE) about once a second
+            fix = "innodb_flush_log_at_trx_commit = 1: SET GLOBAL innodb_flush_log_at_trx_commit = 1 (and my.cnf)"
+            risks.append(DurabilityRisk("innodb_flush_log_at_trx_commit", str(flush), fix))
+        if str(log_bin).upper() in ("1", "ON") and str(sync_binlog) != "1":  # XA PREPARE is in the binary log too
+            fix = "sync_binlog = 1: SET GLOBAL sync_binlog = 1 (and my.cnf)"
+            risks.append(DurabilityRisk("sync_binlog", str(sync_binlog), fix))
+        return risks
+
     def check_server(self, conn: Connection, branches: int | None) -> None:
+        self.warn_durability(conn)
         version = str(conn.exec_driver_sql("SELECT VERSION()").scalar_one())
         is_mariadb = "mariadb" in version.lower()
         nums = tuple(int(x) for x in re.findall(r"\d+", version)[:2])

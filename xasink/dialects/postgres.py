@@ -23,6 +23,7 @@ from .base import (
     KEEPALIVE_INTERVAL_S,
     BranchSession,
     Dialect,
+    DurabilityRisk,
     ErrorKind,
     PreparedTxn,
     TargetPlan,
@@ -316,7 +317,17 @@ class PostgresDialect(Dialect):
             return ErrorKind.TRANSIENT
         return ErrorKind.FATAL
 
+    def durability_risks(self, conn: Connection) -> list[DurabilityRisk]:
+        risks = []
+        for setting in ("fsync", "full_page_writes"):  # both reloadable (sighup), no restart
+            value = str(conn.exec_driver_sql(f"SHOW {setting}").scalar_one())
+            if value.lower() != "on":
+                fix = f"{setting} = on: ALTER SYSTEM SET {setting} = on; SELECT pg_reload_conf()"
+                risks.append(DurabilityRisk(setting, value, fix))
+        return risks
+
     def check_server(self, conn: Connection, branches: int | None) -> None:
+        self.warn_durability(conn)
         limit = int(conn.exec_driver_sql("SHOW max_prepared_transactions").scalar_one())
         if limit == 0:
             raise PreflightError(
