@@ -111,7 +111,22 @@ def test_libpq_uri_keeps_query_parameters_exactly() -> None:
         "options": "-c lock_timeout=5s",
         "sslmode": "require",
         "application_name": "xasink",
+        # TCP keepalives on branch connections too (issue 15 item 11); the URL's own keepalives* would win
+        "keepalives": "1",
+        "keepalives_idle": "30",
+        "keepalives_interval": "10",
+        "keepalives_count": "3",
     }
+
+
+def test_control_connection_options_put_the_urls_own_last() -> None:
+    """The control connection's lock_timeout comes first in libpq's options: the URL's own settings win."""
+    o = parse_options({"url": "postgresql://etl@h/d?options=-c%20lock_timeout%3D5s", "dbtable": "t"})
+    args = PostgresDialect(o.url, o.branch_settings).connect_args()
+    assert args["options"] == "-c lock_timeout=60000 -c lock_timeout=5s"
+    assert (args["keepalives"], args["keepalives_idle"]) == (1, 30)
+    o = parse_options({"url": "postgresql://etl@h/d", "dbtable": "t", "controlLockTimeout": "0"})
+    assert "options" not in PostgresDialect(o.url, o.branch_settings).connect_args()
 
 
 @pytest.mark.parametrize(
