@@ -102,14 +102,14 @@ OWNER_WAIT_S = 5.0  # longest wait for a branch's owner to finish disconnecting 
 # owner lock), whether it is still listed or already gone from PROCESSLIST, and any transaction of a session
 # that is gone or being killed or quitting (an owner past releasing its locks but not yet detached).
 _DISCONNECTING_SQL = (
-    "SELECT (SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = IS_USED_LOCK(%(lock)s)) + "
-    "(SELECT COUNT(*) FROM information_schema.INNODB_TRX t WHERE t.trx_mysql_thread_id <> 0 "
+    "SELECT ID FROM information_schema.PROCESSLIST WHERE ID = IS_USED_LOCK(%(lock)s) UNION "
+    "SELECT t.trx_mysql_thread_id FROM information_schema.INNODB_TRX t WHERE t.trx_mysql_thread_id <> 0 "
     "AND t.trx_state <> 'ROLLING BACK' AND (t.trx_mysql_thread_id = IS_USED_LOCK(%(lock)s) OR NOT EXISTS "
     "(SELECT 1 FROM information_schema.PROCESSLIST p WHERE p.ID = t.trx_mysql_thread_id "
-    "AND p.COMMAND NOT IN ('Killed', 'Quit'))))"
+    "AND p.COMMAND NOT IN ('Killed', 'Quit')))"
 )
 _DISCONNECTING_SQL_NO_TRX = (  # without the PROCESS privilege (INNODB_TRX is not readable)
-    "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = IS_USED_LOCK(%(lock)s)"
+    "SELECT ID FROM information_schema.PROCESSLIST WHERE ID = IS_USED_LOCK(%(lock)s)"
 )
 
 ER_XAER_NOTA = 1397
@@ -346,8 +346,8 @@ class MySQLBranch(BranchSession):
             self.connection_id, server_infile, max_packet = int(row[0]), int(row[1] or 0), int(row[2])
             lock_wait = int(dialect.settings.lock_timeout) or _MAX_LOCK_WAIT
             self.cursor.execute(
-                f"SET SESSION sql_mode = '{BRANCH_SQL_MODE}', time_zone = '+00:00', "
-                f"innodb_lock_wait_timeout = {lock_wait}"
+                "SET SESSION sql_mode = %s, time_zone = '+00:00', innodb_lock_wait_timeout = %s",
+                (BRANCH_SQL_MODE, lock_wait),
             )
             self.cursor.execute(f"XA START {self._xa}")
         except Exception as exc:
@@ -592,6 +592,7 @@ class MySQLDialect(Dialect):
             conn.close()
 
     _trx_visible = True  # whether this user may read INNODB_TRX (the PROCESS privilege)
+    _stuck: frozenset[int] = frozenset()  # sessions await_owner gave up on (per dialect, i.e. per engine)
 
     def _session_gone(self, cur: Any, connection_id: int) -> bool:
         """Whether session ``connection_id`` has left PROCESSLIST and InnoDB no longer holds a transaction of it.
@@ -629,7 +630,7 @@ class MySQLDialect(Dialect):
         while True:
             query = _DISCONNECTING_SQL if self._trx_visible else _DISCONNECTING_SQL_NO_TRX
             try:
-                pending = int(conn.exec_driver_sql(query, {"lock": lock}).scalar() or 0)
+                pending = {int(r[0]) for r in conn.exec_driver_sql(query, {"lock": lock})} - self._stuck
             except sa.exc.DBAPIError as exc:
                 if not self._trx_visible or _errno(exc) not in _PRIVILEGE_CODES:
                     raise
@@ -638,7 +639,10 @@ class MySQLDialect(Dialect):
             if not pending:
                 return
             if time.monotonic() > deadline:
-                log.debug("%s: a session still disconnecting after %.0fs; finishing the branch anyway", xid, timeout_s)
+                # a session that takes this long (a hung writer, another application's huge disconnect) is
+                # not waited for again: the next branches would each wait as long for nothing
+                self._stuck = self._stuck | pending
+                log.debug("%s: sessions %s still disconnecting after %.0fs; going on", xid, sorted(pending), timeout_s)
                 return
             time.sleep(delay)
             delay = min(delay * 2, 0.05)
