@@ -53,43 +53,45 @@ def test_finishing_a_branch_whose_owner_was_just_killed_leaves_no_hidden_prepare
     run = new_run_nonce()
     bad: list[tuple[int, str]] = []
     xids: list[Xid] = []
-    with (
-        mariadb_connect(mariadb_url) as killer,
-        killer.cursor() as kcur,
-        mariadb_connect(mariadb_url) as probe,
-        probe.cursor() as pcur,
-        dialect.connect(autocommit=True) as ctl,
-    ):
-        pcur.execute("SET SESSION innodb_lock_wait_timeout = 1")
-        for i in range(rounds):
-            xid = Xid(uuid.uuid4().hex[:10], "edges", 0, i, f"1-{run}")
-            xids.append(xid)
-            branch = dialect.open_branch(xid, plan)
-            assert isinstance(branch, MySQLBranch)
-            branch.load(iter([pa.RecordBatch.from_pylist([{"id": i}], schema=ID)]))
-            branch.cursor.execute(f"XA END {xid_literal(xid)}")
-            branch.cursor.execute(f"XA PREPARE {xid_literal(xid)}")
-            if i % 2:  # the executor dies right after PREPARE: killed, or its connection closed
-                kcur.execute(f"KILL {branch.connection_id}")
-            else:
-                branch.conn.close()
-            if verb == "ROLLBACK":
-                dialect.rollback_prepared(ctl, xid)
-            else:
-                dialect.commit_prepared(ctl, xid)
-            key = (FORMAT_ID, xid.gtrid.encode(), xid.bqual.encode())
-            if key in mariadb_recover(mariadb_url):
-                bad.append((i, "still listed"))
-                continue
-            try:
-                pcur.execute(f"SELECT COUNT(*) FROM `{table}` WHERE id = %s FOR UPDATE", (i,))
-                found = pcur.fetchone()[0]  # type: ignore[index]
-                pcur.execute("COMMIT")
-            except pymysql.err.OperationalError as exc:
-                bad.append((i, f"row still locked, branch unlisted ({exc.args[0]})"))
-                continue
-            if found != (1 if verb == "COMMIT" else 0):
-                bad.append((i, f"{found} rows"))
+    try:
+        with (
+            mariadb_connect(mariadb_url) as killer,
+            killer.cursor() as kcur,
+            mariadb_connect(mariadb_url) as probe,
+            probe.cursor() as pcur,
+            dialect.connect(autocommit=True) as ctl,
+        ):
+            pcur.execute("SET SESSION innodb_lock_wait_timeout = 1")
+            for i in range(rounds):
+                xid = Xid(uuid.uuid4().hex[:10], "edges", 0, i, f"1-{run}")
+                xids.append(xid)
+                branch = dialect.open_branch(xid, plan)
+                assert isinstance(branch, MySQLBranch)
+                branch.load(iter([pa.RecordBatch.from_pylist([{"id": i}], schema=ID)]))
+                branch.cursor.execute(f"XA END {xid_literal(xid)}")
+                branch.cursor.execute(f"XA PREPARE {xid_literal(xid)}")
+                if i % 2:  # the executor dies right after PREPARE: killed, or its connection closed
+                    kcur.execute(f"KILL {branch.connection_id}")
+                else:
+                    branch.conn.close()
+                if verb == "ROLLBACK":
+                    dialect.rollback_prepared(ctl, xid)
+                else:
+                    dialect.commit_prepared(ctl, xid)
+                key = (FORMAT_ID, xid.gtrid.encode(), xid.bqual.encode())
+                if key in mariadb_recover(mariadb_url):
+                    bad.append((i, "still listed"))
+                    continue
+                try:
+                    pcur.execute(f"SELECT COUNT(*) FROM `{table}` WHERE id = %s FOR UPDATE", (i,))
+                    found = pcur.fetchone()[0]  # type: ignore[index]
+                    pcur.execute("COMMIT")
+                except pymysql.err.OperationalError as exc:
+                    bad.append((i, f"row still locked, branch unlisted ({exc.args[0]})"))
+                    continue
+                if found != (1 if verb == "COMMIT" else 0):
+                    bad.append((i, f"{found} rows"))
+    finally:
         _roll_back_listed(mariadb_url, xids)  # whatever the verb left prepared (before the fix)
     dialect.dispose()
     assert bad == [], f"{len(bad)} of {rounds}: {bad}"
