@@ -343,7 +343,50 @@ def _drop(url: str, kind: str, table: str) -> None:
 
     if kind == "pg":
         with connect(url) as conn, conn.cursor() as cur:
-            cur.execute(f'DROP TABLE IF EXISTS "{table}"')
+            cur.execute('DROP TABLE IF EXISTS "{}"'.format(table.replace('"', '""')))
     else:
         with mariadb_connect(url) as conn, conn.cursor() as cur:
-            cur.execute(f"DROP TABLE IF EXISTS `{table}`")
+            cur.execute("DROP TABLE IF EXISTS `{}`".format(table.replace("`", "``")))
+
+
+@pytest.mark.parametrize("kind", BOTH)
+def test_names_and_values_with_backslashes_and_quotes_are_written_exactly(
+    request: pytest.FixtureRequest, kind: str
+) -> None:
+    """Item 11, end to end: a table whose name holds quotes and backslashes, values full of them, the journal in
+    a schema-qualified log; on PostgreSQL with standard_conforming_strings off.  Exact rows, nothing prepared."""
+    from tests.dbutil import mariadb_prepared_gids, prepared_gids
+    from xasink.branch import write_partition
+    from xasink.coordinator import Coordinator
+    from xasink.schema import plan_target
+
+    url = _url(request, kind)
+    session_url = _pg_scs_off(url) if kind == "pg" else url
+    table = f"q'uo\\te\"{uuid.uuid4().hex[:6]}"
+    quoted = '"' + table.replace('"', '""') + '"' if kind == "pg" else "`" + table.replace("`", "``") + "`"
+    sink = f"bs{uuid.uuid4().hex[:8]}"
+    values = [NASTY, "\\", "'", "\\'", "''", "a\\\\b", "%s", "E'x'"]
+    schema = pa.schema([("id", pa.int64()), ("v", pa.string())])
+    opts = parse_options({"url": session_url, "dbtable": quoted, "sinkId": sink, "batchId": "1"})
+    coordinator = Coordinator(opts)
+    try:
+        coordinator.preflight(1)
+        with coordinator.dialect.connect() as conn:
+            plan = plan_target(coordinator.dialect, conn, opts, schema)
+        assert plan.table == table
+        batch = pa.RecordBatch.from_pylist([{"id": i, "v": v} for i, v in enumerate(values)], schema=schema)
+        outcome = write_partition(
+            opts, plan, batch_id=1, partition=0, task_attempt_id=1, run=new_run_nonce(), batches=[batch]
+        )
+        coordinator.commit(1, [outcome])
+        with coordinator.dialect.connect() as conn:
+            import sqlalchemy as sa
+
+            name = coordinator.dialect.engine.dialect.identifier_preparer.quote_identifier(table)
+            got = conn.execute(sa.text(f"SELECT id, v FROM {name} ORDER BY id")).all()
+        assert [tuple(r) for r in got] == list(enumerate(values))
+        left = prepared_gids(url) if kind == "pg" else mariadb_prepared_gids(url, [sink])
+        assert [g for g in left if sink in g] == []
+    finally:
+        coordinator.close()
+        _drop(url, kind, table)
