@@ -3,6 +3,7 @@ disconnecting (MariaDB), the server's durability settings, literals and control-
 
 from __future__ import annotations
 
+import socket
 import uuid
 
 import pyarrow as pa
@@ -70,10 +71,15 @@ def test_finishing_a_branch_whose_owner_was_just_killed_leaves_no_hidden_prepare
                 branch.load(iter([pa.RecordBatch.from_pylist([{"id": i}], schema=ID)]))
                 branch.cursor.execute(f"XA END {xid_literal(xid)}")
                 branch.cursor.execute(f"XA PREPARE {xid_literal(xid)}")
-                if i % 2:  # the executor dies right after PREPARE: killed, or its connection closed
+                # the executor dies right after PREPARE: its session killed, its connection closed (COM_QUIT),
+                # or its process gone (the socket closed without a word: the server reads end-of-file)
+                if i % 3 == 0:
                     kcur.execute(f"KILL {branch.connection_id}")
-                else:
+                elif i % 3 == 1:
                     branch.conn.close()
+                else:
+                    branch.conn._sock.shutdown(socket.SHUT_RDWR)  # type: ignore[union-attr]
+                    branch.conn._sock.close()  # type: ignore[union-attr]
                 if verb == "ROLLBACK":
                     dialect.rollback_prepared(ctl, xid)
                 else:
