@@ -1,0 +1,63 @@
+"""MySQL 8 / MariaDB 10.5+: XA START..PREPARE on pymysql, LOAD DATA LOCAL or multi-row INSERT, XA RECOVER.
+
+A branch is one pymysql connection: ``XA START``, rows, ``XA END``, ``XA PREPARE``, disconnect.  The
+driver finishes branches with ``XA COMMIT`` / ``XA ROLLBACK`` over SQLAlchemy (``mysql+pymysql``).
+
+Two server facts shape the branch side:
+
+* A prepared branch can be finished by another session only after its owner disconnected.  Before that,
+  ``XA COMMIT`` answers XAER_NOTA as if the xid did not exist, and on MariaDB 10.11 an ``XA COMMIT`` that
+  races with the owner's disconnect can even answer OK while the transaction stays prepared, unlisted and
+  holding its locks until the server restarts (measured: about 1 in 500 immediate commits).  So the
+  branch does not report its xid until the server has finished the disconnect: its session is gone from
+  ``information_schema.PROCESSLIST`` (a user always sees their own sessions); the server detaches the
+  transaction before it removes the session from that list.
+* ``LOAD DATA LOCAL`` behaves as ``LOAD DATA ... IGNORE``: duplicates and bad values become warnings and
+  rows are skipped or altered, whatever ``sql_mode`` says.  Every LOAD is therefore checked: the affected
+  row count must equal the rows sent and no warning may be raised, else the branch fails.
+
+Rows travel as tab-separated text (``\\N`` for NULL; backslash, tab, newline, CR and NUL escaped with a
+backslash), binary columns as hex through ``UNHEX()``; strings, NULLs and bytes round-trip exactly.
+Timestamps with a time zone are written as UTC wall time (the branch session runs with time_zone
+'+00:00', so TIMESTAMP columns get the right instant).  Enabling ``local_infile`` lets the server ask
+the client for a file: branch connections only enable it when the option ``localInfile`` allows it.
+
+The package keeps one job per module, as Flink's XA package does: :mod:`.xa` (how an xid is spelled and
+listed), :mod:`.errors` (what a server error means), :mod:`.encoding` (rows as LOAD DATA text),
+:mod:`.owner` (waiting for a branch's owner to disconnect), :mod:`.branch` (the executor's branch),
+:mod:`.preflight` (server and table checks), :mod:`.types` (type mapping) and :mod:`.dialect` (the
+driver's XA verbs, tying the rest together).
+"""
+
+from .branch import MySQLBranch
+from .dialect import MySQLDialect
+from .encoding import encode_tsv, hex_column, python_rows, text_column
+from .errors import BranchBusyError
+from .sql import BRANCH_SQL_MODE
+from .xa import (
+    foreign_gid,
+    owner_lock,
+    parse_foreign_gid,
+    parse_recover_row,
+    recover_statement,
+    xa_literal,
+    xid_literal,
+)
+
+__all__ = [
+    "BRANCH_SQL_MODE",
+    "BranchBusyError",
+    "MySQLBranch",
+    "MySQLDialect",
+    "encode_tsv",
+    "foreign_gid",
+    "hex_column",
+    "owner_lock",
+    "parse_foreign_gid",
+    "parse_recover_row",
+    "python_rows",
+    "recover_statement",
+    "text_column",
+    "xa_literal",
+    "xid_literal",
+]

@@ -1,0 +1,241 @@
+"""The executor's branch: one pymysql connection inside XA START .. XA PREPARE, loading by LOAD DATA LOCAL
+(checked: it behaves as IGNORE) or multi-row INSERT, upserting through a staging table or LOAD DATA REPLACE."""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+import pymysql
+
+from ...errors import BranchError
+from ...xid import FORMAT_ID, Xid
+from ..base import BranchSession, TargetPlan, check_upsert_keys
+from .encoding import encode_tsv, python_rows
+from .errors import PRIVILEGE_CODES
+from .sql import BRANCH_SQL_MODE, MAX_LOCK_WAIT, errno_of, quote_ident, table_name
+from .xa import owner_lock, parse_recover_row, recover_statement, xid_literal
+
+if TYPE_CHECKING:
+    from .dialect import MySQLDialect
+
+log = logging.getLogger("xasink.dialects.mysql")
+
+
+class MySQLBranch(BranchSession):
+    """A branch: one pymysql connection inside XA START .. XA PREPARE."""
+
+    def __init__(self, dialect: MySQLDialect, xid: Xid, plan: TargetPlan) -> None:
+        super().__init__(xid)
+        self.dialect = dialect
+        self.plan = plan
+        self._xa = xid_literal(xid)
+        self.conn = dialect.raw_connect(local_infile=dialect.settings.local_infile)
+        self.cursor = self.conn.cursor()
+        self.is_mariadb = "mariadb" in self.conn.get_server_info().lower()
+        try:
+            # the owner lock names this session as the branch's owner until it has disconnected (see owner_lock)
+            self.cursor.execute(
+                "SELECT CONNECTION_ID(), @@local_infile, @@max_allowed_packet, GET_LOCK(%s, 0)", (owner_lock(xid),)
+            )
+            row = self.cursor.fetchone()
+            assert row is not None
+            self.connection_id, server_infile, max_packet = int(row[0]), int(row[1] or 0), int(row[2])
+            lock_wait = int(dialect.settings.lock_timeout) or MAX_LOCK_WAIT
+            self.cursor.execute(
+                "SET SESSION sql_mode = %s, time_zone = '+00:00', innodb_lock_wait_timeout = %s",
+                (BRANCH_SQL_MODE, lock_wait),
+            )
+            self.cursor.execute(f"XA START {self._xa}")
+        except Exception as exc:
+            self._close()
+            raise dialect.branch_error(exc, xid, plan) from None
+        self.use_load_data = dialect.settings.local_infile and server_infile == 1
+        # upsert by LOAD DATA into a session-private staging table, merged in one INSERT .. SELECT: MariaDB
+        # allows a temporary table inside an XA branch until XA END (tested); MySQL 8 refuses it in some
+        # configurations (GTID consistency), so there the upsert stays on the multi-row INSERT path
+        if plan.upsert_keys:
+            self.use_load_data = self.use_load_data and self.is_mariadb
+        self.cursor.max_stmt_length = max(1 << 20, min(max_packet - 4096, dialect.max_stmt_bytes))
+
+    # -- loading --------------------------------------------------------------------------
+    def load(self, batches: Iterator[pa.RecordBatch]) -> int:
+        try:
+            if self.use_load_data and self.plan.upsert_by_replace:
+                return self._load_data(self._checked_keys(batches), table_name(self.plan), replace=True)
+            if self.use_load_data and self.plan.upsert_keys:
+                return self._staged_upsert(batches)
+            if self.use_load_data:
+                return self._load_data(batches, table_name(self.plan))
+            return self._insert(batches)
+        except BranchError:
+            raise
+        except Exception as exc:
+            raise self.dialect.branch_error(exc, self.xid, self.plan) from None
+
+    def load_data_sql(self, path: str, into: str, replace: bool = False) -> str:
+        cols, sets = [], []
+        for i, field in enumerate(self.plan.arrow_schema):
+            t = field.type
+            if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
+                cols.append(f"@xasink_v{i}")
+                sets.append(f"{quote_ident(field.name)} = UNHEX(@xasink_v{i})")
+            else:
+                cols.append(quote_ident(field.name))
+        stmt = (
+            f"LOAD DATA LOCAL INFILE {self.conn.escape(path)}{' REPLACE' if replace else ''} INTO TABLE {into} "
+            "CHARACTER SET utf8mb4 "
+            "FIELDS TERMINATED BY '\\t' ESCAPED BY '\\\\' LINES TERMINATED BY '\\n' "
+            f"({', '.join(cols)})"
+        )
+        return stmt + (f" SET {', '.join(sets)}" if sets else "")
+
+    def _staged_upsert(self, batches: Iterator[pa.RecordBatch]) -> int:
+        """LOAD DATA into a staging table, then one INSERT .. SELECT .. ON DUPLICATE KEY UPDATE in load order.
+
+        Far less client CPU than escaping every value for a multi-row INSERT.  The staging table has the
+        target's column types but no keys (duplicate keys within the partition reach the merge, where the
+        last row wins by the load ordinal) and is dropped before XA END: MariaDB refuses DDL on temporary
+        tables once a branch is prepared.
+        """
+        names = self.plan.arrow_schema.names
+        ordinal = "xasink_ord"
+        while ordinal in {n.lower() for n in names}:  # column names are case-insensitive
+            ordinal += "_"
+        cols = ", ".join(quote_ident(n) for n in names)
+        stage_name = "xasink_stage"
+        while stage_name == self.plan.table.lower():  # a temporary table would shadow the target
+            stage_name += "_"
+        stage = ".".join(quote_ident(p) for p in (self.plan.schema, stage_name) if p)  # beside the target
+        self.cursor.execute(
+            f"CREATE TEMPORARY TABLE {stage} ({quote_ident(ordinal)} BIGINT AUTO_INCREMENT PRIMARY KEY) ENGINE=InnoDB "
+            f"SELECT {cols} FROM {table_name(self.plan)} LIMIT 0"
+        )
+        total = self._load_data(self._checked_keys(batches), stage)
+        self.cursor.execute(
+            f"INSERT INTO {table_name(self.plan)} ({cols}) SELECT {cols} FROM {stage} ORDER BY {quote_ident(ordinal)} "
+            f"ON DUPLICATE KEY UPDATE {self._updates()}"
+        )
+        self.cursor.execute(f"DROP TEMPORARY TABLE {stage}")
+        return total
+
+    def _checked_keys(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        """The batches, each checked for NULL upsert keys before it is loaded."""
+        keys = [self.plan.arrow_schema.get_field_index(k) for k in self.plan.upsert_keys]
+        for batch in batches:
+            check_upsert_keys(batch, self.plan, keys, self.xid.partition)
+            yield batch
+
+    def _updates(self) -> str:
+        """The ON DUPLICATE KEY UPDATE list: every non-key column takes the new row's value."""
+        names = self.plan.arrow_schema.names
+        others = [n for n in names if n not in self.plan.upsert_keys] or list(self.plan.upsert_keys[:1])
+        return ", ".join(f"{quote_ident(n)} = VALUES({quote_ident(n)})" for n in others)
+
+    def _load_data(self, batches: Iterator[pa.RecordBatch], into: str, replace: bool = False) -> int:
+        """Batches are written to a private temp file and loaded every ``batch_size`` rows (or 64 MiB)."""
+        fd, path = tempfile.mkstemp(prefix="xasink-", suffix=".tsv")
+        total = pending = 0
+        try:
+            stmt = self.load_data_sql(path, into, replace)
+            with os.fdopen(fd, "wb") as f:
+                for batch in batches:
+                    f.write(encode_tsv(batch))
+                    pending += batch.num_rows
+                    if pending >= self.dialect.settings.batch_size or f.tell() >= self.dialect.load_data_max_bytes:
+                        f.flush()
+                        self._run_load(stmt, pending, replace)
+                        total += pending
+                        pending = 0
+                        f.seek(0)
+                        f.truncate()
+                if pending:
+                    f.flush()
+                    self._run_load(stmt, pending, replace)
+                    total += pending
+        finally:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        return total
+
+    def _run_load(self, stmt: str, expected: int, replace: bool = False) -> None:
+        self.cursor.execute(stmt)
+        loaded = self.cursor.rowcount
+        # a REPLACE counts a replaced row twice; strict mode makes a row it cannot store an error, not a skip
+        stored_all = expected <= loaded <= 2 * expected if replace else loaded == expected
+        if self.cursor.warning_count or not stored_all:
+            self.cursor.execute("SHOW WARNINGS LIMIT 5")
+            warnings = [w for w in self.cursor.fetchall() if str(w[0]).lower() != "note"]
+            if warnings or not stored_all:
+                raise self.dialect.load_warning_error(warnings, loaded, expected, self.xid, self.plan)
+
+    def insert_sql(self) -> str:
+        names = self.plan.arrow_schema.names
+        cols = ", ".join(quote_ident(n) for n in names).replace("%", "%%")
+        stmt = (
+            f"INSERT INTO {table_name(self.plan).replace('%', '%%')} ({cols}) VALUES ({', '.join(['%s'] * len(names))})"
+        )
+        if self.plan.upsert_keys:
+            stmt += f" ON DUPLICATE KEY UPDATE {self._updates().replace('%', '%%')}"
+        return stmt
+
+    def _insert(self, batches: Iterator[pa.RecordBatch]) -> int:
+        """Multi-row INSERT: pymysql's executemany packs rows into statements of up to max_stmt_length bytes."""
+        stmt = self.insert_sql()
+        keys = [self.plan.arrow_schema.get_field_index(k) for k in self.plan.upsert_keys]
+        step = self.dialect.settings.batch_size
+        total = 0
+        for batch in batches:
+            if keys:
+                check_upsert_keys(batch, self.plan, keys, self.xid.partition)
+            for start in range(0, batch.num_rows, step):
+                chunk = batch.slice(start, step)
+                self.cursor.executemany(stmt, python_rows(chunk))
+                total += chunk.num_rows
+        return total
+
+    # -- prepare / roll back ----------------------------------------------------------------
+    def prepare(self) -> None:
+        try:
+            self.cursor.execute(f"XA END {self._xa}")
+            self.cursor.execute(f"XA PREPARE {self._xa}")
+            listed = self._listed()
+        except Exception as exc:
+            self.rollback()
+            raise self.dialect.branch_error(exc, self.xid, self.plan) from None
+        self._close()
+        if listed is False:
+            raise BranchError(f"branch {self.xid} was not prepared (the server rolled it back); nothing of it remains")
+        self.dialect.wait_detached(self.connection_id)
+
+    def _listed(self) -> bool | None:
+        """Whether XA RECOVER lists the branch; None when this user may not run XA RECOVER (MySQL 8)."""
+        stmt, hex_data = recover_statement(self.is_mariadb)
+        try:
+            self.cursor.execute(stmt)
+        except pymysql.err.MySQLError as exc:
+            if errno_of(exc) in PRIVILEGE_CODES:
+                return None
+            raise
+        want = (FORMAT_ID, self.xid.gtrid.encode(), self.xid.bqual.encode())
+        return any(parse_recover_row(r, hex_data) == want for r in self.cursor.fetchall())
+
+    def rollback(self) -> None:
+        for stmt in (f"XA END {self._xa}", f"XA ROLLBACK {self._xa}"):
+            try:
+                self.cursor.execute(stmt)
+            except Exception as exc:  # noqa: BLE001 - disconnecting rolls an unprepared branch back anyway
+                log.debug("%s of %s: %s", stmt.split(" X'")[0], self.xid, exc)
+        self._close()
+
+    def _close(self) -> None:
+        try:
+            self.conn.close()
+        except Exception:  # noqa: BLE001,S110 - closing a dead connection
+            pass

@@ -1,0 +1,180 @@
+"""The MySQL/MariaDB dialect: connections, the driver's XA verbs (after the owner's disconnect), session
+locks and listings; checks, types and branches live in their own modules."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+import pyarrow as pa
+import pymysql
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from ...errors import BranchError
+from ...masking import redact, url_secrets
+from ...xid import FORMAT_ID, Xid
+from ..base import BranchSession, Dialect, DurabilityRisk, ErrorKind, PreparedTxn, TargetPlan, set_keepalive
+from . import errors, preflight, types
+from .branch import MySQLBranch
+from .errors import BranchBusyError
+from .owner import DETACH_TIMEOUT_S, OWNER_WAIT_S, OwnerWatch
+from .sql import SA_DIALECT, errno_of
+from .xa import ER_XAER_NOTA, foreign_gid, parse_foreign_gid, recovered, xa_literal, xid_literal
+
+log = logging.getLogger("xasink.dialects.mysql")
+
+
+class MySQLDialect(Dialect):
+    name = "MySQL"
+    default_port = 3306
+    load_data_max_bytes = 64 << 20  # a LOAD DATA file is loaded once it reaches this size
+    max_stmt_bytes = 4 << 20  # largest multi-row INSERT statement (capped by max_allowed_packet)
+
+    def connect_args(self) -> dict[str, Any]:
+        return {"connect_timeout": 10, "charset": "utf8mb4"}
+
+    def raw_connect(self, local_infile: bool = False) -> pymysql.connections.Connection:
+        """A plain pymysql connection (autocommit) with the URL's settings; failures become ConnectError."""
+        _, kwargs = SA_DIALECT.create_connect_args(self.url)
+        kwargs.update(self.connect_args())
+        kwargs.update(autocommit=True, local_infile=local_infile)
+        try:
+            conn = pymysql.connect(**kwargs)
+        except pymysql.err.MySQLError as exc:
+            raise self.connect_error(exc) from None
+        set_keepalive(getattr(conn, "_sock", None))
+        return conn
+
+    def on_connect(self, dbapi_conn: Any, record: Any) -> None:
+        """A control connection: TCP keepalives, and lock waits bounded by controlLockTimeout (error 1205,
+        transient: the step is retried) for row locks (InnoDB) and table metadata locks alike."""
+        set_keepalive(getattr(dbapi_conn, "_sock", None))
+        timeout = int(self.settings.control_lock_timeout)
+        if timeout:
+            with dbapi_conn.cursor() as cur:
+                cur.execute("SET SESSION innodb_lock_wait_timeout = %s, lock_wait_timeout = %s", (timeout, timeout))
+
+    @functools.cached_property
+    def owners(self) -> OwnerWatch:
+        return OwnerWatch(self.raw_connect)
+
+    def wait_detached(self, connection_id: int, timeout_s: float = DETACH_TIMEOUT_S) -> None:
+        """Return once the server has finished disconnecting session ``connection_id`` (a branch, after PREPARE)."""
+        self.owners.wait_detached(connection_id, timeout_s)
+
+    def await_owner(self, conn: Connection, xid: Xid | None, timeout_s: float = OWNER_WAIT_S) -> None:
+        """Wait until no session that may own the branch is still disconnecting (see :mod:`.owner`)."""
+        self.owners.await_owner(conn, xid, timeout_s)
+
+    # -- XA verbs ------------------------------------------------------------------------
+    def _finish(self, conn: Connection, verb: str, literal: str, key: tuple[int, bytes, bytes]) -> None:
+        self.await_owner(conn, Xid.from_xa(*key))
+        try:
+            conn.exec_driver_sql(f"XA {verb} {literal}")
+        except sa.exc.DBAPIError as exc:
+            # XAER_NOTA also answers a branch whose owner has not disconnected yet: it is still listed.
+            # A branch reports its xid only once detached, so this is a writer that is just finishing (or
+            # hung).  Retrying at once races with its disconnect (see the module doc): a commit fails as
+            # transient (the coordinator retries after a backoff); a roll-back is left to the next sweep.
+            if errno_of(exc) == ER_XAER_NOTA and key in recovered(conn):
+                if verb == "ROLLBACK":
+                    log.warning(
+                        "XA ROLLBACK %s: still attached to its writer's session; left for the next sweep", literal
+                    )
+                    return
+                raise BranchBusyError(
+                    f"XA {verb} of {literal}: the branch is still attached to its writer's session; retry later"
+                ) from exc
+            raise
+
+    def commit_prepared(self, conn: Connection, xid: Xid) -> None:
+        self._finish(conn, "COMMIT", xid_literal(xid), (FORMAT_ID, xid.gtrid.encode(), xid.bqual.encode()))
+
+    def rollback_prepared(self, conn: Connection, xid: Xid) -> None:
+        self._finish(conn, "ROLLBACK", xid_literal(xid), (FORMAT_ID, xid.gtrid.encode(), xid.bqual.encode()))
+
+    def rollback_foreign(self, conn: Connection, gid: str) -> None:
+        xid = Xid.parse(gid)
+        if xid is not None:
+            self.rollback_prepared(conn, xid)
+            return
+        parsed = parse_foreign_gid(gid)
+        if parsed is None:
+            raise ValueError(f"{gid!r} is not an XA transaction name as listed (xa:<formatID>:<gtrid>:<bqual> hex)")
+        self._finish(conn, "ROLLBACK", xa_literal(*parsed), parsed)
+
+    # -- session locks (server-wide names, like XA) -------------------------------------
+    def try_session_lock(self, conn: Connection, name: str) -> bool:
+        return conn.execute(sa.text("SELECT GET_LOCK(:n, 0)"), {"n": name}).scalar() == 1
+
+    def release_session_lock(self, conn: Connection, name: str) -> None:
+        conn.execute(sa.text("SELECT RELEASE_LOCK(:n)"), {"n": name})
+
+    def held_session_locks(self, conn: Connection, names: Iterable[str]) -> set[str]:
+        wanted = sorted(set(names))
+        if not wanted:
+            return set()
+        params = {f"n{i}": n for i, n in enumerate(wanted)}
+        probes = ", ".join(f"IS_USED_LOCK(:n{i})" for i in range(len(wanted)))
+        row = conn.execute(sa.text(f"SELECT {probes}"), params).one()
+        return {n for n, holder in zip(wanted, row, strict=True) if holder is not None}
+
+    def server_uptime_s(self, conn: Connection) -> float:
+        row = conn.exec_driver_sql("SHOW GLOBAL STATUS LIKE 'Uptime'").one()
+        return float(row[1])
+
+    def list_prepared(self, conn: Connection) -> list[PreparedTxn]:
+        """Every prepared XA transaction of the server (XA RECOVER has no database): ours parse, others are foreign."""
+        out = []
+        for format_id, gtrid, bqual in recovered(conn):
+            xid = Xid.from_xa(format_id, gtrid, bqual)
+            out.append(PreparedTxn(xid.gid if xid else foreign_gid(format_id, gtrid, bqual), xid))
+        return out
+
+    def classify(self, exc: BaseException) -> ErrorKind:
+        return errors.classify(exc)
+
+    def durability_risks(self, conn: Connection) -> list[DurabilityRisk]:
+        return preflight.durability_risks(conn)
+
+    def check_server(self, conn: Connection, branches: int | None) -> None:
+        self.warn_durability(conn)
+        preflight.check_server(self, conn)
+
+    def check_table(self, conn: Connection, plan: TargetPlan) -> TargetPlan:
+        return preflight.check_table(self, conn, plan)
+
+    def replace_is_upsert(self, conn: Connection, plan: TargetPlan) -> bool:
+        return preflight.replace_is_upsert(conn, plan)
+
+    def branch_error(self, exc: BaseException, xid: Xid, plan: TargetPlan) -> BranchError:
+        code = errno_of(exc)
+        orig = getattr(exc, "orig", exc)
+        args: tuple[Any, ...] = tuple(getattr(orig, "args", ()))
+        text = str(args[1]) if len(args) > 1 else str(orig)
+        return errors.branch_error_for(code, redact(text.strip(), url_secrets(self.url)), xid, plan)
+
+    def load_warning_error(
+        self, warnings: list[tuple[Any, ...]], loaded: int, expected: int, xid: Xid, plan: TargetPlan
+    ) -> BranchError:
+        return errors.load_warning_error(warnings, loaded, expected, xid, plan)
+
+    # -- tables -------------------------------------------------------------------------
+    def arrow_type(self, column: Any, source: pa.DataType) -> pa.DataType | None:
+        return types.arrow_type(column, source)
+
+    def sql_type(self, arrow_type: pa.DataType) -> sa.types.TypeEngine[Any] | None:
+        return types.sql_type(arrow_type)
+
+    def parse_type(self, text: str) -> sa.types.TypeEngine[Any]:
+        return types.parse_type(text)
+
+    def table_kwargs(self) -> dict[str, Any]:
+        return {"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4"}
+
+    # -- branch ------------------------------------------------------------------------
+    def open_branch(self, xid: Xid, plan: TargetPlan) -> BranchSession:
+        return MySQLBranch(self, xid, plan)

@@ -1,0 +1,93 @@
+"""Rows as LOAD DATA text: tab-separated, ``\\N`` for NULL, backslash escapes, binary as hex; or as Python
+tuples for multi-row INSERT.  Vectorised with pyarrow: the encoding is most of a branch's client CPU."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ...errors import BranchError
+
+_HEX = np.frombuffer(b"".join(f"{i:02X}".encode() for i in range(256)), dtype=np.uint8).reshape(256, 2)
+_NULL = "\\N"
+_ESCAPES = (("\\", "\\\\"), ("\t", "\\t"), ("\n", "\\n"), ("\r", "\\r"), ("\x00", "\\0"))
+
+
+def _offsets(arr: pa.Array) -> np.ndarray:
+    return np.frombuffer(arr.buffers()[1], dtype=np.int64)[arr.offset : arr.offset + len(arr) + 1]
+
+
+def hex_column(arr: pa.Array) -> pa.Array:
+    """Upper-case hex of every value (large_string, no nulls: NULL becomes ``\\N``)."""
+    arr = arr.cast(pa.large_binary())
+    if len(arr) == 0:
+        return pa.array([], pa.large_string())
+    offsets = _offsets(arr)
+    data_buf = arr.buffers()[2]
+    data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
+    hexed = _HEX[data[offsets[0] : offsets[-1]]].ravel()
+    new_offsets = (offsets - offsets[0]) * 2
+    out = pa.Array.from_buffers(pa.large_string(), len(arr), [None, pa.py_buffer(new_offsets), pa.py_buffer(hexed)])
+    if arr.null_count:
+        out = pc.if_else(arr.is_valid(), out, pa.scalar(_NULL, pa.large_string()))
+    return out
+
+
+def _check_finite(arr: pa.Array, name: str) -> None:
+    if pa.types.is_floating(arr.type) and len(arr):
+        bad = pc.sum(pc.or_(pc.is_nan(arr), pc.is_inf(arr))).as_py()
+        if bad:
+            raise BranchError(
+                f"column '{name}' holds {bad} NaN or infinite value(s), which MySQL cannot store: "
+                "replace them (e.g. with NULL) first. Nothing of this batch is visible."
+            )
+
+
+def text_column(arr: pa.Array) -> pa.Array:
+    """One column as LOAD DATA text (large_string, no nulls); binary columns go through :func:`hex_column`."""
+    t = arr.type
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
+        return hex_column(arr)
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        out = arr.cast(pa.large_string())
+        for old, new in _ESCAPES:
+            out = pc.replace_substring(out, old, new)
+    elif pa.types.is_boolean(t):
+        out = arr.cast(pa.int8()).cast(pa.large_string())
+    elif pa.types.is_timestamp(t):
+        out = arr.cast(pa.timestamp(t.unit)).cast(pa.large_string())  # tz-aware: its UTC wall time
+    elif pa.types.is_float32(t):
+        # the server parses a number as a double: the shortest float32 text can lie beyond the float32
+        # range ("3.4028235e+38" > FLT_MAX, refused as out of range); the exact double of the value cannot
+        out = arr.cast(pa.float64()).cast(pa.large_string())
+    else:
+        out = arr.cast(pa.large_string())
+    return out.fill_null(_NULL) if out.null_count else out
+
+
+def encode_tsv(batch: pa.RecordBatch) -> pa.Buffer:
+    """The batch as LOAD DATA input: fields by tab, lines by newline, escaped by backslash."""
+    for name, col in zip(batch.schema.names, batch.columns, strict=True):
+        _check_finite(col, name)
+    cols = [text_column(c) for c in batch.columns]
+    tab, newline, empty = (pa.scalar(x, pa.large_string()) for x in ("\t", "\n", ""))
+    line = pc.binary_join_element_wise(*cols, tab) if len(cols) > 1 else cols[0]
+    line = pc.binary_join_element_wise(line, empty, newline)  # line + "\n" + ""
+    if isinstance(line, pa.ChunkedArray):
+        line = line.combine_chunks()
+    offsets = _offsets(line)
+    return line.buffers()[2].slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
+
+
+def python_rows(batch: pa.RecordBatch) -> list[tuple[Any, ...]]:
+    """The batch as Python tuples for pymysql's multi-row INSERT (tz-aware timestamps as UTC wall time)."""
+    columns = []
+    for name, col in zip(batch.schema.names, batch.columns, strict=True):
+        _check_finite(col, name)
+        if pa.types.is_timestamp(col.type) and col.type.tz is not None:
+            col = col.cast(pa.timestamp(col.type.unit))
+        columns.append(col.to_pylist())
+    return list(zip(*columns, strict=True))

@@ -1,0 +1,110 @@
+"""What a MySQL/MariaDB error number means for xasink: retry, give up, or tell the user what to fix."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pymysql
+import sqlalchemy as sa
+
+from ...errors import BranchError, XasinkError
+from ...xid import Xid
+from ..base import ErrorKind, TargetPlan, branch_failed
+from .sql import errno_of
+from .xa import ER_XAER_NOTA
+
+TRANSIENT_CODES = {
+    1399,  # XAER_RMFAIL: the control session is in the wrong XA state; a fresh connection fixes it
+    1400,  # XAER_OUTSIDE
+    1440,  # XAER_DUPID
+    1613,  # XA_RBTIMEOUT
+    1614,  # XA_RBDEADLOCK
+    1205,  # lock wait timeout
+    1213,  # deadlock
+    1040,  # too many connections
+    1053,  # server shutdown in progress
+    1927,  # MariaDB: connection killed
+    2002,  # cannot connect (socket)
+    2003,  # cannot connect (TCP)
+    2006,  # server has gone away
+    2013,  # lost connection during query
+    2055,  # lost connection (SSL)
+    4031,  # MySQL: disconnected by the server (idle timeout)
+}
+PRIVILEGE_CODES = {1227, 1044, 1142}
+
+# error (or LOAD DATA warning) codes a branch can fail with, and what the user should do about them
+BRANCH_HINTS = {
+    1062: "duplicate key: the rows collide with rows already in the table (or in this batch); "
+    "deduplicate the DataFrame or use upsertKeyColumns",
+    1048: "NULL in a NOT NULL column: fill or filter the NULLs first",
+    1263: "NULL in a NOT NULL column: fill or filter the NULLs first",
+    1364: "a NOT NULL column without a default is missing from the DataFrame: add the column",
+    1406: "a string or binary value is longer than its column allows: widen the column or truncate the data",
+    1264: "a number is out of range for its column: widen the column type",
+    1366: "a value does not fit the column's type: cast it in Spark first",
+    1265: "a value does not fit its column (a string longer than its column allows, or a number with too many "
+    "digits): widen the column type or fix the data",
+    1292: "a date or time value is out of the column's range (MySQL DATETIME: years 1000-9999)",
+    1146: "the table does not exist (dropped or renamed after the write was planned)",
+    1045: "access denied: check the 'user' and 'password' options",
+    1142: "permission denied: grant INSERT (and UPDATE for upserts) on the table to the writing user",
+    1452: "foreign key violation: load the referenced rows first",
+    3819: "check constraint violation",
+    4025: "check constraint violation",
+    1148: "LOAD DATA LOCAL is disabled: set the option localInfile=false, or enable local_infile on the server",
+    3948: "LOAD DATA LOCAL is disabled: set the option localInfile=false, or SET GLOBAL local_infile = 1",
+    1153: "a row is larger than the server's max_allowed_packet: raise max_allowed_packet",
+    1205: "a row lock was not granted within lockTimeout: another transaction holds the same keys, most often "
+    "another partition of this batch (duplicate keys across partitions) or a prepared branch left behind "
+    "(run 'xasink recover'); deduplicate the DataFrame on the table's keys",
+    1213: "deadlock with another transaction on the same rows",
+    1440: "a branch with this xid exists already: the same task attempt ran twice",
+}
+UPSERT_LOCK_HINT = (
+    "another partition of this batch (or another transaction) holds rows with the same upsert keys ({keys}): a "
+    "prepared branch keeps them locked until the batch commits, so rows with equal keys must all be in one "
+    "partition. Repartition the DataFrame by the key columns first (xasink.write() does this itself)"
+)
+
+
+class BranchBusyError(XasinkError):
+    """A prepared branch is still attached to its owner's session; finishing it must wait (transient)."""
+
+
+def classify(exc: BaseException) -> ErrorKind:
+    code = errno_of(exc)
+    if code == ER_XAER_NOTA:
+        return ErrorKind.UNKNOWN_XID
+    if isinstance(exc, BranchBusyError) or code in TRANSIENT_CODES:
+        return ErrorKind.TRANSIENT
+    if isinstance(exc, sa.exc.DBAPIError) and exc.connection_invalidated:
+        return ErrorKind.TRANSIENT
+    orig = getattr(exc, "orig", exc)
+    if code in (None, 0) and isinstance(
+        orig,
+        (sa.exc.OperationalError, sa.exc.InterfaceError, pymysql.err.OperationalError, pymysql.err.InterfaceError),
+    ):
+        return ErrorKind.TRANSIENT
+    return ErrorKind.FATAL
+
+
+def branch_error_for(code: int | None, text: str, xid: Xid, plan: TargetPlan) -> BranchError:
+    hint = BRANCH_HINTS.get(code or 0)
+    if plan.upsert_keys and code in (1205, 1213):
+        hint = UPSERT_LOCK_HINT.format(keys=", ".join(plan.upsert_keys))
+    first = text.splitlines()[0] if text else "unknown error"
+    err = branch_failed(xid, plan, first + (f" [{code}]" if code else ""), hint)
+    err.errno = code  # type: ignore[attr-defined]
+    return err
+
+
+def load_warning_error(
+    warnings: list[tuple[Any, ...]], loaded: int, expected: int, xid: Xid, plan: TargetPlan
+) -> BranchError:
+    """A LOAD DATA that raised warnings (or stored fewer rows than sent) as the branch's error."""
+    if warnings:
+        level, code, text = warnings[0][0], int(warnings[0][1]), str(warnings[0][2])
+        more = f" (+{len(warnings) - 1} more)" if len(warnings) > 1 else ""
+        return branch_error_for(code, f"LOAD DATA {str(level).lower()}: {text}{more}", xid, plan)
+    return branch_error_for(None, f"LOAD DATA stored {loaded} of {expected} rows", xid, plan)

@@ -1,0 +1,127 @@
+"""Waiting for a branch's owner session to finish disconnecting, before anyone else finishes the branch.
+
+A prepared branch can be finished by another session only after its owner disconnected; a verb that races
+with the disconnect can answer OK (or XAER_NOTA) while the transaction stays prepared, unlisted and holding
+its locks until the server restarts (see the package doc and tests/test_dialect_edges.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pymysql
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from ...errors import BranchError
+from ...xid import Xid
+from .errors import PRIVILEGE_CODES
+from .sql import errno_of
+from .xa import owner_lock
+
+log = logging.getLogger("xasink.dialects.mysql")
+
+DETACH_TIMEOUT_S = 30.0
+OWNER_WAIT_S = 5.0  # longest wait for a branch's owner to finish disconnecting before XA COMMIT / ROLLBACK
+
+# Sessions still disconnecting while InnoDB holds their transaction attached: the branch's owner (named by its
+# owner lock), whether it is still listed or already gone from PROCESSLIST, and any transaction of a session
+# that is gone or being killed or quitting (an owner past releasing its locks but not yet detached).
+_DISCONNECTING_SQL = (
+    "SELECT ID FROM information_schema.PROCESSLIST WHERE ID = IS_USED_LOCK(%(lock)s) UNION "
+    "SELECT t.trx_mysql_thread_id FROM information_schema.INNODB_TRX t WHERE t.trx_mysql_thread_id <> 0 "
+    "AND t.trx_state <> 'ROLLING BACK' AND (t.trx_mysql_thread_id = IS_USED_LOCK(%(lock)s) OR NOT EXISTS "
+    "(SELECT 1 FROM information_schema.PROCESSLIST p WHERE p.ID = t.trx_mysql_thread_id "
+    "AND p.COMMAND NOT IN ('Killed', 'Quit')))"
+)
+_DISCONNECTING_SQL_NO_TRX = (  # without the PROCESS privilege (INNODB_TRX is not readable)
+    "SELECT ID FROM information_schema.PROCESSLIST WHERE ID = IS_USED_LOCK(%(lock)s)"
+)
+
+
+class OwnerWatch:
+    """The waits, with what they learnt about this server (INNODB_TRX readable, sessions given up on)."""
+
+    def __init__(self, raw_connect: Callable[[], Any]) -> None:
+        self._raw_connect = raw_connect
+        self._trx_visible = True  # whether this user may read INNODB_TRX (the PROCESS privilege)
+        self._stuck: frozenset[int] = frozenset()  # sessions await_owner gave up on
+
+    def wait_detached(self, connection_id: int, timeout_s: float = DETACH_TIMEOUT_S) -> None:
+        """Return once the server has finished disconnecting session ``connection_id`` (see the module doc)."""
+        conn = self._raw_connect()
+        try:
+            cur = conn.cursor()
+            deadline = time.monotonic() + timeout_s
+            delay = 0.001
+            while True:
+                if self._session_gone(cur, connection_id):
+                    return
+                if time.monotonic() > deadline:
+                    raise BranchError(
+                        f"the server did not release session {connection_id} within {timeout_s:.0f}s after it "
+                        "prepared its branch; the branch is rolled back by the batch's abort"
+                    )
+                time.sleep(delay)
+                delay = min(delay * 2, 0.05)
+        finally:
+            conn.close()
+
+    _trx_visible = True  # whether this user may read INNODB_TRX (the PROCESS privilege)
+    _stuck: frozenset[int] = frozenset()  # sessions await_owner gave up on (per dialect, i.e. per engine)
+
+    def _session_gone(self, cur: Any, connection_id: int) -> bool:
+        """Whether session ``connection_id`` has left PROCESSLIST and InnoDB no longer holds a transaction of it.
+
+        MariaDB removes a session from PROCESSLIST before InnoDB detaches its prepared transaction
+        (``THD::free_connection`` runs after ``server_threads.erase``), so both are checked.
+        """
+        query = "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = %s"
+        if self._trx_visible:
+            trx = "SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_mysql_thread_id = %s"
+            query = f"SELECT ({query}) + ({trx})"
+        try:
+            cur.execute(query, (connection_id,) * query.count("%s"))
+        except pymysql.err.MySQLError as exc:
+            if not self._trx_visible or errno_of(exc) not in PRIVILEGE_CODES:
+                raise
+            self._trx_visible = False
+            return self._session_gone(cur, connection_id)
+        row = cur.fetchone()
+        return row is None or int(row[0]) == 0
+
+    def await_owner(self, conn: Connection, xid: Xid | None, timeout_s: float = OWNER_WAIT_S) -> None:
+        """Wait until no session that may own the branch is still disconnecting: then XA COMMIT / ROLLBACK is safe.
+
+        A verb that lands while the owner's disconnect is in flight can answer OK (or XAER_NOTA) while the
+        transaction stays prepared, unlisted and holding its row locks until the server restarts (measured on
+        MariaDB 10.11 for COMMIT and ROLLBACK: tests/test_dialect_edges.py).  A branch's session holds its
+        owner lock, so the owner is known while it lives; an owner already past releasing it shows as an
+        InnoDB transaction of a session that is gone, killed or quitting.  Bounded: a hung owner is left to
+        the verb's XAER_NOTA handling.
+        """
+        lock = owner_lock(xid) if xid is not None else "xasink-owner:-"  # foreign: no owner lock
+        deadline = time.monotonic() + timeout_s
+        delay = 0.001
+        while True:
+            query = _DISCONNECTING_SQL if self._trx_visible else _DISCONNECTING_SQL_NO_TRX
+            try:
+                pending = {int(r[0]) for r in conn.exec_driver_sql(query, {"lock": lock})} - self._stuck
+            except sa.exc.DBAPIError as exc:
+                if not self._trx_visible or errno_of(exc) not in PRIVILEGE_CODES:
+                    raise
+                self._trx_visible = False
+                continue
+            if not pending:
+                return
+            if time.monotonic() > deadline:
+                # a session that takes this long (a hung writer, another application's huge disconnect) is
+                # not waited for again: the next branches would each wait as long for nothing
+                self._stuck = self._stuck | pending
+                log.debug("%s: sessions %s still disconnecting after %.0fs; going on", xid, sorted(pending), timeout_s)
+                return
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)

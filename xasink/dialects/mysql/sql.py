@@ -1,0 +1,62 @@
+"""What every MySQL module shares: SQLAlchemy's pymysql dialect (identifier quoting), the branch session's
+settings, error numbers, and one pymysql tweak that makes connecting cheap."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pymysql
+from sqlalchemy.dialects.mysql import pymysql as sa_pymysql
+
+from ..base import TargetPlan
+
+
+def _share_preferred_tls_context() -> None:
+    """One TLS context per process for pymysql's PREFERRED mode (no ssl options given), not one per connection.
+
+    pymysql >= 1.2 builds ``ssl.create_default_context()`` for every such connection, which loads the
+    system CA bundle (~25 ms here) only to set CERT_NONE; a batch opens several connections per branch
+    and on the driver, so this was most of a small batch's time (benchmarks: profile of MariaDB writes).
+    The context is identical every time, so sharing it changes nothing but the cost.
+    """
+    original = getattr(pymysql.connections.Connection, "_create_ssl_ctx", None)
+    if original is None or getattr(original, "xasink_shared", False):
+        return
+    shared: list[Any] = []
+
+    def create_ssl_ctx(self: Any, sslp: Any) -> Any:
+        if isinstance(sslp, dict) and not sslp:
+            if not shared:
+                shared.append(original(self, sslp))
+            return shared[0]
+        return original(self, sslp)
+
+    create_ssl_ctx.xasink_shared = True  # type: ignore[attr-defined]
+    pymysql.connections.Connection._create_ssl_ctx = create_ssl_ctx  # type: ignore[method-assign]
+
+
+_share_preferred_tls_context()
+
+SA_DIALECT = sa_pymysql.dialect()
+_PREPARER = SA_DIALECT.identifier_preparer
+
+# the branch session's sql_mode: bad values fail instead of being truncated; 0 stays 0 in AUTO_INCREMENT
+# columns; and no ANSI_QUOTES / NO_BACKSLASH_ESCAPES, which would change how our statements parse
+BRANCH_SQL_MODE = "STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION,NO_AUTO_VALUE_ON_ZERO"
+MAX_LOCK_WAIT = 1_073_741_824  # innodb_lock_wait_timeout's maximum: "no limit"
+
+
+def quote_ident(name: str) -> str:
+    return str(_PREPARER.quote_identifier(name))
+
+
+def table_name(plan: TargetPlan) -> str:
+    return ".".join(quote_ident(p) for p in (plan.schema, plan.table) if p)
+
+
+def errno_of(exc: BaseException) -> int | None:
+    orig = getattr(exc, "orig", exc)
+    args = getattr(orig, "args", ())
+    if args and isinstance(args[0], int) and not isinstance(args[0], bool):
+        return int(args[0])
+    return None

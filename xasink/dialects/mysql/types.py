@@ -1,0 +1,124 @@
+"""Type mapping between Arrow (Spark's rows) and MySQL columns: reflection, CREATE TABLE and the
+createTableColumnTypes option."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pyarrow as pa
+import sqlalchemy as sa
+from sqlalchemy.dialects import mysql
+
+from ...errors import PreflightError
+from .sql import SA_DIALECT
+
+
+def arrow_type(column: Any, source: pa.DataType) -> pa.DataType | None:
+    t = column["type"]
+    unsigned = bool(getattr(t, "unsigned", False))
+    if isinstance(t, mysql.TINYINT):  # BOOLEAN is TINYINT(1): it takes booleans, and small integers
+        if pa.types.is_boolean(source):
+            return pa.bool_()
+        return pa.uint8() if unsigned else pa.int8()
+    if isinstance(t, sa.Boolean):
+        return pa.bool_()
+    if isinstance(t, sa.SmallInteger):
+        return pa.uint16() if unsigned else pa.int16()
+    if isinstance(t, sa.BigInteger):
+        return pa.uint64() if unsigned else pa.int64()
+    if isinstance(t, sa.Integer):  # INT, MEDIUMINT
+        return pa.uint32() if unsigned else pa.int32()
+    if isinstance(t, mysql.YEAR):
+        return pa.int16()
+    if isinstance(t, mysql.FLOAT):
+        return pa.float32()
+    if isinstance(t, sa.Float):  # DOUBLE, REAL
+        return pa.float64()
+    if isinstance(t, sa.Numeric):
+        precision = t.precision if t.precision is not None else 10
+        return pa.decimal128(precision, t.scale or 0) if precision <= 38 else pa.decimal256(precision, t.scale or 0)
+    if isinstance(t, (sa.String, sa.JSON)):  # CHAR, VARCHAR, *TEXT, ENUM, SET, JSON
+        return pa.string()
+    if isinstance(t, sa.types._Binary):  # BINARY, VARBINARY, *BLOB
+        return pa.binary()
+    if isinstance(t, sa.DateTime):  # DATETIME, TIMESTAMP
+        tz_source = pa.types.is_timestamp(source) and source.tz is not None
+        return pa.timestamp("us", tz="UTC") if tz_source else pa.timestamp("us")
+    if isinstance(t, sa.Date):
+        return pa.date32()
+    return None
+
+
+def sql_type(arrow_type: pa.DataType) -> sa.types.TypeEngine[Any] | None:
+    t = arrow_type
+    ints = {
+        pa.int8(): mysql.TINYINT(),
+        pa.int16(): mysql.SMALLINT(),
+        pa.int32(): mysql.INTEGER(),
+        pa.int64(): mysql.BIGINT(),
+        pa.uint8(): mysql.TINYINT(unsigned=True),
+        pa.uint16(): mysql.SMALLINT(unsigned=True),
+        pa.uint32(): mysql.INTEGER(unsigned=True),
+        pa.uint64(): mysql.BIGINT(unsigned=True),
+    }
+    if t in ints:
+        return ints[t]
+    if pa.types.is_float32(t):
+        return mysql.FLOAT()
+    if pa.types.is_float64(t):
+        return mysql.DOUBLE()
+    if pa.types.is_decimal(t):
+        if t.precision > 65 or t.scale > 30 or t.scale < 0:
+            return None
+        return mysql.DECIMAL(t.precision, t.scale)
+    if pa.types.is_boolean(t):
+        return mysql.BOOLEAN()
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_null(t):
+        return mysql.LONGTEXT()
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
+        return mysql.LONGBLOB()
+    if pa.types.is_date(t):
+        return mysql.DATE()
+    if pa.types.is_timestamp(t):
+        return mysql.DATETIME(fsp=6)  # a tz-aware timestamp is stored as its UTC wall time
+    return None
+
+
+def parse_type(text: str) -> sa.types.TypeEngine[Any]:
+    m = re.fullmatch(
+        r"\s*([A-Za-z][A-Za-z0-9 ]*?)\s*(?:\(\s*(\d+)\s*(?:,\s*(\d+)\s*)?\))?\s*(unsigned)?\s*", text, re.I
+    )
+    if m is None:
+        raise PreflightError(f"createTableColumnTypes: cannot parse type {text!r}")
+    name = " ".join(m.group(1).lower().split())
+    unsigned = m.group(4) is not None
+    if name.endswith(" unsigned"):
+        name, unsigned = name[: -len(" unsigned")], True
+    name = {
+        "bool": "boolean",
+        "integer": "int",
+        "long": "bigint",
+        "string": "longtext",
+        "double precision": "double",
+        "real": "double",
+        "character varying": "varchar",
+        "character": "char",
+        "numeric": "decimal",
+        "dec": "decimal",
+    }.get(name, name)
+    cls = SA_DIALECT.ischema_names.get(name)
+    if cls is None:
+        raise PreflightError(f"createTableColumnTypes: unknown MySQL type {text!r}")
+    args = [int(a) for a in m.groups()[1:3] if a is not None]
+    kwargs: dict[str, Any] = {}
+    if unsigned:
+        if not issubclass(cls, (sa.Integer, sa.Numeric)):
+            raise PreflightError(f"createTableColumnTypes: type {text!r} cannot be UNSIGNED")
+        kwargs["unsigned"] = True
+    try:
+        if name in ("datetime", "timestamp", "time"):
+            return cls(fsp=args[0] if args else None)  # type: ignore[no-any-return]
+        return cls(*args, **kwargs)  # type: ignore[no-any-return]
+    except TypeError:
+        raise PreflightError(f"createTableColumnTypes: type {text!r} takes no such arguments") from None
