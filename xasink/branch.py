@@ -206,6 +206,8 @@ def write_partition(
             sibling = clearance.sibling
             assert sibling is not None
             log.info("partition %s is already prepared by %s: attempt %s adopts it", partition, sibling, xid)
+            # this attempt holds a prepared branch now, as if it had prepared it: the same fault point
+            fault("task.after_prepare", partition=partition, attempt=attempt_number, batch=batch_id)
             return BranchOutcome(partition, sibling.gid, rows, seconds=time.perf_counter() - start)
         session = opening.result()
     try:

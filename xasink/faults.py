@@ -32,7 +32,7 @@ LOCAL_PROPERTY = "xasink.fault"
 POINTS = (
     "task.before_load",  # branch started, before any row is loaded
     "task.before_prepare",  # rows loaded, before PREPARE
-    "task.after_prepare",  # branch prepared, before the task returns its message
+    "task.after_prepare",  # branch prepared (or a sibling's adopted), before the task returns its message
     "driver.before_decide",  # all branches prepared, before the decision is recorded
     "driver.after_decide",  # decision durable, before any COMMIT
     "driver.after_first_commit",  # one branch committed, others maybe not
