@@ -169,16 +169,17 @@ class StandaloneCluster:
         self.memory = memory
         self.master: subprocess.Popen[bytes] | None = None
         self.worker: subprocess.Popen[bytes] | None = None
+        self.extra_workers: list[subprocess.Popen[bytes]] = []
         self.executor_kills = 0
 
-    def _java(self, log: Path, cls: str, *args: str) -> subprocess.Popen[bytes]:
+    def _java(self, log: Path, cls: str, *args: str, host: str = "127.0.0.1") -> subprocess.Popen[bytes]:
         java = shutil.which("java", path=os.path.join(os.environ.get("JAVA_HOME", ""), "bin")) or "java"
         cmd = [java, "-Xmx256m", *JAVA_MODULE_OPTIONS, "-cp", f"{self.home}/jars/*", cls, *args]
         env = {
             **os.environ,
             "SPARK_HOME": str(self.home),
             "SPARK_SCALA_VERSION": "2.13",  # the launcher looks for build directories without it
-            "SPARK_LOCAL_IP": "127.0.0.1",
+            "SPARK_LOCAL_IP": host,
         }
         env.pop("XASINK_FAULT", None)
         with open(log, "wb") as out:
@@ -245,14 +246,48 @@ class StandaloneCluster:
             raise
         return self
 
+    def add_worker(self, host: str, cores: int = 1, timeout: float = 180.0) -> None:
+        """Another Worker on another loopback address (127.0.0.2, ...): Spark sees a second host.
+
+        Spark never launches a speculative copy on a host that runs an attempt of the same task, so a
+        speculation test needs two hosts; Linux routes all of 127/8 to the loopback device.
+        """
+        name = f"worker-{host}"
+        work = self.dir / f"work-{host}"
+        work.mkdir()
+        proc = self._java(
+            self.dir / f"{name}.log",
+            "org.apache.spark.deploy.worker.Worker",
+            self.master_url,
+            "--host",
+            host,
+            "--cores",
+            str(cores),
+            "--memory",
+            self.memory,
+            "--webui-port",
+            "0",
+            "--work-dir",
+            str(work),
+            host=host,
+        )
+        self.extra_workers.append(proc)
+        wait_for(
+            lambda: "Successfully registered with master" in self.log(name) or proc.poll() is not None,
+            timeout,
+            f"the Spark worker on {host} to register",
+        )
+        if proc.poll() is not None:
+            raise RuntimeError(f"the Spark worker on {host} exited:\n{self.log(name)[-3000:]}")
+
     def stop(self) -> None:
         table = proc_table()
         doomed: list[int] = []
-        for proc in (self.worker, self.master):
+        for proc in (*self.extra_workers, self.worker, self.master):
             if proc is not None and proc.poll() is None:
                 doomed += [proc.pid, *descendants(proc.pid, table)]
         sigkill(doomed)
-        for proc in (self.worker, self.master):
+        for proc in (*self.extra_workers, self.worker, self.master):
             if proc is not None:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(timeout=30)
@@ -415,7 +450,7 @@ def _serve(master: str) -> None:
     import xasink
     from xasink.faults import LOCAL_PROPERTY
 
-    spark = (
+    builder = (
         SparkSession.builder.master(master)
         .appName(f"xasink-faults-{os.getpid()}")
         .config("spark.cores.max", "1")
@@ -429,8 +464,10 @@ def _serve(master: str) -> None:
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.task.maxFailures", "4")
-        .getOrCreate()
     )
+    for key, value in json.loads(os.environ.get("XASINK_TEST_SPARK_CONF", "{}")).items():
+        builder = builder.config(key, str(value))  # a test's own settings (speculation), over the defaults
+    spark = builder.getOrCreate()
     xasink.register(spark)
     out_lock = threading.Lock()
 

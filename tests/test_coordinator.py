@@ -467,8 +467,8 @@ def test_retried_partition_is_not_blocked_by_its_earlier_attempt(pg_url: str, fr
         first = s.write(0, 0, range(0, 10), attempt=10)  # prepared, then the task "failed" to report
         other = s.write(0, 1, range(10, 20), attempt=11)
         retry = s.write(0, 0, range(0, 10), attempt=12)  # same keys: would wait on the first attempt's locks
-        assert first.gid not in s.mine()
-        assert sorted(s.mine()) == gids([other, retry])
+        assert retry.gid == first.gid and retry.rows == 10  # adopted: the retry wrote nothing, waited for nothing
+        assert sorted(s.mine()) == gids([other, first])
         s.coordinator.commit(0, [retry, other])
         assert s.rows() == expected(range(20))
 

@@ -101,9 +101,18 @@ class Protocol(RuleBasedStateMachine):
 
     @rule(batch=BATCHES, partition=PARTITIONS, n=st.integers(1, 3))
     def prepare(self, batch: int, partition: int, n: int) -> None:
-        """A task attempt writes a branch (a retry when the partition already reported)."""
+        """A task attempt writes a branch (a retry when the partition already reported).
+
+        An attempt that finds this partition already prepared by another attempt of its run adopts that
+        branch (reports it, writes nothing), as a speculative copy or a retry past PREPARE does.
+        """
         self._step()
         decided = batch in self._journal()
+        siblings = sorted(
+            (x for x in (Xid.parse(g) for g in self._mine()) if x is not None),
+            key=lambda x: (x.task_attempt_id, x.attempt),
+        )
+        siblings = [x for x in siblings if (x.batch_id, x.partition, x.run) == (batch, partition, self.run)]
         self.attempt += 1
         ids = list(range(self.next_id, self.next_id + n))
         self.next_id += n
@@ -123,6 +132,11 @@ class Protocol(RuleBasedStateMachine):
         if decided:  # invariant 3: a replay of a decided batch writes nothing
             assert outcome.skipped and outcome.gid is None, outcome
             self.seen["prepare: replay skipped"] += 1
+            return
+        if siblings:
+            assert outcome.gid == siblings[0].gid and outcome.rows == n, outcome
+            self.seen["prepare: adopted a prepared sibling"] += 1
+            self.reports.setdefault(batch, {})[partition] = outcome
             return
         assert outcome.gid == gid and outcome.rows == n
         self.branches[gid] = ids

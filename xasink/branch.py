@@ -14,14 +14,17 @@ import logging
 import time
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 
 import pyarrow as pa
+import sqlalchemy as sa
 
 from .dialects import shared_dialect
-from .dialects.base import BranchSession, Dialect, TargetPlan
-from .errors import ConcurrentWriterError
+from .dialects.base import BranchSession, Dialect, ErrorKind, TargetPlan
+from .errors import ConcurrentWriterError, LateBranchError
 from .faults import fault
 from .journal import Journal
+from .liveness import runs_alive
 from .options import WriteOptions
 from .results import BranchOutcome
 from .schema import conform
@@ -34,35 +37,47 @@ def _non_empty(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     return (b for b in batches if b.num_rows)
 
 
-def clear_blockers(dialect: Dialect, journal: Journal, me: Xid, guard: str | None = None) -> bool:
-    """Under the sink lock: False if the batch is already decided; else claim it and clear what can never commit.
+@dataclass(frozen=True)
+class Clearance:
+    """What a task attempt found under the sink lock before writing."""
+
+    decided: bool = False  # the batch is decided already: a replay writes nothing
+    sibling: Xid | None = None  # this partition is already prepared by another attempt of this run: report that
+
+
+def clear_blockers(dialect: Dialect, journal: Journal, me: Xid, guard: str | None = None) -> Clearance:
+    """Under the sink lock: is the batch already decided; else claim it and clear what can never commit.
 
     The first task of a run takes the batch over from earlier runs (a crashed
     driver, a concurrent writer of the same sinkId); a task of a run that was
-    taken over fails.  Then branches of this batch from other runs and earlier
-    attempts of this partition in this run (a retried task) are rolled back:
-    left prepared they would hold row locks this attempt may need.
+    taken over fails.  Then branches of this batch from other runs are rolled
+    back: left prepared they would hold row locks this attempt may need.
+
+    A branch of another attempt of this very run is never rolled back here: it may be a live sibling
+    (a speculative copy, or the original a speculative copy races) that Spark reports.  If one has already
+    prepared this partition, this attempt adopts it (reports its xid and writes nothing): it holds exactly
+    this partition's rows, whichever attempt Spark reports, and a retry after a failure past PREPARE does
+    not wait on its locks.
     """
     with journal.locked(me.sink_id) as conn:
         if journal.get(conn, me.sink_id, me.batch_id) is not None:
-            return False
+            return Clearance(decided=True)
         if not journal.claim(conn, me.sink_id, me.batch_id, me.run, guard):
             raise ConcurrentWriterError(
                 f"sink {me.sink_id} batch {me.batch_id} was taken over by a newer writer with the same sinkId "
                 f"(run {me.run} lost it); this writer's branches are rolled back and it wrote nothing. "
                 "Run one writer per sinkId at a time."
             )
-        stale = [
+        ours = [
             p.xid
             for p in dialect.list_prepared(conn)
             if p.xid is not None
             and p.xid.log_id == me.log_id
             and p.xid.sink_id == me.sink_id
             and p.xid.batch_id == me.batch_id
-            and (
-                p.xid.run != me.run or (p.xid.partition == me.partition and p.xid.task_attempt_id < me.task_attempt_id)
-            )
         ]
+        stale = [x for x in ours if x.run != me.run]
+        siblings = sorted((x for x in ours if x.run == me.run and x.partition == me.partition), key=_attempt_order)
         if stale:
             with dialect.connect(autocommit=True) as xa:
                 for xid in stale:
@@ -71,7 +86,53 @@ def clear_blockers(dialect: Dialect, journal: Journal, me: Xid, guard: str | Non
                         dialect.rollback_prepared(xa, xid)
                     except Exception as exc:  # noqa: BLE001 - gone already is fine
                         log.info("stale branch %s: %s", xid, exc)
-    return True
+    return Clearance(sibling=siblings[0] if siblings else None)
+
+
+def _attempt_order(xid: Xid) -> tuple[int, str]:
+    return (xid.task_attempt_id, xid.attempt)
+
+
+def settle_prepared(dialect: Dialect, journal: Journal, me: Xid) -> None:
+    """After PREPARE, under the sink lock the decision takes: roll the branch back if it can never commit.
+
+    A slow, speculative or zombie attempt may prepare after the driver decided the batch without it, or
+    after its run aborted (or lost the batch to a newer writer, or its driver died).  The commit's sweep
+    and the abort's settle window run before such a branch is prepared, so nothing else would roll it back
+    until the next sweep, and it would hold its locks until then.  Under the lock, either the decision is
+    already in the log (then it lists this branch or never will) or it comes later and sees this branch
+    prepared (then the commit's sweep, which follows the decision, rolls it back if it is not listed).
+    Raises :class:`LateBranchError` after rolling back; a branch the decision lists is kept.
+    """
+    reason = None
+    with journal.locked(me.sink_id) as conn:
+        decision = journal.get(conn, me.sink_id, me.batch_id)
+        if decision is not None:
+            if me in decision.xids:
+                return
+            reason = "was decided without it (another attempt of this partition was reported)"
+        else:
+            claims = journal.claim_states(conn, me.sink_id, {me.batch_id})
+            mine = {k: v for k, v in claims.items() if k == (me.batch_id, me.run)}
+            if mine and runs_alive(dialect, conn, mine).get((me.batch_id, me.run)) is False:
+                reason = (
+                    "can never be decided by this run (it aborted, lost the batch to a newer writer, "
+                    "or its driver is gone)"
+                )
+        if reason is None:
+            return
+        with dialect.connect(autocommit=True) as xa:
+            try:
+                dialect.rollback_prepared(xa, me)
+            except sa.exc.DBAPIError as exc:
+                if dialect.classify(exc) != ErrorKind.UNKNOWN_XID:
+                    raise
+                log.info("late branch %s was rolled back already (by a sweep)", me)
+    log.warning("branch %s prepared late: sink %s batch %s %s; rolled it back", me, me.sink_id, me.batch_id, reason)
+    raise LateBranchError(
+        f"partition {me.partition} of sink {me.sink_id} batch {me.batch_id} prepared after the batch {reason}; "
+        "this attempt's branch was rolled back and none of its rows will be visible"
+    )
 
 
 _JOURNALS: dict[tuple[int, str | None, str], Journal] = {}
@@ -127,21 +188,27 @@ def write_partition(
     with ThreadPoolExecutor(1, thread_name_prefix="xasink-open") as pool:
         opening = pool.submit(dialect.open_branch, xid, plan)
         try:
-            go = clear_blockers(dialect, journal, xid, guard)
+            clearance = clear_blockers(dialect, journal, xid, guard)
         except BaseException:
             _discard(opening)
             raise
-        if not go:
+        if clearance.decided or clearance.sibling is not None:
             _discard(opening)
-            log.info(
-                "sink %s batch %s is already decided: partition %s writes nothing",
-                options.sink_id,
-                batch_id,
-                partition,
-            )
-            for _ in rest:  # drain, so Spark sees the partition consumed
-                pass
-            return BranchOutcome(partition, None, skipped=True)
+            rows = first.num_rows + sum(b.num_rows for b in rest)  # drain, so Spark sees the partition consumed
+            if clearance.decided:
+                log.info(
+                    "sink %s batch %s is already decided: partition %s writes nothing",
+                    options.sink_id,
+                    batch_id,
+                    partition,
+                )
+                return BranchOutcome(partition, None, skipped=True)
+            sibling = clearance.sibling
+            assert sibling is not None
+            log.info("partition %s is already prepared by %s: attempt %s adopts it", partition, sibling, xid)
+            # this attempt holds a prepared branch now, as if it had prepared it: the same fault point
+            fault("task.after_prepare", partition=partition, attempt=attempt_number, batch=batch_id)
+            return BranchOutcome(partition, sibling.gid, rows, seconds=time.perf_counter() - start)
         session = opening.result()
     try:
         fault("task.before_load", partition=partition, attempt=attempt_number, batch=batch_id)
@@ -151,6 +218,7 @@ def write_partition(
         session.rollback()
         raise
     session.prepare()
+    settle_prepared(dialect, journal, xid)  # prepared too late for its batch: rolled back, LateBranchError
     seconds = time.perf_counter() - start
     log.info("prepared branch %s: %d rows in %.3fs", xid, rows, seconds)
     fault("task.after_prepare", partition=partition, attempt=attempt_number, batch=batch_id)

@@ -51,3 +51,11 @@ class JournalError(XasinkError):
 
 class ConcurrentWriterError(BatchAbortedError):
     """Another writer or a recovery run settled this batch first."""
+
+
+class LateBranchError(XasinkError):
+    """A task attempt prepared its branch after its batch was decided without it, or after its run ended.
+
+    The branch was rolled back at once (never left prepared): a zombie or losing speculative attempt
+    whose result Spark does not use anyway.
+    """

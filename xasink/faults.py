@@ -6,9 +6,10 @@ Set ``XASINK_FAULT`` (or, for Spark tasks, the local property
     point[:action][:p=PARTITION][:a=ATTEMPT][:b=BATCH]
 
 ``action`` is ``kill`` (default: SIGKILL this process), ``raise`` (raise
-:class:`InjectedFault`) or ``stop`` (SIGSTOP this process, holding the point
+:class:`InjectedFault`), ``stop`` (SIGSTOP this process, holding the point
 while a test kills what it chooses, e.g. the executor JVM after a branch
-prepared).  Spark runs the data source's driver-side code in a Python worker
+prepared) or ``sleep=SECONDS`` (stall there: a straggler Spark speculates on).
+Spark runs the data source's driver-side code in a Python worker
 of its own process group, so to crash the whole driver a test sets
 ``XASINK_FAULT_PGID`` to the driver's process group (its Python and the JVM):
 the fault point kills that group, then itself.  Unset, a fault point
@@ -20,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import time
 from collections.abc import Callable
 
 log = logging.getLogger(__name__)
@@ -30,7 +32,7 @@ LOCAL_PROPERTY = "xasink.fault"
 POINTS = (
     "task.before_load",  # branch started, before any row is loaded
     "task.before_prepare",  # rows loaded, before PREPARE
-    "task.after_prepare",  # branch prepared, before the task returns its message
+    "task.after_prepare",  # branch prepared (or a sibling's adopted), before the task returns its message
     "driver.before_decide",  # all branches prepared, before the decision is recorded
     "driver.after_decide",  # decision durable, before any COMMIT
     "driver.after_first_commit",  # one branch committed, others maybe not
@@ -61,6 +63,8 @@ def _matches(spec: str, point: str, partition: int | None, attempt: int | None, 
             return None
         elif key == "b" and batch is not None and int(value) != batch:
             return None
+        elif key == "sleep":
+            action = f"sleep={float(value)}"
     return action
 
 
@@ -78,6 +82,9 @@ def fault(point: str, *, partition: int | None = None, attempt: int | None = Non
         log.warning("fault point %s reached: %s", point, action)
         if action == "raise":
             raise InjectedFault(f"injected fault at {point}")
+        if action.startswith("sleep="):
+            time.sleep(float(action.split("=", 1)[1]))
+            continue
         if action == "stop":
             os.kill(os.getpid(), signal.SIGSTOP)
             continue
