@@ -30,10 +30,14 @@ OWNER_WAIT_S = 5.0  # longest wait for a branch's owner to finish disconnecting 
 # Sessions still disconnecting while InnoDB holds their transaction attached: the branch's owner (named by its
 # owner lock), whether it is still listed or already gone from PROCESSLIST, and any transaction of a session
 # that is gone or being killed or quitting (an owner past releasing its locks but not yet detached).
+# A transaction whose session is gone and that INNODB_TRX still shows in LOCK WAIT is not disconnecting: MariaDB
+# 10.11 leaves that state (and the thread id) on a branch that waited for a row lock before it prepared, long
+# after its owner left (tests/test_late_branch.py, the blocked upsert copy); a live waiter is in PROCESSLIST.
 _DISCONNECTING_SQL = (
     "SELECT ID FROM information_schema.PROCESSLIST WHERE ID = IS_USED_LOCK(%(lock)s) UNION "
     "SELECT t.trx_mysql_thread_id FROM information_schema.INNODB_TRX t WHERE t.trx_mysql_thread_id <> 0 "
-    "AND t.trx_state <> 'ROLLING BACK' AND (t.trx_mysql_thread_id = IS_USED_LOCK(%(lock)s) OR NOT EXISTS "
+    "AND t.trx_state NOT IN ('ROLLING BACK', 'LOCK WAIT') "
+    "AND (t.trx_mysql_thread_id = IS_USED_LOCK(%(lock)s) OR NOT EXISTS "
     "(SELECT 1 FROM information_schema.PROCESSLIST p WHERE p.ID = t.trx_mysql_thread_id "
     "AND p.COMMAND NOT IN ('Killed', 'Quit')))"
 )
@@ -81,7 +85,10 @@ class OwnerWatch:
         """
         query = "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = %s"
         if self._trx_visible:
-            trx = "SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_mysql_thread_id = %s"
+            trx = (
+                "SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_mysql_thread_id = %s "
+                "AND trx_state <> 'LOCK WAIT'"
+            )
             query = f"SELECT ({query}) + ({trx})"
         try:
             cur.execute(query, (connection_id,) * query.count("%s"))
