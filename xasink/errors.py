@@ -51,3 +51,13 @@ class JournalError(XasinkError):
 
 class ConcurrentWriterError(BatchAbortedError):
     """Another writer or a recovery run settled this batch first."""
+
+
+class BatchIdentityError(XasinkError):
+    """A (sinkId, batchId) the log holds as committed was written again to another target (or by another
+    streaming query): it is refused, never taken as a replay.  Nothing of this attempt was written."""
+
+
+class ForgottenBatchError(BatchIdentityError):
+    """The decision log can no longer tell whether this (sinkId, batchId) was committed (a log trimmed by an
+    older xasink): writing could double its rows and skipping could lose them, so xasink refuses."""
