@@ -53,7 +53,9 @@ class Sink:
         finally:
             coordinator.close()
 
-    def prepare(self, batch_id: int, ids: range, parts: int = 2, query: str | None = None) -> list[BranchOutcome | None]:
+    def prepare(
+        self, batch_id: int, ids: range, parts: int = 2, query: str | None = None
+    ) -> list[BranchOutcome | None]:
         outcomes: list[BranchOutcome | None] = []
         for p in range(parts):
             chunk = list(ids)[p::parts]
@@ -214,7 +216,7 @@ def test_another_table_is_refused_by_the_coordinator_before_deciding(db: Target)
     assert not a.write(9, range(0, 50)).skipped
     coordinator = Coordinator(b.options)
     try:
-        with pytest.raises(BatchIdentityError, match=f"batch 9 was committed to table"):
+        with pytest.raises(BatchIdentityError, match="batch 9 was committed to table"):
             coordinator.commit(9, b_outcomes)
         assert db.prepared(a.sink_id) == []
         with pytest.raises(BatchIdentityError):

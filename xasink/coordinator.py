@@ -97,9 +97,7 @@ class Coordinator:
             raise ForgottenBatchError(forgotten_message(self.sink_id, batch_id, horizon))
         return False
 
-    def commit(
-        self, batch_id: int, outcomes: Sequence[BranchOutcome | None], query: str | None = None
-    ) -> WriteResult:
+    def commit(self, batch_id: int, outcomes: Sequence[BranchOutcome | None], query: str | None = None) -> WriteResult:
         """Decide and commit a batch whose tasks all reported; finish it instead if it was decided before.
 
         ``query`` is the streaming query's id (else the tasks' reports name it): recorded with the target.

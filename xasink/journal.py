@@ -68,8 +68,14 @@ class BatchRecord:
 def target_identity(conn: Connection, schema: str | None, table: str, query: str | None = None) -> str:
     """What a batch writes, as the decision log records it: database, schema (the session's default when the
     table names none) and table, and the streaming query's id when there is one."""
-    db = conn.execute(sa.text("SELECT current_database()" if conn.dialect.name == "postgresql" else "SELECT DATABASE()")).scalar()
-    ident: dict[str, str] = {"db": str(db), "schema": str(schema or sa.inspect(conn).default_schema_name), "table": table}
+    db = conn.execute(
+        sa.text("SELECT current_database()" if conn.dialect.name == "postgresql" else "SELECT DATABASE()")
+    ).scalar()
+    ident: dict[str, str] = {
+        "db": str(db),
+        "schema": str(schema or sa.inspect(conn).default_schema_name),
+        "table": table,
+    }
     if query:
         ident["query"] = query
     return json.dumps(ident, sort_keys=True)
@@ -137,9 +143,7 @@ def journal_metadata(
         sa.Column("decided_at", sa.DateTime, nullable=False),
         sa.Column("committed_at", sa.DateTime),
         # the xid list was emptied by retention (the batch is committed; only the fact is kept)
-        sa.Column(
-            "compacted", sa.Boolean(create_constraint=False), nullable=False, server_default=sa.false()
-        ),
+        sa.Column("compacted", sa.Boolean(create_constraint=False), nullable=False, server_default=sa.false()),
         # what the batch wrote: JSON {"db", "schema", "table"[, "query"]}; NULL in rows of older logs
         sa.Column("target", sa.Text),
         mysql_engine="InnoDB",
@@ -184,7 +188,6 @@ def forgotten_message(sink_id: str, batch_id: int, horizon: int) -> str:
         "lose them, so nothing was written. Check the target table: if the batch's rows are absent, write it "
         "under a new sinkId (or a batchId above the horizon)."
     )
-
 
 
 class Journal:
