@@ -20,7 +20,7 @@ from xasink.branch import write_partition
 from xasink.coordinator import Coordinator
 from xasink.dialects import dialect_for
 from xasink.errors import BatchIdentityError, ForgottenBatchError
-from xasink.journal import journal_metadata
+from xasink.journal import Journal, journal_metadata
 from xasink.options import WriteOptions, parse_options, parse_url
 from xasink.results import BranchOutcome, WriteResult
 from xasink.schema import plan_target
@@ -174,11 +174,25 @@ def test_old_log_is_upgraded_and_refuses_what_its_trim_may_have_forgotten(db: Ta
             sink_id,
             b,
         )
+    # a reader (xasink status, recover) reads an old log as it is, before any writer upgraded it
+    dialect = dialect_for(parse_url(db.url, password=db.password))
+    try:
+        with dialect.connect() as conn:
+            found = Journal(dialect, prefix=prefix).get(conn, sink_id, 3)
+            assert found is not None and found.committed
+    finally:
+        dialect.dispose()
     s = Sink(db, sink_id=sink_id, table=table, journalTablePrefix=prefix)  # preflight upgrades the log
     assert s.write(3, range(0, 10)).skipped
     assert s.write(4, range(0, 10)).skipped
     with pytest.raises(ForgottenBatchError, match=rf"sink {sink_id} batch 2: the decision log cannot tell"):
         s.write(2, range(20, 30))
+    coordinator = Coordinator(s.options)
+    try:
+        with pytest.raises(ForgottenBatchError, match=f"horizon of {prefix}sinks"):
+            coordinator.check_batch(1)  # what the Spark writer asks before any task runs
+    finally:
+        coordinator.close()
     assert not s.write(5, range(50, 60)).skipped
     assert s.rows() == expected(range(50, 60))
     assert set(db.decisions(sink_id, prefix)) == {3, 4, 5}

@@ -63,7 +63,7 @@ def clear_blockers(
             return False
         horizon = journal.horizon(conn, me.sink_id)
         if horizon is not None and me.batch_id <= horizon:
-            raise ForgottenBatchError(forgotten_message(me.sink_id, me.batch_id, horizon))
+            raise ForgottenBatchError(forgotten_message(me.sink_id, me.batch_id, horizon, journal.sinks.fullname))
         if not journal.claim(conn, me.sink_id, me.batch_id, me.run, guard):
             raise ConcurrentWriterError(
                 f"sink {me.sink_id} batch {me.batch_id} was taken over by a newer writer with the same sinkId "

@@ -94,7 +94,7 @@ class Coordinator:
                 raise BatchIdentityError(identity_message(self.sink_id, batch_id, recorded, mine))
             return True
         if horizon is not None and batch_id <= horizon:
-            raise ForgottenBatchError(forgotten_message(self.sink_id, batch_id, horizon))
+            raise ForgottenBatchError(forgotten_message(self.sink_id, batch_id, horizon, self.journal.sinks.fullname))
         return False
 
     def commit(self, batch_id: int, outcomes: Sequence[BranchOutcome | None], query: str | None = None) -> WriteResult:

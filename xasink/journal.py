@@ -180,13 +180,14 @@ def identity_message(sink_id: str, batch_id: int, recorded: str | None, mine: st
     )
 
 
-def forgotten_message(sink_id: str, batch_id: int, horizon: int) -> str:
+def forgotten_message(sink_id: str, batch_id: int, horizon: int, sinks_table: str) -> str:
     return (
         f"sink {sink_id} batch {batch_id}: the decision log cannot tell whether this batch was committed. The "
         f"log was made by an older xasink whose retention deleted committed batches, and ids up to {horizon} "
         "that it does not hold may be among them; writing could double the batch's rows and skipping could "
         "lose them, so nothing was written. Check the target table: if the batch's rows are absent, write it "
-        "under a new sinkId (or a batchId above the horizon)."
+        "under a new sinkId (or a batchId above the horizon); if you know the old log deleted none of this "
+        f"sink's batches, clear the horizon (column horizon of {sinks_table}, for sink_id '{sink_id}')."
     )
 
 
