@@ -508,9 +508,12 @@ def test_journal_keeps_journal_retention_batches(pg_url: str, fresh_table_name: 
     try:
         for b in range(5):
             s.coordinator.commit(b, s.write_batch(b, [range(b * 10, b * 10 + 10)]))
-        assert sorted(s.journal()) == [3, 4]
+        # every committed batch keeps its row; only the newest two keep their xid lists
+        assert sorted(s.journal()) == [0, 1, 2, 3, 4]
         assert all(state == "committed" for state, _ in s.journal().values())
-        assert s.coordinator.commit(4, s.write_batch(4, [range(40, 50)])).skipped  # kept: still deduplicated
+        assert [b for b, (_, xids) in s.journal().items() if xids] == [3, 4]
+        for b in (4, 0):  # kept or compacted: still deduplicated
+            assert s.coordinator.commit(b, s.write_batch(b, [range(b * 10, b * 10 + 10)])).skipped
         assert s.rows() == expected(range(50))
         assert s.mine() == []
     finally:

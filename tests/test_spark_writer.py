@@ -35,6 +35,7 @@ from xasink.coordinator import Coordinator
 from xasink.embedded import EmbeddedPostgres
 from xasink.errors import (
     BatchAbortedError,
+    BatchIdentityError,
     BranchError,
     ConnectError,
     OptionError,
@@ -154,6 +155,20 @@ def test_rerun_of_committed_batch_writes_nothing(spark: SparkSession, db: Target
     assert (nxt.rows, nxt.skipped) == (10, False)
     assert db.rows(table) == expected([*range(40), *range(500, 510)])
     assert sorted(db.decisions(sink)) == [7, 8]
+    assert db.prepared(sink) == []
+
+
+@pytest.mark.parametrize(("db", "path"), DB_PATHS, indirect=["db"])
+def test_same_batch_to_another_table_is_refused(spark: SparkSession, db: Target, path: str) -> None:
+    """(sinkId, batchId) committed to table A, then aimed at table B: refused, B gets nothing, A unchanged."""
+    a, b, sink = db.new_table(), db.new_table(), new_sink()
+    assert not write(db, frame(spark, 40, 2), a, sink_id=sink, batch_id=7).skipped
+    message = rf"batch 7 was committed to table \S*\.{a} in database .* now being written to table \S*\.{b} "
+    failing_write(path, frame(spark, 40, 2, start=100), db, b, BatchIdentityError, message, sinkId=sink, batchId=7)
+    assert not db.table_exists(b) or db.rows(b) == []
+    assert db.rows(a) == expected(range(40))
+    assert write(db, frame(spark, 40, 2), a, sink_id=sink, batch_id=7).skipped  # same target: a replay
+    assert db.rows(a) == expected(range(40))
     assert db.prepared(sink) == []
 
 

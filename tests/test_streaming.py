@@ -279,9 +279,31 @@ def test_a_reset_checkpoint_is_refused_not_silently_skipped(stream: Stream, tmp_
     stream.add_files(2)
     stream.run()
     stream.checkpoint = tmp_path / "new-checkpoint"  # same sinkId, fresh checkpoint: Spark starts at batch 0
-    with pytest.raises(Exception, match="has already decided batch 1, but Spark is committing batch 0"):  # noqa: PT011
+    # batch 0's tasks already see that the log holds batch 0 for another query (the old checkpoint's)
+    refused = "already decided batch 1, but Spark is committing batch 0|BatchIdentityError: .* batch 0 was committed"
+    with pytest.raises(Exception, match=refused):  # noqa: PT011
         stream.run()
     assert stream.ids() == list(range(2 * ROWS))
+    assert stream.prepared() == []
+
+
+def test_another_query_with_the_same_sink_id_is_refused_not_skipped(stream: Stream, tmp_path: Path) -> None:
+    """Batch 0 of query A is committed; query B (another checkpoint, other input) with the same sinkId and
+    its own batch 0 is not a replay: refused, nothing of it written, nothing prepared."""
+    stream.add_files(1)
+    stream.run()
+    with connect(stream.url) as conn, conn.cursor() as cur:
+        cur.execute("SELECT target FROM xasink_batches WHERE sink_id = %s AND batch_id = 0", (stream.sink_id,))
+        target = json.loads(cur.fetchone()[0])
+    assert target["table"] == stream.table and target["schema"] == "public"
+    query_a = target["query"]  # the query's id, as Spark keeps it in the checkpoint
+    stream.checkpoint = tmp_path / "other-checkpoint"
+    stream.input = tmp_path / "other-input"
+    stream.input.mkdir()
+    (stream.input / "part-0000.json").write_text("".join(json.dumps({"id": i}) + "\n" for i in range(1000, 1010)))
+    with pytest.raises(Exception, match=f"BatchIdentityError.*streaming query {query_a}"):  # noqa: PT011
+        stream.run()
+    assert stream.ids() == list(range(ROWS))
     assert stream.prepared() == []
 
 

@@ -13,10 +13,12 @@ from typing import TYPE_CHECKING, Any
 from .admin import recover, status
 from .errors import (
     BatchAbortedError,
+    BatchIdentityError,
     BranchError,
     CommitIncompleteError,
     ConcurrentWriterError,
     ConnectError,
+    ForgottenBatchError,
     LateBranchError,
     OptionError,
     PreflightError,
@@ -45,10 +47,12 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "BatchAbortedError",
+    "BatchIdentityError",
     "BranchError",
     "CommitIncompleteError",
     "ConcurrentWriterError",
     "ConnectError",
+    "ForgottenBatchError",
     "LateBranchError",
     "OptionError",
     "PreflightError",

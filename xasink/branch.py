@@ -21,9 +21,9 @@ import sqlalchemy as sa
 
 from .dialects import shared_dialect
 from .dialects.base import BranchSession, Dialect, ErrorKind, TargetPlan
-from .errors import ConcurrentWriterError, LateBranchError
+from .errors import BatchIdentityError, ConcurrentWriterError, ForgottenBatchError, LateBranchError
 from .faults import fault
-from .journal import Journal
+from .journal import Journal, forgotten_message, identity_message, same_target, target_identity
 from .liveness import runs_alive
 from .options import WriteOptions
 from .results import BranchOutcome
@@ -45,8 +45,18 @@ class Clearance:
     sibling: Xid | None = None  # this partition is already prepared by another attempt of this run: report that
 
 
-def clear_blockers(dialect: Dialect, journal: Journal, me: Xid, guard: str | None = None) -> Clearance:
+def clear_blockers(
+    dialect: Dialect,
+    journal: Journal,
+    me: Xid,
+    guard: str | None = None,
+    target: tuple[str | None, str, str | None] | None = None,
+) -> Clearance:
     """Under the sink lock: is the batch already decided; else claim it and clear what can never commit.
+
+    ``target`` (schema, table, streaming query id) is what this batch writes: a batch the log holds for
+    another target is refused (:class:`BatchIdentityError`), as is one the log can no longer tell about
+    (:class:`ForgottenBatchError`), before anything is written.
 
     The first task of a run takes the batch over from earlier runs (a crashed
     driver, a concurrent writer of the same sinkId); a task of a run that was
@@ -60,8 +70,16 @@ def clear_blockers(dialect: Dialect, journal: Journal, me: Xid, guard: str | Non
     not wait on its locks.
     """
     with journal.locked(me.sink_id) as conn:
-        if journal.get(conn, me.sink_id, me.batch_id) is not None:
+        decided, recorded = journal.target_of(conn, me.sink_id, me.batch_id)
+        if decided:
+            if target is not None:
+                mine = target_identity(conn, *target)
+                if not same_target(recorded, mine):
+                    raise BatchIdentityError(identity_message(me.sink_id, me.batch_id, recorded, mine))
             return Clearance(decided=True)
+        horizon = journal.horizon(conn, me.sink_id)
+        if horizon is not None and me.batch_id <= horizon:
+            raise ForgottenBatchError(forgotten_message(me.sink_id, me.batch_id, horizon, journal.sinks.fullname))
         if not journal.claim(conn, me.sink_id, me.batch_id, me.run, guard):
             raise ConcurrentWriterError(
                 f"sink {me.sink_id} batch {me.batch_id} was taken over by a newer writer with the same sinkId "
@@ -167,19 +185,20 @@ def write_partition(
     attempt_number: int = 0,
     log_id: str | None = None,
     guard: str | None = None,
+    query: str | None = None,
 ) -> BranchOutcome:
     """Write one partition as one prepared branch and report it.
 
     ``log_id`` is the decision log's identity as the driver read it when it planned the write (else it is
     read here, once per worker process); the branch's xid carries it, so only that log ever finishes it.
     ``guard`` names the session lock the run's driver holds (xasink.liveness): sweeps leave the run's
-    branches alone while it is held.
+    branches alone while it is held.  ``query`` is the streaming query's id, recorded with the batch.
     """
     start = time.perf_counter()
     rest = _non_empty(batches)
     first = next(rest, None)
     if first is None:
-        return BranchOutcome(partition, None)
+        return BranchOutcome(partition, None, query=query)
     dialect = shared_dialect(options.url, options.branch_settings)  # kept for the worker's next task
     journal = _shared_journal(dialect, options)
     xid = Xid(log_id or journal.log_id(), options.sink_id, batch_id, partition, attempt_token(task_attempt_id, run))
@@ -188,7 +207,7 @@ def write_partition(
     with ThreadPoolExecutor(1, thread_name_prefix="xasink-open") as pool:
         opening = pool.submit(dialect.open_branch, xid, plan)
         try:
-            clearance = clear_blockers(dialect, journal, xid, guard)
+            clearance = clear_blockers(dialect, journal, xid, guard, (options.table.schema, options.table.name, query))
         except BaseException:
             _discard(opening)
             raise
@@ -202,13 +221,13 @@ def write_partition(
                     batch_id,
                     partition,
                 )
-                return BranchOutcome(partition, None, skipped=True)
+                return BranchOutcome(partition, None, skipped=True, query=query)
             sibling = clearance.sibling
             assert sibling is not None
             log.info("partition %s is already prepared by %s: attempt %s adopts it", partition, sibling, xid)
             # this attempt holds a prepared branch now, as if it had prepared it: the same fault point
             fault("task.after_prepare", partition=partition, attempt=attempt_number, batch=batch_id)
-            return BranchOutcome(partition, sibling.gid, rows, seconds=time.perf_counter() - start)
+            return BranchOutcome(partition, sibling.gid, rows, seconds=time.perf_counter() - start, query=query)
         session = opening.result()
     try:
         fault("task.before_load", partition=partition, attempt=attempt_number, batch=batch_id)
@@ -222,4 +241,4 @@ def write_partition(
     seconds = time.perf_counter() - start
     log.info("prepared branch %s: %d rows in %.3fs", xid, rows, seconds)
     fault("task.after_prepare", partition=partition, attempt=attempt_number, batch=batch_id)
-    return BranchOutcome(partition, xid.gid, rows, seconds=seconds)
+    return BranchOutcome(partition, xid.gid, rows, seconds=seconds, query=query)

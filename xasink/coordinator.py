@@ -25,13 +25,15 @@ from .dialects import dialect_for
 from .dialects.base import Dialect, ErrorKind
 from .errors import (
     BatchAbortedError,
+    BatchIdentityError,
     CommitIncompleteError,
     ConcurrentWriterError,
     ConnectError,
     DecisionUnknownError,
+    ForgottenBatchError,
 )
 from .faults import fault
-from .journal import BatchRecord, Journal
+from .journal import BatchRecord, Journal, forgotten_message, identity_message, same_target, target_identity
 from .liveness import runs_alive
 from .masking import redact, url_secrets
 from .options import WriteOptions
@@ -76,18 +78,48 @@ class Coordinator:
         self.journal.ensure()
 
     # -- commit ---------------------------------------------------------------------
-    def commit(self, batch_id: int, outcomes: Sequence[BranchOutcome | None]) -> WriteResult:
-        """Decide and commit a batch whose tasks all reported; finish it instead if it was decided before."""
+    def target(self, conn: Connection, query: str | None = None) -> str:
+        """What this sink's batches write (the identity the decision log records with each batch)."""
+        return target_identity(conn, self.options.table.schema, self.options.table.name, query)
+
+    def check_batch(self, batch_id: int, query: str | None = None) -> bool:
+        """Before a batch writes: True when it is a replay of a committed batch (same target), False when it
+        is new.  Raises :class:`BatchIdentityError` when the log holds it for another target, and
+        :class:`ForgottenBatchError` when the log can no longer tell (an old log's trim)."""
+        with self.dialect.connect() as conn:
+            decided, recorded = self.journal.target_of(conn, self.sink_id, batch_id)
+            mine = self.target(conn, query)
+            horizon = None if decided else self.journal.horizon(conn, self.sink_id)
+        if decided:
+            if not same_target(recorded, mine):
+                raise BatchIdentityError(identity_message(self.sink_id, batch_id, recorded, mine))
+            return True
+        if horizon is not None and batch_id <= horizon:
+            raise ForgottenBatchError(forgotten_message(self.sink_id, batch_id, horizon, self.journal.sinks.fullname))
+        return False
+
+    def commit(self, batch_id: int, outcomes: Sequence[BranchOutcome | None], query: str | None = None) -> WriteResult:
+        """Decide and commit a batch whose tasks all reported; finish it instead if it was decided before.
+
+        ``query`` is the streaming query's id (else the tasks' reports name it): recorded with the target.
+        """
         t0 = time.perf_counter()
         if any(o is None for o in outcomes):
             self.abort(batch_id, outcomes)
             raise BatchAbortedError(f"sink {self.sink_id} batch {batch_id}: a task did not report; batch rolled back")
         done = [o for o in outcomes if o is not None]
+        query = query or next((o.query for o in done if o.query), None)
         prepare_s = max((o.seconds for o in done), default=0.0)
-        with self.dialect.connect() as conn:
-            existing = self.journal.get(conn, self.sink_id, batch_id)
-        if existing is not None:
-            return self._replayed(existing, t0)
+        try:
+            replay = self.check_batch(batch_id, query)
+        except BatchIdentityError:
+            self.abort(batch_id, outcomes)
+            raise
+        if replay:
+            with self.dialect.connect() as conn:
+                existing = self.journal.get(conn, self.sink_id, batch_id)
+            if existing is not None:
+                return self._replayed(existing, t0)
         xids = [o.xid for o in done if o.xid is not None]
         strangers = [x for x in xids if not self.journal.owns(x)]
         if strangers:  # the log was dropped and made anew while the batch ran: its branches name the old one
@@ -110,7 +142,7 @@ class Coordinator:
         record = BatchRecord(
             self.sink_id, batch_id, "committing", tuple(sorted(xids)), rows, len(xids), int(prepare_s * 1000)
         )
-        self._decide(record)
+        self._decide(record, query)
         # after the decision, only forward: commit and mark through transient errors until commitTimeout
         fault("driver.after_decide", batch=batch_id)
         t_commit = time.perf_counter()
@@ -149,7 +181,7 @@ class Coordinator:
             self.sink_id, existing.batch_id, existing.rows, existing.branches, True, {"total": time.perf_counter() - t0}
         )
 
-    def _decide(self, record: BatchRecord) -> None:
+    def _decide(self, record: BatchRecord, query: str | None = None) -> None:
         """Record the decision under the sink lock, after checking every listed branch is still prepared.
 
         Once the decision is sent, a failure (above all a connection broken during its COMMIT) leaves its
@@ -166,7 +198,7 @@ class Coordinator:
                 if other is None and not missing and not taken_over:
                     self.dialect.durable_commit(conn)
                     sent = True
-                    self.journal.insert_decision(conn, record)
+                    self.journal.insert_decision(conn, record, self.target(conn, query))
                 else:
                     doomed = [x for x in record.xids if x in prepared and (other is None or x not in other.xids)]
                     self._rollback(doomed)

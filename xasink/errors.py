@@ -59,3 +59,13 @@ class LateBranchError(XasinkError):
     The branch was rolled back at once (never left prepared): a zombie or losing speculative attempt
     whose result Spark does not use anyway.
     """
+
+
+class BatchIdentityError(XasinkError):
+    """A (sinkId, batchId) the log holds as committed was written again to another target (or by another
+    streaming query): it is refused, never taken as a replay.  Nothing of this attempt was written."""
+
+
+class ForgottenBatchError(BatchIdentityError):
+    """The decision log can no longer tell whether this (sinkId, batchId) was committed (a log trimmed by an
+    older xasink): writing could double its rows and skipping could lose them, so xasink refuses."""

@@ -11,10 +11,13 @@ ordinary transactions, never inside a branch:
 
 * ``<prefix>sinks``: one row per sink.  Its row lock serializes deciding a
   batch against rolling back undecided branches (DESIGN invariant 4).
-* ``<prefix>batches``: one row per decided (sink, batch): state
-  ``committing`` (decided) or ``committed``, the exact xid list, figures.
-  Its primary key makes a second decision for the same batch impossible
-  (invariant 3).
+* ``<prefix>batches``: one row per decided (sink, batch), kept forever:
+  state ``committing`` (decided) or ``committed``, the exact xid list,
+  figures, and what the batch wrote (``target``).  Its primary key makes a
+  second decision for the same batch impossible (invariant 3).  Retention
+  only *compacts* old committed rows (empties their xid list, drops their
+  claims): the fact that (sink, batch) was committed is never forgotten, so
+  a rerun of any committed batch id, in any order, writes nothing.
 * ``<prefix>claims``: which writer runs took part in an undecided (sink,
   batch), and which one holds it now.  A run's first task takes the batch
   over (rolling back what other runs prepared); a run that was taken over
@@ -62,6 +65,47 @@ class BatchRecord:
         return self.state == COMMITTED
 
 
+def target_identity(conn: Connection, schema: str | None, table: str, query: str | None = None) -> str:
+    """What a batch writes, as the decision log records it: database, schema (the session's default when the
+    table names none) and table, and the streaming query's id when there is one."""
+    db = conn.execute(
+        sa.text("SELECT current_database()" if conn.dialect.name == "postgresql" else "SELECT DATABASE()")
+    ).scalar()
+    ident: dict[str, str] = {
+        "db": str(db),
+        "schema": str(schema or sa.inspect(conn).default_schema_name),
+        "table": table,
+    }
+    if query:
+        ident["query"] = query
+    return json.dumps(ident, sort_keys=True)
+
+
+def same_target(recorded: str | None, mine: str) -> bool:
+    """A replay: the same table (and the same streaming query, when both name one); unknown counts as same."""
+    if recorded is None:
+        return True
+    try:
+        was, now = json.loads(recorded), json.loads(mine)
+    except ValueError:
+        return False
+    if any(was.get(k) != now.get(k) for k in ("db", "schema", "table")):
+        return False
+    return not (was.get("query") and now.get("query") and was["query"] != now["query"])
+
+
+def describe_target(ident: str | None) -> str:
+    """A target identity in words, for error messages."""
+    if ident is None:
+        return "an unrecorded target"
+    try:
+        d = json.loads(ident)
+    except ValueError:
+        return repr(ident)
+    what = f"table {d.get('schema')}.{d.get('table')} in database {d.get('db')}"
+    return what + (f" (streaming query {d['query']})" if d.get("query") else "")
+
+
 @dataclass(frozen=True)
 class ClaimState:
     superseded: bool  # taken over, or aborted: the run can never decide
@@ -79,6 +123,9 @@ def journal_metadata(
         md,
         sa.Column("sink_id", sa.String(32), primary_key=True),
         sa.Column("created_at", sa.DateTime, nullable=False),
+        # batch ids up to this one may have been forgotten by an older xasink's trim (set when such a log
+        # is upgraded): one of them not in the log is refused, never guessed.  NULL: nothing forgotten
+        sa.Column("horizon", sa.BigInteger),
         mysql_engine="InnoDB",  # row locks and transactions (MySQL/MariaDB); ignored elsewhere
     )
     batches = sa.Table(
@@ -95,6 +142,10 @@ def journal_metadata(
         sa.Column("commit_ms", sa.Integer),
         sa.Column("decided_at", sa.DateTime, nullable=False),
         sa.Column("committed_at", sa.DateTime),
+        # the xid list was emptied by retention (the batch is committed; only the fact is kept)
+        sa.Column("compacted", sa.Boolean(create_constraint=False), nullable=False, server_default=sa.false()),
+        # what the batch wrote: JSON {"db", "schema", "table"[, "query"]}; NULL in rows of older logs
+        sa.Column("target", sa.Text),
         mysql_engine="InnoDB",
     )
     claims = sa.Table(
@@ -120,6 +171,26 @@ def journal_metadata(
     return sinks, batches, claims, logs
 
 
+def identity_message(sink_id: str, batch_id: int, recorded: str | None, mine: str) -> str:
+    return (
+        f"sink {sink_id} batch {batch_id} was committed to {describe_target(recorded)}, and is now being written "
+        f"to {describe_target(mine)}: a (sinkId, batchId) names one batch of one target, so this is not a replay "
+        "and xasink will not skip it silently. Nothing of this attempt was written. Give this write its own "
+        "sinkId (or a batchId the sink never used)."
+    )
+
+
+def forgotten_message(sink_id: str, batch_id: int, horizon: int, sinks_table: str) -> str:
+    return (
+        f"sink {sink_id} batch {batch_id}: the decision log cannot tell whether this batch was committed. The "
+        f"log was made by an older xasink whose retention deleted committed batches, and ids up to {horizon} "
+        "that it does not hold may be among them; writing could double the batch's rows and skipping could "
+        "lose them, so nothing was written. Check the target table: if the batch's rows are absent, write it "
+        "under a new sinkId (or a batchId above the horizon); if you know the old log deleted none of this "
+        f"sink's batches, clear the horizon (column horizon of {sinks_table}, for sink_id '{sink_id}')."
+    )
+
+
 class Journal:
     def __init__(self, dialect: Dialect, schema: str | None = None, prefix: str = "xasink_") -> None:
         self.dialect = dialect
@@ -136,7 +207,8 @@ class Journal:
         return sa.inspect(conn).has_table(self.batches.name, schema=self.batches.schema)
 
     def ensure(self) -> None:
-        """Create the tables if they are missing (first use); a concurrent creator is fine."""
+        """Create the tables if they are missing (first use), and bring a log made by an older xasink up to
+        this layout (:meth:`upgrade`); a concurrent creator is fine."""
         with self.dialect.connect() as conn:
             inspector = sa.inspect(conn)
             if not all(inspector.has_table(t.name, schema=t.schema) for t in self.tables):
@@ -154,7 +226,52 @@ class Journal:
                         "sql/mysql.sql, or grant CREATE, or pick a schema with 'journalSchema'."
                     ) from None
             conn.rollback()
+            self.upgrade(conn)
             self._log_id = self._read_or_draw_log_id(conn)
+
+    def _columns(self, conn: Connection, table: sa.Table) -> set[str]:
+        found = {str(c["name"]).lower() for c in sa.inspect(conn).get_columns(table.name, schema=table.schema)}
+        conn.rollback()
+        return found
+
+    def _add_column(self, conn: Connection, table: sa.Table, name: str) -> None:
+        """ALTER TABLE ... ADD COLUMN, identifiers quoted by the dialect; a concurrent adder is fine."""
+        if name in self._columns(conn, table):
+            return
+        column = table.c[name]
+        ddl = sa.schema.CreateColumn(column).compile(dialect=conn.dialect)
+        prep = conn.dialect.identifier_preparer
+        try:
+            with conn.begin():
+                conn.execute(sa.text(f"ALTER TABLE {prep.format_table(table)} ADD COLUMN {ddl}"))
+        except sa.exc.DBAPIError as exc:
+            conn.rollback()
+            if name in self._columns(conn, table):
+                return  # added concurrently
+            raise PreflightError(
+                f"cannot add column {name} to the xasink decision log table {table.fullname} (made by an older "
+                f"xasink): {str(exc.orig).strip().splitlines()[0]}. Add it as sql/postgres.sql or sql/mysql.sql "
+                "define it, or grant ALTER."
+            ) from None
+
+    def upgrade(self, conn: Connection) -> None:
+        """Add what a log made by an older xasink lacks, and mark what its trims may have forgotten.
+
+        Older versions deleted committed batches whose id was ``journalRetention`` below the sink's highest:
+        for a sink with batches, any id below its highest that the log does not hold may have been
+        committed.  Its ``horizon`` records that, so such an id is refused instead of written again.
+        ``batches.target`` is added last: it marks the upgrade as done.
+        """
+        if "target" in self._columns(conn, self.batches):
+            return
+        log.warning("upgrading the xasink decision log %s to this version's layout", self.batches.fullname)
+        self._add_column(conn, self.sinks, "horizon")
+        s, b = self.sinks.c, self.batches.c
+        highest = sa.select(sa.func.max(b.batch_id) - 1).where(b.sink_id == s.sink_id).scalar_subquery()
+        with conn.begin():
+            conn.execute(self.sinks.update().where(s.horizon.is_(None)).values(horizon=highest))
+        self._add_column(conn, self.batches, "compacted")
+        self._add_column(conn, self.batches, "target")
 
     # -- identity ---------------------------------------------------------------
     def _read_log_id(self, conn: Connection) -> str | None:
@@ -210,6 +327,10 @@ class Journal:
         return xid is not None and xid.log_id == self.log_id(conn)
 
     # -- reads ------------------------------------------------------------------
+    def _select(self) -> sa.Select[tuple[object, ...]]:
+        """The batch columns every layout has: readers (``xasink status``) may meet a log not upgraded yet."""
+        return sa.select(*(c for c in self.batches.c if c.name not in ("compacted", "target")))
+
     def _record(self, row: sa.Row[tuple[object, ...]]) -> BatchRecord:
         m = row._mapping
         xids = tuple(x for x in (Xid.parse(g) for g in json.loads(m["xids"])) if x is not None)
@@ -228,14 +349,14 @@ class Journal:
 
     def get(self, conn: Connection, sink_id: str, batch_id: int) -> BatchRecord | None:
         b = self.batches.c
-        row = conn.execute(sa.select(self.batches).where(b.sink_id == sink_id, b.batch_id == batch_id)).first()
+        row = conn.execute(self._select().where(b.sink_id == sink_id, b.batch_id == batch_id)).first()
         return self._record(row) if row is not None else None
 
     def get_many(self, conn: Connection, sink_id: str, batch_ids: set[int]) -> dict[int, BatchRecord]:
         if not batch_ids:
             return {}
         b = self.batches.c
-        rows = conn.execute(sa.select(self.batches).where(b.sink_id == sink_id, b.batch_id.in_(sorted(batch_ids))))
+        rows = conn.execute(self._select().where(b.sink_id == sink_id, b.batch_id.in_(sorted(batch_ids))))
         return {int(r._mapping["batch_id"]): self._record(r) for r in rows}
 
     def last_batch_id(self, conn: Connection, sink_id: str) -> int | None:
@@ -247,14 +368,14 @@ class Journal:
     def pending(self, conn: Connection, sink_id: str | None = None) -> list[BatchRecord]:
         """Decided batches not yet marked committed."""
         b = self.batches.c
-        q = sa.select(self.batches).where(b.state == COMMITTING)
+        q = self._select().where(b.state == COMMITTING)
         if sink_id is not None:
             q = q.where(b.sink_id == sink_id)
         return [self._record(r) for r in conn.execute(q.order_by(b.sink_id, b.batch_id))]
 
     def recent(self, conn: Connection, sink_id: str | None = None, limit: int = 20) -> list[BatchRecord]:
         b = self.batches.c
-        q = sa.select(self.batches)
+        q = self._select()
         if sink_id is not None:
             q = q.where(b.sink_id == sink_id)
         q = q.order_by(b.decided_at.desc(), b.batch_id.desc()).limit(limit)
@@ -346,7 +467,19 @@ class Journal:
         q = sa.select(c.run).where(c.sink_id == sink_id, c.batch_id == batch_id, c.superseded.is_(False))
         return conn.execute(q).scalar()
 
-    def insert_decision(self, conn: Connection, record: BatchRecord) -> None:
+    def target_of(self, conn: Connection, sink_id: str, batch_id: int) -> tuple[bool, str | None]:
+        """(decided, what it wrote): whether the log holds (sink, batch), and its recorded target (None when
+        a log made by an older xasink did not record it)."""
+        b = self.batches.c
+        row = conn.execute(sa.select(b.target).where(b.sink_id == sink_id, b.batch_id == batch_id)).first()
+        return (False, None) if row is None else (True, row[0])
+
+    def horizon(self, conn: Connection, sink_id: str) -> int | None:
+        """Batch ids up to this one that the log does not hold may have been committed (an old log's trim)."""
+        value = conn.execute(sa.select(self.sinks.c.horizon).where(self.sinks.c.sink_id == sink_id)).scalar()
+        return int(value) if value is not None else None
+
+    def insert_decision(self, conn: Connection, record: BatchRecord, target: str | None = None) -> None:
         conn.execute(
             self.batches.insert().values(
                 sink_id=record.sink_id,
@@ -357,6 +490,8 @@ class Journal:
                 branches=record.branches,
                 prepare_ms=record.prepare_ms,
                 decided_at=self.dialect.utc_now(),
+                compacted=False,
+                target=target,
             )
         )
 
@@ -390,16 +525,29 @@ class Journal:
         )
 
     def trim(self, conn: Connection, sink_id: str, keep: int) -> int:
-        """Delete committed rows of a sink older than its newest ``keep`` batches."""
+        """Compact the sink's committed batches older than its newest ``keep`` (by decision time, not id).
+
+        Their xid lists are emptied and their claims deleted; their rows stay, one small row per batch, so
+        the log still knows every batch it ever committed.  Returns how many batches were compacted.
+        """
         b = self.batches.c
-        newest = conn.execute(sa.select(sa.func.max(b.batch_id)).where(b.sink_id == sink_id)).scalar()
-        if newest is None or newest - keep < 0:
+        full = conn.execute(
+            sa.select(b.batch_id)
+            .where(b.sink_id == sink_id, b.state == COMMITTED, b.compacted.is_(False))
+            .order_by(b.decided_at.desc(), b.batch_id.desc())
+        ).scalars()
+        old = [int(x) for x in list(full)[keep:]]
+        if not old:
             conn.rollback()
             return 0
-        res = conn.execute(
-            self.batches.delete().where(b.sink_id == sink_id, b.state == COMMITTED, b.batch_id <= newest - keep)
-        )
         c = self.claims.c
-        conn.execute(self.claims.delete().where(c.sink_id == sink_id, c.batch_id <= newest - keep))
+        for i in range(0, len(old), 500):
+            chunk = old[i : i + 500]
+            conn.execute(
+                self.batches.update()
+                .where(b.sink_id == sink_id, b.state == COMMITTED, b.batch_id.in_(chunk))
+                .values(xids="[]", compacted=True)
+            )
+            conn.execute(self.claims.delete().where(c.sink_id == sink_id, c.batch_id.in_(chunk)))
         conn.commit()
-        return int(res.rowcount or 0)
+        return len(old)

@@ -16,6 +16,7 @@ class BranchOutcome:
     rows: int = 0
     skipped: bool = False  # the batch was already decided: nothing written
     seconds: float = 0.0  # load + prepare time in the task
+    query: str | None = None  # the streaming query's id, when the task runs in one (recorded with the batch)
 
     @property
     def xid(self) -> Xid | None:

@@ -41,6 +41,8 @@ from ..xid import new_run_nonce
 log = logging.getLogger("xasink")
 
 STREAM_BATCH_PROPERTY = "streaming.sql.batchId"
+# the streaming query's id, kept in its checkpoint across restarts: recorded with each batch it writes
+STREAM_QUERY_PROPERTY = "sql.streaming.queryId"
 # Spark kills a cancelled task's Python worker after spark.python.task.killTimeout (2 s): sweep past that
 ABORT_SETTLE_S = 4.0
 # internal option: xasink.write() names the run, so it can tell its own decision from a concurrent writer's
@@ -121,6 +123,7 @@ def _write_task(
         batches=iterator,
         log_id=plan.log_id,
         guard=plan.guard,
+        query=ctx.getLocalProperty(STREAM_QUERY_PROPERTY),
     )
     return XasinkCommitMessage(outcome)
 
@@ -298,6 +301,7 @@ class XasinkDataSource(DataSource):
         run = self._run() or new_run_nonce()
         coordinator = Coordinator(options)
         try:  # finish what an earlier run of this batch decided; a live run's branches are taken over by our tasks
+            coordinator.check_batch(options.batch_id)  # another target's batch, or one the log forgot: refuse now
             coordinator.recover(upto=options.batch_id, run=run)
         finally:
             coordinator.close()

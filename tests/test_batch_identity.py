@@ -1,0 +1,251 @@
+"""What the decision log remembers: every committed (sinkId, batchId) forever, and what each batch wrote.
+
+Without Spark: branches are prepared by ``write_partition`` (as tasks do) and decided by the Coordinator.
+Each test runs on PostgreSQL and MariaDB and checks the exact rows (each once), and that nothing is left
+prepared (the autouse leak check).
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from typing import Any
+
+import pyarrow as pa
+import pytest
+import sqlalchemy as sa
+
+from tests.targets import Target
+from xasink.branch import write_partition
+from xasink.coordinator import Coordinator
+from xasink.dialects import dialect_for
+from xasink.errors import BatchIdentityError, ForgottenBatchError
+from xasink.journal import Journal, journal_metadata
+from xasink.options import WriteOptions, parse_options, parse_url
+from xasink.results import BranchOutcome, WriteResult
+from xasink.schema import plan_target
+from xasink.xid import new_run_nonce
+
+SCHEMA = pa.schema([pa.field("id", pa.int32(), nullable=False), ("name", pa.string())])
+
+
+class Sink:
+    """One sink id writing into one table (keyless: a batch written twice shows as duplicate rows)."""
+
+    def __init__(self, db: Target, sink_id: str | None = None, table: str | None = None, **extra: Any) -> None:
+        self.db = db
+        self.table = table or db.new_table()
+        if table is None:
+            db.keyed_table(self.table, primary_key=False)
+        self.sink_id = sink_id or f"bi{uuid.uuid4().hex[:10]}"
+        raw: dict[str, Any] = {"url": db.url, "dbtable": self.table, "sinkId": self.sink_id, **extra}
+        if db.password is not None:
+            raw["password"] = db.password
+        self.options: WriteOptions = parse_options(raw)
+        self.run = new_run_nonce()
+        self._attempt = 0
+        coordinator = Coordinator(self.options)
+        try:
+            coordinator.preflight(4)
+            with coordinator.dialect.connect() as conn:
+                self.plan = plan_target(coordinator.dialect, conn, self.options, SCHEMA)
+                conn.commit()
+        finally:
+            coordinator.close()
+
+    def prepare(
+        self, batch_id: int, ids: range, parts: int = 2, query: str | None = None
+    ) -> list[BranchOutcome | None]:
+        outcomes: list[BranchOutcome | None] = []
+        for p in range(parts):
+            chunk = list(ids)[p::parts]
+            self._attempt += 1
+            batch = pa.RecordBatch.from_pydict({"id": chunk, "name": [f"n{i}" for i in chunk]}, schema=SCHEMA)
+            outcomes.append(
+                write_partition(
+                    self.options,
+                    self.plan,
+                    batch_id=batch_id,
+                    partition=p,
+                    task_attempt_id=self._attempt,
+                    run=self.run,
+                    batches=[batch],
+                    query=query,
+                )
+            )
+        return outcomes
+
+    def write(self, batch_id: int, ids: range, query: str | None = None) -> WriteResult:
+        """One whole batch, as a Spark job runs it: tasks, then the driver's commit."""
+        coordinator = Coordinator(self.options)
+        try:
+            return coordinator.commit(batch_id, self.prepare(batch_id, ids, query=query))
+        finally:
+            coordinator.close()
+
+    def rows(self) -> list[tuple[int, str]]:
+        return sorted((int(i), str(n)) for i, n in self.db.rows(self.table, "id"))
+
+
+def expected(*ranges: range) -> list[tuple[int, str]]:
+    return sorted((i, f"n{i}") for r in ranges for i in r)
+
+
+# --------------------------------------------------------------------------- item 1: retention never forgets
+
+
+def test_rerun_of_batch_1_after_batch_5000_writes_nothing(db: Target) -> None:
+    """The reproduction: 1, then 5000, then 1 again, with the default retention: 200 rows, not 300."""
+    s = Sink(db)
+    assert not s.write(1, range(0, 100)).skipped
+    assert not s.write(5000, range(100, 200)).skipped
+    assert s.write(1, range(0, 100)).skipped
+    assert s.rows() == expected(range(0, 200))
+    assert db.prepared(s.sink_id) == []
+
+
+def test_compacted_batches_are_still_replays_and_backfills_still_write(db: Target) -> None:
+    """journalRetention=2 keeps two full xid lists; the older batches keep their row, so their reruns skip."""
+    s = Sink(db, journalRetention="2")
+    for n, b in enumerate([40, 10, 30, 20]):
+        assert not s.write(b, range(n * 10, n * 10 + 10)).skipped
+    log = db.decisions(s.sink_id)
+    assert sorted(log) == [10, 20, 30, 40]  # every committed batch is remembered
+    assert all(d.state == "committed" for d in log.values())
+    full = [b for b, d in sorted(log.items()) if d.xids]
+    # the newest two keep their lists, by decision time, not by id (MariaDB's DATETIME has whole seconds:
+    # decisions within one second are ordered by id there)
+    assert full == [20, 30] if db.kind == "postgresql" else len(full) == 2
+    for n, b in enumerate([40, 10, 30, 20]):
+        assert s.write(b, range(n * 10, n * 10 + 10)).skipped
+    assert not s.write(5, range(100, 110)).skipped  # a backfill below every id: written
+    assert not s.write(10**12, range(110, 120)).skipped
+    assert s.rows() == expected(range(0, 40), range(100, 120))
+    assert db.prepared(s.sink_id) == []
+
+
+def test_many_ids_in_random_order_each_written_once(db: Target) -> None:
+    s = Sink(db, journalRetention="3")
+    rnd = random.Random(15)
+    ids = rnd.sample(range(1, 10**6), 25)
+    for n, b in enumerate(ids):
+        assert not s.write(b, range(n * 4, n * 4 + 4)).skipped
+    reruns = list(enumerate(ids))
+    rnd.shuffle(reruns)
+    for n, b in reruns:
+        assert s.write(b, range(n * 4, n * 4 + 4)).skipped
+    assert s.rows() == expected(range(0, 100))
+    assert sorted(db.decisions(s.sink_id)) == sorted(ids)
+    assert db.prepared(s.sink_id) == []
+
+
+OLD_COLUMNS = {"sinks": ["horizon"], "batches": ["compacted", "target"]}
+
+
+def make_old_log(db: Target, prefix: str) -> None:
+    """A decision log as xasink made it before this version: no horizon, compacted or target columns."""
+    md = sa.MetaData()
+    for table in journal_metadata(prefix=prefix):
+        db.tables.append(table.name)
+        dropped = OLD_COLUMNS.get(table.name[len(prefix) :], [])
+        sa.Table(table.name, md, *(c._copy() for c in table.columns if c.name not in dropped), mysql_engine="InnoDB")
+    dialect = dialect_for(parse_url(db.url, password=db.password))
+    try:
+        with dialect.connect() as conn:
+            md.create_all(conn)
+            conn.commit()
+    finally:
+        dialect.dispose()
+
+
+def test_old_log_is_upgraded_and_refuses_what_its_trim_may_have_forgotten(db: Target) -> None:
+    """A log whose old trim deleted batches 1..2 of sink S (kept 3, 4): after the upgrade, 3 and 4 are replays,
+    2 (forgotten) is refused, 5 (new) is written; the upgrade adds the missing columns."""
+    prefix = f"xo{uuid.uuid4().hex[:6]}_"
+    make_old_log(db, prefix)
+    table = db.new_table()
+    db.keyed_table(table, primary_key=False)
+    sink_id = f"bo{uuid.uuid4().hex[:10]}"
+    db.execute(f"INSERT INTO {db.q(prefix + 'sinks')} VALUES (%s, CURRENT_TIMESTAMP)", sink_id)
+    for b in (3, 4):
+        db.execute(
+            f"INSERT INTO {db.q(prefix + 'batches')} VALUES (%s, %s, 'committed', '[]', 10, 1, 1, 1, "
+            "CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)",
+            sink_id,
+            b,
+        )
+    # a reader (xasink status, recover) reads an old log as it is, before any writer upgraded it
+    dialect = dialect_for(parse_url(db.url, password=db.password))
+    try:
+        with dialect.connect() as conn:
+            found = Journal(dialect, prefix=prefix).get(conn, sink_id, 3)
+            assert found is not None and found.committed
+    finally:
+        dialect.dispose()
+    s = Sink(db, sink_id=sink_id, table=table, journalTablePrefix=prefix)  # preflight upgrades the log
+    assert s.write(3, range(0, 10)).skipped
+    assert s.write(4, range(0, 10)).skipped
+    with pytest.raises(ForgottenBatchError, match=rf"sink {sink_id} batch 2: the decision log cannot tell"):
+        s.write(2, range(20, 30))
+    coordinator = Coordinator(s.options)
+    try:
+        with pytest.raises(ForgottenBatchError, match=f"horizon of {prefix}sinks"):
+            coordinator.check_batch(1)  # what the Spark writer asks before any task runs
+    finally:
+        coordinator.close()
+    assert not s.write(5, range(50, 60)).skipped
+    assert s.rows() == expected(range(50, 60))
+    assert set(db.decisions(sink_id, prefix)) == {3, 4, 5}
+    assert db.prepared(sink_id) == []
+    # a second writer of the upgraded log changes nothing; an unrelated new sink has no horizon
+    other = Sink(db, journalTablePrefix=prefix)
+    assert not other.write(1, range(70, 75)).skipped
+    assert other.rows() == expected(range(70, 75))
+
+
+# --------------------------------------------------------------------------- item 2: what a batch wrote
+
+
+def test_same_batch_to_another_table_is_refused(db: Target) -> None:
+    a = Sink(db)
+    b = Sink(db, sink_id=a.sink_id)
+    assert not a.write(7, range(0, 50)).skipped
+    with pytest.raises(BatchIdentityError) as err:
+        b.write(7, range(100, 150))
+    text = str(err.value)
+    assert f"sink {a.sink_id} batch 7 was committed to table" in text
+    assert f".{a.table} in database" in text and f".{b.table} in database" in text
+    assert b.rows() == []
+    assert a.rows() == expected(range(0, 50))
+    assert db.prepared(a.sink_id) == []
+    assert a.write(7, range(0, 50)).skipped  # the same target again: a replay
+    assert a.rows() == expected(range(0, 50))
+
+
+def test_another_table_is_refused_by_the_coordinator_before_deciding(db: Target) -> None:
+    """Branches prepared for table B before A's decision of the same batch: the commit refuses and rolls them back."""
+    a = Sink(db)
+    b = Sink(db, sink_id=a.sink_id)
+    b_outcomes = b.prepare(9, range(100, 150))
+    assert not a.write(9, range(0, 50)).skipped
+    coordinator = Coordinator(b.options)
+    try:
+        with pytest.raises(BatchIdentityError, match="batch 9 was committed to table"):
+            coordinator.commit(9, b_outcomes)
+        assert db.prepared(a.sink_id) == []
+        with pytest.raises(BatchIdentityError):
+            coordinator.check_batch(9)  # what the Spark writer asks before any task runs
+    finally:
+        coordinator.close()
+    assert b.rows() == []
+    assert a.rows() == expected(range(0, 50))
+
+
+def test_same_batch_of_another_streaming_query_is_refused(db: Target) -> None:
+    s = Sink(db)
+    assert not s.write(3, range(0, 20), query="q-one").skipped
+    assert s.write(3, range(0, 20), query="q-one").skipped  # the same query's replay
+    with pytest.raises(BatchIdentityError, match="streaming query q-one"):
+        s.write(3, range(20, 40), query="q-two")
+    assert s.rows() == expected(range(0, 20))
+    assert db.prepared(s.sink_id) == []
