@@ -447,6 +447,7 @@ class Coordinator:
         outcomes: Sequence[BranchOutcome | None] = (),
         settle_s: float = 0.0,
         run: str | None = None,
+        guard: str | None = None,
     ) -> RecoveryReport:
         """Roll back what a failed batch prepared (and anything else of it that can never commit).
 
@@ -454,14 +455,20 @@ class Coordinator:
         before their worker is killed (``spark.python.task.killTimeout``, 2 s by default).  With
         ``settle_s`` the sweep is repeated over that window so such late branches are rolled back too.
         ``run`` (else the run of the outcomes' xids) names the aborting writer: when a newer writer has
-        taken the batch over, its branches are left to it.
+        taken the batch over, its branches are left to it.  ``guard`` is the aborting driver's run guard:
+        when no outcome names the run (a stopped streaming query's tasks report nothing), the runs of this
+        batch that hold that guard are this driver's, and end with the abort too.
         """
         log.warning("aborting sink %s batch %s", self.sink_id, batch_id)
         if run is None:
             run = next((o.xid.run for o in outcomes if o is not None and o.xid is not None), None)
-        if run is not None:  # the run can never decide now: its late branches must not wait for it
-            with self.journal.locked(self.sink_id) as conn:
-                self.journal.end_run(conn, self.sink_id, batch_id, run)
+        with self.journal.locked(self.sink_id) as conn:
+            ending = {run} if run is not None else set()
+            if run is None and guard is not None:
+                claims = self.journal.claim_states(conn, self.sink_id, {batch_id})
+                ending = {r for (_, r), c in claims.items() if c.guard == guard and not c.superseded}
+            for r in sorted(ending):  # the run can never decide now: its late branches must not wait for it
+                self.journal.end_run(conn, self.sink_id, batch_id, r)
         report = self.recover(upto=batch_id, run=run)
         deadline = time.monotonic() + settle_s
         while time.monotonic() < deadline:

@@ -268,7 +268,7 @@ class XasinkStreamWriter(DataSourceStreamArrowWriter):
         _worker_logging(logging.INFO)
         coordinator = Coordinator(self.options)
         try:
-            coordinator.abort(batchId, _outcomes(messages), settle_s=ABORT_SETTLE_S)
+            coordinator.abort(batchId, _outcomes(messages), settle_s=ABORT_SETTLE_S, guard=self.plan.guard)
         finally:
             coordinator.close()
 
