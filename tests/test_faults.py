@@ -46,7 +46,13 @@ from xasink.coordinator import Coordinator
 from xasink.dialects import dialect_for
 from xasink.dialects.base import Dialect, TargetPlan
 from xasink.embedded import EmbeddedPostgres
-from xasink.errors import BatchAbortedError, BranchError, CommitIncompleteError, ConcurrentWriterError
+from xasink.errors import (
+    BatchAbortedError,
+    BranchError,
+    CommitIncompleteError,
+    ConcurrentWriterError,
+    LateBranchError,
+)
 from xasink.options import WriteOptions, parse_options
 from xasink.results import BranchOutcome
 from xasink.schema import plan_target
@@ -54,9 +60,14 @@ from xasink.xid import Xid, new_run_nonce
 
 RUN_TIMEOUT = 600.0  # seconds a cluster job may take on a loaded machine before it counts as hung
 KILL_BATCH = {"driver.before_decide": 9001, "driver.after_decide": 9002}  # batch ids whose decision kills the driver
-# BranchError: without Spark a writer's branch is its own call; the other run took the partition over
-# between its PREPARE and its check (a Spark task fails the same way, and the job then aborts)
-LOSER_ERRORS = {ConcurrentWriterError.__name__, BatchAbortedError.__name__, BranchError.__name__}
+# BranchError, LateBranchError: without Spark a writer's branch is its own call; the other run took the
+# partition over between its PREPARE and its check (a Spark task fails the same way, and the job then aborts)
+LOSER_ERRORS = {
+    ConcurrentWriterError.__name__,
+    BatchAbortedError.__name__,
+    BranchError.__name__,
+    LateBranchError.__name__,
+}
 
 # --------------------------------------------------------------------------- module fixtures
 
@@ -532,7 +543,7 @@ def test_second_writer_with_the_same_sink_id_races_the_decision(pg_url: str, tab
                 outcomes = writers[label].batch(batch, split(rows, 2))
                 r = coordinator.commit(batch, outcomes)
                 results[label] = {"ok": True, "skipped": r.skipped}
-            except (BatchAbortedError, BranchError) as exc:
+            except (BatchAbortedError, BranchError, LateBranchError) as exc:
                 results[label] = {"ok": False, "type": type(exc).__name__, "message": str(exc)}
             finally:
                 coordinator.close()
