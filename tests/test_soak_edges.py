@@ -38,7 +38,8 @@ from tests.targets import Target
 from tests.test_crash import DRIVER, PARTITIONS, ROOT, TAG_ENV, N, _reap
 from xasink.journal import journal_metadata
 
-pytestmark = [pytest.mark.soak, pytest.mark.crash]
+# 200 kills take ~7 min per database on a quiet machine, several times that beside other work
+pytestmark = [pytest.mark.soak, pytest.mark.crash, pytest.mark.timeout(3600)]
 
 RESULTS = ROOT / "benchmarks" / "results" / "soak-edges.json"
 POINTS = [
