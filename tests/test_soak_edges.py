@@ -161,6 +161,7 @@ def _cron(db: Target, prefixes: list[str], stop: threading.Event, totals: Totals
                 if cli.returncode not in (0, 1):
                     totals.recover_failures += 1
                     RECOVER_ERRORS.append(cli.stdout[-2000:] + cli.stderr[-2000:])
+                    print(f"recover failed ({cli.returncode}): {RECOVER_ERRORS[-1]}", flush=True)
         stop.wait(0.5)
 
 
