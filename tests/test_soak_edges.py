@@ -36,7 +36,9 @@ import pytest
 
 from tests.targets import Target
 from tests.test_crash import DRIVER, PARTITIONS, ROOT, TAG_ENV, N, _reap
-from xasink.journal import journal_metadata
+from xasink.dialects import dialect_for
+from xasink.journal import Journal, journal_metadata
+from xasink.options import parse_url
 
 # 200 kills take ~7 min per database on a quiet machine, several times that beside other work
 pytestmark = [pytest.mark.soak, pytest.mark.crash, pytest.mark.timeout(3600)]
@@ -187,6 +189,12 @@ def test_soak_kills_with_two_logs_cron_recover_and_backfills(db: Target, tmp_pat
     sinks = [f"edge-{tag}-{i}" for i in range(3)]  # names reused round after round
     used: set[tuple[str, str, int]] = set()
     totals, lock, stop = Totals(), threading.Lock(), threading.Event()
+    dialect = dialect_for(parse_url(db.url))
+    try:  # both logs exist before cron first runs (recover refuses a prefix that names no log: a typo)
+        for prefix in prefixes:
+            Journal(dialect, None, prefix).ensure()
+    finally:
+        dialect.dispose()
     cron = threading.Thread(target=_cron, args=(db, prefixes, stop, totals, lock), daemon=True)
     cron.start()
     try:
