@@ -23,9 +23,9 @@ from pyspark.sql import DataFrame
 from .. import errors
 from ..faults import fault
 from ..masking import redact, url_secrets
+from ..multi import MultiCoordinator
 from ..options import WriteOptions, parse_options
 from ..results import TargetResult, TransactionResult, WriteResult
-from ..multi import MultiCoordinator
 from ..xid import MAX_BATCH_ID, valid_sink_id
 from .api import _summary, _unwrap, register, shape
 from .datasource import RUN_OPTION
