@@ -502,6 +502,8 @@ class Coordinator:
         for record in pending:
             if self._finish_parts(record, report):
                 continue  # a multi-target batch: only this database's parts are finished here
+            if self.journal.dialect is not self.dialect:
+                continue  # a single table's batch of the log's own database: finished from there
             report.committed += self._commit_branches(record.xids)
             with self.journal.dialect.connect() as conn:
                 self.journal.mark_committed(conn, self.sink_id, record.batch_id, None)
