@@ -149,7 +149,8 @@ class MultiCoordinator:
         db = self.target(options)
         with self._lock:
             db.branches += branches
-            total = db.branches
+            server = db.server.rsplit("/", 1)[0]  # one server's databases share its max_prepared_transactions
+            total = sum(d.branches for d in self.targets.values() if d.server.rsplit("/", 1)[0] == server)
         with db.coordinator.dialect.connect() as conn:
             db.coordinator.dialect.check_server(conn, total)
         db.coordinator.recover(upto=self.batch_id)  # dead runs' branches of this sink there; ours are guarded
