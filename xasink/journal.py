@@ -224,7 +224,7 @@ class Journal:
 
     @property
     def tables(self) -> tuple[sa.Table, ...]:
-        return (self.logs, self.sinks, self.batches, self.claims, self.parts)
+        return (self.logs, self.sinks, self.batches, self.claims)  # parts: made by a transaction (xasink.parts)
 
     # -- set-up ---------------------------------------------------------------
     def exists(self, conn: Connection) -> bool:

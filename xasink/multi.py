@@ -33,7 +33,7 @@ from .faults import fault
 from .journal import BatchRecord, Journal, describe_target, forgotten_message, target_identity
 from .liveness import DriverProcess, _stat, guard_name
 from .options import WriteOptions
-from .parts import Part, mark_parts_committed, multi_target, read_parts, recorded_targets, server_identity
+from .parts import Part, ensure_parts, mark_parts_committed, multi_target, read_parts, recorded_targets, server_identity
 from .xid import Xid, new_run_nonce
 
 log = logging.getLogger(__name__)
@@ -82,6 +82,7 @@ class MultiCoordinator:
         self.replay = False
         self._lock = threading.Lock()
         self.journal.ensure()
+        ensure_parts(self.journal)
         self.log_id = self.journal.log_id()
         self.guard = _Guard(self.dialect, self.log_id, self.run)
         try:

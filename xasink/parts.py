@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from .errors import PreflightError
 from .journal import Journal
 from .xid import Xid
 
@@ -35,17 +36,33 @@ class Part:
 def server_identity(conn: Connection) -> str:
     """Which database a connection reaches, as the server itself names it (not the URL's host alias).
 
-    PostgreSQL: server address, port and database; MariaDB/MySQL: host name, port and database.
+    PostgreSQL: the cluster's system identifier (drawn by initdb; any role may read it) and the database;
+    MariaDB/MySQL: the server's host name and port, and the database.
     """
     if conn.dialect.name == "postgresql":
-        row = conn.execute(
-            sa.text("SELECT coalesce(host(inet_server_addr()), 'local'), inet_server_port(), current_database()")
-        ).one()
-        kind = "postgresql"
-    else:
-        row = conn.execute(sa.text("SELECT @@hostname, @@port, DATABASE()")).one()
-        kind = "mysql"
-    return f"{kind}://{row[0]}:{row[1]}/{row[2]}"
+        pg = conn.execute(sa.text("SELECT system_identifier, current_database() FROM pg_control_system()")).one()
+        return f"postgresql://{pg[0]}/{pg[1]}"
+    row = conn.execute(sa.text("SELECT @@hostname, @@port, DATABASE()")).one()
+    return f"mysql://{row[0]}:{row[1]}/{row[2]}"
+
+
+def ensure_parts(journal: Journal) -> None:
+    """Create the parts table on a transaction's first use of a log (single-table writers never need it)."""
+    with journal.dialect.connect() as conn:
+        if sa.inspect(conn).has_table(journal.parts.name, schema=journal.parts.schema):
+            return
+        conn.rollback()
+        try:
+            with conn.begin():
+                journal.parts.create(conn, checkfirst=True)
+        except sa.exc.IntegrityError:  # created concurrently
+            pass
+        except sa.exc.DBAPIError as exc:
+            raise PreflightError(
+                f"cannot create the xasink decision log table {journal.parts.fullname} for multi-target "
+                f"transactions: {str(exc.orig).strip().splitlines()[0]}. Create it with sql/postgres.sql or "
+                "sql/mysql.sql, or grant CREATE."
+            ) from None
 
 
 def record_part(conn: Connection, journal: Journal, part: Part) -> None:
