@@ -17,6 +17,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 import xasink
 from tests.targets import MARIADB, POSTGRESQL, Target, make_target
+from xasink import admin
 
 pytestmark = [pytest.mark.spark, pytest.mark.mariadb]
 
@@ -190,4 +191,39 @@ def test_foreach_batch_multi_replayed_micro_batch_writes_nothing(spark, pgt, mar
     assert again is not None and again.skipped
     fn(frame(spark, 4, 6), 1)
     assert rows(pgt, orders) == expect(0, 6) and rows(maria, events) == expect(0, 6)
+    assert_clean(sink, pgt, maria)
+
+
+def test_recovery_during_the_block_leaves_the_live_transaction_alone(spark, pgt, maria, sink):  # type: ignore[no-untyped-def]
+    orders, _, events = three_tables(pgt, maria)
+    with xasink.transaction(sink_id=sink, batch_id=8) as tx:
+        tx.write(frame(spark, 0, 10), pgt.url, orders)
+        tx.write(frame(spark, 0, 4), maria.url, events)
+        before = (sorted(pgt.prepared(sink)), sorted(maria.prepared(sink)))
+        assert len(before[0]) == 2 and len(before[1]) == 2
+        # a cron recover of each database, from the log's side and against the log: the guard is held
+        admin.recover(pgt.url, older_than_s=0)
+        admin.recover(maria.url, journal_url=pgt.url, older_than_s=0)
+        assert (sorted(pgt.prepared(sink)), sorted(maria.prepared(sink))) == before
+    assert rows(pgt, orders) == expect(0, 10) and rows(maria, events) == expect(0, 4)
+    # a single-table write of the same (sink, batch) is not a replay of the transaction: refused
+    with pytest.raises(xasink.BatchIdentityError):
+        xasink.write(frame(spark, 0, 10), pgt.url, orders, sink_id=sink, batch_id=8)
+    assert rows(pgt, orders) == expect(0, 10)
+    assert_clean(sink, pgt, maria)
+
+
+def test_a_database_restarted_between_prepare_and_commit(spark, pg_server, pgt, maria, sink):  # type: ignore[no-untyped-def]
+    if pg_server is None:
+        pytest.skip("restarts the database: needs the embedded server, not XASINK_TEST_PG_URL")
+    orders, lines, events = three_tables(pgt, maria)
+    with xasink.transaction(sink_id=sink, batch_id=9, journal_url=maria.url) as tx:
+        tx.write(frame(spark, 0, 10), pgt.url, orders)
+        tx.write(frame(spark, 100, 104), maria.url, events)
+        tx.write(frame(spark, 100, 120), pgt.url, lines)
+        before = sorted(pgt.prepared(sink))
+        pg_server.restart()  # prepared branches survive; every connection to it is gone
+        assert sorted(pgt.prepared(sink)) == before
+    assert rows(pgt, orders) == expect(0, 10) and rows(pgt, lines) == expect(100, 120)
+    assert rows(maria, events) == expect(100, 104)
     assert_clean(sink, pgt, maria)
