@@ -227,3 +227,40 @@ def test_a_database_restarted_between_prepare_and_commit(spark, pg_server, pgt, 
     assert rows(pgt, orders) == expect(0, 10) and rows(pgt, lines) == expect(100, 120)
     assert rows(maria, events) == expect(100, 104)
     assert_clean(sink, pgt, maria)
+
+
+def test_foreach_batch_multi_in_a_stream_replayed_by_spark_writes_nothing_anywhere(  # type: ignore[no-untyped-def]
+    spark, pgt, maria, sink, tmp_path
+):
+    from tests.test_streaming import ROWS, Stream, no_branch_opened
+
+    stream = Stream(spark, tmp_path, pgt.url)
+    orders, events = pgt.new_table(), maria.new_table()  # created by the first write, dropped after the test
+    calls: list[int] = []
+
+    def both(df: DataFrame, epoch_id: int, tx: Any) -> None:
+        calls.append(epoch_id)
+        tx.write(df, pgt.url, orders)
+        tx.write(df, maria.url, events)
+
+    fn = xasink.foreach_batch_multi(both, sink_id=sink)
+
+    def run() -> None:
+        query = (
+            stream.frame(2)
+            .writeStream.foreachBatch(fn)
+            .option("checkpointLocation", str(stream.checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination()
+
+    stream.add_files(2)
+    run()
+    stream.forget_spark_commit(1)  # a crash after our commit, before Spark's: Spark replays batch 1
+    with no_branch_opened(stream, 1):
+        run()
+    assert calls == [0, 1, 1]
+    want = [(i,) for i in range(2 * ROWS)]
+    assert sorted(pgt.rows(orders)) == want and sorted(maria.rows(events)) == want
+    assert_clean(sink, pgt, maria)
