@@ -264,3 +264,19 @@ def test_foreach_batch_multi_in_a_stream_replayed_by_spark_writes_nothing_anywhe
     want = [(i,) for i in range(2 * ROWS)]
     assert sorted(pgt.rows(orders)) == want and sorted(maria.rows(events)) == want
     assert_clean(sink, pgt, maria)
+
+
+def test_foreach_batch_multi_refuses_a_reset_checkpoint(spark, pgt, maria, sink):  # type: ignore[no-untyped-def]
+    orders, _, events = three_tables(pgt, maria)
+
+    def both(df: DataFrame, epoch_id: int, tx: Any) -> None:
+        tx.write(df, pgt.url, orders)
+        tx.write(df, maria.url, events)
+
+    fn = xasink.foreach_batch_multi(both, sink_id=sink)
+    fn(frame(spark, 0, 4), 0)
+    fn(frame(spark, 4, 8), 1)
+    with pytest.raises(xasink.OptionError, match="has already decided batch 1, but Spark is committing batch 0"):
+        fn(frame(spark, 100, 104), 0)  # a new checkpoint starts again at 0: not a replay of the old batch 0
+    assert rows(pgt, orders) == expect(0, 8) and rows(maria, events) == expect(0, 8)
+    assert_clean(sink, pgt, maria)

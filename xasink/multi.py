@@ -27,6 +27,7 @@ from .errors import (
     BatchIdentityError,
     ConcurrentWriterError,
     ForgottenBatchError,
+    OptionError,
     PreflightError,
 )
 from .faults import fault
@@ -70,8 +71,11 @@ class TargetDb:
 class MultiCoordinator:
     """Claims (sink, batch) in the log, tracks the databases written, decides once, commits or aborts."""
 
-    def __init__(self, sink_id: str, batch_id: int, log_options: WriteOptions) -> None:
+    def __init__(self, sink_id: str, batch_id: int, log_options: WriteOptions, stream: bool = False) -> None:
+        """``stream``: the batch id is a micro-batch id, so one below the sink's last decided batch means a
+        new or reset checkpoint (its batches would be skipped as replays): refused."""
         self.sink_id = sink_id
+        self.stream = stream
         self.batch_id = batch_id
         self.log_options = replace(log_options, sink_id=sink_id, batch_id=batch_id)
         self.dialect = dialect_for(log_options.url, log_options.branch_settings, 4)
@@ -98,6 +102,14 @@ class MultiCoordinator:
     def _claim(self) -> None:
         with self.journal.locked(self.sink_id) as conn:
             decided, recorded = self.journal.target_of(conn, self.sink_id, self.batch_id)
+            last = self.journal.last_batch_id(conn, self.sink_id) if self.stream else None
+            if last is not None and last > self.batch_id:
+                raise OptionError(
+                    f"sink_id: sink {self.sink_id} has already decided batch {last}, but Spark is committing batch "
+                    f"{self.batch_id}: this query's checkpoint is new or was reset, or another query writes with "
+                    "the same sink_id, and its batches would be skipped as replays. Give this query its own "
+                    "sink_id (or restore its checkpoint)."
+                )
             if decided:
                 self.replay, self.recorded = True, recorded
                 return

@@ -49,6 +49,7 @@ class Transaction:
         self.options = options  # defaults for every write; user/password also reach journal_url
         self.journal_url = journal_url
         self.result: TransactionResult | None = None
+        self._stream = False  # set by foreach_batch_multi: batch ids are micro-batch ids
         self._cond = threading.Condition()
         self._mc: MultiCoordinator | None = None
         self._next_part = 0
@@ -83,7 +84,7 @@ class Transaction:
                     )
                 else:
                     log_opts = first
-                self._mc = MultiCoordinator(self.sink_id, self.batch_id, log_opts)
+                self._mc = MultiCoordinator(self.sink_id, self.batch_id, log_opts, stream=self._stream)
             return self._mc
 
     def write(self, df: DataFrame, url: str, table: str, **options: Any) -> WriteResult:
@@ -166,8 +167,11 @@ class Transaction:
                 self._cond.wait()
         mc = self._mc
         try:
-            if mc is None:  # no write was made: nothing to decide
-                self._finish(False, {})
+            if mc is None:  # no write reached the log: nothing was prepared, nothing to decide
+                if exc_type is None and self._failed is None:
+                    self._finish(False, {})
+                else:
+                    self._state = "rolled back"
                 return
             if mc.replay:
                 mc.finish_replay()
@@ -211,13 +215,16 @@ def foreach_batch_multi(
 ) -> Callable[[DataFrame, int], TransactionResult | None]:
     """A ``foreachBatch`` function running ``fn(df, epoch_id, tx)`` in one transaction per micro-batch.
 
-    The micro-batch id is the transaction's batch id: a replayed micro-batch writes nothing anywhere.
+    The micro-batch id is the transaction's batch id: a replayed micro-batch writes nothing anywhere, and
+    a micro-batch id below the sink's last decided one (a new or reset checkpoint) is refused.
     """
     if not valid_sink_id(sink_id):
         raise errors.OptionError(f"sink_id {sink_id[:60]!r} is invalid: 1 to 32 of A-Z a-z 0-9 _ . -")
 
     def run_batch(df: DataFrame, epoch_id: int) -> TransactionResult | None:
-        with transaction(sink_id, int(epoch_id), journal_url, **options) as tx:
+        tx = transaction(sink_id, int(epoch_id), journal_url, **options)
+        tx._stream = True
+        with tx:
             fn(df, int(epoch_id), tx)
         return tx.result
 
