@@ -24,8 +24,10 @@ from .coordinator import Coordinator
 from .dialects import dialect_for
 from .dialects.base import Dialect
 from .errors import (
+    BatchAbortedError,
     BatchIdentityError,
     ConcurrentWriterError,
+    DecisionUnknownError,
     ForgottenBatchError,
     OptionError,
     PreflightError,
@@ -85,6 +87,7 @@ class MultiCoordinator:
         self.recorded: str | None = None  # set when (sink, batch) is decided already: a replay
         self.replay = False
         self._lock = threading.Lock()
+        self._sent = False  # the decision's COMMIT was sent: a failure from then on is ambiguous
         self.journal.ensure()
         ensure_parts(self.journal)
         self.log_id = self.journal.log_id()
@@ -181,43 +184,15 @@ class MultiCoordinator:
         """Decide over every recorded part, then commit each database's branches; only forward after deciding."""
         t0 = time.perf_counter()
         by_server = {db.server: db for db in self.targets.values()}
-        with self.journal.locked(self.sink_id) as conn:
-            other = self.journal.get(conn, self.sink_id, self.batch_id)
-            holder = self.journal.holder(conn, self.sink_id, self.batch_id)
-            parts = read_parts(conn, self.journal, self.sink_id, self.batch_id, self.run)
-            missing_parts = expected_parts - {p.part for p in parts}
-            missing: list[Xid] = []
-            for server in {p.server for p in parts}:
-                db = by_server[server]
-                with db.coordinator.dialect.connect() as tconn:
-                    prepared = {p.xid for p in db.coordinator.dialect.list_prepared(tconn)}
-                missing += [x for p in parts if p.server == server for x in p.xids if x not in prepared]
-            xids = tuple(sorted(x for p in parts for x in p.xids))
-            ok = other is None and holder == self.run and not missing and not missing_parts
-            if ok:
-                fault("driver.before_decide", batch=self.batch_id)
-                record = BatchRecord(
-                    self.sink_id,
-                    self.batch_id,
-                    "committing",
-                    xids,
-                    sum(p.rows for p in parts),
-                    len(xids),
-                    max((p.prepare_ms for p in parts), default=0),
-                )
-                self.dialect.durable_commit(conn)
-                self.journal.insert_decision(conn, record, multi_target(parts))
+        self._sent = False
+        try:
+            ok, parts, why = self._decide(by_server, expected_parts)
+        except Exception as exc:  # leaving locked() sends the decision's COMMIT: a failure there is ambiguous
+            if not self._sent:
+                raise
+            ok, parts, why = True, self._settle(exc), ""
         if not ok:
             self.abort()
-            why = (
-                "another writer decided it first"
-                if other is not None
-                else "a newer writer with the same sink_id took it over"
-                if holder != self.run
-                else f"writes {sorted(missing_parts)} recorded no branches"
-                if missing_parts
-                else f"{len(missing)} prepared branches vanished before the decision (e.g. {missing[0]})"
-            )
             raise ConcurrentWriterError(
                 f"sink {self.sink_id} transaction {self.batch_id}: {why}; every branch of this transaction was "
                 "rolled back and nothing of it is visible"
@@ -243,13 +218,82 @@ class MultiCoordinator:
         timings = {"decide": t_commit - t0, "commit": commit_s, "sweep": time.perf_counter() - t_sweep}
         return parts, timings
 
+    def _decide(self, by_server: dict[str, TargetDb], expected_parts: set[int]) -> tuple[bool, list[Part], str]:
+        """Under the log's sink lock: record the one decision if this run holds the batch, every write recorded
+        its part and every part's branches are still prepared in their databases; else say why not."""
+        with self.journal.locked(self.sink_id) as conn:
+            other = self.journal.get(conn, self.sink_id, self.batch_id)
+            holder = self.journal.holder(conn, self.sink_id, self.batch_id)
+            parts = read_parts(conn, self.journal, self.sink_id, self.batch_id, self.run)
+            missing_parts = expected_parts - {p.part for p in parts}
+            missing: list[Xid] = []
+            for server in {p.server for p in parts}:
+                db = by_server[server]
+                with db.coordinator.dialect.connect() as tconn:
+                    prepared = {p.xid for p in db.coordinator.dialect.list_prepared(tconn)}
+                missing += [x for p in parts if p.server == server for x in p.xids if x not in prepared]
+            if other is not None:
+                return False, parts, "another writer decided it first"
+            if holder != self.run:
+                return False, parts, "a newer writer with the same sink_id took it over"
+            if missing_parts:
+                return False, parts, f"writes {sorted(missing_parts)} recorded no branches"
+            if missing:
+                return (
+                    False,
+                    parts,
+                    f"{len(missing)} prepared branches vanished before the decision (e.g. {missing[0]})",
+                )
+            fault("driver.before_decide", batch=self.batch_id)
+            xids = tuple(sorted(x for p in parts for x in p.xids))
+            record = BatchRecord(
+                self.sink_id,
+                self.batch_id,
+                "committing",
+                xids,
+                sum(p.rows for p in parts),
+                len(xids),
+                max((p.prepare_ms for p in parts), default=0),
+            )
+            self.dialect.durable_commit(conn)
+            self._sent = True
+            self.journal.insert_decision(conn, record, multi_target(parts))
+        return True, parts, ""
+
+    def _settle(self, cause: Exception) -> list[Part]:
+        """The decision was sent but not confirmed: read the log again (under the sink lock, so the broken
+        session's transaction has ended) and follow it; never guess."""
+        log.warning(
+            "sink %s transaction %s: the decision was not confirmed (%s); reading the log again",
+            self.sink_id,
+            self.batch_id,
+            type(cause).__name__,
+        )
+        try:
+            with self.journal.locked(self.sink_id) as conn:
+                found = self.journal.get(conn, self.sink_id, self.batch_id)
+                parts = read_parts(conn, self.journal, self.sink_id, self.batch_id, self.run)
+        except Exception as exc:
+            raise DecisionUnknownError(
+                f"sink {self.sink_id} transaction {self.batch_id}: the connection broke while the decision was "
+                "committed and the decision log could not be read again. Run it again with the same sink_id and "
+                "batch_id, or run 'xasink recover' on each database (with --journal-url where the log is "
+                "elsewhere): either finishes it if it was decided and rolls it back if not"
+            ) from exc
+        if found is not None and {x.run for x in found.xids} <= {self.run}:
+            return parts
+        self.abort()
+        raise BatchAbortedError(
+            f"sink {self.sink_id} transaction {self.batch_id}: the connection broke while the decision was "
+            "committed, and the log shows it was not recorded; every branch was rolled back"
+        ) from cause
+
     def abort(self) -> None:
         """End the run (its late branches roll themselves back) and roll back its branches in every database."""
         log.warning("aborting sink %s transaction %s", self.sink_id, self.batch_id)
         with self.journal.locked(self.sink_id) as conn:
-            if self.journal.get(conn, self.sink_id, self.batch_id) is not None:
-                return  # decided (by us or another writer): nothing of ours to roll back here
-            self.journal.end_run(conn, self.sink_id, self.batch_id, self.run)
+            if self.journal.get(conn, self.sink_id, self.batch_id) is None:  # decided by another: ours are orphans
+                self.journal.end_run(conn, self.sink_id, self.batch_id, self.run)
         for db in self.targets.values():
             db.coordinator.recover(upto=self.batch_id)
 
