@@ -280,3 +280,25 @@ def test_foreach_batch_multi_refuses_a_reset_checkpoint(spark, pgt, maria, sink)
         fn(frame(spark, 100, 104), 0)  # a new checkpoint starts again at 0: not a replay of the old batch 0
     assert rows(pgt, orders) == expect(0, 8) and rows(maria, events) == expect(0, 8)
     assert_clean(sink, pgt, maria)
+
+
+def test_cli_status_lists_the_targets_and_recover_takes_journal_url(  # type: ignore[no-untyped-def]
+    spark, pgt, maria, sink, capsys
+):
+    from xasink import cli
+
+    orders, _, events = three_tables(pgt, maria)
+    with xasink.transaction(sink_id=sink, batch_id=12) as tx:
+        tx.write(frame(spark, 0, 3), pgt.url, orders)
+        tx.write(frame(spark, 0, 2), maria.url, events)
+    capsys.readouterr()
+    assert cli.main(["status", "--url", pgt.url, "--sink-id", sink]) == 0
+    out = capsys.readouterr().out
+    assert f".{orders}@postgresql://" in out and f".{events}@mysql://" in out
+    code = cli.main(["recover", "--url", maria.url, "--journal-url", pgt.url, "--sink-id", sink, "--older-than", "0s"])
+    assert code == 0
+    # a journal URL's password is never printed, even when its database cannot be reached
+    code = cli.main(["status", "--url", maria.url, "--journal-url", "postgresql://etl:s3cret-pw@127.0.0.1:1/x"])
+    captured = capsys.readouterr()
+    assert code == 2 and "s3cret-pw" not in captured.out + captured.err
+    assert_clean(sink, pgt, maria)
