@@ -64,3 +64,20 @@ CREATE TABLE IF NOT EXISTS xasink_claims (
     guard VARCHAR(64),
     PRIMARY KEY (sink_id, batch_id, run)
 );
+
+-- One row per write of a multi-target transaction (xasink.transaction): its database (the server's own
+-- identity), table and prepared xids, recorded without deciding; the transaction decides over all of them.
+-- Created by the first transaction using this log; single-table writers never touch it.
+CREATE TABLE IF NOT EXISTS xasink_parts (
+    sink_id VARCHAR(32) NOT NULL,
+    batch_id BIGINT NOT NULL,
+    run VARCHAR(8) NOT NULL,
+    part INTEGER NOT NULL,
+    server VARCHAR(300) NOT NULL,
+    target TEXT NOT NULL,
+    xids TEXT NOT NULL,
+    rows BIGINT NOT NULL,
+    prepare_ms INTEGER NOT NULL,
+    committed BOOLEAN NOT NULL,
+    PRIMARY KEY (sink_id, batch_id, run, part)
+);

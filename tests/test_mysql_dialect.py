@@ -55,7 +55,7 @@ from xasink.dialects.mysql import (
 )
 from xasink.errors import BranchError, ConnectError, PreflightError
 from xasink.faults import InjectedFault
-from xasink.journal import journal_metadata
+from xasink.journal import journal_metadata, parts_table
 from xasink.options import WriteOptions, parse_options
 from xasink.results import BranchOutcome
 from xasink.schema import plan_target
@@ -571,7 +571,7 @@ def _ddl_blocks(path: Path) -> dict[str, set[str]]:
 )
 def test_sql_files_match_the_journal_tables(dialect: sa.engine.Dialect, path: str) -> None:
     blocks = _ddl_blocks(ROOT / path)
-    tables = journal_metadata()
+    tables = (*journal_metadata(), parts_table(sa.MetaData()))
     assert set(blocks) == {t.name for t in tables}
     for t in tables:
         compiled = str(CreateTable(t).compile(dialect=dialect))
@@ -598,6 +598,7 @@ def test_sql_file_runs_on_mariadb(mariadb_url: str) -> None:
                 ("xasink_batches", "InnoDB"),
                 ("xasink_claims", "InnoDB"),
                 ("xasink_log", "InnoDB"),
+                ("xasink_parts", "InnoDB"),
                 ("xasink_sinks", "InnoDB"),
             )
             assert cur.fetchall() == want

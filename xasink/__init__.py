@@ -24,16 +24,18 @@ from .errors import (
     PreflightError,
     XasinkError,
 )
-from .results import WriteResult
+from .results import TransactionResult, WriteResult
 
 if TYPE_CHECKING:
     from .spark.api import foreach_batch, register, write
+    from .spark.transaction import foreach_batch_multi, transaction
 
 __version__ = "0.1.0"
 
 logging.getLogger("xasink").addHandler(logging.NullHandler())
 
 _SPARK = {"register", "write", "foreach_batch"}
+_TX = {"transaction", "foreach_batch_multi"}
 
 
 def __getattr__(name: str) -> Any:
@@ -42,6 +44,10 @@ def __getattr__(name: str) -> Any:
         from .spark import api
 
         return getattr(api, name)
+    if name in _TX:
+        from .spark import transaction as tx
+
+        return getattr(tx, name)
     raise AttributeError(f"module 'xasink' has no attribute {name!r}")
 
 
@@ -56,11 +62,14 @@ __all__ = [
     "LateBranchError",
     "OptionError",
     "PreflightError",
+    "TransactionResult",
     "WriteResult",
     "XasinkError",
     "foreach_batch",
+    "foreach_batch_multi",
     "recover",
     "register",
     "status",
+    "transaction",
     "write",
 ]

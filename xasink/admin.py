@@ -32,6 +32,7 @@ from .journal import BatchRecord, Journal
 from .liveness import runs_alive
 from .masking import display_url, redact, url_secrets
 from .options import TableName, WriteOptions, parse_url
+from .parts import recorded_targets
 from .xid import Xid
 
 log = logging.getLogger(__name__)
@@ -125,8 +126,16 @@ class StatusReport:
         return d
 
 
-def _coordinator(dialect: Dialect, url_options: WriteOptions, sink_id: str) -> Coordinator:
-    return Coordinator(replace(url_options, sink_id=sink_id, sink_id_given=True), dialect)
+def _coordinator(dialect: Dialect, url_options: WriteOptions, sink_id: str, journal: Journal) -> Coordinator:
+    return Coordinator(replace(url_options, sink_id=sink_id, sink_id_given=True), dialect, journal)
+
+
+def _journal(dialect: Dialect, journal_url: str | None, journal_schema: str | None, journal_prefix: str) -> Journal:
+    """The decision log: in the database itself, or (``journal_url``) in the database holding the log of a
+    multi-target transaction whose branches are in this one."""
+    if journal_url is None:
+        return Journal(dialect, journal_schema, journal_prefix)
+    return Journal(_dialect(_base_options(journal_url, journal_schema, journal_prefix)), journal_schema, journal_prefix)
 
 
 def _base_options(url: str, journal_schema: str | None, journal_prefix: str) -> WriteOptions:
@@ -149,10 +158,11 @@ def _masked(options: WriteOptions) -> str:
 def _survey(
     dialect: Dialect, journal: Journal, sink_filter: str | None, older_than_s: float, rollback_foreign: set[str]
 ) -> tuple[list[PreparedEntry], dict[str, list[BatchRecord]], bool]:
-    with dialect.connect() as conn:
+    with dialect.connect() as tconn:
+        prepared: list[PreparedTxn] = dialect.list_prepared(tconn)
+        now: Any = dialect.server_now(tconn)
+    with journal.dialect.connect() as conn:  # the log may live in another database (--journal-url)
         has_journal = journal.exists(conn)
-        prepared: list[PreparedTxn] = dialect.list_prepared(conn)
-        now: Any = dialect.server_now(conn)
         known_sinks = set(journal.sink_ids(conn)) if has_journal else set()
         log_id = journal.find_log_id(conn) if has_journal else None
         pending: dict[str, list[BatchRecord]] = {}
@@ -177,7 +187,8 @@ def _survey(
                 for (b, run), at in journal.claimed_at(conn, sink, undated).items():
                     claimed[(sink, b, run)] = at
                 undecided = batches - {b for (s, b) in decisions if s == sink}
-                for (b, run), live in runs_alive(dialect, conn, journal.claim_states(conn, sink, undecided)).items():
+                claims = journal.claim_states(conn, sink, undecided)
+                for (b, run), live in runs_alive(journal.dialect, conn, claims).items():
                     alive[(sink, b, run)] = live
     entries = []
     for p in prepared:
@@ -228,18 +239,21 @@ def recover(
     journal_schema: str | None = None,
     journal_prefix: str = "xasink_",
     rollback_foreign: tuple[str, ...] | list[str] = (),
+    journal_url: str | None = None,
 ) -> RecoverReport:
     """List every prepared transaction, plan what recovery does with each, and (unless ``dry_run``) do it.
 
     Problems found while planning (a missing decision log, a ``rollback_foreign`` name that is not a
     foreign prepared transaction) are reported in ``errors`` and nothing at all is changed: an operator's
     mistake must not half-run.  Problems while acting are reported per sink; the other sinks still run.
+    With ``journal_url``, the branches in ``url``'s database are judged by the decision log in that other
+    database (a multi-target transaction's): only branches carrying that log's id are touched.
     """
     _check_threshold(older_than_s)
     base = _base_options(url, journal_schema, journal_prefix)
     report = RecoverReport(_masked(base), dry_run, older_than_s)
     dialect = _dialect(base)
-    journal = Journal(dialect, journal_schema, journal_prefix)
+    journal = _journal(dialect, journal_url, journal_schema, journal_prefix)
     try:
         entries, pending, has_journal = _survey(dialect, journal, sink_id, older_than_s, set(rollback_foreign))
         report.entries = entries
@@ -248,7 +262,9 @@ def recover(
             report.errors.append(
                 f"decision log {journal.batches.fullname} not found: xasink branches are prepared but their decisions "
                 "cannot be read, so none of them is touched (a decided branch must be committed, never rolled "
-                "back); pass --journal-schema / --journal-prefix as the writers used them"
+                "back); pass --journal-schema / --journal-prefix as the writers used them, or --journal-url when "
+                "they belong to a multi-target transaction whose decision log is in another database (the log's "
+                "id is in each branch's xid)"
             )
             for e in entries:
                 if e.ours:
@@ -259,7 +275,7 @@ def recover(
             report.errors.append("nothing was changed")
             return report
         report.acted = True
-        _act(dialect, base, report, pending, older_than_s)
+        _act(dialect, base, report, pending, older_than_s, journal)
         with dialect.connect() as conn:
             still = {p.gid for p in dialect.list_prepared(conn)}
         for e in report.entries:
@@ -275,6 +291,7 @@ def recover(
         raise _server_error(exc, dialect) from None
     finally:
         dialect.dispose()
+        journal.dialect.dispose()
 
 
 def _check_foreign_names(entries: list[PreparedEntry], names: tuple[str, ...] | list[str]) -> list[str]:
@@ -298,13 +315,14 @@ def _act(
     report: RecoverReport,
     pending: dict[str, list[BatchRecord]],
     older_than_s: float,
+    journal: Journal,
 ) -> None:
     """Each sink through :meth:`Coordinator.recover` (its rule, under its sink lock), then the named foreign ones."""
     acting = (COMMIT, ROLLBACK_ORPHAN, ROLLBACK_UNDECIDED)
     sinks = {e.sink_id for e in report.entries if e.ours and e.sink_id and e.action in acting} | set(pending)
     for sink in sorted(sinks):
         try:
-            result = _coordinator(dialect, base, sink).recover(min_age_s=older_than_s)
+            result = _coordinator(dialect, base, sink, journal).recover(min_age_s=older_than_s)
             if result.finished_batches:
                 report.finished_batches[sink] = result.finished_batches
         except Exception as exc:  # noqa: BLE001 - reported per sink; the others still run
@@ -327,12 +345,13 @@ def status(
     journal_prefix: str = "xasink_",
     older_than_s: float = DEFAULT_OLDER_THAN_S,
     recent: int = 5,
+    journal_url: str | None = None,
 ) -> StatusReport:
     """Per sink: last committed batch, batches in doubt, prepared branches, recent figures.  Reads only."""
     _check_threshold(older_than_s)
     base = _base_options(url, journal_schema, journal_prefix)
     dialect = _dialect(base)
-    journal = Journal(dialect, journal_schema, journal_prefix)
+    journal = _journal(dialect, journal_url, journal_schema, journal_prefix)
     try:
         entries, pending, has_journal = _survey(dialect, journal, sink_id, older_than_s, set())
         report = StatusReport(
@@ -348,8 +367,8 @@ def status(
                 "as the writers used them"
             )
         sinks: set[str] = {e.sink_id for e in entries if e.ours and e.sink_id} | set(pending)
-        with dialect.connect() as conn:
-            now = dialect.server_now(conn)  # decided_at is stamped by the same clock, in UTC
+        with journal.dialect.connect() as conn:
+            now = journal.dialect.server_now(conn)  # decided_at is stamped by the same clock, in UTC
             if has_journal:
                 sinks |= set(journal.sink_ids(conn)) if sink_id is None else {sink_id}
             for sink in sorted(sinks):
@@ -377,6 +396,10 @@ def status(
                                 "prepare_ms": r.prepare_ms,
                                 "commit_ms": r.commit_ms,
                                 "decided_at": r.decided_at.isoformat() if r.decided_at else None,
+                                # a multi-target transaction's databases and tables (None: one table)
+                                "targets": recorded_targets(journal.target_of(conn, sink, r.batch_id)[1])
+                                if has_journal
+                                else None,
                             }
                             for r in sorted(records, key=lambda r: r.batch_id, reverse=True)[:recent]
                         ],
@@ -387,6 +410,7 @@ def status(
         raise _server_error(exc, dialect) from None
     finally:
         dialect.dispose()
+        journal.dialect.dispose()
 
 
 def _seconds(delta: timedelta) -> float:

@@ -132,7 +132,7 @@ def settle_prepared(dialect: Dialect, journal: Journal, me: Xid) -> None:
         else:
             claims = journal.claim_states(conn, me.sink_id, {me.batch_id})
             mine = {k: v for k, v in claims.items() if k == (me.batch_id, me.run)}
-            if mine and runs_alive(dialect, conn, mine).get((me.batch_id, me.run)) is False:
+            if mine and runs_alive(journal.dialect, conn, mine).get((me.batch_id, me.run)) is False:
                 reason = (
                     "can never be decided by this run (it aborted, lost the batch to a newer writer, "
                     "or its driver is gone)"
@@ -186,11 +186,15 @@ def write_partition(
     log_id: str | None = None,
     guard: str | None = None,
     query: str | None = None,
+    journal_url: sa.engine.URL | None = None,
 ) -> BranchOutcome:
     """Write one partition as one prepared branch and report it.
 
     ``log_id`` is the decision log's identity as the driver read it when it planned the write (else it is
     read here, once per worker process); the branch's xid carries it, so only that log ever finishes it.
+    ``journal_url`` names the decision log of a multi-target transaction (xasink.transaction), which
+    claimed the batch and cleared stale branches before this write began: the task only prepares, and
+    checks under that log's lock that it did not prepare too late.
     ``guard`` names the session lock the run's driver holds (xasink.liveness): sweeps leave the run's
     branches alone while it is held.  ``query`` is the streaming query's id, recorded with the batch.
     """
@@ -200,14 +204,20 @@ def write_partition(
     if first is None:
         return BranchOutcome(partition, None, query=query)
     dialect = shared_dialect(options.url, options.branch_settings)  # kept for the worker's next task
-    journal = _shared_journal(dialect, options)
+    tx = journal_url is not None
+    log_dialect = shared_dialect(journal_url, options.branch_settings) if journal_url is not None else dialect
+    journal = _shared_journal(log_dialect, options)
     xid = Xid(log_id or journal.log_id(), options.sink_id, batch_id, partition, attempt_token(task_attempt_id, run))
     # connecting the branch (ADBC reads the server's type catalogue) overlaps the decision-log check;
     # the branch touches no row until clear_blockers has returned
     with ThreadPoolExecutor(1, thread_name_prefix="xasink-open") as pool:
         opening = pool.submit(dialect.open_branch, xid, plan)
         try:
-            clearance = clear_blockers(dialect, journal, xid, guard, (options.table.schema, options.table.name, query))
+            clearance = (
+                Clearance()
+                if tx
+                else clear_blockers(dialect, journal, xid, guard, (options.table.schema, options.table.name, query))
+            )
         except BaseException:
             _discard(opening)
             raise

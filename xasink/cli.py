@@ -125,6 +125,13 @@ def _print_recover(report: admin.RecoverReport) -> None:
     )
 
 
+def _targets(targets: list[dict[str, str]] | None) -> str:
+    """A multi-target batch's tables and databases; '-' for a single table's batch."""
+    if not targets:
+        return "-"
+    return ", ".join(f"{t.get('schema')}.{t.get('table')}@{t.get('server') or t.get('db')}" for t in targets)
+
+
 def _print_status(report: admin.StatusReport) -> None:
     print(f"server: {report.url}")
     rows = [
@@ -144,7 +151,7 @@ def _print_status(report: admin.StatusReport) -> None:
             print(f"\nrecent batches of {s.sink_id}:")
             print(
                 _table(
-                    ["batch", "state", "rows", "branches", "prepare ms", "commit ms", "decided (UTC)"],
+                    ["batch", "state", "rows", "branches", "prepare ms", "commit ms", "decided (UTC)", "targets"],
                     [
                         (
                             r["batch_id"],
@@ -154,6 +161,7 @@ def _print_status(report: admin.StatusReport) -> None:
                             r["prepare_ms"],
                             r["commit_ms"],
                             r["decided_at"],
+                            _targets(r.get("targets")),
                         )
                         for r in s.recent
                     ],
@@ -185,6 +193,11 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--journal-schema", help="schema of the decision log tables, if the writers set journalSchema")
         sp.add_argument("--journal-prefix", default="xasink_", help="table prefix of the decision log")
         sp.add_argument(
+            "--journal-url",
+            help="database holding the decision log, when it is not --url's: the log of a multi-target "
+            "transaction (xasink.transaction) whose branches are in --url's database; never printed",
+        )
+        sp.add_argument(
             "--older-than",
             default="10m",
             help="age threshold (e.g. 90s, 10m, 2h; default 10m): "
@@ -214,7 +227,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format=_LOG_FORMAT)
     for handler in logging.getLogger().handlers:  # log lines and -v tracebacks pass through redact too
-        handler.setFormatter(RedactingFormatter(_LOG_FORMAT, _secrets(getattr(args, "url", None))))
+        secrets = _secrets(getattr(args, "url", None)) + _secrets(getattr(args, "journal_url", None))
+        handler.setFormatter(RedactingFormatter(_LOG_FORMAT, secrets))
     try:
         if args.command == "demo":
             from .spark.demo import run_demo
@@ -232,6 +246,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 journal_schema=args.journal_schema,
                 journal_prefix=args.journal_prefix,
                 rollback_foreign=tuple(args.rollback_foreign),
+                journal_url=args.journal_url,
             )
             print(json.dumps(report.to_dict(), indent=2, default=str)) if args.json else _print_recover(report)
             return report.exit_code
@@ -241,12 +256,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             journal_schema=args.journal_schema,
             journal_prefix=args.journal_prefix,
             older_than_s=older,
+            journal_url=args.journal_url,
         )
         print(json.dumps(status.to_dict(), indent=2, default=str)) if args.json else _print_status(status)
         return status.exit_code
     except Exception as exc:  # noqa: BLE001 - every failure is exit code 2 with a message, never a traceback
         text = str(exc) if isinstance(exc, XasinkError) else f"{type(exc).__name__}: {exc}"
-        text = _mask(text, getattr(args, "url", None))
+        text = _mask(_mask(text, getattr(args, "url", None)), getattr(args, "journal_url", None))
         if getattr(args, "json", False):
             print(json.dumps({"error": text, "exit_code": 2}))
         else:

@@ -22,7 +22,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from .dialects import dialect_for
-from .dialects.base import Dialect, ErrorKind
+from .dialects.base import Dialect, ErrorKind, PreparedTxn
 from .errors import (
     BatchAbortedError,
     BatchIdentityError,
@@ -37,6 +37,7 @@ from .journal import BatchRecord, Journal, forgotten_message, identity_message, 
 from .liveness import runs_alive
 from .masking import redact, url_secrets
 from .options import WriteOptions
+from .parts import decided_parts, mark_parts_committed, server_identity
 from .results import BranchOutcome, WriteResult
 from .xid import Xid
 
@@ -60,15 +61,24 @@ class RecoveryReport:
 class Coordinator:
     """One sink's coordinator; cheap to create, holds no state between calls but a connection pool."""
 
-    def __init__(self, options: WriteOptions, dialect: Dialect | None = None) -> None:
+    def __init__(self, options: WriteOptions, dialect: Dialect | None = None, journal: Journal | None = None) -> None:
+        """``journal`` is the decision log when it lives in another database than the branches (a
+        multi-target transaction's log); by default the log is in the target database."""
         self.options = options
         self.sink_id = options.sink_id
         # check_server reads the branch settings; the pool serves the commit's parallel COMMITs and its journal steps
         self.dialect = dialect or dialect_for(options.url, options.branch_settings, options.commit_parallelism + 2)
-        self.journal = Journal(self.dialect, options.journal_schema, options.journal_prefix)
+        self.journal = journal or Journal(self.dialect, options.journal_schema, options.journal_prefix)
 
     def close(self) -> None:
         self.dialect.dispose()
+
+    def _prepared(self, log_conn: Connection) -> list[PreparedTxn]:
+        """The branches prepared in the target database, listed while ``log_conn`` holds the log's sink lock."""
+        if self.journal.dialect is self.dialect:
+            return self.dialect.list_prepared(log_conn)
+        with self.dialect.connect() as conn:
+            return self.dialect.list_prepared(conn)
 
     # -- set-up -------------------------------------------------------------------
     def preflight(self, branches: int | None = None) -> None:
@@ -191,7 +201,7 @@ class Coordinator:
         try:
             with self.journal.locked(self.sink_id) as conn:
                 other = self.journal.get(conn, self.sink_id, record.batch_id)
-                prepared = {p.xid for p in self.dialect.list_prepared(conn) if self.journal.owns(p.xid, conn)}
+                prepared = {p.xid for p in self._prepared(conn) if self.journal.owns(p.xid, conn)}
                 missing = [x for x in record.xids if x not in prepared]
                 holder = self.journal.holder(conn, self.sink_id, record.batch_id)
                 taken_over = holder is not None and any(x.run != holder for x in record.xids)
@@ -253,7 +263,7 @@ class Coordinator:
             with self.journal.locked(self.sink_id) as conn:
                 found = self.journal.get(conn, self.sink_id, batch)
                 if found is None or set(found.xids) != set(record.xids):
-                    prepared = {p.xid for p in self.dialect.list_prepared(conn) if p.xid is not None}
+                    prepared = {p.xid for p in self._prepared(conn) if p.xid is not None}
                     kept = set(found.xids) if found is not None else set()
                     self._rollback([x for x in record.xids if x in prepared and x not in kept])
                 return found
@@ -315,7 +325,7 @@ class Coordinator:
         """Mark the batch committed (retried like the commits); its rows are all visible by now."""
 
         def mark() -> bool:
-            with self.dialect.connect() as conn:
+            with self.journal.dialect.connect() as conn:
                 return self.journal.mark_committed(conn, self.sink_id, batch_id, commit_ms)
 
         try:
@@ -487,20 +497,24 @@ class Coordinator:
         batch held by another run (one that took the batch over) are left to it.
         """
         report = RecoveryReport()
-        with self.dialect.connect() as conn:
+        with self.journal.dialect.connect() as conn:
             pending = [r for r in self.journal.pending(conn, self.sink_id) if upto is None or r.batch_id <= upto]
         for record in pending:
+            if self._finish_parts(record, report):
+                continue  # a multi-target batch: only this database's parts are finished here
+            if self.journal.dialect is not self.dialect:
+                continue  # a single table's batch of the log's own database: finished from there
             report.committed += self._commit_branches(record.xids)
-            with self.dialect.connect() as conn:
+            with self.journal.dialect.connect() as conn:
                 self.journal.mark_committed(conn, self.sink_id, record.batch_id, None)
             report.finished_batches.append(record.batch_id)
             log.info("recovery finished decided batch %s of sink %s", record.batch_id, self.sink_id)
         to_commit: list[Xid] = []
         with self.journal.locked(self.sink_id) as conn:
-            now = self.dialect.server_now(conn)
+            now = self.journal.dialect.server_now(conn)
             mine = [
                 p
-                for p in self.dialect.list_prepared(conn)
+                for p in self._prepared(conn)
                 if self.journal.owns(p.xid, conn)
                 and p.xid is not None
                 and p.xid.sink_id == self.sink_id
@@ -511,7 +525,7 @@ class Coordinator:
             undated = {p.xid.batch_id for p in mine if p.xid and p.prepared_at is None} if min_age_s > 0 else set()
             claimed = self.journal.claimed_at(conn, self.sink_id, undated)
             undecided = {p.xid.batch_id for p in mine if p.xid and p.xid.batch_id not in decided}
-            alive = runs_alive(self.dialect, conn, self.journal.claim_states(conn, self.sink_id, undecided))
+            alive = runs_alive(self.journal.dialect, conn, self.journal.claim_states(conn, self.sink_id, undecided))
             doomed = []
             for p in mine:
                 assert p.xid is not None
@@ -531,8 +545,31 @@ class Coordinator:
             report.committed += self._commit_branches(to_commit)
         return report
 
-    def _trim(self) -> None:
+    def _finish_parts(self, record: BatchRecord, report: RecoveryReport) -> bool:
+        """Finish this database's parts of a decided multi-target batch; False for a single-target batch.
+
+        Each part's branches are committed through this database only when the part was written here
+        (its server identity); the batch is marked committed once every part is.
+        """
         with self.dialect.connect() as conn:
+            here = server_identity(conn)
+        with self.journal.dialect.connect() as conn:
+            parts = decided_parts(conn, self.journal, self.sink_id, record.batch_id, record.xids)
+        if not parts:
+            return False
+        mine = [p for p in parts if p.server == here and not p.committed]
+        for part in mine:
+            report.committed += self._commit_branches(part.xids)
+        with self.journal.dialect.connect() as conn:
+            mark_parts_committed(conn, self.journal, mine)
+            if all(p.committed or p in mine for p in parts):
+                self.journal.mark_committed(conn, self.sink_id, record.batch_id, None)
+                report.finished_batches.append(record.batch_id)
+                log.info("recovery finished decided multi-target batch %s of sink %s", record.batch_id, self.sink_id)
+        return True
+
+    def _trim(self) -> None:
+        with self.journal.dialect.connect() as conn:
             self.journal.trim(conn, self.sink_id, self.options.journal_retention)
 
 

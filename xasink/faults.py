@@ -38,6 +38,7 @@ POINTS = (
     "driver.after_first_commit",  # one branch committed, others maybe not
     "driver.after_commits",  # every branch committed, before the batch is marked committed
     "driver.after_mark",  # batch marked committed, before the sweep and before Spark's own commit log
+    "tx.after_write",  # a transaction's write prepared and recorded its part (p=write number), others not yet
 )
 
 # where Spark tasks can read a per-job spec; set by the Spark adapter

@@ -171,6 +171,29 @@ def journal_metadata(
     return sinks, batches, claims, logs
 
 
+def parts_table(md: sa.MetaData, prefix: str = "xasink_") -> sa.Table:
+    """One row per write of a multi-target transaction (xasink.transaction): its target and prepared xids.
+
+    Recorded by the write's commit without deciding; the transaction decides over all its parts at once,
+    and recovery finishes each database's parts (``server``) against this one log.
+    """
+    return sa.Table(
+        f"{prefix}parts",
+        md,
+        sa.Column("sink_id", sa.String(32), primary_key=True),
+        sa.Column("batch_id", sa.BigInteger, primary_key=True, autoincrement=False),
+        sa.Column("run", sa.String(8), primary_key=True),
+        sa.Column("part", sa.Integer, primary_key=True, autoincrement=False),
+        sa.Column("server", sa.String(300), nullable=False),  # the target database's server identity
+        sa.Column("target", sa.Text, nullable=False),  # JSON {"db", "schema", "table"}
+        sa.Column("xids", sa.Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb"), nullable=False),
+        sa.Column("rows", sa.BigInteger, nullable=False),
+        sa.Column("prepare_ms", sa.Integer, nullable=False),
+        sa.Column("committed", sa.Boolean(create_constraint=False), nullable=False),
+        mysql_engine="InnoDB",
+    )
+
+
 def identity_message(sink_id: str, batch_id: int, recorded: str | None, mine: str) -> str:
     return (
         f"sink {sink_id} batch {batch_id} was committed to {describe_target(recorded)}, and is now being written "
@@ -195,12 +218,13 @@ class Journal:
     def __init__(self, dialect: Dialect, schema: str | None = None, prefix: str = "xasink_") -> None:
         self.dialect = dialect
         self.sinks, self.batches, self.claims, self.logs = journal_metadata(schema, prefix)
+        self.parts = parts_table(self.sinks.metadata, prefix)
         self._known_sinks: set[str] = set()
         self._log_id: str | None = None
 
     @property
     def tables(self) -> tuple[sa.Table, ...]:
-        return (self.logs, self.sinks, self.batches, self.claims)
+        return (self.logs, self.sinks, self.batches, self.claims)  # parts: made by a transaction (xasink.parts)
 
     # -- set-up ---------------------------------------------------------------
     def exists(self, conn: Connection) -> bool:
@@ -549,5 +573,8 @@ class Journal:
                 .values(xids="[]", compacted=True)
             )
             conn.execute(self.claims.delete().where(c.sink_id == sink_id, c.batch_id.in_(chunk)))
+            if sa.inspect(conn).has_table(self.parts.name, schema=self.parts.schema):
+                p = self.parts.c
+                conn.execute(self.parts.delete().where(p.sink_id == sink_id, p.batch_id.in_(chunk)))
         conn.commit()
         return len(old)

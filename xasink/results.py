@@ -40,3 +40,41 @@ class WriteResult:
         )
         times = ", ".join(f"{k} {v:.3f}s" for k, v in self.timings.items())
         return f"sink {self.sink_id} batch {self.batch_id}: {what}" + (f" ({times})" if times else "")
+
+
+@dataclass(frozen=True)
+class TargetResult:
+    """One write of a multi-target transaction: where it went and what it prepared."""
+
+    part: int
+    server: str  # the database, as its server names itself
+    table: str  # schema.table
+    rows: int
+    branches: int
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TransactionResult:
+    """The outcome of one multi-target transaction (``xasink.transaction``): all its writes, or none."""
+
+    sink_id: str
+    batch_id: int
+    skipped: bool  # a replay of a committed transaction: nothing written
+    targets: tuple[TargetResult, ...] = ()
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def rows(self) -> int:
+        return sum(t.rows for t in self.targets)
+
+    @property
+    def branches(self) -> int:
+        return sum(t.branches for t in self.targets)
+
+    def __str__(self) -> str:
+        what = (
+            "skipped (already committed)" if self.skipped else f"committed {self.rows} rows in {self.branches} branches"
+        )
+        where = "; ".join(f"{t.table}@{t.server}: {t.rows} rows" for t in self.targets)
+        return f"sink {self.sink_id} transaction {self.batch_id}: {what}" + (f" ({where})" if where else "")

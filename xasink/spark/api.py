@@ -15,7 +15,7 @@ from ..coordinator import Coordinator
 from ..dialects import dialect_for
 from ..journal import Journal
 from ..masking import redact, url_secrets
-from ..options import parse_options
+from ..options import WriteOptions, parse_options
 from ..results import WriteResult
 from ..xid import new_run_nonce
 from .datasource import RUN_OPTION, XasinkDataSource, check_batch_order
@@ -87,13 +87,7 @@ def write(
     parsed = parse_options(raw)
     raw["sinkId"] = parsed.sink_id  # a generated id must be the same for the write and the result look-up
     register(df.sparkSession)
-    unknown = [k for k in parsed.upsert_key_columns if k.lower() not in {c.lower() for c in df.columns}]
-    if unknown:  # say it in our words before Spark's repartition fails on it
-        raise errors.PreflightError(f"option 'upsertKeyColumns': '{unknown[0]}' is not a column of the DataFrame")
-    if parsed.upsert_key_columns:  # equal keys in two branches: the second waits on the first, prepared, until timeout
-        df = df.repartition(parsed.num_partitions or df.rdd.getNumPartitions(), *parsed.upsert_key_columns)
-    elif parsed.num_partitions is not None and df.rdd.getNumPartitions() > parsed.num_partitions:
-        df = df.coalesce(parsed.num_partitions)
+    df = shape(df, parsed)
     dialect = dialect_for(parsed.url)
     journal = Journal(dialect, parsed.journal_schema, parsed.journal_prefix)
     run = new_run_nonce()
@@ -130,6 +124,19 @@ def write(
     )
     log.info("%s", result)
     return result
+
+
+def shape(df: DataFrame, parsed: WriteOptions) -> DataFrame:
+    """Partition ``df`` for the write: by the upsert keys (equal keys in one branch), or coalesced to
+    ``numPartitions``."""
+    unknown = [k for k in parsed.upsert_key_columns if k.lower() not in {c.lower() for c in df.columns}]
+    if unknown:  # say it in our words before Spark's repartition fails on it
+        raise errors.PreflightError(f"option 'upsertKeyColumns': '{unknown[0]}' is not a column of the DataFrame")
+    if parsed.upsert_key_columns:  # equal keys in two branches: the second waits on the first, prepared, until timeout
+        return df.repartition(parsed.num_partitions or df.rdd.getNumPartitions(), *parsed.upsert_key_columns)
+    if parsed.num_partitions is not None and df.rdd.getNumPartitions() > parsed.num_partitions:
+        return df.coalesce(parsed.num_partitions)
+    return df
 
 
 def _record(journal: Journal, sink_id: str, batch_id: int) -> Any:

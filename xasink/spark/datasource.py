@@ -37,6 +37,7 @@ from ..options import WriteOptions, parse_options
 from ..results import BranchOutcome
 from ..schema import plan_target
 from ..xid import new_run_nonce
+from .txwrite import TX_URL_OPTION, TxWrite, abort_tx_write, prepare_tx_write, record_tx_part, tx_write
 
 log = logging.getLogger("xasink")
 
@@ -102,7 +103,12 @@ def _prepare(options: WriteOptions, schema: StructType, branches: int | None) ->
 
 
 def _write_task(
-    options: WriteOptions, plan: WritePlan, run: str, batch_id: int, iterator: Iterator[pa.RecordBatch]
+    options: WriteOptions,
+    plan: WritePlan,
+    run: str,
+    batch_id: int,
+    iterator: Iterator[pa.RecordBatch],
+    tx: TxWrite | None = None,
 ) -> XasinkCommitMessage:
     ctx = TaskContext.get()
     assert ctx is not None, "xasink writers run inside Spark tasks"
@@ -124,6 +130,7 @@ def _write_task(
         log_id=plan.log_id,
         guard=plan.guard,
         query=ctx.getLocalProperty(STREAM_QUERY_PROPERTY),
+        journal_url=tx.journal_url if tx is not None else None,
     )
     return XasinkCommitMessage(outcome)
 
@@ -133,15 +140,21 @@ def _outcomes(messages: list[WriterCommitMessage | None]) -> list[BranchOutcome 
 
 
 class XasinkBatchWriter(DataSourceArrowWriter):
-    def __init__(self, options: WriteOptions, plan: WritePlan, run: str | None = None) -> None:
+    def __init__(
+        self, options: WriteOptions, plan: WritePlan, run: str | None = None, tx: TxWrite | None = None
+    ) -> None:
         self.options = options
         self.plan = plan
         self.run = run or new_run_nonce()
+        self.tx = tx
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> XasinkCommitMessage:
-        return _write_task(self.options, self.plan, self.run, self.options.batch_id, iterator)
+        return _write_task(self.options, self.plan, self.run, self.options.batch_id, iterator, self.tx)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        if self.tx is not None:  # inside xasink.transaction(): record the part, the transaction decides
+            record_tx_part(self.options, self.tx, self.run, _outcomes(messages))
+            return
         coordinator = Coordinator(self.options)
         try:  # the coordinator logs the batch's figures
             coordinator.commit(self.options.batch_id, _outcomes(messages))
@@ -149,6 +162,9 @@ class XasinkBatchWriter(DataSourceArrowWriter):
             coordinator.close()
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        if self.tx is not None:
+            abort_tx_write(self.options, self.tx, self.run, _outcomes(messages))
+            return
         coordinator = Coordinator(self.options)
         try:
             coordinator.abort(self.options.batch_id, _outcomes(messages), settle_s=ABORT_SETTLE_S, run=self.run)
@@ -281,7 +297,7 @@ class XasinkDataSource(DataSource):
         return "xasink"
 
     def _options(self, streaming: bool) -> WriteOptions:
-        opts: dict[str, Any] = {k: v for k, v in self.options.items() if k.lower() != RUN_OPTION}
+        opts: dict[str, Any] = {k: v for k, v in self.options.items() if not k.lower().startswith("xasink.")}
         return parse_options(opts, streaming=streaming)
 
     def _run(self) -> str | None:
@@ -297,6 +313,12 @@ class XasinkDataSource(DataSource):
                 "without blocking them. Use mode('append'), or upsertKeyColumns to merge."
             )
         options = self._options(streaming=False)
+        tx = tx_write(self.options)
+        if tx is not None:  # inside xasink.transaction(): it claimed the batch and swept; plan and write only
+            run = self._run()
+            if run is None:
+                raise OptionError(f"option '{TX_URL_OPTION}' is internal to xasink.transaction()")
+            return XasinkBatchWriter(options, prepare_tx_write(options, schema, tx), run, tx)
         plan = _prepare(options, schema, options.num_partitions)
         run = self._run() or new_run_nonce()
         coordinator = Coordinator(options)

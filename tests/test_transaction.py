@@ -1,0 +1,304 @@
+"""xasink.transaction(): one atomic batch across tables in PostgreSQL and MariaDB together.
+
+Every test writes into both databases (the session's private PostgreSQL and a MariaDB database) and
+checks, with the plain drivers, that each table holds exactly all of its rows or exactly none, and that
+no branch of the test's sink is left prepared on either server.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+
+import xasink
+from tests.targets import MARIADB, POSTGRESQL, Target, make_target
+from xasink import admin
+
+pytestmark = [pytest.mark.spark, pytest.mark.mariadb]
+
+
+@pytest.fixture
+def maria(mariadb_url: str) -> Iterator[Target]:
+    target = make_target(MARIADB, mariadb_url)
+    try:
+        yield target
+    finally:
+        target.cleanup()
+
+
+@pytest.fixture
+def pgt(pg_url: str) -> Iterator[Target]:
+    target = make_target(POSTGRESQL, pg_url)
+    try:
+        yield target
+    finally:
+        target.cleanup()
+
+
+@pytest.fixture
+def sink() -> Iterator[str]:
+    yield f"tx{uuid.uuid4().hex[:8]}"
+
+
+def frame(spark: SparkSession, lo: int, hi: int, parts: int = 2) -> DataFrame:
+    return spark.range(lo, hi, 1, parts).selectExpr("cast(id as int) as id", "concat('n', id) as name")
+
+
+def failing(spark: SparkSession, lo: int, hi: int) -> DataFrame:
+    """A frame whose second partition's task fails (a division by zero in ANSI mode): its job fails."""
+    return spark.range(lo, hi, 1, 2).selectExpr(
+        "cast(id as int) as id", f"concat('n', cast(1 / (case when id >= {hi - 1} then 0 else 1 end) as int)) as name"
+    )
+
+
+def rows(target: Target, table: str) -> list[tuple[Any, ...]]:
+    return target.rows(table) if target.table_exists(table) else []
+
+
+def expect(lo: int, hi: int) -> list[tuple[int, str]]:
+    return [(i, f"n{i}") for i in range(lo, hi)]
+
+
+def assert_clean(sink: str, *targets: Target) -> None:
+    for t in targets:
+        assert t.prepared(sink) == [], (t, t.prepared(sink))
+
+
+def three_tables(pgt: Target, maria: Target) -> tuple[str, str, str]:
+    orders, lines, events = pgt.new_table(), pgt.new_table(), maria.new_table()
+    for t, name in ((pgt, orders), (pgt, lines), (maria, events)):
+        t.keyed_table(name)
+    return orders, lines, events
+
+
+def test_three_tables_two_databases_commit_together(spark, pgt, maria, sink):  # type: ignore[no-untyped-def]
+    orders, lines, events = three_tables(pgt, maria)
+    with xasink.transaction(sink_id=sink, batch_id=7) as tx:
+        r1 = tx.write(frame(spark, 0, 10), pgt.url, orders)
+        tx.write(frame(spark, 100, 120), pgt.url, lines, upsertKeyColumns="id")
+        tx.write(frame(spark, 200, 205), maria.url, events)
+        assert rows(pgt, orders) == [] and rows(maria, events) == []  # prepared, not visible yet
+    assert r1.rows == 10
+    assert rows(pgt, orders) == expect(0, 10)
+    assert rows(pgt, lines) == expect(100, 120)
+    assert rows(maria, events) == expect(200, 205)
+    assert tx.result is not None and not tx.result.skipped
+    assert [(t.table, t.rows) for t in tx.result.targets] == [(orders, 10), (lines, 20), (events, 5)]
+    assert tx.result.rows == 35
+    # the decision log is in the first write's database: one decided row, committed
+    (state,) = pgt.execute("SELECT state FROM xasink_batches WHERE sink_id = %s AND batch_id = 7", sink)
+    assert state == ("committed",)
+    assert_clean(sink, pgt, maria)
+
+    # the same transaction again: a replay writes nothing anywhere
+    with xasink.transaction(sink_id=sink, batch_id=7) as tx2:
+        r = tx2.write(frame(spark, 0, 10), pgt.url, orders)
+        tx2.write(frame(spark, 100, 120), pgt.url, lines, upsertKeyColumns="id")
+        tx2.write(frame(spark, 200, 205), maria.url, events)
+    assert r.skipped and tx2.result is not None and tx2.result.skipped
+    assert rows(pgt, orders) == expect(0, 10) and rows(maria, events) == expect(200, 205)
+    assert_clean(sink, pgt, maria)
+
+
+def test_a_failure_in_the_last_write_rolls_back_every_write(spark, pgt, maria, sink):  # type: ignore[no-untyped-def]
+    orders, lines, events = three_tables(pgt, maria)
+    spark.conf.set("spark.sql.ansi.enabled", "true")
+    with pytest.raises(xasink.XasinkError), xasink.transaction(sink_id=sink, batch_id=1) as tx:
+        tx.write(frame(spark, 0, 10), pgt.url, orders)
+        tx.write(frame(spark, 100, 120), maria.url, events)
+        tx.write(failing(spark, 200, 210), pgt.url, lines)
+    assert rows(pgt, orders) == [] and rows(pgt, lines) == [] and rows(maria, events) == []
+    assert pgt.execute("SELECT count(*) FROM xasink_batches WHERE sink_id = %s", sink) == [(0,)]
+    assert_clean(sink, pgt, maria)
+    # the same batch id runs again and commits: nothing of the failed attempt counts
+    with xasink.transaction(sink_id=sink, batch_id=1) as tx:
+        tx.write(frame(spark, 0, 10), pgt.url, orders)
+        tx.write(frame(spark, 100, 120), maria.url, events)
+    assert rows(pgt, orders) == expect(0, 10) and rows(maria, events) == expect(100, 120)
+    assert_clean(sink, pgt, maria)
+
+
+def test_an_exception_in_the_block_after_two_writes_rolls_back_both(spark, pgt, maria, sink):  # type: ignore[no-untyped-def]
+    orders, _, events = three_tables(pgt, maria)
+    with (
+        pytest.raises(RuntimeError, match="user code"),
+        xasink.transaction(sink_id=sink, batch_id=3, journal_url=maria.url) as tx,
+    ):
+        tx.write(frame(spark, 0, 10), pgt.url, orders)
+        tx.write(frame(spark, 100, 120), maria.url, events)
+        raise RuntimeError("user code failed")
+    assert rows(pgt, orders) == [] and rows(maria, events) == []
+    assert_clean(sink, pgt, maria)
+
+
+def test_the_same_table_twice_lands_both_writes(spark, pgt, maria, sink):  # type: ignore[no-untyped-def]
+    orders, _, events = three_tables(pgt, maria)
+    with xasink.transaction(sink_id=sink, batch_id=4, journal_url=maria.url) as tx:
+        tx.write(frame(spark, 0, 10), maria.url, events)
+        tx.write(frame(spark, 10, 15), maria.url, events)
+        tx.write(frame(spark, 0, 3), pgt.url, orders)
+    assert rows(maria, events) == expect(0, 15)
+    assert rows(pgt, orders) == expect(0, 3)
+    # the log is MariaDB's: the decision lists the PostgreSQL branches too
+    (n,) = maria.execute("SELECT branches FROM xasink_batches WHERE sink_id = %s AND batch_id = 4", sink)
+    assert n == (6,)
+    assert_clean(sink, pgt, maria)
+
+
+def test_writes_from_several_threads_are_decided_together(spark, pgt, maria, sink):  # type: ignore[no-untyped-def]
+    orders, lines, events = three_tables(pgt, maria)
+    errors: list[BaseException] = []
+    with xasink.transaction(sink_id=sink, batch_id=5, journal_url=pgt.url) as tx:
+
+        def run(df: DataFrame, url: str, table: str) -> None:
+            try:
+                xasink.register(spark)
+                tx.write(df, url, table)
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        threads = [
+            threading.Thread(target=run, args=(frame(spark, 0, 10), pgt.url, orders)),
+            threading.Thread(target=run, args=(frame(spark, 10, 20), pgt.url, lines)),
+            threading.Thread(target=run, args=(frame(spark, 20, 30), maria.url, events)),
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert errors == []
+    assert rows(pgt, orders) == expect(0, 10) and rows(pgt, lines) == expect(10, 20)
+    assert rows(maria, events) == expect(20, 30)
+    assert_clean(sink, pgt, maria)
+
+
+def test_foreach_batch_multi_replayed_micro_batch_writes_nothing(spark, pgt, maria, sink):  # type: ignore[no-untyped-def]
+    orders, _, events = three_tables(pgt, maria)
+
+    def both(df: DataFrame, epoch_id: int, tx: Any) -> None:
+        tx.write(df, pgt.url, orders)
+        tx.write(df, maria.url, events)
+
+    fn = xasink.foreach_batch_multi(both, sink_id=sink)
+    first = fn(frame(spark, 0, 4), 0)
+    assert first is not None and not first.skipped and first.rows == 8
+    again = fn(frame(spark, 0, 4), 0)  # Spark replays batch 0 after a crash before its commit file
+    assert again is not None and again.skipped
+    fn(frame(spark, 4, 6), 1)
+    assert rows(pgt, orders) == expect(0, 6) and rows(maria, events) == expect(0, 6)
+    assert_clean(sink, pgt, maria)
+
+
+def test_recovery_during_the_block_leaves_the_live_transaction_alone(spark, pgt, maria, sink):  # type: ignore[no-untyped-def]
+    orders, _, events = three_tables(pgt, maria)
+    with xasink.transaction(sink_id=sink, batch_id=8) as tx:
+        tx.write(frame(spark, 0, 10), pgt.url, orders)
+        tx.write(frame(spark, 0, 4), maria.url, events)
+        before = (sorted(pgt.prepared(sink)), sorted(maria.prepared(sink)))
+        assert len(before[0]) == 2 and len(before[1]) == 2
+        # a cron recover of each database, from the log's side and against the log: the guard is held
+        admin.recover(pgt.url, older_than_s=0)
+        admin.recover(maria.url, journal_url=pgt.url, older_than_s=0)
+        assert (sorted(pgt.prepared(sink)), sorted(maria.prepared(sink))) == before
+    assert rows(pgt, orders) == expect(0, 10) and rows(maria, events) == expect(0, 4)
+    # a single-table write of the same (sink, batch) is not a replay of the transaction: refused
+    with pytest.raises(xasink.BatchIdentityError):
+        xasink.write(frame(spark, 0, 10), pgt.url, orders, sink_id=sink, batch_id=8)
+    assert rows(pgt, orders) == expect(0, 10)
+    assert_clean(sink, pgt, maria)
+
+
+def test_a_database_restarted_between_prepare_and_commit(spark, pg_server, pgt, maria, sink):  # type: ignore[no-untyped-def]
+    if pg_server is None:
+        pytest.skip("restarts the database: needs the embedded server, not XASINK_TEST_PG_URL")
+    orders, lines, events = three_tables(pgt, maria)
+    with xasink.transaction(sink_id=sink, batch_id=9, journal_url=maria.url) as tx:
+        tx.write(frame(spark, 0, 10), pgt.url, orders)
+        tx.write(frame(spark, 100, 104), maria.url, events)
+        tx.write(frame(spark, 100, 120), pgt.url, lines)
+        before = sorted(pgt.prepared(sink))
+        pg_server.restart()  # prepared branches survive; every connection to it is gone
+        assert sorted(pgt.prepared(sink)) == before
+    assert rows(pgt, orders) == expect(0, 10) and rows(pgt, lines) == expect(100, 120)
+    assert rows(maria, events) == expect(100, 104)
+    assert_clean(sink, pgt, maria)
+
+
+def test_foreach_batch_multi_in_a_stream_replayed_by_spark_writes_nothing_anywhere(  # type: ignore[no-untyped-def]
+    spark, pgt, maria, sink, tmp_path
+):
+    from tests.test_streaming import ROWS, Stream, no_branch_opened
+
+    stream = Stream(spark, tmp_path, pgt.url)
+    orders, events = pgt.new_table(), maria.new_table()  # created by the first write, dropped after the test
+    calls: list[int] = []
+
+    def both(df: DataFrame, epoch_id: int, tx: Any) -> None:
+        calls.append(epoch_id)
+        tx.write(df, pgt.url, orders)
+        tx.write(df, maria.url, events)
+
+    fn = xasink.foreach_batch_multi(both, sink_id=sink)
+
+    def run() -> None:
+        query = (
+            stream.frame(2)
+            .writeStream.foreachBatch(fn)
+            .option("checkpointLocation", str(stream.checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination()
+
+    stream.add_files(2)
+    run()
+    stream.forget_spark_commit(1)  # a crash after our commit, before Spark's: Spark replays batch 1
+    with no_branch_opened(stream, 1):
+        run()
+    assert calls == [0, 1, 1]
+    want = [(i,) for i in range(2 * ROWS)]
+    assert sorted(pgt.rows(orders)) == want and sorted(maria.rows(events)) == want
+    assert_clean(sink, pgt, maria)
+
+
+def test_foreach_batch_multi_refuses_a_reset_checkpoint(spark, pgt, maria, sink):  # type: ignore[no-untyped-def]
+    orders, _, events = three_tables(pgt, maria)
+
+    def both(df: DataFrame, epoch_id: int, tx: Any) -> None:
+        tx.write(df, pgt.url, orders)
+        tx.write(df, maria.url, events)
+
+    fn = xasink.foreach_batch_multi(both, sink_id=sink)
+    fn(frame(spark, 0, 4), 0)
+    fn(frame(spark, 4, 8), 1)
+    with pytest.raises(xasink.OptionError, match="has already decided batch 1, but Spark is committing batch 0"):
+        fn(frame(spark, 100, 104), 0)  # a new checkpoint starts again at 0: not a replay of the old batch 0
+    assert rows(pgt, orders) == expect(0, 8) and rows(maria, events) == expect(0, 8)
+    assert_clean(sink, pgt, maria)
+
+
+def test_cli_status_lists_the_targets_and_recover_takes_journal_url(  # type: ignore[no-untyped-def]
+    spark, pgt, maria, sink, capsys
+):
+    from xasink import cli
+
+    orders, _, events = three_tables(pgt, maria)
+    with xasink.transaction(sink_id=sink, batch_id=12) as tx:
+        tx.write(frame(spark, 0, 3), pgt.url, orders)
+        tx.write(frame(spark, 0, 2), maria.url, events)
+    capsys.readouterr()
+    assert cli.main(["status", "--url", pgt.url, "--sink-id", sink]) == 0
+    out = capsys.readouterr().out
+    assert f".{orders}@postgresql://" in out and f".{events}@mysql://" in out
+    code = cli.main(["recover", "--url", maria.url, "--journal-url", pgt.url, "--sink-id", sink, "--older-than", "0s"])
+    assert code == 0
+    # a journal URL's password is never printed, even when its database cannot be reached
+    code = cli.main(["status", "--url", maria.url, "--journal-url", "postgresql://etl:s3cret-pw@127.0.0.1:1/x"])
+    captured = capsys.readouterr()
+    assert code == 2 and "s3cret-pw" not in captured.out + captured.err
+    assert_clean(sink, pgt, maria)

@@ -1,0 +1,145 @@
+"""A multi-target transaction's driver SIGKILLed at each protocol step, then recovered from each side.
+
+tests/tx_crash_driver.py runs ``xasink.transaction`` over two PostgreSQL tables and one MariaDB table in
+its own Spark driver; a fault point kills the whole driver (its Python, the JVM, the workers).  The test
+checks the kill landed where meant (prepared, decided, partly committed), that a recovery of a database
+without the log (no ``journal_url``) shows the branches as another log's and touches none, then recovers
+each database against the one log: every table then holds exactly all of its rows (decided) or exactly
+none (undecided), and nothing of the sink is prepared on either server.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.targets import MARIADB, POSTGRESQL, Target, make_target
+from tests.test_crash import TAG_ENV, _reap
+from xasink import admin
+from xasink.xid import Xid
+
+pytestmark = [pytest.mark.crash, pytest.mark.mariadb]
+
+ROOT = Path(__file__).resolve().parent.parent
+DRIVER = Path(__file__).resolve().parent / "tx_crash_driver.py"
+BATCH = 11
+
+
+@pytest.fixture
+def maria(mariadb_url: str) -> Iterator[Target]:
+    target = make_target(MARIADB, mariadb_url)
+    try:
+        yield target
+    finally:
+        target.cleanup()
+
+
+@pytest.fixture
+def pgt(pg_url: str) -> Iterator[Target]:
+    target = make_target(POSTGRESQL, pg_url)
+    try:
+        yield target
+    finally:
+        target.cleanup()
+
+
+def run_driver(args: list[str], point: str, log: Path) -> int:
+    tag = uuid.uuid4().hex
+    env = {**os.environ, "XASINK_FAULT": f"{point}:kill", TAG_ENV: tag, "PYSPARK_PYTHON": sys.executable}
+    env.pop("XASINK_FAULT_PGID", None)
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, str(DRIVER), *args],
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            returncode = proc.wait(timeout=300)
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+            stragglers = _reap(tag)
+    assert not stragglers, f"processes of the killed driver outlived it: {stragglers}"
+    return returncode
+
+
+def table_rows(t: Target, table: str) -> list[tuple[object, ...]]:
+    return t.rows(table) if t.table_exists(table) else []
+
+
+def expect(lo: int, hi: int) -> list[tuple[int, str]]:
+    return [(i, f"n{i}") for i in range(lo, hi)]
+
+
+@pytest.mark.parametrize(
+    ("point", "journal"),
+    [
+        ("tx.after_write:p=0", "pg"),  # the first write prepared, the others not written: nothing commits
+        ("tx.after_write:p=2", "maria"),  # every write prepared, no decision: nothing commits
+        ("driver.after_decide", "pg"),  # decided, nothing committed: everything commits
+        ("driver.after_first_commit", "maria"),  # decided, the first database partly committed
+    ],
+)
+def test_killed_transaction_is_all_or_nothing_after_recovery_of_each_database(
+    pgt: Target, maria: Target, tmp_path: Path, point: str, journal: str
+) -> None:
+    orders, lines, events = pgt.new_table(), pgt.new_table(), maria.new_table()
+    for t, name in ((pgt, orders), (pgt, lines), (maria, events)):
+        t.keyed_table(name)
+    sink = f"txc{uuid.uuid4().hex[:8]}"
+    log = tmp_path / "driver.log"
+    code = run_driver([pgt.url, maria.url, orders, lines, events, sink, str(BATCH), journal], point, log)
+    assert code == -signal.SIGKILL, log.read_text(errors="replace")[-3000:]
+    decided = point.startswith("driver.")
+    log_db, other_db = (pgt, maria) if journal == "pg" else (maria, pgt)
+
+    # what the kill left: prepared branches, not (all) visible
+    prepared = {t.id: [Xid.parse(g) for g in t.prepared(sink)] for t in (pgt, maria)}
+    if point == "tx.after_write:p=0":
+        assert len(prepared["pg"]) == 2 and prepared["mariadb"] == []
+    elif point != "driver.after_first_commit":
+        assert len(prepared["pg"]) == 4 and len(prepared["mariadb"]) == 2
+    assert table_rows(maria, events) == []  # the MariaDB write is never the first committed
+    log_ids = {x.log_id for xs in prepared.values() for x in xs if x is not None}
+    assert len(log_ids) == 1  # every branch, in either database, names the one log
+
+    # the other database without the log: its branches are another log's, shown and never touched
+    before = sorted(other_db.prepared(sink))
+    report = admin.recover(other_db.url, sink_id=sink, older_than_s=0)
+    assert sorted(other_db.prepared(sink)) == before
+    for e in report.entries:
+        if e.sink_id == sink:
+            assert e.log_id in log_ids and e.action in (admin.IGNORE_OTHER_LOG, admin.IGNORE_UNKNOWN_SINK), e
+
+    # recovery from the log's side, then from the other database's side against the log
+    admin.recover(log_db.url, sink_id=sink, older_than_s=0)
+    other = admin.recover(other_db.url, sink_id=sink, older_than_s=0, journal_url=log_db.url)
+    assert other.errors == [], other.errors
+
+    if decided:
+        assert table_rows(pgt, orders) == expect(0, 10)
+        assert table_rows(pgt, lines) == expect(100, 120)
+        assert table_rows(maria, events) == expect(200, 205)
+        (state,) = log_db.execute("SELECT state FROM xasink_batches WHERE sink_id = %s", sink)
+        assert state == ("committed",)  # every database's part finished: the batch is marked
+        status = admin.status(log_db.url, sink_id=sink)
+        (recent,) = status.sinks[0].recent
+        assert sorted(t["table"] for t in recent["targets"]) == sorted([orders, lines, events])
+    else:
+        assert table_rows(pgt, orders) == [] and table_rows(pgt, lines) == [] and table_rows(maria, events) == []
+        assert log_db.execute("SELECT count(*) FROM xasink_batches WHERE sink_id = %s", sink) == [(0,)]
+    assert pgt.prepared(sink) == [] and maria.prepared(sink) == []

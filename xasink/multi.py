@@ -1,0 +1,309 @@
+"""Driver side of a multi-target transaction: one decision over the branches of several writes.
+
+Every write of the transaction prepares its branches in its own database and records them as a *part*
+in the one decision log (xasink.parts) without deciding.  This object, living in the user's process for
+the whole block, holds the run's guard (a session lock on the log's database) so no sweep or recovery
+rolls back an early write's prepared branches while later writes run; at the end it decides once, under
+the log's sink lock, after checking every part's branches are still prepared in their databases, then
+commits each database's branches through its own dialect.  Rolling back an undecided branch of this log
+happens under the same lock (DESIGN invariant 4), whichever database the branch is in.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from dataclasses import replace
+
+from sqlalchemy.engine import Connection
+
+from .coordinator import Coordinator
+from .dialects import dialect_for
+from .dialects.base import Dialect
+from .errors import (
+    BatchAbortedError,
+    BatchIdentityError,
+    ConcurrentWriterError,
+    DecisionUnknownError,
+    ForgottenBatchError,
+    OptionError,
+    PreflightError,
+)
+from .faults import fault
+from .journal import BatchRecord, Journal, describe_target, forgotten_message, target_identity
+from .liveness import DriverProcess, _stat, guard_name
+from .options import WriteOptions
+from .parts import Part, ensure_parts, mark_parts_committed, multi_target, read_parts, recorded_targets, server_identity
+from .xid import Xid, new_run_nonce
+
+log = logging.getLogger(__name__)
+
+
+class _Guard:
+    """The transaction's own session lock on the log's database: its branches are alive while it is held."""
+
+    def __init__(self, dialect: Dialect, log_id: str, run: str) -> None:
+        me = _stat(os.getpid())
+        token = DriverProcess(os.getpid(), me[1] if me else 0).token
+        self.name = guard_name(log_id, f"{token}.{run}")
+        self._conn: Connection | None = dialect.connect(autocommit=True)
+        if not dialect.try_session_lock(self._conn, self.name):
+            self.close()
+            raise PreflightError(f"run guard {self.name} is held by another session")
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+class TargetDb:
+    """One database the transaction writes into: its coordinator (branches there, decisions in the log)."""
+
+    def __init__(self, options: WriteOptions, journal: Journal) -> None:
+        self.coordinator = Coordinator(options, journal=journal)
+        with self.coordinator.dialect.connect() as conn:
+            self.server = server_identity(conn)
+        self.branches = 0  # planned so far: what max_prepared_transactions must cover
+
+
+class MultiCoordinator:
+    """Claims (sink, batch) in the log, tracks the databases written, decides once, commits or aborts."""
+
+    def __init__(self, sink_id: str, batch_id: int, log_options: WriteOptions, stream: bool = False) -> None:
+        """``stream``: the batch id is a micro-batch id, so one below the sink's last decided batch means a
+        new or reset checkpoint (its batches would be skipped as replays): refused."""
+        self.sink_id = sink_id
+        self.stream = stream
+        self.batch_id = batch_id
+        self.log_options = replace(log_options, sink_id=sink_id, batch_id=batch_id)
+        self.dialect = dialect_for(log_options.url, log_options.branch_settings, 4)
+        self.journal = Journal(self.dialect, log_options.journal_schema, log_options.journal_prefix)
+        self.run = new_run_nonce()
+        self.targets: dict[str, TargetDb] = {}  # by URL (with user): one coordinator per database
+        self.recorded: str | None = None  # set when (sink, batch) is decided already: a replay
+        self.replay = False
+        self._lock = threading.Lock()
+        self._sent = False  # the decision's COMMIT was sent: a failure from then on is ambiguous
+        self.journal.ensure()
+        ensure_parts(self.journal)
+        self.log_id = self.journal.log_id()
+        self.guard = _Guard(self.dialect, self.log_id, self.run)
+        try:
+            self._claim()
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def journal_url(self) -> str:
+        return self.dialect.url.render_as_string(hide_password=False)
+
+    def _claim(self) -> None:
+        with self.journal.locked(self.sink_id) as conn:
+            decided, recorded = self.journal.target_of(conn, self.sink_id, self.batch_id)
+            last = self.journal.last_batch_id(conn, self.sink_id) if self.stream else None
+            if last is not None and last > self.batch_id:
+                raise OptionError(
+                    f"sink_id: sink {self.sink_id} has already decided batch {last}, but Spark is committing batch "
+                    f"{self.batch_id}: this query's checkpoint is new or was reset, or another query writes with "
+                    "the same sink_id, and its batches would be skipped as replays. Give this query its own "
+                    "sink_id (or restore its checkpoint)."
+                )
+            if decided:
+                self.replay, self.recorded = True, recorded
+                return
+            horizon = self.journal.horizon(conn, self.sink_id)
+            if horizon is not None and self.batch_id <= horizon:
+                raise ForgottenBatchError(
+                    forgotten_message(self.sink_id, self.batch_id, horizon, self.journal.sinks.fullname)
+                )
+            if not self.journal.claim(conn, self.sink_id, self.batch_id, self.run, self.guard.name):
+                raise ConcurrentWriterError(f"sink {self.sink_id} batch {self.batch_id}: run {self.run} lost its claim")
+
+    def target(self, options: WriteOptions) -> TargetDb:
+        key = options.url.render_as_string(hide_password=False)
+        with self._lock:
+            found = self.targets.get(key)
+            if found is None:
+                opts = replace(
+                    options,
+                    journal_schema=self.log_options.journal_schema,
+                    journal_prefix=self.log_options.journal_prefix,
+                )
+                found = self.targets[key] = TargetDb(opts, self.journal)
+            return found
+
+    def check_replay(self, options: WriteOptions) -> None:
+        """A write of a replayed transaction: its table must be among those the transaction wrote."""
+        with self.target(options).coordinator.dialect.connect() as conn:
+            mine = json.loads(target_identity(conn, options.table.schema, options.table.name))
+        targets = recorded_targets(self.recorded)
+        same = targets is not None and any(all(t.get(k) == mine[k] for k in ("db", "schema", "table")) for t in targets)
+        if not same:
+            raise BatchIdentityError(
+                f"sink {self.sink_id} batch {self.batch_id} was committed as {self._described()}, and is now "
+                f"being written to table {mine['schema']}.{mine['table']} in database {mine['db']}: not a replay. "
+                "Nothing of this attempt was written. Give this transaction its own sink_id (or a batch_id the "
+                "sink never used)."
+            )
+
+    def _described(self) -> str:
+        targets = recorded_targets(self.recorded)
+        if targets is None:
+            return describe_target(self.recorded)
+        return "a transaction over " + ", ".join(f"{t.get('schema')}.{t.get('table')}@{t.get('db')}" for t in targets)
+
+    def before_write(self, options: WriteOptions, branches: int) -> TargetDb:
+        """Pre-flight of one write before any of its branches opens; clears stale branches of this sink there.
+
+        ``max_prepared_transactions`` must cover every branch the transaction holds in that server at once.
+        """
+        db = self.target(options)
+        with self._lock:
+            db.branches += branches
+            server = db.server.rsplit("/", 1)[0]  # one server's databases share its max_prepared_transactions
+            total = sum(d.branches for d in self.targets.values() if d.server.rsplit("/", 1)[0] == server)
+        with db.coordinator.dialect.connect() as conn:
+            db.coordinator.dialect.check_server(conn, total)
+        db.coordinator.recover(upto=self.batch_id)  # dead runs' branches of this sink there; ours are guarded
+        return db
+
+    def part(self, number: int) -> Part | None:
+        with self.dialect.connect() as conn:
+            found = [
+                p for p in read_parts(conn, self.journal, self.sink_id, self.batch_id, self.run) if p.part == number
+            ]
+        return found[0] if found else None
+
+    # -- the decision ------------------------------------------------------------------------------
+    def commit(self, expected_parts: set[int]) -> tuple[list[Part], dict[str, float]]:
+        """Decide over every recorded part, then commit each database's branches; only forward after deciding."""
+        t0 = time.perf_counter()
+        by_server = {db.server: db for db in self.targets.values()}
+        self._sent = False
+        try:
+            ok, parts, why = self._decide(by_server, expected_parts)
+        except Exception as exc:  # leaving locked() sends the decision's COMMIT: a failure there is ambiguous
+            if not self._sent:
+                raise
+            ok, parts, why = True, self._settle(exc), ""
+        if not ok:
+            self.abort()
+            raise ConcurrentWriterError(
+                f"sink {self.sink_id} transaction {self.batch_id}: {why}; every branch of this transaction was "
+                "rolled back and nothing of it is visible"
+            )
+        log.info("decided sink %s transaction %s over %d writes", self.sink_id, self.batch_id, len(parts))
+        fault("driver.after_decide", batch=self.batch_id)
+        t_commit = time.perf_counter()
+        first = True
+        for part in parts:
+            db = by_server[part.server]
+            db.coordinator._commit_branches(part.xids, first_commit_fault=first)
+            first = first and not part.xids
+            with self.dialect.connect() as conn:
+                mark_parts_committed(conn, self.journal, [part])
+        fault("driver.after_commits", batch=self.batch_id)
+        commit_s = time.perf_counter() - t_commit
+        with self.dialect.connect() as conn:
+            self.journal.mark_committed(conn, self.sink_id, self.batch_id, int(commit_s * 1000))
+        fault("driver.after_mark", batch=self.batch_id)
+        t_sweep = time.perf_counter()
+        for db in self.targets.values():
+            db.coordinator._after_commit(self.batch_id)  # sweep and trim: a failure is a warning
+        timings = {"decide": t_commit - t0, "commit": commit_s, "sweep": time.perf_counter() - t_sweep}
+        return parts, timings
+
+    def _decide(self, by_server: dict[str, TargetDb], expected_parts: set[int]) -> tuple[bool, list[Part], str]:
+        """Under the log's sink lock: record the one decision if this run holds the batch, every write recorded
+        its part and every part's branches are still prepared in their databases; else say why not."""
+        with self.journal.locked(self.sink_id) as conn:
+            other = self.journal.get(conn, self.sink_id, self.batch_id)
+            holder = self.journal.holder(conn, self.sink_id, self.batch_id)
+            parts = read_parts(conn, self.journal, self.sink_id, self.batch_id, self.run)
+            missing_parts = expected_parts - {p.part for p in parts}
+            missing: list[Xid] = []
+            for server in {p.server for p in parts}:
+                db = by_server[server]
+                with db.coordinator.dialect.connect() as tconn:
+                    prepared = {p.xid for p in db.coordinator.dialect.list_prepared(tconn)}
+                missing += [x for p in parts if p.server == server for x in p.xids if x not in prepared]
+            if other is not None:
+                return False, parts, "another writer decided it first"
+            if holder != self.run:
+                return False, parts, "a newer writer with the same sink_id took it over"
+            if missing_parts:
+                return False, parts, f"writes {sorted(missing_parts)} recorded no branches"
+            if missing:
+                return (
+                    False,
+                    parts,
+                    f"{len(missing)} prepared branches vanished before the decision (e.g. {missing[0]})",
+                )
+            fault("driver.before_decide", batch=self.batch_id)
+            xids = tuple(sorted(x for p in parts for x in p.xids))
+            record = BatchRecord(
+                self.sink_id,
+                self.batch_id,
+                "committing",
+                xids,
+                sum(p.rows for p in parts),
+                len(xids),
+                max((p.prepare_ms for p in parts), default=0),
+            )
+            self.dialect.durable_commit(conn)
+            self._sent = True
+            self.journal.insert_decision(conn, record, multi_target(parts))
+        return True, parts, ""
+
+    def _settle(self, cause: Exception) -> list[Part]:
+        """The decision was sent but not confirmed: read the log again (under the sink lock, so the broken
+        session's transaction has ended) and follow it; never guess."""
+        log.warning(
+            "sink %s transaction %s: the decision was not confirmed (%s); reading the log again",
+            self.sink_id,
+            self.batch_id,
+            type(cause).__name__,
+        )
+        try:
+            with self.journal.locked(self.sink_id) as conn:
+                found = self.journal.get(conn, self.sink_id, self.batch_id)
+                parts = read_parts(conn, self.journal, self.sink_id, self.batch_id, self.run)
+        except Exception as exc:
+            raise DecisionUnknownError(
+                f"sink {self.sink_id} transaction {self.batch_id}: the connection broke while the decision was "
+                "committed and the decision log could not be read again. Run it again with the same sink_id and "
+                "batch_id, or run 'xasink recover' on each database (with --journal-url where the log is "
+                "elsewhere): either finishes it if it was decided and rolls it back if not"
+            ) from exc
+        if found is not None and {x.run for x in found.xids} <= {self.run}:
+            return parts
+        self.abort()
+        raise BatchAbortedError(
+            f"sink {self.sink_id} transaction {self.batch_id}: the connection broke while the decision was "
+            "committed, and the log shows it was not recorded; every branch was rolled back"
+        ) from cause
+
+    def abort(self) -> None:
+        """End the run (its late branches roll themselves back) and roll back its branches in every database."""
+        log.warning("aborting sink %s transaction %s", self.sink_id, self.batch_id)
+        with self.journal.locked(self.sink_id) as conn:
+            if self.journal.get(conn, self.sink_id, self.batch_id) is None:  # decided by another: ours are orphans
+                self.journal.end_run(conn, self.sink_id, self.batch_id, self.run)
+        for db in self.targets.values():
+            db.coordinator.recover(upto=self.batch_id)
+
+    def finish_replay(self) -> None:
+        """A replay of a decided transaction: finish what a crashed run left in the databases written now."""
+        for db in self.targets.values():
+            db.coordinator.recover(upto=self.batch_id)
+
+    def close(self) -> None:
+        self.guard.close()
+        for db in self.targets.values():
+            db.coordinator.close()
+        self.dialect.dispose()

@@ -1,0 +1,157 @@
+"""The parts of a multi-target transaction in its decision log: what each write prepared, and where.
+
+A write inside :func:`xasink.transaction` prepares its branches and records them here as one part
+(target database's server identity, table, xids) without deciding.  The transaction decides once over
+every part; recovery of one database finishes that database's parts of a decided transaction against
+the log and marks them, and the batch is marked committed when every part is.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from .errors import PreflightError
+from .journal import Journal
+from .xid import Xid
+
+
+@dataclass(frozen=True)
+class Part:
+    sink_id: str
+    batch_id: int
+    run: str
+    part: int
+    server: str
+    target: str
+    xids: tuple[Xid, ...]
+    rows: int
+    prepare_ms: int
+    committed: bool
+
+
+def server_identity(conn: Connection) -> str:
+    """Which database a connection reaches, as the server itself names it (not the URL's host alias).
+
+    PostgreSQL: the cluster's system identifier (drawn by initdb; any role may read it) and the database;
+    MariaDB/MySQL: the server's host name and port, and the database.
+    """
+    if conn.dialect.name == "postgresql":
+        pg = conn.execute(sa.text("SELECT system_identifier, current_database() FROM pg_control_system()")).one()
+        return f"postgresql://{pg[0]}/{pg[1]}"
+    row = conn.execute(sa.text("SELECT @@hostname, @@port, DATABASE()")).one()
+    return f"mysql://{row[0]}:{row[1]}/{row[2]}"
+
+
+def ensure_parts(journal: Journal) -> None:
+    """Create the parts table on a transaction's first use of a log (single-table writers never need it)."""
+    with journal.dialect.connect() as conn:
+        if sa.inspect(conn).has_table(journal.parts.name, schema=journal.parts.schema):
+            return
+        conn.rollback()
+        try:
+            with conn.begin():
+                journal.parts.create(conn, checkfirst=True)
+        except sa.exc.IntegrityError:  # created concurrently
+            pass
+        except sa.exc.DBAPIError as exc:
+            raise PreflightError(
+                f"cannot create the xasink decision log table {journal.parts.fullname} for multi-target "
+                f"transactions: {str(exc.orig).strip().splitlines()[0]}. Create it with sql/postgres.sql or "
+                "sql/mysql.sql, or grant CREATE."
+            ) from None
+
+
+def record_part(conn: Connection, journal: Journal, part: Part) -> None:
+    """Record one write's prepared branches (idempotent: a retried commit of the same part replaces it)."""
+    p = journal.parts.c
+    key = (p.sink_id == part.sink_id, p.batch_id == part.batch_id, p.run == part.run, p.part == part.part)
+    with conn.begin():
+        conn.execute(journal.parts.delete().where(*key))
+        conn.execute(
+            journal.parts.insert().values(
+                sink_id=part.sink_id,
+                batch_id=part.batch_id,
+                run=part.run,
+                part=part.part,
+                server=part.server,
+                target=part.target,
+                xids=json.dumps([x.gid for x in part.xids]),
+                rows=part.rows,
+                prepare_ms=part.prepare_ms,
+                committed=False,
+            )
+        )
+
+
+def read_parts(conn: Connection, journal: Journal, sink_id: str, batch_id: int, run: str | None = None) -> list[Part]:
+    """The recorded parts of (sink, batch), of one run or of all; none when the log has no parts table."""
+    if not sa.inspect(conn).has_table(journal.parts.name, schema=journal.parts.schema):
+        return []
+    p = journal.parts.c
+    q = sa.select(journal.parts).where(p.sink_id == sink_id, p.batch_id == batch_id)
+    if run is not None:
+        q = q.where(p.run == run)
+    out = []
+    for r in conn.execute(q.order_by(p.run, p.part)):
+        m = r._mapping
+        xids = tuple(x for x in (Xid.parse(g) for g in json.loads(m["xids"])) if x is not None)
+        out.append(
+            Part(
+                m["sink_id"],
+                int(m["batch_id"]),
+                m["run"],
+                int(m["part"]),
+                m["server"],
+                m["target"],
+                xids,
+                int(m["rows"]),
+                int(m["prepare_ms"]),
+                bool(m["committed"]),
+            )
+        )
+    return out
+
+
+def decided_parts(conn: Connection, journal: Journal, sink_id: str, batch_id: int, xids: tuple[Xid, ...]) -> list[Part]:
+    """The parts a decision covers (those of the decided run); empty for a single-target batch."""
+    runs = {x.run for x in xids}
+    return [p for p in read_parts(conn, journal, sink_id, batch_id) if p.run in runs]
+
+
+def mark_parts_committed(conn: Connection, journal: Journal, parts: list[Part]) -> None:
+    p = journal.parts.c
+    with conn.begin():
+        for part in parts:
+            conn.execute(
+                journal.parts.update()
+                .where(p.sink_id == part.sink_id, p.batch_id == part.batch_id, p.run == part.run, p.part == part.part)
+                .values(committed=True)
+            )
+
+
+def multi_target(parts: list[Part]) -> str:
+    """The decision log's record of what a multi-target batch wrote: every part's database and table."""
+    targets = []
+    for part in parts:
+        ident = json.loads(part.target)
+        ident["server"] = part.server
+        if ident not in targets:
+            targets.append(ident)
+    return json.dumps({"targets": targets}, sort_keys=True)
+
+
+def recorded_targets(recorded: str | None) -> list[dict[str, str]] | None:
+    """The targets of a multi-target record, or None when the record is a single table's (or unknown)."""
+    if recorded is None:
+        return None
+    try:
+        value = json.loads(recorded)
+    except ValueError:
+        return None
+    if isinstance(value, dict) and isinstance(value.get("targets"), list):
+        return list(value["targets"])
+    return None
