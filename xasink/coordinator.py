@@ -37,6 +37,7 @@ from .journal import BatchRecord, Journal, forgotten_message, identity_message, 
 from .liveness import runs_alive
 from .masking import redact, url_secrets
 from .options import WriteOptions
+from .phases import phase
 from .results import BranchOutcome, WriteResult
 from .xid import Xid
 
@@ -110,8 +111,10 @@ class Coordinator:
         done = [o for o in outcomes if o is not None]
         query = query or next((o.query for o in done if o.query), None)
         prepare_s = max((o.seconds for o in done), default=0.0)
+        ids = {"sink": self.sink_id, "batch": batch_id}
         try:
-            replay = self.check_batch(batch_id, query)
+            with phase("commit.check", **ids):
+                replay = self.check_batch(batch_id, query)
         except BatchIdentityError:
             self.abort(batch_id, outcomes)
             raise
@@ -142,15 +145,18 @@ class Coordinator:
         record = BatchRecord(
             self.sink_id, batch_id, "committing", tuple(sorted(xids)), rows, len(xids), int(prepare_s * 1000)
         )
-        self._decide(record, query)
+        with phase("commit.decide", **ids):
+            self._decide(record, query)
         # after the decision, only forward: commit and mark through transient errors until commitTimeout
         fault("driver.after_decide", batch=batch_id)
         t_commit = time.perf_counter()
         deadline = time.monotonic() + self.options.commit_timeout
-        self._commit_branches(record.xids, first_commit_fault=True, deadline=deadline)
+        with phase("commit.commit_prepared", **ids):
+            self._commit_branches(record.xids, first_commit_fault=True, deadline=deadline)
         fault("driver.after_commits", batch=batch_id)
         commit_ms = int((time.perf_counter() - t_commit) * 1000)
-        self._mark(batch_id, commit_ms, deadline)
+        with phase("commit.mark", **ids):
+            self._mark(batch_id, commit_ms, deadline)
         fault("driver.after_mark", batch=batch_id)
         t_sweep = time.perf_counter()
         self._after_commit(batch_id)
@@ -340,7 +346,8 @@ class Coordinator:
     def _after_commit(self, batch_id: int) -> None:
         """Sweep and trim after a committed batch: housekeeping, so a failure is a warning, never an error."""
         try:
-            self.recover(upto=batch_id)
+            with phase("commit.sweep", sink=self.sink_id, batch=batch_id):
+                self.recover(upto=batch_id)
         except Exception as exc:  # noqa: BLE001 - the batch is committed; the next write or recover sweeps
             log.warning(
                 "sink %s batch %s is committed, but the sweep after it failed (%s): branches it would have "
@@ -350,7 +357,8 @@ class Coordinator:
                 self._describe(exc),
             )
         try:
-            self._trim()
+            with phase("commit.trim", sink=self.sink_id, batch=batch_id):
+                self._trim()
         except Exception as exc:  # noqa: BLE001 - the batch is committed; the next write trims
             log.warning(
                 "sink %s batch %s is committed, but trimming the decision log failed (%s); the next write trims it",
