@@ -114,11 +114,12 @@ def read_log(path: Path) -> list[dict[str, Any]]:
 def run_db(spark: Any, db: benv.Database, sizes: list[int], batches: int, warmup: int, log_path: Path) -> list[dict]:
     out = []
     for size in sizes:
-        tables = {"xasink": f"mb_xa_{size}", "jdbc-tuned": f"mb_jdbc_{size}"}
+        tables = {"xasink": f"mb_xa_{size}", "jdbc-tuned": f"mb_jdbc_{size}", "arrow-noop": ""}
         for table in tables.values():
-            data.create_table(db, table, "narrow")
+            if table:
+                data.create_table(db, table, "narrow")
         sink = f"b-mb-{db.kind[:2]}-{size}"
-        samples: dict[str, list[dict[str, Any]]] = {"xasink": [], "jdbc-tuned": []}
+        samples: dict[str, list[dict[str, Any]]] = {name: [] for name in tables}
         for i in range(warmup + batches):
             df = spark.range(i * size, (i + 1) * size, 1, PARTITIONS).selectExpr(
                 *[f"{c.expr} as {c.name}" for c in data.NARROW]
@@ -130,6 +131,8 @@ def run_db(spark: Any, db: benv.Database, sizes: list[int], batches: int, warmup
                 if name == "xasink":
                     opts = {"url": db.xasink_url, "dbtable": tables[name], "sinkId": sink, "batchId": str(i)}
                     df.write.format("xasink").options(**opts).mode("append").save()
+                elif name == "arrow-noop":  # the floor of any Python data source: rows handed over, nothing written
+                    df.write.format("bench_noop").mode("append").save()
                 else:
                     jdbc_write(df, db, tuned=True, table=tables[name])
                 t1 = time.time()
@@ -138,9 +141,13 @@ def run_db(spark: Any, db: benv.Database, sizes: list[int], batches: int, warmup
                     continue
                 sample: dict[str, Any] = {"batch": i, "wall_ms": 1000 * (t1 - t0), "cpu_s": used}
                 if name == "xasink":
-                    sample["phases_ms"] = stack(phases_of(read_log(log_path), t0, t1), t1 - t0)
+                    raw = phases_of(read_log(log_path), t0, t1)
+                    sample["phases_ms"] = stack(raw, t1 - t0)
+                    sample["raw_ms"] = {k: round(1000 * v, 1) for k, v in sorted(raw.items())}
                 samples[name].append(sample)
         for name, table in tables.items():
+            if not table:
+                continue
             got, want = db.count(table), size * (warmup + batches)
             if got != want:
                 raise SystemExit(f"{db.kind} {name} size {size}: {got} rows in {table}, expected {want}")
@@ -179,15 +186,21 @@ def markdown(res: dict[str, Any]) -> str:
         f"{res['batches']} measured batches per size (after {res['warmup']} warm-up), {PARTITIONS} partitions, "
         "contenders interleaved; medians.",
         "",
-        "| database | rows/batch | xasink ms | tuned JDBC ms | xasink − JDBC | xasink / JDBC |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| database | rows/batch | xasink ms | tuned JDBC ms | Arrow no-op ms | xasink − JDBC | xasink / JDBC |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in res["results"]:
         s = r["summary"]
         lines.append(
             f"| {r['db']} | {r['size']:,} | {s['xasink']['median_ms']} | {s['jdbc-tuned']['median_ms']} | "
-            f"{s.get('xasink_minus_jdbc_ms')} | {s.get('xasink_over_jdbc')} |"
+            f"{s.get('arrow-noop', {}).get('median_ms')} | {s.get('xasink_minus_jdbc_ms')} | "
+            f"{s.get('xasink_over_jdbc')} |"
         )
+    lines += [
+        "",
+        "Arrow no-op: a Python data source that only counts the rows Spark hands it (the floor of any Python "
+        "writer: Spark's planning and commit calls into Python workers, the Arrow hand-off).",
+    ]
     labels = [label for label, _ in STACK] + ["Spark scheduling, row hand-off, other", "control connects"]
     lines += ["", "## xasink: where a batch's time goes (ms, medians per phase)", ""]
     head = [f"{r['db']} {r['size']:,}" for r in res["results"]]
@@ -205,7 +218,7 @@ def markdown(res: dict[str, Any]) -> str:
         "|---|---:|---|" + "---:|" * len(cpu.CLASSES),
     ]
     for r in res["results"]:
-        for name in ("xasink", "jdbc-tuned"):
+        for name in ("xasink", "jdbc-tuned", "arrow-noop"):
             c = r["summary"][name]["cpu_s_per_million_rows"]
             lines.append(f"| {r['db']} | {r['size']:,} | {name} | " + " | ".join(str(c[k]) for k in cpu.CLASSES) + " |")
     return "\n".join(lines) + "\n"
@@ -228,8 +241,13 @@ def chart(res: dict[str, Any], path: Path) -> None:
             v = phases.get(label, 0.0)
             ax.bar(2 * i, v, bottom=bottom, color=cmap(k), label=label if i == 0 else None, width=0.8)
             bottom += v
-        ax.bar(2 * i + 0.9, r["summary"]["jdbc-tuned"]["median_ms"], color="black", width=0.8,
-               label="tuned JDBC writer (whole batch)" if i == 0 else None)
+        ax.bar(
+            2 * i + 0.9,
+            r["summary"]["jdbc-tuned"]["median_ms"],
+            color="black",
+            width=0.8,
+            label="tuned JDBC writer (whole batch)" if i == 0 else None,
+        )
     ax.set_xticks([2 * i + 0.45 for i in range(len(res["results"]))])
     ax.set_xticklabels([f"{r['db']}\n{r['size']:,} rows" for r in res["results"]])
     ax.set_ylabel("ms per batch (median)")

@@ -208,6 +208,7 @@ def write_partition(
     if first is None:
         return BranchOutcome(partition, None, query=query)
     dialect = shared_dialect(options.url, options.branch_settings)  # kept for the worker's next task
+    dialect.enable_spare()  # the next task's branch connection is made while this one finishes
     journal = _shared_journal(dialect, options)
     xid = Xid(log_id or journal.log_id(), options.sink_id, batch_id, partition, attempt_token(task_attempt_id, run))
     # connecting the branch (ADBC reads the server's type catalogue) overlaps the decision-log check;

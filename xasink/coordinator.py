@@ -13,6 +13,7 @@ import logging
 import random
 import threading
 import time
+import zlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ from typing import TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from .dialects import dialect_for
+from .dialects import dialect_for, shared_dialect
 from .dialects.base import Dialect, ErrorKind
 from .errors import (
     BatchAbortedError,
@@ -46,6 +47,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 BACKOFF_FIRST_S = 0.1  # the first retry's delay after the decision; doubled per retry ...
 BACKOFF_CAP_S = 5.0  # ... up to this: an outage of minutes is noticed within seconds of its end
+TRIM_EVERY = 16  # compact the decision log after about one committed batch in this many
 
 
 @dataclass
@@ -61,15 +63,24 @@ class RecoveryReport:
 class Coordinator:
     """One sink's coordinator; cheap to create, holds no state between calls but a connection pool."""
 
-    def __init__(self, options: WriteOptions, dialect: Dialect | None = None) -> None:
+    def __init__(self, options: WriteOptions, dialect: Dialect | None = None, shared: bool = False) -> None:
+        """``shared``: use this process's long-lived dialect for the URL (Spark's reused Python workers), whose
+        pooled connections outlive the coordinator; else a dialect of its own, disposed by :meth:`close`."""
         self.options = options
         self.sink_id = options.sink_id
         # check_server reads the branch settings; the pool serves the commit's parallel COMMITs and its journal steps
-        self.dialect = dialect or dialect_for(options.url, options.branch_settings, options.commit_parallelism + 2)
+        pool = options.commit_parallelism + 2
+        self._owns_dialect = dialect is None and not shared
+        self._leftovers = True  # the last decision saw branches of this sink besides its own: sweep after it
+        if dialect is None:
+            make = shared_dialect if shared else dialect_for
+            dialect = make(options.url, options.branch_settings, pool)
+        self.dialect = dialect
         self.journal = Journal(self.dialect, options.journal_schema, options.journal_prefix)
 
     def close(self) -> None:
-        self.dialect.dispose()
+        if self._owns_dialect:
+            self.dialect.dispose()
 
     # -- set-up -------------------------------------------------------------------
     def preflight(self, branches: int | None = None) -> None:
@@ -159,7 +170,7 @@ class Coordinator:
             self._mark(batch_id, commit_ms, deadline)
         fault("driver.after_mark", batch=batch_id)
         t_sweep = time.perf_counter()
-        self._after_commit(batch_id)
+        self._after_commit(batch_id, sweep=self._leftovers)
         t_end = time.perf_counter()
         result = WriteResult(
             self.sink_id,
@@ -198,6 +209,13 @@ class Coordinator:
             with self.journal.locked(self.sink_id) as conn:
                 other = self.journal.get(conn, self.sink_id, record.batch_id)
                 prepared = {p.xid for p in self.dialect.list_prepared(conn) if self.journal.owns(p.xid, conn)}
+                self._leftovers = any(
+                    x is not None
+                    and x.sink_id == self.sink_id
+                    and x.batch_id <= record.batch_id
+                    and x not in record.xids
+                    for x in prepared
+                )
                 missing = [x for x in record.xids if x not in prepared]
                 holder = self.journal.holder(conn, self.sink_id, record.batch_id)
                 taken_over = holder is not None and any(x.run != holder for x in record.xids)
@@ -343,11 +361,18 @@ class Coordinator:
                 "batch under another sink id: its rows would be written twice."
             ) from exc
 
-    def _after_commit(self, batch_id: int) -> None:
-        """Sweep and trim after a committed batch: housekeeping, so a failure is a warning, never an error."""
+    def _after_commit(self, batch_id: int, sweep: bool = True) -> None:
+        """Sweep and trim after a committed batch: housekeeping, so a failure is a warning, never an error.
+
+        ``sweep`` False: the decision saw no branch of this sink up to this batch but the decided ones, so
+        there is nothing to sweep (an attempt that prepares after the decision rolls itself back:
+        :func:`xasink.branch.settle_prepared`).  The trim runs for about one batch in ``TRIM_EVERY`` (each
+        every time when the retention is smaller): it reads every uncompacted batch of the sink.
+        """
         try:
             with phase("commit.sweep", sink=self.sink_id, batch=batch_id):
-                self.recover(upto=batch_id)
+                if sweep:
+                    self.recover(upto=batch_id)
         except Exception as exc:  # noqa: BLE001 - the batch is committed; the next write or recover sweeps
             log.warning(
                 "sink %s batch %s is committed, but the sweep after it failed (%s): branches it would have "
@@ -358,7 +383,7 @@ class Coordinator:
             )
         try:
             with phase("commit.trim", sink=self.sink_id, batch=batch_id):
-                self._trim()
+                self._trim(batch_id)
         except Exception as exc:  # noqa: BLE001 - the batch is committed; the next write trims
             log.warning(
                 "sink %s batch %s is committed, but trimming the decision log failed (%s); the next write trims it",
@@ -539,7 +564,10 @@ class Coordinator:
             report.committed += self._commit_branches(to_commit)
         return report
 
-    def _trim(self) -> None:
+    def _trim(self, batch_id: int) -> None:
+        keep = self.options.journal_retention
+        if keep >= TRIM_EVERY and zlib.crc32(f"{self.sink_id}:{batch_id}".encode()) % TRIM_EVERY:
+            return  # not this batch's turn (ids in any pattern: a hash, not the id itself, picks the turn)
         with self.dialect.connect() as conn:
             self.journal.trim(conn, self.sink_id, self.options.journal_retention)
 

@@ -342,3 +342,6 @@ class Dialect(ABC):
     # -- branch side ---------------------------------------------------------
     @abstractmethod
     def open_branch(self, xid: Xid, plan: TargetPlan) -> BranchSession: ...
+
+    def enable_spare(self) -> None:  # noqa: B027 - optional: dialects whose connections are slow to make
+        """Make each branch's connection ahead of time, in the background (a worker's long-lived dialect)."""

@@ -89,7 +89,7 @@ class WritePlan:
 def _prepare(options: WriteOptions, schema: StructType, branches: int | None) -> WritePlan:
     """Driver-side: server checks, journal, table plan.  Everything that can be wrong fails here."""
     worker_started("driver", sink=options.sink_id)
-    coordinator = Coordinator(options)
+    coordinator = Coordinator(options, shared=True)
     try:
         with phase("plan.preflight", sink=options.sink_id):
             coordinator.preflight(branches)
@@ -147,7 +147,7 @@ class XasinkBatchWriter(DataSourceArrowWriter):
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         worker_started("driver", sink=self.options.sink_id, batch=self.options.batch_id)
-        coordinator = Coordinator(self.options)
+        coordinator = Coordinator(self.options, shared=True)
         try:  # the coordinator logs the batch's figures
             with phase("commit.call", sink=self.options.sink_id, batch=self.options.batch_id):
                 coordinator.commit(self.options.batch_id, _outcomes(messages))
@@ -155,7 +155,7 @@ class XasinkBatchWriter(DataSourceArrowWriter):
             coordinator.close()
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        coordinator = Coordinator(self.options)
+        coordinator = Coordinator(self.options, shared=True)
         try:
             coordinator.abort(self.options.batch_id, _outcomes(messages), settle_s=ABORT_SETTLE_S, run=self.run)
         finally:
@@ -194,7 +194,7 @@ def _recover_settled(options: WriteOptions) -> None:
     tasks (``clear_blockers``) and to the commit's sweep.  In a stream a batch is planned only after the
     previous one committed, so every undecided branch of a batch below the last decided one is stale.
     """
-    coordinator = Coordinator(options)
+    coordinator = Coordinator(options, shared=True)
     try:
         with coordinator.dialect.connect() as conn:
             last = coordinator.journal.last_batch_id(conn, options.sink_id)
@@ -259,7 +259,7 @@ class XasinkStreamWriter(DataSourceStreamArrowWriter):
         """Decide and commit (the coordinator logs the batch's figures at INFO and keeps them in the journal)."""
         _worker_logging(logging.INFO)
         worker_started("driver", sink=self.options.sink_id, batch=batchId)
-        coordinator = Coordinator(self.options)
+        coordinator = Coordinator(self.options, shared=True)
         try:
             with phase("commit.call", sink=self.options.sink_id, batch=batchId):
                 try:
@@ -274,7 +274,7 @@ class XasinkStreamWriter(DataSourceStreamArrowWriter):
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
         """A task failed or the query stopped: roll back the batch's branches (a decided batch is finished)."""
         _worker_logging(logging.INFO)
-        coordinator = Coordinator(self.options)
+        coordinator = Coordinator(self.options, shared=True)
         try:
             coordinator.abort(batchId, _outcomes(messages), settle_s=ABORT_SETTLE_S, guard=self.plan.guard)
         finally:
@@ -307,7 +307,7 @@ class XasinkDataSource(DataSource):
         options = self._options(streaming=False)
         plan = _prepare(options, schema, options.num_partitions)
         run = self._run() or new_run_nonce()
-        coordinator = Coordinator(options)
+        coordinator = Coordinator(options, shared=True)
         try:  # finish what an earlier run of this batch decided; a live run's branches are taken over by our tasks
             with phase("plan.recover", sink=options.sink_id, batch=options.batch_id):
                 coordinator.check_batch(options.batch_id)  # another target's batch, or one the log forgot: refuse now
