@@ -142,8 +142,13 @@ class Database:
         return sum(1 for p in found if p.xid is not None and p.xid.sink_id.startswith(BENCH_SINK_PREFIXES))
 
 
-def start_postgres(max_prepared: int = 300) -> tuple[EmbeddedPostgres, Database]:
-    server = EmbeddedPostgres(max_prepared_transactions=max_prepared, extra_settings={"max_connections": "400"})
+DURABLE = {"fsync": "on", "synchronous_commit": "on", "full_page_writes": "on"}  # PostgreSQL's defaults
+
+
+def start_postgres(max_prepared: int = 300, durable: bool = False) -> tuple[EmbeddedPostgres, Database]:
+    """A private cluster; ``durable`` keeps PostgreSQL's own defaults (fsync, synchronous_commit on) as users run it."""
+    extra = {"max_connections": "400", **(DURABLE if durable else {})}
+    server = EmbeddedPostgres(max_prepared_transactions=max_prepared, extra_settings=extra)
     server.start()
     db = Database(
         kind="postgresql",
@@ -158,7 +163,9 @@ def start_postgres(max_prepared: int = 300) -> tuple[EmbeddedPostgres, Database]
         database="postgres",
     )
     db.settings = {name: db.scalar(f"SHOW {name}") for name in PG_SETTINGS}
-    db.settings["embedded"] = "xasink.embedded.EmbeddedPostgres (private cluster, fsync/synchronous_commit off)"
+    db.settings["embedded"] = "xasink.embedded.EmbeddedPostgres (private cluster, " + (
+        "durable: PostgreSQL defaults)" if durable else "fsync/synchronous_commit off)"
+    )
     return server, db
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+import xasink.coordinator
 from tests.targets import Target
 from tests.tcp_proxy import TcpProxy
 from xasink.branch import write_partition
@@ -256,9 +257,12 @@ def test_decision_that_cannot_be_read_again_in_time_is_left_to_recovery(sink: Si
 # --------------------------------------------------------------------------- after the commit
 
 
-def test_sweep_and_trim_failing_after_the_commit_are_warnings(sink: Sink, caplog: pytest.LogCaptureFixture) -> None:
+def test_sweep_and_trim_failing_after_the_commit_are_warnings(
+    sink: Sink, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The database goes away right after the batch is marked committed: the sweep and the trim fail, the
     write still succeeds (warnings only), and what the sweep left is finished by the next recovery."""
+    monkeypatch.setattr(xasink.coordinator, "TRIM_EVERY", 1)  # this batch's turn to trim
     stale = sink.prepare(4, range(900, 906), parts=1)  # an undecided batch the sweep of batch 5 rolls back
     outcomes = sink.prepare(5, range(300, 330))
     sink.proxy.cut_on(b"COMMIT", armed_by=MARK, relay_reply=True, then_down_for=600)

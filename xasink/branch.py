@@ -26,6 +26,7 @@ from .faults import fault
 from .journal import Journal, forgotten_message, identity_message, same_target, target_identity
 from .liveness import runs_alive
 from .options import WriteOptions
+from .phases import phase, worker_started
 from .results import BranchOutcome
 from .schema import conform
 from .xid import Xid, attempt_token
@@ -173,6 +174,11 @@ def _discard(opening: Future[BranchSession]) -> None:
         log.debug("discarded branch: %s", exc)
 
 
+def _timed_open(dialect: Dialect, xid: Xid, plan: TargetPlan, ids: dict[str, object]) -> BranchSession:
+    with phase("task.open", **ids):
+        return dialect.open_branch(xid, plan)
+
+
 def write_partition(
     options: WriteOptions,
     plan: TargetPlan,
@@ -199,11 +205,14 @@ def write_partition(
     branches alone while it is held.  ``query`` is the streaming query's id, recorded with the batch.
     """
     start = time.perf_counter()
+    ids = {"sink": options.sink_id, "batch": batch_id, "partition": partition}
+    worker_started("task", **ids)
     rest = _non_empty(batches)
     first = next(rest, None)
     if first is None:
         return BranchOutcome(partition, None, query=query)
     dialect = shared_dialect(options.url, options.branch_settings)  # kept for the worker's next task
+    dialect.enable_spare()  # the next task's branch connection is made while this one finishes
     tx = journal_url is not None
     log_dialect = shared_dialect(journal_url, options.branch_settings) if journal_url is not None else dialect
     journal = _shared_journal(log_dialect, options)
@@ -211,13 +220,14 @@ def write_partition(
     # connecting the branch (ADBC reads the server's type catalogue) overlaps the decision-log check;
     # the branch touches no row until clear_blockers has returned
     with ThreadPoolExecutor(1, thread_name_prefix="xasink-open") as pool:
-        opening = pool.submit(dialect.open_branch, xid, plan)
+        opening = pool.submit(_timed_open, dialect, xid, plan, ids)
         try:
-            clearance = (
-                Clearance()
-                if tx
-                else clear_blockers(dialect, journal, xid, guard, (options.table.schema, options.table.name, query))
-            )
+            with phase("task.claim", **ids):
+                clearance = (
+                    Clearance()
+                    if tx
+                    else clear_blockers(dialect, journal, xid, guard, (options.table.schema, options.table.name, query))
+                )
         except BaseException:
             _discard(opening)
             raise
@@ -238,16 +248,20 @@ def write_partition(
             # this attempt holds a prepared branch now, as if it had prepared it: the same fault point
             fault("task.after_prepare", partition=partition, attempt=attempt_number, batch=batch_id)
             return BranchOutcome(partition, sibling.gid, rows, seconds=time.perf_counter() - start, query=query)
-        session = opening.result()
+        with phase("task.open_wait", **ids):
+            session = opening.result()
     try:
         fault("task.before_load", partition=partition, attempt=attempt_number, batch=batch_id)
-        rows = session.load(conform(b, plan, partition) for b in itertools.chain([first], rest))
+        with phase("task.load", **ids):
+            rows = session.load(conform(b, plan, partition) for b in itertools.chain([first], rest))
         fault("task.before_prepare", partition=partition, attempt=attempt_number, batch=batch_id)
     except BaseException:
         session.rollback()
         raise
-    session.prepare()
-    settle_prepared(dialect, journal, xid)  # prepared too late for its batch: rolled back, LateBranchError
+    with phase("task.prepare", **ids):
+        session.prepare()
+    with phase("task.settle", **ids):
+        settle_prepared(dialect, journal, xid)  # prepared too late for its batch: rolled back, LateBranchError
     seconds = time.perf_counter() - start
     log.info("prepared branch %s: %d rows in %.3fs", xid, rows, seconds)
     fault("task.after_prepare", partition=partition, attempt=attempt_number, batch=batch_id)

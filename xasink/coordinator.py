@@ -13,6 +13,7 @@ import logging
 import random
 import threading
 import time
+import zlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ from typing import TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from .dialects import dialect_for
+from .dialects import dialect_for, shared_dialect
 from .dialects.base import Dialect, ErrorKind, PreparedTxn
 from .errors import (
     BatchAbortedError,
@@ -38,6 +39,7 @@ from .liveness import runs_alive
 from .masking import redact, url_secrets
 from .options import WriteOptions
 from .parts import decided_parts, mark_parts_committed, server_identity
+from .phases import phase
 from .results import BranchOutcome, WriteResult
 from .xid import Xid
 
@@ -46,6 +48,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 BACKOFF_FIRST_S = 0.1  # the first retry's delay after the decision; doubled per retry ...
 BACKOFF_CAP_S = 5.0  # ... up to this: an outage of minutes is noticed within seconds of its end
+TRIM_EVERY = 16  # compact the decision log after about one committed batch in this many
 
 
 @dataclass
@@ -61,17 +64,32 @@ class RecoveryReport:
 class Coordinator:
     """One sink's coordinator; cheap to create, holds no state between calls but a connection pool."""
 
-    def __init__(self, options: WriteOptions, dialect: Dialect | None = None, journal: Journal | None = None) -> None:
+    def __init__(
+        self,
+        options: WriteOptions,
+        dialect: Dialect | None = None,
+        journal: Journal | None = None,
+        shared: bool = False,
+    ) -> None:
         """``journal`` is the decision log when it lives in another database than the branches (a
-        multi-target transaction's log); by default the log is in the target database."""
+        multi-target transaction's log); by default the log is in the target database.  ``shared``: use
+        this process's long-lived dialect for the URL (Spark's reused Python workers), whose pooled
+        connections outlive the coordinator; else a dialect of its own, disposed by :meth:`close`."""
         self.options = options
         self.sink_id = options.sink_id
         # check_server reads the branch settings; the pool serves the commit's parallel COMMITs and its journal steps
-        self.dialect = dialect or dialect_for(options.url, options.branch_settings, options.commit_parallelism + 2)
+        pool = options.commit_parallelism + 2
+        self._owns_dialect = dialect is None and not shared
+        self._leftovers = True  # the last decision saw branches of this sink besides its own: sweep after it
+        if dialect is None:
+            make = shared_dialect if shared else dialect_for
+            dialect = make(options.url, options.branch_settings, pool)
+        self.dialect = dialect
         self.journal = journal or Journal(self.dialect, options.journal_schema, options.journal_prefix)
 
     def close(self) -> None:
-        self.dialect.dispose()
+        if self._owns_dialect:
+            self.dialect.dispose()
 
     def _prepared(self, log_conn: Connection) -> list[PreparedTxn]:
         """The branches prepared in the target database, listed while ``log_conn`` holds the log's sink lock."""
@@ -120,8 +138,10 @@ class Coordinator:
         done = [o for o in outcomes if o is not None]
         query = query or next((o.query for o in done if o.query), None)
         prepare_s = max((o.seconds for o in done), default=0.0)
+        ids = {"sink": self.sink_id, "batch": batch_id}
         try:
-            replay = self.check_batch(batch_id, query)
+            with phase("commit.check", **ids):
+                replay = self.check_batch(batch_id, query)
         except BatchIdentityError:
             self.abort(batch_id, outcomes)
             raise
@@ -152,18 +172,21 @@ class Coordinator:
         record = BatchRecord(
             self.sink_id, batch_id, "committing", tuple(sorted(xids)), rows, len(xids), int(prepare_s * 1000)
         )
-        self._decide(record, query)
+        with phase("commit.decide", **ids):
+            self._decide(record, query)
         # after the decision, only forward: commit and mark through transient errors until commitTimeout
         fault("driver.after_decide", batch=batch_id)
         t_commit = time.perf_counter()
         deadline = time.monotonic() + self.options.commit_timeout
-        self._commit_branches(record.xids, first_commit_fault=True, deadline=deadline)
+        with phase("commit.commit_prepared", **ids):
+            self._commit_branches(record.xids, first_commit_fault=True, deadline=deadline)
         fault("driver.after_commits", batch=batch_id)
         commit_ms = int((time.perf_counter() - t_commit) * 1000)
-        self._mark(batch_id, commit_ms, deadline)
+        with phase("commit.mark", **ids):
+            self._mark(batch_id, commit_ms, deadline)
         fault("driver.after_mark", batch=batch_id)
         t_sweep = time.perf_counter()
-        self._after_commit(batch_id)
+        self._after_commit(batch_id, sweep=self._leftovers)
         t_end = time.perf_counter()
         result = WriteResult(
             self.sink_id,
@@ -202,6 +225,13 @@ class Coordinator:
             with self.journal.locked(self.sink_id) as conn:
                 other = self.journal.get(conn, self.sink_id, record.batch_id)
                 prepared = {p.xid for p in self._prepared(conn) if self.journal.owns(p.xid, conn)}
+                self._leftovers = any(
+                    x is not None
+                    and x.sink_id == self.sink_id
+                    and x.batch_id <= record.batch_id
+                    and x not in record.xids
+                    for x in prepared
+                )
                 missing = [x for x in record.xids if x not in prepared]
                 holder = self.journal.holder(conn, self.sink_id, record.batch_id)
                 taken_over = holder is not None and any(x.run != holder for x in record.xids)
@@ -347,10 +377,18 @@ class Coordinator:
                 "batch under another sink id: its rows would be written twice."
             ) from exc
 
-    def _after_commit(self, batch_id: int) -> None:
-        """Sweep and trim after a committed batch: housekeeping, so a failure is a warning, never an error."""
+    def _after_commit(self, batch_id: int, sweep: bool = True) -> None:
+        """Sweep and trim after a committed batch: housekeeping, so a failure is a warning, never an error.
+
+        ``sweep`` False: the decision saw no branch of this sink up to this batch but the decided ones, so
+        there is nothing to sweep (an attempt that prepares after the decision rolls itself back:
+        :func:`xasink.branch.settle_prepared`).  The trim runs for about one batch in ``TRIM_EVERY`` (each
+        every time when the retention is smaller): it reads every uncompacted batch of the sink.
+        """
         try:
-            self.recover(upto=batch_id)
+            with phase("commit.sweep", sink=self.sink_id, batch=batch_id):
+                if sweep:
+                    self.recover(upto=batch_id)
         except Exception as exc:  # noqa: BLE001 - the batch is committed; the next write or recover sweeps
             log.warning(
                 "sink %s batch %s is committed, but the sweep after it failed (%s): branches it would have "
@@ -360,7 +398,8 @@ class Coordinator:
                 self._describe(exc),
             )
         try:
-            self._trim()
+            with phase("commit.trim", sink=self.sink_id, batch=batch_id):
+                self._trim(batch_id)
         except Exception as exc:  # noqa: BLE001 - the batch is committed; the next write trims
             log.warning(
                 "sink %s batch %s is committed, but trimming the decision log failed (%s); the next write trims it",
@@ -568,7 +607,10 @@ class Coordinator:
                 log.info("recovery finished decided multi-target batch %s of sink %s", record.batch_id, self.sink_id)
         return True
 
-    def _trim(self) -> None:
+    def _trim(self, batch_id: int) -> None:
+        keep = self.options.journal_retention
+        if keep >= TRIM_EVERY and zlib.crc32(f"{self.sink_id}:{batch_id}".encode()) % TRIM_EVERY:
+            return  # not this batch's turn (ids in any pattern: a hash, not the id itself, picks the turn)
         with self.journal.dialect.connect() as conn:
             self.journal.trim(conn, self.sink_id, self.options.journal_retention)
 

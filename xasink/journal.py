@@ -230,10 +230,33 @@ class Journal:
     def exists(self, conn: Connection) -> bool:
         return sa.inspect(conn).has_table(self.batches.name, schema=self.batches.schema)
 
+    def _ready_log_id(self, conn: Connection) -> str | None:
+        """The log's id when every table has every column of this layout, in one round trip; else None.
+
+        What every batch pays: reflecting four tables and their columns costs a dozen catalogue queries.
+        A missing table or column fails the statement; then :meth:`ensure` takes the long way.
+        """
+        empty = [
+            sa.select(sa.func.count()).select_from(sa.select(*t.c).where(sa.false()).subquery()).scalar_subquery()
+            for t in (self.sinks, self.batches, self.claims)
+        ]
+        query = sa.select(self.logs.c.log_id).where(self.logs.c.slot == 1, *(e == 0 for e in empty))
+        try:
+            value = conn.execute(query).scalar()
+        except sa.exc.DBAPIError:
+            conn.rollback()
+            return None
+        conn.rollback()
+        return str(value) if value is not None and valid_log_id(str(value)) else None
+
     def ensure(self) -> None:
         """Create the tables if they are missing (first use), and bring a log made by an older xasink up to
         this layout (:meth:`upgrade`); a concurrent creator is fine."""
         with self.dialect.connect() as conn:
+            ready = self._ready_log_id(conn)
+            if ready is not None:
+                self._log_id = ready
+                return
             inspector = sa.inspect(conn)
             if not all(inspector.has_table(t.name, schema=t.schema) for t in self.tables):
                 conn.rollback()

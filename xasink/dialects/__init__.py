@@ -22,20 +22,24 @@ def dialect_for(url: URL, settings: BranchSettings | None = None, pool_size: int
     raise ValueError(f"unsupported database {backend!r}")
 
 
-_SHARED: dict[tuple[str, BranchSettings], Dialect] = {}
+_SHARED: dict[tuple[str, BranchSettings, int], Dialect] = {}
 
 
-def shared_dialect(url: URL, settings: BranchSettings | None = None) -> Dialect:
-    """One dialect per URL and settings for the life of this process: what an executor's tasks reuse.
+def shared_dialect(url: URL, settings: BranchSettings | None = None, pool_size: int = 1) -> Dialect:
+    """One dialect per URL, settings and pool size for the life of this process: what calls in a reused
+    Spark Python worker share.
 
-    A Spark Python worker runs many tasks one after the other; a dialect kept between them keeps its
-    engine's initialized SQLAlchemy dialect and compiled statements (connections are never pooled: the
-    engine uses NullPool), which saves several round trips and much CPU per task on a busy executor.
+    A Spark Python worker runs many tasks one after the other (and the driver's planning and commit
+    calls of one batch after another); a dialect kept between them keeps its engine's initialized
+    SQLAlchemy dialect, compiled statements and a few open control connections (checked with a ping on
+    every checkout, so a server restart costs one reconnect).  A new control connection costs a TCP and
+    authentication handshake, several milliseconds on every step of every batch.  Never disposed: the
+    connections close with the worker, which Spark stops when it has been idle for a minute.
     """
-    key = (url.render_as_string(hide_password=False), settings or BranchSettings())
+    key = (url.render_as_string(hide_password=False), settings or BranchSettings(), pool_size)
     dialect = _SHARED.get(key)
     if dialect is None:
-        dialect = _SHARED[key] = dialect_for(url, settings)
+        dialect = _SHARED[key] = dialect_for(url, settings, pool_size)
     return dialect
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.pool import NullPool
 
+from .. import phases
 from ..errors import BranchError, ConnectError, XasinkError
 from ..masking import display_url, redact, url_secrets
 from ..xid import Xid
@@ -155,6 +157,16 @@ class DurabilityRisk:
     fix: str  # what to set, as the operator would type it
 
 
+def _stamp_connect(dialect: Any, conn_rec: Any, cargs: Any, cparams: Any) -> None:
+    conn_rec.info["xasink_connect_start"] = time.time()
+
+
+def _record_connect(dbapi_conn: Any, conn_rec: Any) -> None:
+    start = conn_rec.info.pop("xasink_connect_start", None)
+    if start is not None:
+        phases.record("connect.control", start, time.time())
+
+
 class Dialect(ABC):
     """One place per database."""
 
@@ -175,6 +187,9 @@ class Dialect(ABC):
                 pooling = {"pool_size": self.pool_size, "max_overflow": self.pool_size, "pool_pre_ping": True}
             engine = sa.create_engine(self.url, connect_args=self.connect_args(), **pooling)
             sa.event.listen(engine, "connect", self.on_connect)
+            if phases.enabled():  # the benchmark's breakdown: what a control connection's set-up costs
+                sa.event.listen(engine, "do_connect", _stamp_connect)
+                sa.event.listen(engine, "connect", _record_connect)
             self._engine = engine
         return self._engine
 
@@ -327,3 +342,6 @@ class Dialect(ABC):
     # -- branch side ---------------------------------------------------------
     @abstractmethod
     def open_branch(self, xid: Xid, plan: TargetPlan) -> BranchSession: ...
+
+    def enable_spare(self) -> None:  # noqa: B027 - optional: dialects whose connections are slow to make
+        """Make each branch's connection ahead of time, in the background (a worker's long-lived dialect)."""

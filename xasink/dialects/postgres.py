@@ -30,6 +30,7 @@ from .base import (
     branch_failed,
     check_upsert_keys,
 )
+from .spare import Spare
 
 log = logging.getLogger(__name__)
 
@@ -137,20 +138,28 @@ class PostgresBranch(BranchSession):
 
     def __init__(self, dialect: PostgresDialect, xid: Xid, plan: TargetPlan) -> None:
         super().__init__(xid)
-        import adbc_driver_postgresql.dbapi as adbc
-
         self.dialect = dialect
         self.plan = plan
-        try:
-            self.conn = adbc.connect(dialect.libpq_uri(), db_kwargs=_ADBC_DB_OPTIONS, autocommit=False)
-        except Exception as exc:  # noqa: BLE001 - any driver error is a connect error here
-            raise dialect.connect_error(exc) from None
+        spare = dialect.spare.take() if dialect.spare is not None else None
+        self.conn = spare if spare is not None else dialect.adbc_connect()
         self.cursor = self.conn.cursor()
+        set_timeout = f"SET lock_timeout = {int(dialect.settings.lock_timeout) * 1000}"
         try:
-            self.cursor.execute(f"SET lock_timeout = {int(dialect.settings.lock_timeout) * 1000}")
+            try:
+                self.cursor.execute(set_timeout)
+            except Exception as exc:  # noqa: BLE001 - a spare the server dropped: nothing written, connect anew
+                if spare is None:
+                    raise
+                log.debug("spare branch connection unusable (%s): connecting anew", exc)
+                self._close()
+                self.conn = dialect.adbc_connect()
+                self.cursor = self.conn.cursor()
+                self.cursor.execute(set_timeout)
         except Exception as exc:
             self.rollback()
             raise dialect.branch_error(exc, xid, plan) from None
+        if dialect.spare is not None:
+            dialect.spare.refill()
 
     def load(self, batches: Iterator[pa.RecordBatch]) -> int:
         count = 0
@@ -246,6 +255,24 @@ class PostgresDialect(Dialect):
             user = self.url.query.get("options")  # the URL's own options come after ours, so they win
             args["options"] = f"{ours} {user}" if isinstance(user, str) and user else ours
         return args
+
+    spare: Spare[Any] | None = None  # a branch connection made ahead (executors: see enable_spare)
+
+    def enable_spare(self) -> None:
+        if self.spare is None:
+            self.spare = Spare(self._adbc_connect_raw)
+
+    def _adbc_connect_raw(self) -> Any:
+        import adbc_driver_postgresql.dbapi as adbc
+
+        return adbc.connect(self.libpq_uri(), db_kwargs=_ADBC_DB_OPTIONS, autocommit=False)
+
+    def adbc_connect(self) -> Any:
+        """A new branch connection; failures become a ConnectError that says what to do."""
+        try:
+            return self._adbc_connect_raw()
+        except Exception as exc:  # noqa: BLE001 - any driver error is a connect error here
+            raise self.connect_error(exc) from None
 
     def libpq_uri(self) -> str:
         """A libpq URI for ADBC; it carries the password, so it is never logged."""

@@ -34,6 +34,7 @@ from ..dialects.base import TargetPlan
 from ..errors import OptionError, PreflightError
 from ..liveness import ensure_keeper, spark_driver_process
 from ..options import WriteOptions, parse_options
+from ..phases import phase, worker_started
 from ..results import BranchOutcome
 from ..schema import plan_target
 from ..xid import new_run_nonce
@@ -88,15 +89,18 @@ class WritePlan:
 
 def _prepare(options: WriteOptions, schema: StructType, branches: int | None) -> WritePlan:
     """Driver-side: server checks, journal, table plan.  Everything that can be wrong fails here."""
-    coordinator = Coordinator(options)
+    worker_started("driver", sink=options.sink_id)
+    coordinator = Coordinator(options, shared=True)
     try:
-        coordinator.preflight(branches)
+        with phase("plan.preflight", sink=options.sink_id):
+            coordinator.preflight(branches)
         source = arrow_schema(schema)
-        with coordinator.dialect.connect() as conn:
+        with phase("plan.target", sink=options.sink_id), coordinator.dialect.connect() as conn:
             target = plan_target(coordinator.dialect, conn, options, source)
-        log_id = coordinator.journal.log_id()
-        driver = spark_driver_process()
-        guard = ensure_keeper(coordinator.dialect, log_id, driver) if driver is not None else None
+        with phase("plan.keeper", sink=options.sink_id):
+            log_id = coordinator.journal.log_id()
+            driver = spark_driver_process()
+            guard = ensure_keeper(coordinator.dialect, log_id, driver) if driver is not None else None
         return WritePlan(target, log_id, guard)
     finally:
         coordinator.close()
@@ -155,9 +159,11 @@ class XasinkBatchWriter(DataSourceArrowWriter):
         if self.tx is not None:  # inside xasink.transaction(): record the part, the transaction decides
             record_tx_part(self.options, self.tx, self.run, _outcomes(messages))
             return
-        coordinator = Coordinator(self.options)
+        worker_started("driver", sink=self.options.sink_id, batch=self.options.batch_id)
+        coordinator = Coordinator(self.options, shared=True)
         try:  # the coordinator logs the batch's figures
-            coordinator.commit(self.options.batch_id, _outcomes(messages))
+            with phase("commit.call", sink=self.options.sink_id, batch=self.options.batch_id):
+                coordinator.commit(self.options.batch_id, _outcomes(messages))
         finally:
             coordinator.close()
 
@@ -165,7 +171,7 @@ class XasinkBatchWriter(DataSourceArrowWriter):
         if self.tx is not None:
             abort_tx_write(self.options, self.tx, self.run, _outcomes(messages))
             return
-        coordinator = Coordinator(self.options)
+        coordinator = Coordinator(self.options, shared=True)
         try:
             coordinator.abort(self.options.batch_id, _outcomes(messages), settle_s=ABORT_SETTLE_S, run=self.run)
         finally:
@@ -204,7 +210,7 @@ def _recover_settled(options: WriteOptions) -> None:
     tasks (``clear_blockers``) and to the commit's sweep.  In a stream a batch is planned only after the
     previous one committed, so every undecided branch of a batch below the last decided one is stale.
     """
-    coordinator = Coordinator(options)
+    coordinator = Coordinator(options, shared=True)
     try:
         with coordinator.dialect.connect() as conn:
             last = coordinator.journal.last_batch_id(conn, options.sink_id)
@@ -268,21 +274,23 @@ class XasinkStreamWriter(DataSourceStreamArrowWriter):
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803 - Spark's name
         """Decide and commit (the coordinator logs the batch's figures at INFO and keeps them in the journal)."""
         _worker_logging(logging.INFO)
-        coordinator = Coordinator(self.options)
+        worker_started("driver", sink=self.options.sink_id, batch=batchId)
+        coordinator = Coordinator(self.options, shared=True)
         try:
-            try:
-                check_batch_order(coordinator, batchId)
-            except OptionError:
-                coordinator.abort(batchId, _outcomes(messages))
-                raise
-            coordinator.commit(batchId, _outcomes(messages))
+            with phase("commit.call", sink=self.options.sink_id, batch=batchId):
+                try:
+                    check_batch_order(coordinator, batchId)
+                except OptionError:
+                    coordinator.abort(batchId, _outcomes(messages))
+                    raise
+                coordinator.commit(batchId, _outcomes(messages))
         finally:
             coordinator.close()
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
         """A task failed or the query stopped: roll back the batch's branches (a decided batch is finished)."""
         _worker_logging(logging.INFO)
-        coordinator = Coordinator(self.options)
+        coordinator = Coordinator(self.options, shared=True)
         try:
             coordinator.abort(batchId, _outcomes(messages), settle_s=ABORT_SETTLE_S, guard=self.plan.guard)
         finally:
@@ -321,10 +329,11 @@ class XasinkDataSource(DataSource):
             return XasinkBatchWriter(options, prepare_tx_write(options, schema, tx), run, tx)
         plan = _prepare(options, schema, options.num_partitions)
         run = self._run() or new_run_nonce()
-        coordinator = Coordinator(options)
+        coordinator = Coordinator(options, shared=True)
         try:  # finish what an earlier run of this batch decided; a live run's branches are taken over by our tasks
-            coordinator.check_batch(options.batch_id)  # another target's batch, or one the log forgot: refuse now
-            coordinator.recover(upto=options.batch_id, run=run)
+            with phase("plan.recover", sink=options.sink_id, batch=options.batch_id):
+                coordinator.check_batch(options.batch_id)  # another target's batch, or one the log forgot: refuse now
+                coordinator.recover(upto=options.batch_id, run=run)
         finally:
             coordinator.close()
         return XasinkBatchWriter(options, plan, run)
@@ -335,5 +344,6 @@ class XasinkDataSource(DataSource):
         _worker_logging(logging.INFO)
         options = self._options(streaming=True)
         plan = _prepare(options, schema, options.num_partitions)
-        _recover_settled(options)  # at restart: finish what the crashed run decided, before its replay
+        with phase("plan.recover", sink=options.sink_id):
+            _recover_settled(options)  # at restart: finish what the crashed run decided, before its replay
         return XasinkStreamWriter(options, plan)
