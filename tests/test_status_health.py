@@ -22,10 +22,12 @@ import pymysql
 import pytest
 
 import xasink
-from tests import dbutil
-from tests.test_recover_cli import Db, Sink, cli, db  # noqa: F401 - db: the fixture of both backends
+from tests import dbutil, test_recover_cli
+from tests.test_recover_cli import Db, Sink, cli
 from xasink import health
 from xasink.status import StatusReport
+
+db = test_recover_cli.db  # the fixture: PostgreSQL and MariaDB, with its own leak check
 
 BLOCKER_LOCK_TIMEOUT_S = 300  # the blocked INSERT gives up by itself at the latest after this
 WAIT_S = 60.0  # how long a test waits for the blocked INSERT to be seen waiting (a wait, not an assertion)
@@ -154,7 +156,7 @@ def need_lock_waits(scene: Scene) -> None:
 
 
 @pytest.fixture
-def scene(db: Db) -> Iterator[Scene]:  # noqa: F811 - db is the imported fixture
+def scene(db: Db) -> Iterator[Scene]:
     sink = db.sink()
     _add_key(db, sink.table)
     sink.coordinator.commit(0, [sink.write(0, 0, range(0, 5))])  # the last committed batch
@@ -178,9 +180,13 @@ def scene(db: Db) -> Iterator[Scene]:  # noqa: F811 - db is the imported fixture
         assert after.blocked_sessions is not None
         assert [b for b in after.blocked_sessions if b["session"] == blocker.session] == []
     else:  # INNODB_TRX is a cache that may still show the past wait: PROCESSLIST says the session is gone
-        with dbutil.mariadb_connect(db.url) as c, c.cursor() as k:
-            k.execute("SELECT 1 FROM information_schema.PROCESSLIST WHERE ID = %s", (blocker.session,))
-            assert k.fetchone() is None
+
+        def gone() -> bool:
+            with dbutil.mariadb_connect(db.url) as c, c.cursor() as k:
+                k.execute("SELECT 1 FROM information_schema.PROCESSLIST WHERE ID = %s", (blocker.session,))
+                return k.fetchone() is None
+
+        _wait_until("the blocked session's disconnect", gone)
     assert (after.exit_code, after.prepared_branches, after.in_doubt_batches) == (0, 0, 0)
     assert sink.rows() == [(x, f"v{x}") for x in [*range(0, 5), *range(10, 20)]]
     assert len(blocker.outcome) == 1  # the INSERT ended by the cancel, not by getting its row in
@@ -405,7 +411,7 @@ def test_each_threshold_gives_its_exit_code(
     plain, out, err = cli("status", "--url", scene.url, "--sink-id", scene.sink.sink_id, *flags)
     prom, pout, perr = cli("status", "--url", scene.url, "--sink-id", scene.sink.sink_id, "--prometheus", *flags)
     assert plain == prom == code, out + err + pout + perr
-    assert f"xasink_status_code{{server=\"{doc['server']}\",database=\"{doc['database']}\"}} {code}" in pout
+    assert f'xasink_status_code{{server="{doc["server"]}",database="{doc["database"]}"}} {code}' in pout
 
 
 def test_python_api_takes_the_thresholds(scene: Scene) -> None:

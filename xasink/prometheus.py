@@ -40,7 +40,7 @@ def render(report: StatusReport) -> str:
     base = {"server": report.server, "database": report.database}
     state = report.state
     out: list[str] = []
-    out += _metric("up", "1: xasink status read the server and its decision log; 0: it could not.", [(base, 1)])
+    out += _metric("up", "1: xasink status connected and read the server; 0: it could not (see stderr).", [(base, 1)])
     out += _status_code(base, health.EXIT_CODES[state])
     by_owner = [
         ({**base, "owner": "this_log"}, report.prepared_branches),
@@ -134,6 +134,6 @@ def _status_code(base: dict[str, str], code: int) -> list[str]:
 def render_down(server: str, database: str) -> str:
     """What is written when the server could not be read: ``xasink_up`` 0 and UNKNOWN, no other figure."""
     base = {"server": server, "database": database}
-    out = _metric("up", "1: xasink status read the server and its decision log; 0: it could not.", [(base, 0)])
+    out = _metric("up", "1: xasink status connected and read the server; 0: it could not (see stderr).", [(base, 0)])
     out += _status_code(base, health.EXIT_CODES[health.UNKNOWN])
     return "\n".join(out) + "\n"
