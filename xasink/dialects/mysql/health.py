@@ -4,6 +4,10 @@ There is no limit like PostgreSQL's ``max_prepared_transactions``: only the coun
 branch that xasink left has no session (its owner disconnected right after PREPARE), so a lock wait whose
 blocking InnoDB transaction has no live session is a wait on a prepared branch.  InnoDB does not say which xid
 a transaction carries, so the blocker is named by its InnoDB transaction id (``innodb-trx:<id>``).
+
+INNODB_TRX and INNODB_LOCK_WAITS are a cache that InnoDB refreshes only when it has not been read for 0.1 s;
+under a client polling them faster it shows an old state.  A waiter is reported only while its session is
+still in PROCESSLIST (which is no cache), so a wait that ended long ago is not reported.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ _MARIADB_SQL = (
     "FROM information_schema.INNODB_LOCK_WAITS w "
     "JOIN information_schema.INNODB_TRX r ON r.trx_id = w.requesting_trx_id "
     "JOIN information_schema.INNODB_TRX b ON b.trx_id = w.blocking_trx_id "
-    "LEFT JOIN information_schema.PROCESSLIST p ON p.ID = r.trx_mysql_thread_id "
+    "JOIN information_schema.PROCESSLIST p ON p.ID = r.trx_mysql_thread_id "
     f"WHERE {_DETACHED} "
     "GROUP BY r.trx_id, r.trx_mysql_thread_id, p.DB, p.USER, p.TIME_MS, r.trx_wait_started "
     "ORDER BY r.trx_mysql_thread_id"
@@ -40,7 +44,7 @@ _MYSQL8_SQL = (
     "FROM performance_schema.data_lock_waits w "
     "JOIN information_schema.INNODB_TRX r ON r.trx_id = w.REQUESTING_ENGINE_TRANSACTION_ID "
     "JOIN information_schema.INNODB_TRX b ON b.trx_id = w.BLOCKING_ENGINE_TRANSACTION_ID "
-    "LEFT JOIN information_schema.PROCESSLIST p ON p.ID = r.trx_mysql_thread_id "
+    "JOIN information_schema.PROCESSLIST p ON p.ID = r.trx_mysql_thread_id "
     f"WHERE {_DETACHED} "
     "GROUP BY r.trx_id, r.trx_mysql_thread_id, p.DB, p.USER, p.TIME, r.trx_wait_started "
     "ORDER BY r.trx_mysql_thread_id"
