@@ -136,9 +136,9 @@ def _block(db: Db, table: str, key: int) -> Blocker:
 def maria_trx_visible(db: Db, session: int) -> bool:
     """Whether MariaDB's INNODB_TRX shows the blocked session's transaction (read no faster than every 0.5 s).
 
-    INNODB_TRX and INNODB_LOCK_WAITS are a cache that InnoDB refreshes only when nobody has read it for 0.1 s:
-    while other clients of a shared server poll it faster than that, it goes on showing an old state.  A server
-    in that state cannot show any blocked session; the tests that need it are skipped, saying so.
+    INNODB_TRX and INNODB_LOCK_WAITS are a cache that InnoDB refreshes only when nobody has read it for 0.1 s;
+    on the shared test server it was seen showing one old state for over ten minutes.  A server in that state
+    cannot show a new blocked session; the tests that need one are skipped, saying so.
     """
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
@@ -152,7 +152,7 @@ def maria_trx_visible(db: Db, session: int) -> bool:
 
 def need_lock_waits(scene: Scene) -> None:
     if not scene.lock_waits_visible:
-        pytest.skip("this MariaDB's INNODB_TRX cache is stale (polled by other clients): no lock wait is visible")
+        pytest.skip("this MariaDB's INNODB_TRX cache lags (shows an old state): the blocked session is not visible")
 
 
 @pytest.fixture
