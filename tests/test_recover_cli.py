@@ -624,7 +624,7 @@ def test_missing_decision_log_touches_nothing_and_says_why(db: Db) -> None:
     code, doc = cli_json("recover", "--url", db.url, "--journal-prefix", "nosuch_", "--older-than", "0s", "--dry-run")
     assert code == 2 and any("not found" in e for e in doc["errors"])
     code, doc = cli_json("status", "--url", db.url, "--journal-prefix", "nosuch_")
-    assert code == 2 and any("not found" in e for e in doc["errors"])
+    assert code == 3 and any("not found" in e for e in doc["errors"])  # status: UNKNOWN, as a Nagios check
     assert db.snapshot() == before
 
     assert xasink.recover(db.url, sink_id=sink.sink_id, older_than_s=0).exit_code == 0
@@ -689,9 +689,9 @@ def test_unreachable_server_is_exit_code_2_without_the_password(db: Db) -> None:
     assert SECRET not in proc.stdout + proc.stderr
 
     code, out, err = cli("status", "--url", url, "--json")
-    assert code == 2 and err == ""
+    assert code == 3 and err == ""  # status is a Nagios-style check: cannot connect is UNKNOWN
     doc = json.loads(out)
-    assert doc["exit_code"] == 2 and "cannot connect" in doc["error"]
+    assert doc["exit_code"] == 3 and doc["state"] == "UNKNOWN" and "cannot connect" in doc["error"]
     assert SECRET not in out
 
     with pytest.raises(xasink.ConnectError) as info:  # the Python API raises; the CLI turns it into exit code 2
@@ -714,14 +714,15 @@ def test_wrong_password_is_exit_code_2_without_the_password(db: Db) -> None:
 
 
 def test_missing_rights_are_exit_code_2_without_the_password(db: Db) -> None:
-    """A user who may log in but not read the decision log: a clear error, never a traceback (exit code 1)."""
+    """A user who may log in but not read the decision log: a clear error, never a traceback (exit code 2;
+    status: 3, UNKNOWN)."""
     sink = db.sink()
     sink.write(0, 0, range(0, 3))
     url = db.backend.secret_url(PLAIN_USER)
     try:
         for command in ("recover", "status"):
             code, out, err = cli(command, "--url", url, "--older-than", "0s")
-            assert code == 2, out + err
+            assert code == (3 if command == "status" else 2), out + err
             assert err.startswith("error: ") and "Traceback" not in err
             assert "denied" in err.lower()
             assert SECRET not in out + err
@@ -743,7 +744,7 @@ def test_missing_rights_are_exit_code_2_without_the_password(db: Db) -> None:
 )
 def test_bad_arguments_are_exit_code_2(args: list[str], message: str) -> None:
     code, out, err = cli(*args)
-    assert code == 2
+    assert code == (3 if args[0] == "status" else 2)  # status: UNKNOWN, as a Nagios check
     assert message in err and "Traceback" not in err
     assert SECRET not in out + err
 

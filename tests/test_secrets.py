@@ -191,6 +191,7 @@ def test_cli_masks_the_password_in_every_spelling(server: Server, form: str) -> 
             cli("-v", "status", "--url", url, "--json", "--sink-id", server.sink),
             cli("-v", "recover", "--url", url, "--dry-run", "--sink-id", server.sink),
             cli("recover", "--url", url, "--dry-run", "--json", "--sink-id", server.sink),
+            cli("-v", "status", "--url", url, "--prometheus", "--sink-id", server.sink, "--crit-prepared-age", "0"),
         ]
         for proc in runs:
             assert proc.returncode == 0, f"{name}: {proc.args[3:]}\n{proc.stdout}{proc.stderr}"
@@ -206,6 +207,11 @@ def test_cli_masks_the_password_in_every_spelling(server: Server, form: str) -> 
             doc = json.loads(proc.stdout)
             assert f"{server.user}:***@" in doc["url"], (name, doc["url"])
         assert "Traceback" not in runs[1].stderr + runs[2].stderr
+        up = f'xasink_up{{server="{server.host}:{server.port}",database="{server.database}"}} 1'
+        assert up in runs[4].stdout.splitlines(), (name, runs[4].stdout)
+        assert f'sink="{server.sink}"' in runs[4].stdout
+        if server.user != server.database:  # PostgreSQL's: both "postgres"
+            assert server.user not in runs[4].stdout  # labels: server, database and sink, never the login
 
 
 @pytest.mark.parametrize("form", FORMS)
@@ -236,7 +242,7 @@ def test_wrong_password_is_refused_without_showing_it(server: Server, form: str)
     for name, url in [(form, form_url(server, form, password=wrong))]:
         for args in (["status", "--url", url], ["-v", "recover", "--url", url, "--dry-run", "--json"]):
             proc = cli(*args)
-            assert proc.returncode == 2, (name, proc.stdout, proc.stderr)
+            assert proc.returncode == (3 if args[0] == "status" else 2), (name, proc.stdout, proc.stderr)
             out = proc.stdout + proc.stderr
             assert "authentication failed" in out and server.user in out, (name, out)
         with pytest.raises(xasink.ConnectError) as info:
@@ -251,8 +257,11 @@ def test_wrong_password_is_refused_without_showing_it(server: Server, form: str)
 def test_unreachable_server_error_does_not_show_the_password(server: Server) -> None:
     for name, url in server.forms(port=free_port()).items():
         proc = cli("-v", "status", "--url", url, "--json")
-        assert proc.returncode == 2, (name, proc.stdout, proc.stderr)
+        assert proc.returncode == 3, (name, proc.stdout, proc.stderr)  # status: UNKNOWN
         assert "cannot connect" in json.loads(proc.stdout)["error"]
+        proc = cli("status", "--url", url, "--prometheus")
+        assert proc.returncode == 3 and "cannot connect" in proc.stderr, (name, proc.stderr)
+        assert " 0" in next(ln for ln in proc.stdout.splitlines() if ln.startswith("xasink_up{")), proc.stdout
         proc = cli("recover", "--url", url, "--dry-run")
         assert proc.returncode == 2 and "cannot connect" in proc.stderr, (name, proc.stderr)
         with pytest.raises(xasink.ConnectError) as info:

@@ -23,6 +23,7 @@ import pytest
 from tests.targets import MARIADB, POSTGRESQL, Target, make_target
 from tests.test_crash import TAG_ENV, _reap
 from xasink import admin
+from xasink.status import status as xasink_status
 from xasink.xid import Xid
 
 pytestmark = [pytest.mark.crash, pytest.mark.mariadb]
@@ -136,7 +137,7 @@ def test_killed_transaction_is_all_or_nothing_after_recovery_of_each_database(
         assert table_rows(maria, events) == expect(200, 205)
         (state,) = log_db.execute("SELECT state FROM xasink_batches WHERE sink_id = %s", sink)
         assert state == ("committed",)  # every database's part finished: the batch is marked
-        status = admin.status(log_db.url, sink_id=sink)
+        status = xasink_status(log_db.url, sink_id=sink)
         (recent,) = status.sinks[0].recent
         assert sorted(t["table"] for t in recent["targets"]) == sorted([orders, lines, events])
     else:

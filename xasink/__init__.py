@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from .admin import recover, status
+from .admin import recover
 from .errors import (
     BatchAbortedError,
     BatchIdentityError,
@@ -25,6 +25,7 @@ from .errors import (
     XasinkError,
 )
 from .results import TransactionResult, WriteResult
+from .status import status
 
 if TYPE_CHECKING:
     from .spark.api import foreach_batch, register, write

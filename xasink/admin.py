@@ -1,7 +1,7 @@
 """The operator's view: what is prepared on a server, what xasink will do with it, and per-sink status.
 
-Used by ``xasink recover`` / ``xasink status`` and importable as
-``xasink.recover(...)`` / ``xasink.status(...)``.  Acting always goes through
+Used by ``xasink recover`` (and ``xasink status``, in :mod:`xasink.status`) and importable as
+``xasink.recover(...)``.  Acting always goes through
 :meth:`Coordinator.recover`, so the serialization of DESIGN invariant 4
 holds here too.  A branch is acted on only when its sink is registered in
 this decision log: a sink whose log lives elsewhere (another schema or
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass, field, replace
-from datetime import timedelta
 from typing import Any
 
 import sqlalchemy as sa
@@ -32,7 +31,6 @@ from .journal import BatchRecord, Journal
 from .liveness import runs_alive
 from .masking import display_url, redact, url_secrets
 from .options import TableName, WriteOptions, parse_url
-from .parts import recorded_targets
 from .xid import Xid
 
 log = logging.getLogger(__name__)
@@ -87,38 +85,6 @@ class RecoverReport:
         if self.errors:
             return 2
         return 1 if self.stale() else 0
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["exit_code"] = self.exit_code
-        return d
-
-
-@dataclass
-class SinkStatus:
-    sink_id: str
-    last_committed_batch: int | None
-    in_doubt_batches: list[int]  # decided, not yet all committed
-    prepared_branches: int
-    oldest_prepared_age_s: float | None  # None: nothing prepared, or the server gives no age (MySQL)
-    stale: int  # in-doubt batches and prepared branches older than the threshold (unknown age counts as old)
-    recent: list[dict[str, Any]]
-
-
-@dataclass
-class StatusReport:
-    url: str  # password masked
-    sinks: list[SinkStatus]
-    foreign_prepared: int
-    older_than_s: float
-    errors: list[str] = field(default_factory=list)
-    other_log_prepared: int = 0  # xasink branches of other decision logs on this server: never touched from here
-
-    @property
-    def exit_code(self) -> int:
-        if self.errors:
-            return 2
-        return 1 if any(s.stale for s in self.sinks) else 0
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -335,86 +301,6 @@ def _act(
                     dialect.rollback_foreign(xa, e.gid)
             except Exception as exc:  # noqa: BLE001 - reported; the rest is done
                 report.errors.append(f"rollback of foreign {e.gid}: {_redacted(exc, base)}")
-
-
-def status(
-    url: str,
-    *,
-    sink_id: str | None = None,
-    journal_schema: str | None = None,
-    journal_prefix: str = "xasink_",
-    older_than_s: float = DEFAULT_OLDER_THAN_S,
-    recent: int = 5,
-    journal_url: str | None = None,
-) -> StatusReport:
-    """Per sink: last committed batch, batches in doubt, prepared branches, recent figures.  Reads only."""
-    _check_threshold(older_than_s)
-    base = _base_options(url, journal_schema, journal_prefix)
-    dialect = _dialect(base)
-    journal = _journal(dialect, journal_url, journal_schema, journal_prefix)
-    try:
-        entries, pending, has_journal = _survey(dialect, journal, sink_id, older_than_s, set())
-        report = StatusReport(
-            _masked(base),
-            [],
-            sum(1 for e in entries if e.decision == "foreign"),
-            older_than_s,
-            other_log_prepared=sum(1 for e in entries if e.decision == "other-log"),
-        )
-        if not has_journal and (sink_id is not None or any(e.ours for e in entries)):
-            report.errors.append(
-                f"decision log {journal.batches.fullname} not found; pass --journal-schema / --journal-prefix "
-                "as the writers used them"
-            )
-        sinks: set[str] = {e.sink_id for e in entries if e.ours and e.sink_id} | set(pending)
-        with journal.dialect.connect() as conn:
-            now = journal.dialect.server_now(conn)  # decided_at is stamped by the same clock, in UTC
-            if has_journal:
-                sinks |= set(journal.sink_ids(conn)) if sink_id is None else {sink_id}
-            for sink in sorted(sinks):
-                records = journal.recent(conn, sink, 1000) if has_journal else []
-                committed = [r.batch_id for r in records if r.committed]
-                mine = [e for e in entries if e.ours and e.sink_id == sink]
-                ages = [e.age_s for e in mine if e.age_s is not None]
-                doubt = pending.get(sink, [])
-                stale = sum(1 for e in mine if e.action != WAIT and (e.age_s is None or e.age_s >= older_than_s))
-                stale += sum(1 for r in doubt if r.decided_at is None or _seconds(now - r.decided_at) >= older_than_s)
-                report.sinks.append(
-                    SinkStatus(
-                        sink_id=sink,
-                        last_committed_batch=max(committed) if committed else None,
-                        in_doubt_batches=sorted(r.batch_id for r in doubt),
-                        prepared_branches=len(mine),
-                        oldest_prepared_age_s=max(ages) if ages else None,
-                        stale=stale,
-                        recent=[
-                            {
-                                "batch_id": r.batch_id,
-                                "state": r.state,
-                                "rows": r.rows,
-                                "branches": r.branches,
-                                "prepare_ms": r.prepare_ms,
-                                "commit_ms": r.commit_ms,
-                                "decided_at": r.decided_at.isoformat() if r.decided_at else None,
-                                # a multi-target transaction's databases and tables (None: one table)
-                                "targets": recorded_targets(journal.target_of(conn, sink, r.batch_id)[1])
-                                if has_journal
-                                else None,
-                            }
-                            for r in sorted(records, key=lambda r: r.batch_id, reverse=True)[:recent]
-                        ],
-                    )
-                )
-        return report
-    except sa.exc.DBAPIError as exc:
-        raise _server_error(exc, dialect) from None
-    finally:
-        dialect.dispose()
-        journal.dialect.dispose()
-
-
-def _seconds(delta: timedelta) -> float:
-    return delta.total_seconds()
 
 
 def _dialect(options: WriteOptions) -> Dialect:

@@ -1,7 +1,9 @@
 """The ``xasink`` command: recover, status, demo.
 
-Exit codes fit cron and Nagios-style checks: 0 nothing of ours older than
-the threshold is prepared (or in doubt), 1 something is, 2 error.
+``recover`` exits 0 when nothing of ours older than the threshold is left prepared (or in doubt), 1 when
+something is, 2 on an error.  ``status`` exits as a Nagios plugin (see docs/monitoring.md): 0 OK, 1 WARNING
+(a warn threshold, or anything in doubt or prepared for ``--older-than``), 2 CRITICAL, 3 UNKNOWN (cannot
+connect, cannot read, bad arguments).
 """
 
 from __future__ import annotations
@@ -13,10 +15,11 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from . import admin
-from .errors import XasinkError
+from . import admin, health, prometheus
+from .errors import OptionError, XasinkError
 from .masking import RedactingFormatter, redact, url_secrets
 from .options import parse_url
+from .status import StatusReport, status
 
 _LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -132,7 +135,7 @@ def _targets(targets: list[dict[str, str]] | None) -> str:
     return ", ".join(f"{t.get('schema')}.{t.get('table')}@{t.get('server') or t.get('db')}" for t in targets)
 
 
-def _print_status(report: admin.StatusReport) -> None:
+def _print_status(report: StatusReport) -> None:
     print(f"server: {report.url}")
     rows = [
         (
@@ -175,6 +178,110 @@ def _print_status(report: admin.StatusReport) -> None:
         f"{report.other_log_prepared} of other xasink logs; {sum(s.stale for s in report.sinks)} in doubt "
         f"or prepared for {_age(report.older_than_s)} or longer"
     )
+    limit = report.max_prepared_transactions
+    print(
+        f"prepared transactions on the server: {report.prepared_on_server}"
+        + (f" of max_prepared_transactions {limit}" if limit is not None else " (no limit on this server)")
+        + f"; oldest of this log: {_age(report.oldest_prepared_age_s) if report.prepared_branches else '-'}"
+        + (f" ({report.prepared_age_unknown} of unknown age)" if report.prepared_age_unknown else "")
+    )
+    if report.blocked_sessions is None:
+        print("sessions blocked by prepared transactions: not readable")
+    else:
+        print(f"sessions blocked by prepared transactions: {len(report.blocked_sessions)}")
+        if report.blocked_sessions:
+            blocked = [
+                (b["session"], b["database"], b["user"], _age(b["query_age_s"]), ",".join(b["blockers"]) or "?")
+                for b in report.blocked_sessions
+            ]
+            print(_table(["session", "database", "user", "query age", "blocked by"], blocked))
+    for note in report.notes:
+        print(f"note: {note}", file=sys.stderr)
+    print(health.summary(report.checks()))
+
+
+def _health_flags(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--prometheus", action="store_true", help="print metrics in the Prometheus text format instead")
+    g = s.add_argument_group("thresholds (Nagios-style; unset: reported, never alerted on)")
+    for level in ("warn", "crit"):
+        g.add_argument(
+            f"--{level}-prepared-age",
+            type=admin.parse_duration,
+            metavar="AGE",
+            help=f"{level}: the oldest prepared branch of this decision log is AGE old or older (e.g. 60, 90s, 10m; "
+            "a MySQL branch of unknown age counts as old)",
+        )
+    for level in ("warn", "crit"):
+        g.add_argument(
+            f"--{level}-blocked",
+            type=_count,
+            metavar="N",
+            help=f"{level}: more than N sessions wait for a lock a prepared transaction holds (0: any)",
+        )
+    for level in ("warn", "crit"):
+        g.add_argument(
+            f"--{level}-batch-age",
+            type=admin.parse_duration,
+            metavar="AGE",
+            help=f"{level}: a sink's last committed batch is AGE old or older",
+        )
+    for level in ("warn", "crit"):
+        g.add_argument(
+            f"--{level}-prepared-ratio",
+            type=_ratio,
+            metavar="R",
+            help=f"{level}: prepared transactions / max_prepared_transactions is R or more (0..1; PostgreSQL only)",
+        )
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more: {text!r}")
+    return value
+
+
+def _ratio(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1: {text!r}")
+    return value
+
+
+def _unknown_on_usage_error(parser: argparse.ArgumentParser) -> Any:
+    """``status`` is a monitoring check: a wrong argument is UNKNOWN (3), not argparse's 2 (CRITICAL to Nagios)."""
+
+    def error(message: str) -> None:
+        parser.print_usage(sys.stderr)
+        parser.exit(health.EXIT_CODES[health.UNKNOWN], f"{parser.prog}: error: {message}\n")
+
+    return error
+
+
+def _thresholds(args: argparse.Namespace) -> health.Thresholds:
+    names = [
+        f"{lv}_{what}" for what in ("prepared_age", "blocked", "batch_age", "prepared_ratio") for lv in ("warn", "crit")
+    ]
+    try:
+        return health.Thresholds(**{n: getattr(args, n) for n in names})
+    except ValueError as exc:
+        raise OptionError(str(exc)) from None
+
+
+def _labels(url: str | None) -> tuple[str, str]:
+    """server (host:port) and database of ``url`` for ``xasink_up 0``; empty when it does not parse."""
+    try:
+        parsed = parse_url(url or "")
+    except Exception:  # noqa: BLE001 - an unparsable URL still gets its metrics
+        return "", ""
+    port = parsed.port or (5432 if parsed.get_backend_name() == "postgresql" else 3306)
+    return f"{parsed.host or 'localhost'}:{port}", parsed.database or ""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -215,8 +322,17 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="GID",
         help="also roll back this exact foreign prepared transaction (not xasink's); repeatable",
     )
-    s = sub.add_parser("status", help="per-sink state of the decision log and prepared branches")
+    s = sub.add_parser(
+        "status",
+        help="per-sink state, prepared branches and health thresholds (exit 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN)",
+        description="Per-sink state of the decision log, prepared branches, and the figures on-call alerts on. "
+        "Exit codes as a Nagios plugin: 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN (cannot connect or read, bad "
+        "arguments). Ages and ratios alert at or above their threshold, counts above it (0: any). "
+        "Anything in doubt or prepared for --older-than or longer is a WARNING, as before.",
+    )
     common(s)
+    _health_flags(s)
+    s.error = _unknown_on_usage_error(s)  # type: ignore[method-assign]
     d = sub.add_parser("demo", help="run the demo on a throwaway PostgreSQL")
     d.add_argument("--rows", type=int, default=100_000)
     d.add_argument("--partitions", type=int, default=4)
@@ -250,26 +366,41 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             print(json.dumps(report.to_dict(), indent=2, default=str)) if args.json else _print_recover(report)
             return report.exit_code
-        status = admin.status(
+        st = status(
             args.url,
             sink_id=args.sink_id,
             journal_schema=args.journal_schema,
             journal_prefix=args.journal_prefix,
             older_than_s=older,
             journal_url=args.journal_url,
+            thresholds=_thresholds(args),
         )
-        print(json.dumps(status.to_dict(), indent=2, default=str)) if args.json else _print_status(status)
-        return status.exit_code
-    except Exception as exc:  # noqa: BLE001 - every failure is exit code 2 with a message, never a traceback
+        if args.prometheus:
+            print(prometheus.render(st), end="")
+            for text in st.errors + st.notes:
+                print(f"error: {text}", file=sys.stderr)
+        elif args.json:
+            print(json.dumps(st.to_dict(), indent=2, default=str))
+        else:
+            _print_status(st)
+        return st.exit_code
+    except Exception as exc:  # noqa: BLE001 - every failure is an exit code with a message, never a traceback
+        code = health.EXIT_CODES[health.UNKNOWN] if args.command == "status" else 2
         text = str(exc) if isinstance(exc, XasinkError) else f"{type(exc).__name__}: {exc}"
         text = _mask(_mask(text, getattr(args, "url", None)), getattr(args, "journal_url", None))
-        if getattr(args, "json", False):
-            print(json.dumps({"error": text, "exit_code": 2}))
+        if getattr(args, "prometheus", False):
+            print(prometheus.render_down(*_labels(args.url)), end="")
+            print(f"error: {text}", file=sys.stderr)
+        elif getattr(args, "json", False):
+            doc: dict[str, Any] = {"error": text, "exit_code": code}
+            if args.command == "status":
+                doc["state"] = health.UNKNOWN
+            print(json.dumps(doc))
         else:
             print(f"error: {text}", file=sys.stderr)
         if args.verbose:
             logging.getLogger("xasink").info("failure", exc_info=True)
-        return 2
+        return code
 
 
 if __name__ == "__main__":

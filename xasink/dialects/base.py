@@ -47,6 +47,18 @@ class PreparedTxn:
 
 
 @dataclass(frozen=True)
+class BlockedSession:
+    """A session waiting for a lock that a prepared transaction holds: what an on-call engineer alerts on."""
+
+    session: int  # PostgreSQL: the backend's pid; MySQL: the thread (connection) id
+    database: str | None
+    user: str | None
+    query_age_s: float | None  # since the blocked statement started (server clock)
+    wait_age_s: float | None  # since the lock wait started, where the server says (PostgreSQL 14+, InnoDB)
+    blockers: tuple[str, ...]  # PostgreSQL: gids of the prepared transactions; MySQL: ``innodb-trx:<id>``
+
+
+@dataclass(frozen=True)
 class TargetPlan:
     """How rows reach the target table: decided on the driver, shipped to executors."""
 
@@ -251,6 +263,14 @@ class Dialect(ABC):
     @abstractmethod
     def list_prepared(self, conn: Connection) -> list[PreparedTxn]:
         """Every prepared transaction this connection's database could finish."""
+
+    @abstractmethod
+    def prepared_capacity(self, conn: Connection) -> tuple[int, int | None]:
+        """Prepared transactions on the whole server, and the server's limit on them (None: it has none)."""
+
+    @abstractmethod
+    def blocked_by_prepared(self, conn: Connection) -> list[BlockedSession]:
+        """Sessions of the server waiting for a lock that a prepared transaction holds."""
 
     @abstractmethod
     def classify(self, exc: BaseException) -> ErrorKind: ...

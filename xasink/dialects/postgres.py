@@ -17,10 +17,12 @@ from sqlalchemy.engine import Connection
 from ..errors import BranchError, PreflightError
 from ..masking import redact, url_secrets
 from ..xid import Xid
+from . import pg_health
 from .base import (
     KEEPALIVE_COUNT,
     KEEPALIVE_IDLE_S,
     KEEPALIVE_INTERVAL_S,
+    BlockedSession,
     BranchSession,
     Dialect,
     DurabilityRisk,
@@ -329,6 +331,12 @@ class PostgresDialect(Dialect):
             "WHERE database = current_database() ORDER BY prepared"
         ).fetchall()
         return [PreparedTxn(r[0], Xid.parse(r[0]), r[1], r[2], r[3]) for r in rows]
+
+    def prepared_capacity(self, conn: Connection) -> tuple[int, int | None]:
+        return pg_health.prepared_capacity(conn)
+
+    def blocked_by_prepared(self, conn: Connection) -> list[BlockedSession]:
+        return pg_health.blocked_by_prepared(conn)
 
     def classify(self, exc: BaseException) -> ErrorKind:
         state = _sqlstate(exc)

@@ -16,8 +16,17 @@ from sqlalchemy.engine import Connection
 from ...errors import BranchError
 from ...masking import redact, url_secrets
 from ...xid import FORMAT_ID, Xid
-from ..base import BranchSession, Dialect, DurabilityRisk, ErrorKind, PreparedTxn, TargetPlan, set_keepalive
-from . import errors, preflight, types
+from ..base import (
+    BlockedSession,
+    BranchSession,
+    Dialect,
+    DurabilityRisk,
+    ErrorKind,
+    PreparedTxn,
+    TargetPlan,
+    set_keepalive,
+)
+from . import errors, health, preflight, types
 from .branch import MySQLBranch
 from .errors import BranchBusyError
 from .owner import DETACH_TIMEOUT_S, OWNER_WAIT_S, OwnerWatch
@@ -133,6 +142,12 @@ class MySQLDialect(Dialect):
             xid = Xid.from_xa(format_id, gtrid, bqual)
             out.append(PreparedTxn(xid.gid if xid else foreign_gid(format_id, gtrid, bqual), xid))
         return out
+
+    def prepared_capacity(self, conn: Connection) -> tuple[int, int | None]:
+        return health.prepared_capacity(conn)
+
+    def blocked_by_prepared(self, conn: Connection) -> list[BlockedSession]:
+        return health.blocked_by_prepared(conn)
 
     def classify(self, exc: BaseException) -> ErrorKind:
         return errors.classify(exc)
