@@ -26,6 +26,11 @@ log = logging.getLogger("xasink.dialects.mysql")
 
 DETACH_TIMEOUT_S = 30.0
 DETACH_GRACE_S = 2.0  # how long a branch waits for INNODB_TRX after its session left PROCESSLIST
+# InnoDB refreshes the cache behind INNODB_TRX only when nobody has read it for 0.1 s (trx_i_s_cache's
+# CACHE_MIN_IDLE_TIME_US): sessions that read it more often, together, freeze it server-wide and every reader
+# sees stale rows.  So it is read at most this often here, and only once PROCESSLIST (live) says the session
+# is gone.
+TRX_POLL_S = 0.15
 OWNER_WAIT_S = 5.0  # longest wait for a branch's owner to finish disconnecting before XA COMMIT / ROLLBACK
 
 # Sessions still disconnecting while InnoDB holds their transaction attached: the branch's owner (named by its
@@ -70,7 +75,8 @@ class OwnerWatch:
             delay = 0.001
             gone_since: float | None = None
             while True:
-                listed, attached = self._session_state(cur, connection_id)
+                listed = self._listed(cur, connection_id)  # live: polled fast while the session is there
+                attached = False if listed else self._attached(cur, connection_id)  # a cache: read seldom
                 if not listed and not attached:
                     return
                 now = time.monotonic()
@@ -84,7 +90,7 @@ class OwnerWatch:
                         f"the server did not release session {connection_id} within {timeout_s:.0f}s after it "
                         "prepared its branch; the branch is rolled back by the batch's abort"
                     )
-                time.sleep(delay)
+                time.sleep(delay if listed else TRX_POLL_S)
                 delay = min(delay * 2, 0.05)
         finally:
             conn.close()
@@ -92,31 +98,33 @@ class OwnerWatch:
     _trx_visible = True  # whether this user may read INNODB_TRX (the PROCESS privilege)
     _stuck: frozenset[int] = frozenset()  # sessions await_owner gave up on (per dialect, i.e. per engine)
 
-    def _session_state(self, cur: Any, connection_id: int) -> tuple[bool, bool]:
-        """(in PROCESSLIST, InnoDB still holds a transaction of it) for session ``connection_id``.
+    @staticmethod
+    def _listed(cur: Any, connection_id: int) -> bool:
+        cur.execute("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = %s", (connection_id,))
+        row = cur.fetchone()
+        return row is not None and int(row[0]) > 0
+
+    def _attached(self, cur: Any, connection_id: int) -> bool:
+        """InnoDB still holds a transaction of session ``connection_id`` (which has left PROCESSLIST).
 
         MariaDB removes a session from PROCESSLIST before InnoDB detaches its prepared transaction
         (``THD::free_connection`` runs after ``server_threads.erase``), so both are checked.
         """
-        listed = "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = %s"
-        trx = (
-            "SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_mysql_thread_id = %s "
-            "AND trx_state <> 'LOCK WAIT'"
-            if self._trx_visible
-            else "SELECT 0"
-        )
-        query = f"SELECT ({listed}), ({trx})"
+        if not self._trx_visible:
+            return False
         try:
-            cur.execute(query, (connection_id,) * query.count("%s"))
+            cur.execute(
+                "SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_mysql_thread_id = %s "
+                "AND trx_state <> 'LOCK WAIT'",
+                (connection_id,),
+            )
         except pymysql.err.MySQLError as exc:
-            if not self._trx_visible or errno_of(exc) not in PRIVILEGE_CODES:
+            if errno_of(exc) not in PRIVILEGE_CODES:
                 raise
             self._trx_visible = False
-            return self._session_state(cur, connection_id)
+            return False
         row = cur.fetchone()
-        if row is None:
-            return False, False
-        return int(row[0]) > 0, int(row[1]) > 0
+        return row is not None and int(row[0]) > 0
 
     def await_owner(self, conn: Connection, xid: Xid | None, timeout_s: float = OWNER_WAIT_S) -> None:
         """Wait until no session that may own the branch is still disconnecting: then XA COMMIT / ROLLBACK is safe.
@@ -148,5 +156,5 @@ class OwnerWatch:
                 self._stuck = self._stuck | pending
                 log.debug("%s: sessions %s still disconnecting after %.0fs; going on", xid, sorted(pending), timeout_s)
                 return
-            time.sleep(delay)
+            time.sleep(max(delay, TRX_POLL_S) if self._trx_visible else delay)  # INNODB_TRX: see TRX_POLL_S
             delay = min(delay * 2, 0.05)
