@@ -364,8 +364,8 @@ class Journal:
             if found is None:
                 raise PreflightError(
                     f"decision log {self.logs.fullname} has no identity yet: it is created on a writer's first "
-                    "batch (or by `xasink ddl postgres` / `xasink ddl mysql`); pass --journal-schema / --journal-prefix "
-                    "as the writers used them"
+                    "batch (or by `xasink ddl postgres` / `xasink ddl mysql`); pass --journal-schema / "
+                    "--journal-prefix as the writers used them"
                 )
             self._log_id = found
         return self._log_id
