@@ -1,7 +1,7 @@
 """docker-compose.yml starts the servers the README's "Database set-up" describes; no Docker needed.
 
 Every value is read from the compose file and the files it mounts: PostgreSQL with
-``max_prepared_transactions`` > 0 (and the README naming the same value), MySQL 8 whose init SQL creates the
+``max_prepared_transactions`` > 0 (and the docs naming the same value), MySQL 8 whose init SQL creates the
 application user and grants it ``XA_RECOVER_ADMIN``, MariaDB 10.5+, ``local_infile`` on both, and distinct
 host ports.
 """
@@ -17,6 +17,11 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker-compose.yml"
+
+
+def _docs() -> str:
+    """README.md and docs/*.md: the set-up the compose file must agree with."""
+    return "\n".join(p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))])
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +55,7 @@ def test_postgres_enables_prepared_transactions(services: dict[str, Any]) -> Non
     assert pg["image"].startswith("postgres:")
     value = _setting(_args(pg), "max_prepared_transactions")
     assert value is not None and int(value) > 0
-    readme = (ROOT / "README.md").read_text()
-    assert f"max_prepared_transactions={value}" in readme.replace("`", "")
+    assert f"max_prepared_transactions={value}" in _docs().replace("`", "")
 
 
 def test_mysql_init_grants_xa_recover_admin_to_the_app_user(services: dict[str, Any]) -> None:
@@ -69,7 +73,7 @@ def test_mysql_init_grants_xa_recover_admin_to_the_app_user(services: dict[str, 
     assert re.search(rf"GRANT XA_RECOVER_ADMIN ON \*\.\* TO '{user}'@'{re.escape(hostmask)}'", sql)
     database = my["environment"]["MYSQL_DATABASE"]
     assert re.search(rf"GRANT ALL PRIVILEGES ON {database}\.\* TO '{user}'@'{re.escape(hostmask)}'", sql)
-    assert host.relative_to(ROOT).as_posix() in (ROOT / "README.md").read_text()  # the docs name the file
+    assert host.relative_to(ROOT).as_posix() in _docs()  # the docs name the file
 
 
 def test_mariadb_service(services: dict[str, Any]) -> None:

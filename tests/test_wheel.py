@@ -28,11 +28,14 @@ from xasink.ddl import DIALECTS, ddl
 
 ROOT = Path(__file__).resolve().parent.parent
 VERSION = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M)[1]  # type: ignore[index]
-PACKAGE_DATA = (
-    "xasink/py.typed",
-    "xasink/sql/postgres.sql",
-    "xasink/sql/mysql.sql",
-    "xasink/spark/log4j2-demo.properties",
+# every file of the package that is not Python source: what xasink reads at run time (a new one must be listed in
+# pyproject.toml's package-data, or the installed package lacks it)
+PACKAGE_DATA = tuple(
+    sorted(
+        p.relative_to(ROOT).as_posix()
+        for p in (ROOT / "xasink").rglob("*")
+        if p.is_file() and p.suffix not in (".py", ".pyc") and "__pycache__" not in p.parts
+    )
 )
 
 
@@ -78,6 +81,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
 
 
 def test_wheel_and_sdist_hold_the_package_data(installed: Installed) -> None:
+    assert {"xasink/py.typed", "xasink/sql/postgres.sql", "xasink/sql/mysql.sql"} <= set(PACKAGE_DATA)
     names = set(zipfile.ZipFile(installed.wheel).namelist())
     assert set(PACKAGE_DATA) <= names
     assert not any(n.startswith(("tests/", "benchmarks/", "sql/")) for n in names)
