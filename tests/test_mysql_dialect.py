@@ -566,7 +566,7 @@ def _ddl_blocks(path: Path) -> dict[str, set[str]]:
 
 @pytest.mark.parametrize(
     ("dialect", "path"),
-    [(mysql.pymysql.dialect(), "sql/mysql.sql"), (postgresql.psycopg2.dialect(), "sql/postgres.sql")],
+    [(mysql.pymysql.dialect(), "xasink/sql/mysql.sql"), (postgresql.psycopg2.dialect(), "xasink/sql/postgres.sql")],
     ids=["mysql", "postgres"],
 )
 def test_sql_files_match_the_journal_tables(dialect: sa.engine.Dialect, path: str) -> None:
@@ -587,7 +587,7 @@ def test_sql_file_runs_on_mariadb(mariadb_url: str) -> None:
         cur.execute(f"CREATE DATABASE `{scratch}`")
         try:
             cur.execute(f"USE `{scratch}`")
-            for statement in re.sub(r"--[^\n]*", "", (ROOT / "sql/mysql.sql").read_text()).split(";"):
+            for statement in re.sub(r"--[^\n]*", "", (ROOT / "xasink/sql/mysql.sql").read_text()).split(";"):
                 if statement.strip():
                     cur.execute(statement)
             cur.execute(

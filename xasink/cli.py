@@ -1,4 +1,4 @@
-"""The ``xasink`` command: recover, status, demo.
+"""The ``xasink`` command: recover, status, ddl, demo.
 
 ``recover`` exits 0 when nothing of ours older than the threshold is left prepared (or in doubt), 1 when
 something is, 2 on an error.  ``status`` exits as a Nagios plugin (see docs/monitoring.md): 0 OK, 1 WARNING
@@ -12,16 +12,34 @@ import argparse
 import json
 import logging
 import sys
+import warnings
 from collections.abc import Sequence
+from importlib import metadata
 from typing import Any
 
 from . import admin, health, prometheus
+from .ddl import DIALECTS, ddl
 from .errors import OptionError, XasinkError
 from .masking import RedactingFormatter, redact, url_secrets
 from .options import parse_url
 from .status import StatusReport, status
 
 _LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def _version() -> str:
+    """The installed distribution's version; 'unknown' when run from a source tree that was never installed."""
+    try:
+        return metadata.version("xasink")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _quiet_warnings() -> None:
+    """Our own entry points only: Spark's and pandas' warnings (e.g. pandas >= 3 not fully supported) are noise
+    to someone running ``xasink``; a library user's session keeps its own warning filters."""
+    warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas")
+    warnings.filterwarnings("ignore", module=r"(pyspark|pandas|pyarrow|py4j)(\.|$)")
 
 
 def _secrets(url: str | None) -> tuple[str, ...]:
@@ -287,6 +305,7 @@ def _labels(url: str | None) -> tuple[str, str]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="xasink", description="exactly-once Spark writes by XA two-phase commit")
     p.add_argument("-v", "--verbose", action="store_true", help="log at INFO")
+    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
 
     def common(sp: argparse.ArgumentParser) -> None:
@@ -333,6 +352,8 @@ def build_parser() -> argparse.ArgumentParser:
     common(s)
     _health_flags(s)
     s.error = _unknown_on_usage_error(s)  # type: ignore[method-assign]
+    ddl = sub.add_parser("ddl", help="print the decision log's DDL, for a DBA to run where writers may not CREATE")
+    ddl.add_argument("dialect", choices=DIALECTS, help="postgres, or mysql (MySQL 8 and MariaDB)")
     d = sub.add_parser("demo", help="run the demo on a throwaway PostgreSQL")
     d.add_argument("--rows", type=int, default=100_000)
     d.add_argument("--partitions", type=int, default=4)
@@ -340,12 +361,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    _quiet_warnings()
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format=_LOG_FORMAT)
     for handler in logging.getLogger().handlers:  # log lines and -v tracebacks pass through redact too
         secrets = _secrets(getattr(args, "url", None)) + _secrets(getattr(args, "journal_url", None))
         handler.setFormatter(RedactingFormatter(_LOG_FORMAT, secrets))
     try:
+        if args.command == "ddl":
+            print(ddl(args.dialect), end="")
+            return 0
         if args.command == "demo":
             from .spark.demo import run_demo
 

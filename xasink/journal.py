@@ -116,7 +116,7 @@ class ClaimState:
 def journal_metadata(
     schema: str | None = None, prefix: str = "xasink_"
 ) -> tuple[sa.Table, sa.Table, sa.Table, sa.Table]:
-    """The journal tables; ``sql/*.sql`` holds the same DDL for DBAs."""
+    """The journal tables; ``xasink/sql/*.sql`` (``xasink ddl``) holds the same DDL for DBAs."""
     md = sa.MetaData(schema=schema)
     sinks = sa.Table(
         f"{prefix}sinks",
@@ -269,8 +269,9 @@ class Journal:
                     names = ", ".join(t.fullname for t in self.tables)
                     raise PreflightError(
                         f"cannot create the xasink decision log tables {names}: "
-                        f"{str(exc.orig).strip().splitlines()[0]}. Create them with sql/postgres.sql or "
-                        "sql/mysql.sql, or grant CREATE, or pick a schema with 'journalSchema'."
+                        f"{str(exc.orig).strip().splitlines()[0]}. Create them with the DDL "
+                        "that `xasink ddl postgres` (or `xasink ddl mysql`) prints, or grant CREATE, or pick a "
+                        "schema with 'journalSchema'."
                     ) from None
             conn.rollback()
             self.upgrade(conn)
@@ -297,8 +298,8 @@ class Journal:
                 return  # added concurrently
             raise PreflightError(
                 f"cannot add column {name} to the xasink decision log table {table.fullname} (made by an older "
-                f"xasink): {str(exc.orig).strip().splitlines()[0]}. Add it as sql/postgres.sql or sql/mysql.sql "
-                "define it, or grant ALTER."
+                f"xasink): {str(exc.orig).strip().splitlines()[0]}. Add it as `xasink ddl postgres` "
+                "(or `xasink ddl mysql`) defines it, or grant ALTER."
             ) from None
 
     def upgrade(self, conn: Connection) -> None:
@@ -363,8 +364,8 @@ class Journal:
             if found is None:
                 raise PreflightError(
                     f"decision log {self.logs.fullname} has no identity yet: it is created on a writer's first "
-                    "batch (or with sql/postgres.sql, sql/mysql.sql); pass --journal-schema / --journal-prefix "
-                    "as the writers used them"
+                    "batch (or by `xasink ddl postgres` / `xasink ddl mysql`); pass --journal-schema / "
+                    "--journal-prefix as the writers used them"
                 )
             self._log_id = found
         return self._log_id

@@ -60,8 +60,8 @@ def ensure_parts(journal: Journal) -> None:
         except sa.exc.DBAPIError as exc:
             raise PreflightError(
                 f"cannot create the xasink decision log table {journal.parts.fullname} for multi-target "
-                f"transactions: {str(exc.orig).strip().splitlines()[0]}. Create it with sql/postgres.sql or "
-                "sql/mysql.sql, or grant CREATE."
+                f"transactions: {str(exc.orig).strip().splitlines()[0]}. Create it with the DDL "
+                "that `xasink ddl postgres` (or `xasink ddl mysql`) prints, or grant CREATE."
             ) from None
 
 
