@@ -43,6 +43,8 @@ RESULTS = ROOT / "benchmarks" / "results" / "faults.json"
 # Every fault test passes this password (the embedded server trusts local logins and ignores it): it must
 # never appear in a log line, an exception or CLI output.
 
+# short-lived test JVMs doing little work: the C1 compiler alone and the serial collector start them sooner
+FAST_START = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
 JAVA_MODULE_OPTIONS = [
     "-XX:+IgnoreUnrecognizedVMOptions",
     *(
@@ -174,7 +176,7 @@ class StandaloneCluster:
 
     def _java(self, log: Path, cls: str, *args: str, host: str = "127.0.0.1") -> subprocess.Popen[bytes]:
         java = shutil.which("java", path=os.path.join(os.environ.get("JAVA_HOME", ""), "bin")) or "java"
-        cmd = [java, "-Xmx256m", *JAVA_MODULE_OPTIONS, "-cp", f"{self.home}/jars/*", cls, *args]
+        cmd = [java, "-Xmx256m", *FAST_START, *JAVA_MODULE_OPTIONS, "-cp", f"{self.home}/jars/*", cls, *args]
         env = {
             **os.environ,
             "SPARK_HOME": str(self.home),
@@ -464,6 +466,8 @@ def _serve(master: str) -> None:
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.task.maxFailures", "4")
+        .config("spark.driver.extraJavaOptions", " ".join(FAST_START))
+        .config("spark.executor.extraJavaOptions", " ".join(FAST_START))
     )
     for key, value in json.loads(os.environ.get("XASINK_TEST_SPARK_CONF", "{}")).items():
         builder = builder.config(key, str(value))  # a test's own settings (speculation), over the defaults

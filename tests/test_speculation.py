@@ -33,7 +33,7 @@ from xasink.xid import Xid
 
 pytestmark = [pytest.mark.spark, pytest.mark.crash]
 
-STALL_S = 40.0  # far above the copy's whole run on a loaded two-core machine
+STALL_S = 30.0  # far above the copy's whole run on a loaded two-core machine (it starts after minTaskRuntime)
 RUN_TIMEOUT = 240.0
 SPECULATION = {
     "spark.speculation": "true",

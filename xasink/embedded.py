@@ -6,6 +6,15 @@ module runs a private cluster from the local PostgreSQL binaries in a
 temporary directory on a free port.  ``pg_ctl`` refuses to run as root, so
 under root the server runs as an unprivileged account (``postgres`` when it
 exists, else ``nobody``).
+
+Authentication: without ``password`` every login is trusted (the demo).  With
+``password`` the cluster is initialised with ``--auth-host=scram-sha-256`` and
+that password for the ``postgres`` superuser, so TCP logins must prove their
+password; ``trusted_users`` keeps named roles on ``trust`` over TCP (the test
+suite's superuser, whose URL many tests combine with a password option of
+their own), while every other role - those the tests create - must give its
+password.  The Unix socket stays ``trust`` so the server can be administered
+locally.
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
+from urllib.parse import quote
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +77,11 @@ class EmbeddedPostgres:
         port: int | None = None,
         base_dir: str | None = None,
         extra_settings: dict[str, str] | None = None,
+        password: str | None = None,
+        trusted_users: tuple[str, ...] = (),
     ) -> None:
+        self.password = password
+        self.trusted_users = trusted_users
         self.max_prepared_transactions = max_prepared_transactions
         self.port = port or free_port()
         self.extra_settings = extra_settings or {}
@@ -79,7 +93,11 @@ class EmbeddedPostgres:
 
     @property
     def url(self) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+        """The superuser's URL, with its password unless it logs in by trust (never log it: xasink/masking.py)."""
+        if self.password is None or "postgres" in self.trusted_users:
+            return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+        secret = quote(self.password, safe="")
+        return f"postgresql://postgres:{secret}@127.0.0.1:{self.port}/postgres"
 
     @staticmethod
     def _unprivileged_user() -> str:
@@ -113,7 +131,7 @@ class EmbeddedPostgres:
             pw = pwd.getpwnam(self._run_as)
             os.chown(self.base_dir, pw.pw_uid, pw.pw_gid)
         if not (self.data_dir / "PG_VERSION").exists():
-            self._run("initdb", "-D", str(self.data_dir), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--locale=C")
+            self._initdb()
         settings = {
             "listen_addresses": "127.0.0.1",
             "port": str(self.port),
@@ -151,6 +169,26 @@ class EmbeddedPostgres:
         self._wait_ready()
         log.info("embedded PostgreSQL on port %s (data in %s)", self.port, self.data_dir)
         return self.url
+
+    def _initdb(self) -> None:
+        args = ["-D", str(self.data_dir), "-U", "postgres", "-E", "UTF8", "--locale=C"]
+        if self.password is None:
+            self._run("initdb", *args, "--auth=trust")
+            return
+        pwfile = self.base_dir / "pwfile"
+        pwfile.write_text(self.password + "\n")
+        pwfile.chmod(0o600)
+        if self._run_as:
+            pw = pwd.getpwnam(self._run_as)
+            os.chown(pwfile, pw.pw_uid, pw.pw_gid)
+        try:
+            self._run("initdb", *args, "--auth-local=trust", "--auth-host=scram-sha-256", f"--pwfile={pwfile}")
+        finally:
+            pwfile.unlink()
+        if self.trusted_users:
+            hba = self.data_dir / "pg_hba.conf"
+            trusted = "".join(f"host all {user} 127.0.0.1/32 trust\n" for user in self.trusted_users)
+            hba.write_text("# xasink embedded: trusted roles\n" + trusted + hba.read_text())
 
     def _wait_ready(self, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
