@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     sizes = [int(s) for s in args.rows.split(",")]
     names = [c for c in args.contenders.split(",") if c]
-    server, pg = start_postgres()
+    server, pg = start_postgres(durable=True)
     maria = mariadb()
     if maria is None:
         server.stop()

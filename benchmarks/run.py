@@ -9,6 +9,7 @@ strategies (how to upsert inside a prepared PostgreSQL branch).  Results go to b
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import logging
 import os
@@ -18,6 +19,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -106,6 +108,23 @@ def throughput(
 ) -> None:
     results: list[dict[str, Any]] = res["throughput"]
     chosen = [cmod.BY_NAME[n] for n in args.contender_list]
+    rounds = args.warmup + args.runs
+    cells = [(s, n) for s in args.schema_list for n in args.sizes if not (s == "wide" and n > args.wide_max)]
+    with progress(len(cells) * len(dbs) * len(chosen) * rounds, "throughput runs") as bar:
+        _throughput(args, spark, dbs, jar_paths, work, res, results, chosen, bar)
+
+
+def _throughput(
+    args: argparse.Namespace,
+    spark: Any,
+    dbs: list[env.Database],
+    jar_paths: list[str],
+    work: Path,
+    res: dict[str, Any],
+    results: list[dict[str, Any]],
+    chosen: list[cmod.Contender],
+    bar: Any,
+) -> None:
     for schema in args.schema_list:
         for size in args.sizes:
             if schema == "wide" and size > args.wide_max:
@@ -122,6 +141,7 @@ def throughput(
                     for c in chosen:
                         why = available(c, db, jar_paths)
                         if why:
+                            bar.update(args.warmup + args.runs)
                             results.append(
                                 {
                                     "db": db.kind,
@@ -145,6 +165,8 @@ def throughput(
                     for rnd in range(args.warmup + args.runs):
                         measuring = rnd >= args.warmup
                         for c in ready:
+                            bar.set_postfix_str(f"{db.kind} {schema} {size} {c.name}", refresh=False)
+                            bar.update(1)
                             if c.name in errors:
                                 continue
                             table = f"t_{c.name.replace('-', '_')}"
@@ -213,6 +235,27 @@ def throughput(
                 df.unpersist()
                 shutil.rmtree(work / f"csv-{schema}-{size}", ignore_errors=True)
             save(args, res)  # partial results survive an interrupted run
+
+
+@contextlib.contextmanager
+def progress(total: int, what: str) -> Iterator[Any]:
+    """A progress bar on a terminal (tqdm; log lines print above it), nothing otherwise or without tqdm."""
+    try:
+        from tqdm import tqdm
+        from tqdm.contrib.logging import logging_redirect_tqdm
+    except ImportError:  # the bench extra brings tqdm; without it the log lines still tell the progress
+        yield _NoBar()
+        return
+    with logging_redirect_tqdm(), tqdm(total=total, desc=what, unit="run", disable=not sys.stderr.isatty()) as bar:
+        yield bar
+
+
+class _NoBar:
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def set_postfix_str(self, s: str = "", refresh: bool = True) -> None:
+        pass
 
 
 def save(args: argparse.Namespace, res: dict[str, Any]) -> None:
