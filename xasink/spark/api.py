@@ -90,10 +90,7 @@ def write(
     unknown = [k for k in parsed.upsert_key_columns if k.lower() not in {c.lower() for c in df.columns}]
     if unknown:  # say it in our words before Spark's repartition fails on it
         raise errors.PreflightError(f"option 'upsertKeyColumns': '{unknown[0]}' is not a column of the DataFrame")
-    if parsed.upsert_key_columns:  # equal keys in two branches: the second waits on the first, prepared, until timeout
-        df = df.repartition(parsed.num_partitions or df.rdd.getNumPartitions(), *parsed.upsert_key_columns)
-    elif parsed.num_partitions is not None and df.rdd.getNumPartitions() > parsed.num_partitions:
-        df = df.coalesce(parsed.num_partitions)
+    df = _partition(df, parsed.num_partitions, parsed.upsert_key_columns)
     dialect = dialect_for(parsed.url)
     journal = Journal(dialect, parsed.journal_schema, parsed.journal_prefix)
     run = new_run_nonce()
@@ -130,6 +127,29 @@ def write(
     )
     log.info("%s", result)
     return result
+
+
+def is_connect(spark: SparkSession) -> bool:
+    """Whether ``spark`` is a Spark Connect session: it has no ``df.rdd`` and no JVM in this process."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def _partition(df: DataFrame, num_partitions: int | None, keys: list[str]) -> DataFrame:
+    """``df`` laid out for the write, with DataFrame calls only (Spark Connect has no ``df.rdd``).
+
+    Upsert keys: equal keys in two branches would make the second wait on the first, prepared, until a
+    lock timeout, so rows are hash-partitioned by key, into ``numPartitions`` partitions if given (else
+    as many as the DataFrame has in classic Spark, ``spark.sql.shuffle.partitions`` under Connect).
+    Otherwise ``numPartitions`` coalesces: a coalesce never adds partitions, so no count is needed.
+    """
+    if keys:
+        n = num_partitions
+        if n is None and not is_connect(df.sparkSession):
+            n = df.rdd.getNumPartitions()  # classic: keep the DataFrame's parallelism, as before
+        return df.repartition(n, *keys) if n is not None else df.repartition(*keys)
+    if num_partitions is not None:
+        return df.coalesce(num_partitions)
+    return df
 
 
 def _record(journal: Journal, sink_id: str, batch_id: int) -> Any:
