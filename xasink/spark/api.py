@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
@@ -22,7 +23,9 @@ from .datasource import RUN_OPTION, XasinkDataSource, check_batch_order
 
 log = logging.getLogger("xasink")
 
-_registered: set[int] = set()
+# the sessions the data source was registered with: weak, so a new session that happens to get a stopped
+# one's id() is registered too (tests and notebooks stop and start sessions, classic and Connect)
+_registered: weakref.WeakSet[SparkSession] = weakref.WeakSet()
 
 
 def register(spark: SparkSession) -> None:
@@ -30,11 +33,12 @@ def register(spark: SparkSession) -> None:
 
     Spark looks a Python data source up in the calling thread's *active* session, which a new thread
     (e.g. a thread pool's) does not have: its write would fail with DATA_SOURCE_NOT_FOUND.  So this
-    also makes ``spark`` the thread's active session.
+    also makes ``spark`` the thread's active session.  A Spark Connect session needs no such step: the
+    server looks the source up in the session the client names.
     """
-    if id(spark) not in _registered:
+    if spark not in _registered:
         spark.dataSource.register(XasinkDataSource)
-        _registered.add(id(spark))
+        _registered.add(spark)
     jvm, jsession = getattr(spark, "_jvm", None), getattr(spark, "_jsparkSession", None)
     if jvm is not None and jsession is not None:  # classic Spark; Spark Connect has no thread-local session here
         SparkSession._get_j_spark_session_class(jvm).setActiveSession(jsession)
@@ -134,7 +138,7 @@ def is_connect(spark: SparkSession) -> bool:
     return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
-def _partition(df: DataFrame, num_partitions: int | None, keys: list[str]) -> DataFrame:
+def _partition(df: DataFrame, num_partitions: int | None, keys: Sequence[str]) -> DataFrame:
     """``df`` laid out for the write, with DataFrame calls only (Spark Connect has no ``df.rdd``).
 
     Upsert keys: equal keys in two branches would make the second wait on the first, prepared, until a
