@@ -16,6 +16,7 @@ import os
 import sys
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import psycopg2
 import psycopg2.extensions
@@ -246,13 +247,23 @@ def pg(pg_url: str) -> Iterator[Target]:
 # --------------------------------------------------------------------------- Spark
 
 
-@pytest.fixture(scope="session")
-def spark():  # type: ignore[no-untyped-def]
-    """A local SparkSession (2 cores; a failed task is retried, up to 3 attempts) with xasink registered."""
+# Spark Connect's local mode (``remote("local[2]")``, tests/test_connect.py) starts its server on a classic
+# SparkContext in this process's JVM, and PySpark refuses it while a classic session runs (and the other way
+# round: classic calls dispatch to Connect while it is on).  So the two take turns: asking for one stops the
+# other, and the classic session is started again (the JVM stays up: about a second) when it was stopped.
+
+_classic: list[Any] = []  # the classic session the ``spark`` fixture handed out, if it is still running
+
+
+def classic_spark() -> Any:
+    """The local classic SparkSession (2 cores; a failed task is retried, up to 3 attempts) with xasink registered."""
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
 
+    if _classic and _classic[0]._sc._jsc is not None:
+        return _classic[0]
+    stop_connect_spark()
     session = (
         SparkSession.builder.master("local[2,3]")
         .appName("xasink-tests")
@@ -266,7 +277,42 @@ def spark():  # type: ignore[no-untyped-def]
     import xasink
 
     xasink.register(session)
-    try:
-        yield session
-    finally:
+    _classic[:] = [session]
+    return session
+
+
+def stop_classic_spark() -> None:
+    """Stop the classic session (before a Connect session starts in this process)."""
+    from pyspark.sql import SparkSession
+
+    session = SparkSession._instantiatedSession
+    if session is not None and session._sc._jsc is not None:
         session.stop()
+    _classic.clear()
+
+
+def stop_connect_spark() -> None:
+    """Stop a local Spark Connect session of this process, if one runs (it stops its server too)."""
+    if "SPARK_CONNECT_MODE_ENABLED" not in os.environ:
+        return
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    session = ConnectSession.getActiveSession() or ConnectSession._default_session
+    if session is not None:
+        session.stop()
+    for var in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_LOCAL_REMOTE", "SPARK_REMOTE"):
+        os.environ.pop(var, None)
+
+
+@pytest.fixture
+def spark():  # type: ignore[no-untyped-def]
+    """A local classic SparkSession (2 cores; a failed task is retried, up to 3 attempts) with xasink registered."""
+    return classic_spark()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_spark_at_exit() -> Iterator[None]:
+    yield
+    if "pyspark.sql" in sys.modules:
+        stop_connect_spark()
+        stop_classic_spark()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -22,7 +23,9 @@ from .datasource import RUN_OPTION, XasinkDataSource, check_batch_order
 
 log = logging.getLogger("xasink")
 
-_registered: set[int] = set()
+# the sessions the data source was registered with: weak, so a new session that happens to get a stopped
+# one's id() is registered too (tests and notebooks stop and start sessions, classic and Connect)
+_registered: weakref.WeakSet[SparkSession] = weakref.WeakSet()
 
 
 def register(spark: SparkSession) -> None:
@@ -30,11 +33,12 @@ def register(spark: SparkSession) -> None:
 
     Spark looks a Python data source up in the calling thread's *active* session, which a new thread
     (e.g. a thread pool's) does not have: its write would fail with DATA_SOURCE_NOT_FOUND.  So this
-    also makes ``spark`` the thread's active session.
+    also makes ``spark`` the thread's active session.  A Spark Connect session needs no such step: the
+    server looks the source up in the session the client names.
     """
-    if id(spark) not in _registered:
+    if spark not in _registered:
         spark.dataSource.register(XasinkDataSource)
-        _registered.add(id(spark))
+        _registered.add(spark)
     jvm, jsession = getattr(spark, "_jvm", None), getattr(spark, "_jsparkSession", None)
     if jvm is not None and jsession is not None:  # classic Spark; Spark Connect has no thread-local session here
         SparkSession._get_j_spark_session_class(jvm).setActiveSession(jsession)
@@ -126,16 +130,30 @@ def write(
     return result
 
 
+def is_connect(spark: SparkSession) -> bool:
+    """Whether ``spark`` is a Spark Connect session: it has no ``df.rdd`` and no JVM in this process."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
 def shape(df: DataFrame, parsed: WriteOptions) -> DataFrame:
-    """Partition ``df`` for the write: by the upsert keys (equal keys in one branch), or coalesced to
-    ``numPartitions``."""
+    """``df`` laid out for the write, with DataFrame calls only (Spark Connect has no ``df.rdd``).
+
+    Upsert keys: equal keys in two branches would make the second wait on the first, prepared, until a
+    lock timeout, so rows are hash-partitioned by key, into ``numPartitions`` partitions if given (else
+    as many as the DataFrame has in classic Spark, ``spark.sql.shuffle.partitions`` under Connect).
+    Otherwise ``numPartitions`` coalesces: a coalesce never adds partitions, so no count is needed.
+    """
     unknown = [k for k in parsed.upsert_key_columns if k.lower() not in {c.lower() for c in df.columns}]
     if unknown:  # say it in our words before Spark's repartition fails on it
         raise errors.PreflightError(f"option 'upsertKeyColumns': '{unknown[0]}' is not a column of the DataFrame")
-    if parsed.upsert_key_columns:  # equal keys in two branches: the second waits on the first, prepared, until timeout
-        return df.repartition(parsed.num_partitions or df.rdd.getNumPartitions(), *parsed.upsert_key_columns)
-    if parsed.num_partitions is not None and df.rdd.getNumPartitions() > parsed.num_partitions:
-        return df.coalesce(parsed.num_partitions)
+    keys, num_partitions = parsed.upsert_key_columns, parsed.num_partitions
+    if keys:
+        n = num_partitions
+        if n is None and not is_connect(df.sparkSession):
+            n = df.rdd.getNumPartitions()  # classic: keep the DataFrame's parallelism, as before
+        return df.repartition(n, *keys) if n is not None else df.repartition(*keys)
+    if num_partitions is not None:
+        return df.coalesce(num_partitions)
     return df
 
 
