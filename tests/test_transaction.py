@@ -300,5 +300,5 @@ def test_cli_status_lists_the_targets_and_recover_takes_journal_url(  # type: ig
     # a journal URL's password is never printed, even when its database cannot be reached
     code = cli.main(["status", "--url", maria.url, "--journal-url", "postgresql://etl:s3cret-pw@127.0.0.1:1/x"])
     captured = capsys.readouterr()
-    assert code == 2 and "s3cret-pw" not in captured.out + captured.err
+    assert code == 3 and "s3cret-pw" not in captured.out + captured.err
     assert_clean(sink, pgt, maria)
