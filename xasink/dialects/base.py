@@ -196,7 +196,10 @@ class Dialect(ABC):
         if self._engine is None:
             pooling: dict[str, Any] = {"poolclass": NullPool}
             if self.pool_size > 0:  # checked on every checkout: a server restart leaves no dead connection in use
-                pooling = {"pool_size": self.pool_size, "max_overflow": self.pool_size, "pool_pre_ping": True}
+                # overflow: a step may hold a connection while it opens another (the sink lock, then a rollback),
+                # and threads of one process share the pool; overflow connections close when returned
+                overflow = max(self.pool_size, 8)
+                pooling = {"pool_size": self.pool_size, "max_overflow": overflow, "pool_pre_ping": True}
             engine = sa.create_engine(self.url, connect_args=self.connect_args(), **pooling)
             sa.event.listen(engine, "connect", self.on_connect)
             if phases.enabled():  # the benchmark's breakdown: what a control connection's set-up costs
