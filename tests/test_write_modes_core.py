@@ -20,17 +20,33 @@ def test_overwrite_replaces_every_row_and_keeps_the_table(db: Target, spark: Spa
     table = db.new_table()
     db.keyed_table(table)
     db.execute(f"INSERT INTO {db.q(table)} VALUES (1, 'old1'), (2, 'old2'), (3, 'old3')")
-    db.execute(f"CREATE INDEX {db.q(table + '_n')} ON {db.q(table)} (id, name(8))" if db.kind == "mariadb"
-               else f"CREATE INDEX {db.q(table + '_n')} ON {db.q(table)} (name)")
+    db.execute(
+        f"CREATE INDEX {db.q(table + '_n')} ON {db.q(table)} (id, name(8))"
+        if db.kind == "mariadb"
+        else f"CREATE INDEX {db.q(table + '_n')} ON {db.q(table)} (name)"
+    )
     df = spark.createDataFrame([(2, "new2"), (3, "new3"), (4, "new4")], "id int, name string").repartition(3)
     s = sink()
-    (df.write.format("xasink").option("url", db.url).option("dbtable", table).option("sinkId", s)
-     .option("truncate", "true").mode("overwrite").save())
+    (
+        df.write.format("xasink")
+        .option("url", db.url)
+        .option("dbtable", table)
+        .option("sinkId", s)
+        .option("truncate", "true")
+        .mode("overwrite")
+        .save()
+    )
     assert db.rows(table) == [(2, "new2"), (3, "new3"), (4, "new4")]
     # a rerun of the same batch writes nothing, even after the table changed
     db.execute(f"INSERT INTO {db.q(table)} VALUES (9, 'later')")
-    (df.write.format("xasink").option("url", db.url).option("dbtable", table).option("sinkId", s)
-     .mode("overwrite").save())
+    (
+        df.write.format("xasink")
+        .option("url", db.url)
+        .option("dbtable", table)
+        .option("sinkId", s)
+        .mode("overwrite")
+        .save()
+    )
     assert db.rows(table) == [(2, "new2"), (3, "new3"), (4, "new4"), (9, "later")]
     # an empty batch empties the table
     empty = spark.createDataFrame([], "id int, name string")
@@ -52,8 +68,9 @@ def test_replace_where_replaces_matching_rows_and_checks_the_batch(db: Target, s
         xasink.write(outside, db.url, table, sink_id=s, batch_id=1, mode="overwrite", replaceWhere=pred)
     assert db.rows(table) == [(1, "2026-11-21", 1), (3, "2026-11-22", 30), (4, "2026-11-22", 40)]
     # the withdrawn batch can run again; without the check it lands
-    xasink.write(outside, db.url, table, sink_id=s, batch_id=1, mode="overwrite", replaceWhere=pred,
-                 replaceWhereCheck="false")
+    xasink.write(
+        outside, db.url, table, sink_id=s, batch_id=1, mode="overwrite", replaceWhere=pred, replaceWhereCheck="false"
+    )
     assert db.rows(table) == [(1, "2026-11-21", 1), (5, "2026-11-23", 50)]
     with pytest.raises(OptionError, match="replaceWhere"):
         xasink.write(outside, db.url, table, sink_id=s, batch_id=2, replaceWhere=pred)
@@ -67,7 +84,9 @@ def test_change_data_apply(db: Target, spark: SparkSession) -> None:
     schema = "id int, name string, seq long, deleted boolean"
     changes = spark.createDataFrame(
         [
-            (1, "a1", 6, False), (1, None, 7, True), (1, "a3", 8, False),  # update, delete, re-insert: last wins
+            (1, "a1", 6, False),
+            (1, None, 7, True),
+            (1, "a3", 8, False),  # update, delete, re-insert: last wins
             (2, None, 6, True),  # delete
             (3, "old", 4, False),  # older than stored: ignored
             (4, None, 6, True),  # delete of a missing key
