@@ -100,3 +100,38 @@ def test_change_data_apply(db: Target, spark: SparkSession) -> None:
     late = spark.createDataFrame([(1, "stale", 7, False), (5, None, 5, True)], schema)
     xasink.write(late, db.url, table, sink_id=s, batch_id=1, **opts)
     assert db.rows(table) == [(1, "a3", 8), (3, "c", 5), (5, "e", 6)]
+
+
+def test_complete_mode_keeps_the_table_equal_to_the_aggregate(db: Target, spark: SparkSession, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    table = db.new_table()
+    db.create_table(table, "k varchar(10) PRIMARY KEY, n bigint")
+    src, chk = tmp_path / "in", tmp_path / "chk"
+    src.mkdir()
+    s = sink()
+
+    def add(name: str, keys: list[str]) -> None:
+        (src / name).write_text("\n".join(json.dumps({"k": k}) for k in keys))
+
+    def run() -> None:
+        counts = spark.readStream.schema("k string").json(str(src)).groupBy("k").count().withColumnRenamed("count", "n")
+        query = (
+            counts.writeStream.outputMode("complete")
+            .format("xasink")
+            .option("url", db.url)
+            .option("dbtable", table)
+            .option("sinkId", s)
+            .option("checkpointLocation", str(chk))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(120)
+        assert query.exception() is None
+
+    add("1.json", ["a", "b", "a"])
+    run()
+    assert db.rows(table) == [("a", 2), ("b", 1)]
+    add("2.json", ["b", "c"])
+    run()
+    assert db.rows(table) == [("a", 2), ("b", 2), ("c", 1)]
