@@ -359,7 +359,8 @@ INVALID_OPTIONS = [  # each refused by parse_options (tests/test_options.py has 
     ("sinkId", "a b", r"option 'sinkId'"),
     ("url", f"postgresql://etl:{SECRET}@127.0.0.1:notaport/db", r"option 'url'"),
     ("url", f"jdbc:postgresql://127.0.0.1/db?user=etl&password={SECRET}&ssl=true", r"option 'url'.*ssl"),
-    ("truncate", "true", r"option 'truncate'"),
+    ("cascadeTruncate", "true", r"option 'cascadeTruncate'"),
+    ("replaceWhere", "id > 1", r"option 'replaceWhere'.*mode\('overwrite'\)"),
 ]
 
 

@@ -389,11 +389,11 @@ def test_unreachable_server_is_explained(spark: SparkSession, pg: Target, path: 
     assert pg.prepared() == []
 
 
-def test_overwrite_is_rejected(spark: SparkSession, pg: Target, table: str) -> None:
+def test_overwrite_with_upsert_keys_is_rejected(spark: SparkSession, pg: Target, table: str) -> None:
     with pytest.raises(Exception) as info:  # noqa: B017,PT011
-        format_writer(frame(spark, 10, 2), pg, table).mode("overwrite").save()
+        format_writer(frame(spark, 10, 2), pg, table).option("upsertKeyColumns", "id").mode("overwrite").save()
     text = "\n".join(texts(info.value))
-    assert "xasink.errors.OptionError" in text and "save mode 'overwrite' is not supported" in text
+    assert "xasink.errors.OptionError" in text and "mode('overwrite') replaces them" in text
     assert_no_secret(info.value)
     assert not pg.table_exists(table)
     assert pg.prepared() == []

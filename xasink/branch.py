@@ -20,7 +20,7 @@ import pyarrow as pa
 import sqlalchemy as sa
 
 from .dialects import shared_dialect
-from .dialects.base import BranchSession, Dialect, ErrorKind, TargetPlan
+from .dialects.base import BranchSession, Dialect, ErrorKind, TargetPlan, check_required
 from .errors import BatchIdentityError, ConcurrentWriterError, ForgottenBatchError, LateBranchError
 from .faults import fault
 from .journal import Journal, forgotten_message, identity_message, same_target, target_identity
@@ -174,6 +174,16 @@ def _discard(opening: Future[BranchSession]) -> None:
         log.debug("discarded branch: %s", exc)
 
 
+def _conformed(
+    batches: Iterable[pa.RecordBatch], plan: TargetPlan, partition: int, batch_id: int
+) -> Iterator[pa.RecordBatch]:
+    for b in batches:
+        out = conform(b, plan, partition, batch_id)
+        if plan.required:
+            check_required(out, plan, partition)
+        yield out
+
+
 def _timed_open(dialect: Dialect, xid: Xid, plan: TargetPlan, ids: dict[str, object]) -> BranchSession:
     with phase("task.open", **ids):
         return dialect.open_branch(xid, plan)
@@ -253,7 +263,7 @@ def write_partition(
     try:
         fault("task.before_load", partition=partition, attempt=attempt_number, batch=batch_id)
         with phase("task.load", **ids):
-            rows = session.load(conform(b, plan, partition) for b in itertools.chain([first], rest))
+            rows = session.load(_conformed(itertools.chain([first], rest), plan, partition, batch_id))
         fault("task.before_prepare", partition=partition, attempt=attempt_number, batch=batch_id)
     except BaseException:
         session.rollback()

@@ -9,6 +9,7 @@ and it can never be decided (DESIGN invariant 4).
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import threading
@@ -22,9 +23,11 @@ from typing import TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from .apply import ApplySpec, apply_statements, withdraw
 from .dialects import dialect_for, shared_dialect
 from .dialects.base import Dialect, ErrorKind, PreparedTxn
 from .errors import (
+    ApplyError,
     BatchAbortedError,
     BatchIdentityError,
     CommitIncompleteError,
@@ -126,10 +129,18 @@ class Coordinator:
             raise ForgottenBatchError(forgotten_message(self.sink_id, batch_id, horizon, self.journal.sinks.fullname))
         return False
 
-    def commit(self, batch_id: int, outcomes: Sequence[BranchOutcome | None], query: str | None = None) -> WriteResult:
+    def commit(
+        self,
+        batch_id: int,
+        outcomes: Sequence[BranchOutcome | None],
+        query: str | None = None,
+        apply: ApplySpec | None = None,
+    ) -> WriteResult:
         """Decide and commit a batch whose tasks all reported; finish it instead if it was decided before.
 
         ``query`` is the streaming query's id (else the tasks' reports name it): recorded with the target.
+        ``apply``: the branches loaded a shadow table (overwrite, replaceWhere, change-data apply); once they
+        are committed, one local transaction replaces the target's rows from it and marks the batch.
         """
         t0 = time.perf_counter()
         if any(o is None for o in outcomes):
@@ -173,7 +184,7 @@ class Coordinator:
             self.sink_id, batch_id, "committing", tuple(sorted(xids)), rows, len(xids), int(prepare_s * 1000)
         )
         with phase("commit.decide", **ids):
-            self._decide(record, query)
+            self._decide(record, query, apply)
         # after the decision, only forward: commit and mark through transient errors until commitTimeout
         fault("driver.after_decide", batch=batch_id)
         t_commit = time.perf_counter()
@@ -182,8 +193,12 @@ class Coordinator:
             self._commit_branches(record.xids, first_commit_fault=True, deadline=deadline)
         fault("driver.after_commits", batch=batch_id)
         commit_ms = int((time.perf_counter() - t_commit) * 1000)
-        with phase("commit.mark", **ids):
-            self._mark(batch_id, commit_ms, deadline)
+        if apply is not None:
+            with phase("commit.apply", **ids):
+                self._apply(batch_id, apply, commit_ms, deadline)
+        else:
+            with phase("commit.mark", **ids):
+                self._mark(batch_id, commit_ms, deadline)
         fault("driver.after_mark", batch=batch_id)
         t_sweep = time.perf_counter()
         self._after_commit(batch_id, sweep=self._leftovers)
@@ -214,7 +229,7 @@ class Coordinator:
             self.sink_id, existing.batch_id, existing.rows, existing.branches, True, {"total": time.perf_counter() - t0}
         )
 
-    def _decide(self, record: BatchRecord, query: str | None = None) -> None:
+    def _decide(self, record: BatchRecord, query: str | None = None, apply: ApplySpec | None = None) -> None:
         """Record the decision under the sink lock, after checking every listed branch is still prepared.
 
         Once the decision is sent, a failure (above all a connection broken during its COMMIT) leaves its
@@ -238,7 +253,10 @@ class Coordinator:
                 if other is None and not missing and not taken_over:
                     self.dialect.durable_commit(conn)
                     sent = True
-                    self.journal.insert_decision(conn, record, self.target(conn, query))
+                    target = self.target(conn, query)
+                    if apply is not None:  # recovery finishes the batch from the log alone
+                        target = json.dumps({**json.loads(target), "apply": apply.to_dict()}, sort_keys=True)
+                    self.journal.insert_decision(conn, record, target)
                 else:
                     doomed = [x for x in record.xids if x in prepared and (other is None or x not in other.xids)]
                     self._rollback(doomed)
@@ -376,6 +394,72 @@ class Coordinator:
                 f"'{self.sink_id}') or 'xasink recover' marks it; no row is lost or doubled. Do not rerun this "
                 "batch under another sink id: its rows would be written twice."
             ) from exc
+
+    def _apply(self, batch_id: int, spec: ApplySpec, commit_ms: int | None, deadline: float) -> None:
+        """Replace the target's rows from the shadow and mark the batch committed, in one local transaction.
+
+        Transient errors are retried like the commits (the branches are committed into the shadow, so the
+        batch is only ever finished, by this run or by recovery).  An error no retry fixes withdraws the
+        decision (:class:`ApplyError`): the target keeps its rows.
+        """
+        dialect = self.journal.dialect
+
+        def step() -> bool:
+            with dialect.connect() as conn:
+                conn.begin()
+                try:
+                    if not self.journal.mark_within(conn, self.sink_id, batch_id, commit_ms):
+                        conn.rollback()
+                        return False
+                    dialect.durable_commit(conn)
+                    rows = apply_statements(dialect, conn, spec, batch_id)
+                    conn.commit()
+                except BaseException:
+                    conn.rollback()
+                    raise
+                log.info("sink %s batch %s: %s (%d rows)", self.sink_id, batch_id, spec.describe(), rows)
+            return True
+
+        what = f"applying sink {self.sink_id} batch {batch_id} ({spec.describe()})"
+        try:
+            if not self._forward(what, step, deadline):
+                with dialect.connect() as conn:
+                    found = self.journal.get(conn, self.sink_id, batch_id)
+                if found is None:
+                    raise ApplyError(
+                        f"sink {self.sink_id} batch {batch_id}: another run found it could not {spec.describe()} "
+                        "and withdrew the decision; the table keeps its rows"
+                    )
+                log.info("sink %s batch %s was applied already (by a recovery run)", self.sink_id, batch_id)
+        except ApplyError as exc:
+            self._withdraw(batch_id, spec, str(exc))
+            raise
+        except Exception as exc:
+            if self._transient(exc):
+                raise CommitIncompleteError(
+                    f"sink {self.sink_id} batch {batch_id} is decided and its rows are loaded, but the step that "
+                    f"makes them visible ({spec.describe()}) failed within commitTimeout "
+                    f"({self.options.commit_timeout} s: {self._describe(exc)}); the table still holds its old rows. "
+                    f"The next run of this sink (sinkId '{self.sink_id}') or 'xasink recover' finishes it; no row "
+                    "is lost or doubled."
+                ) from exc
+            if not isinstance(exc, sa.exc.DBAPIError):
+                raise
+            reason = self._describe(exc)
+            self._withdraw(batch_id, spec, reason)
+            raise ApplyError(
+                f"sink {self.sink_id} batch {batch_id}: could not {spec.describe()}: {reason}. The table keeps "
+                "its old rows and nothing of this batch is visible; fix the data (or the table) and run it again"
+            ) from None
+
+    def _withdraw(self, batch_id: int, spec: ApplySpec, reason: str) -> None:
+        """Withdraw a decision whose apply can never succeed: its rows only ever reached the shadow."""
+        with self.journal.locked(self.sink_id) as conn:
+            if self.journal.withdraw(conn, self.sink_id, batch_id):
+                withdraw(conn, spec, batch_id)
+        log.warning(
+            "sink %s batch %s: decision withdrawn, nothing of it is visible (%s)", self.sink_id, batch_id, reason
+        )
 
     def _after_commit(self, batch_id: int, sweep: bool = True) -> None:
         """Sweep and trim after a committed batch: housekeeping, so a failure is a warning, never an error.
@@ -545,7 +629,15 @@ class Coordinator:
                 continue  # a single table's batch of the log's own database: finished from there
             report.committed += self._commit_branches(record.xids)
             with self.journal.dialect.connect() as conn:
-                self.journal.mark_committed(conn, self.sink_id, record.batch_id, None)
+                spec = ApplySpec.from_target(self.journal.recorded_target(conn, self.sink_id, record.batch_id))
+                if spec is None:
+                    self.journal.mark_committed(conn, self.sink_id, record.batch_id, None)
+            if spec is not None:
+                try:
+                    self._apply(record.batch_id, spec, None, time.monotonic() + self.options.commit_timeout)
+                except ApplyError as exc:
+                    log.warning("recovery could not apply batch %s of sink %s: %s", record.batch_id, self.sink_id, exc)
+                    continue
             report.finished_batches.append(record.batch_id)
             log.info("recovery finished decided batch %s of sink %s", record.batch_id, self.sink_id)
         to_commit: list[Xid] = []

@@ -49,6 +49,12 @@ class JournalError(XasinkError):
     """The decision log does not hold what xasink wrote into it: a row was deleted or changed by someone else."""
 
 
+class ApplyError(BatchAbortedError):
+    """An overwrite, replaceWhere or change-data batch could not replace the target's rows for a reason no retry
+    fixes (a constraint of the table, a row outside replaceWhere): the decision was withdrawn, the table keeps
+    its old rows and nothing of the batch is visible or left prepared."""
+
+
 class ConcurrentWriterError(BatchAbortedError):
     """Another writer or a recovery run settled this batch first."""
 

@@ -572,6 +572,32 @@ class Journal:
             "and run one writer per sinkId."
         )
 
+    def recorded_target(self, conn: Connection, sink_id: str, batch_id: int) -> str | None:
+        """What a decided batch wrote, as recorded (for an overwrite or change-data batch: its apply step)."""
+        b = self.batches.c
+        value = conn.execute(sa.select(b.target).where(b.sink_id == sink_id, b.batch_id == batch_id)).scalar()
+        return str(value) if value is not None else None
+
+    def mark_within(self, conn: Connection, sink_id: str, batch_id: int, commit_ms: int | None) -> bool:
+        """Mark a decided batch committed inside the caller's transaction (which also applies the batch's rows);
+        False when it is not decided-and-uncommitted any more.  The row lock this takes makes a concurrent
+        applier wait, then find nothing to do."""
+        b = self.batches.c
+        res = conn.execute(
+            self.batches.update()
+            .where(b.sink_id == sink_id, b.batch_id == batch_id, b.state == COMMITTING)
+            .values(state=COMMITTED, commit_ms=commit_ms, committed_at=self.dialect.utc_now())
+        )
+        return res.rowcount == 1
+
+    def withdraw(self, conn: Connection, sink_id: str, batch_id: int) -> bool:
+        """Delete a decision whose apply can never succeed (the batch changed nothing): under the sink lock."""
+        b = self.batches.c
+        res = conn.execute(
+            self.batches.delete().where(b.sink_id == sink_id, b.batch_id == batch_id, b.state == COMMITTING)
+        )
+        return res.rowcount == 1
+
     def trim(self, conn: Connection, sink_id: str, keep: int) -> int:
         """Compact the sink's committed batches older than its newest ``keep`` (by decision time, not id).
 

@@ -42,12 +42,12 @@ _IGNORED = {
     "path",
     "queryname",
     "createtableoptions",
+    "truncate",  # overwrite never drops the table: its rows are replaced in one transaction (docs/write-modes.md)
 }
 _REJECTED = {
     "query": "'query' is a read option; name the target table with 'dbtable'",
-    "truncate": "overwrite is not supported, so 'truncate' has no meaning; append into the table instead",
-    "cascadetruncate": "overwrite is not supported, so 'cascadeTruncate' has no meaning",
 }
+MODES = ("append", "overwrite")
 _IDENT_MAX = 63
 _PG_JDBC_PARAMS = {"sslmode", "sslrootcert", "sslcert", "sslkey", "options", "application_name"}
 _PG_JDBC_ALIASES = {"applicationname": "application_name"}  # pgjdbc's name -> libpq's
@@ -89,6 +89,11 @@ class WriteOptions:
     local_infile: bool = True
     lock_timeout: int = 60  # seconds a branch waits for a row lock; bounds a wait on a prepared branch
     control_lock_timeout: int = 60  # seconds a control connection (decide, commit, sweep) waits for a lock
+    mode: str = "append"  # Spark's save mode: "overwrite" replaces the table's rows (or replaceWhere's) at commit
+    replace_where: str | None = None  # overwrite only the rows matching this SQL predicate (the job author's SQL)
+    replace_where_check: bool = True  # a batch row outside replaceWhere fails the batch
+    delete_flag_column: str | None = None  # change-data apply: a true flag deletes the row's key (not written)
+    sequence_column: str | None = None  # change-data apply: the newest change of a key wins, older ones are ignored
     extra: Mapping[str, str] = field(default_factory=dict, repr=False)
 
     @property
@@ -98,6 +103,20 @@ class WriteOptions:
     @property
     def branch_settings(self) -> BranchSettings:
         return BranchSettings(self.lock_timeout, self.batch_size, self.local_infile, self.control_lock_timeout)
+
+    @property
+    def change_data(self) -> bool:
+        """Change-data apply: rows are changes of keys (deletes, ordered by a sequence), not new rows."""
+        return self.delete_flag_column is not None or self.sequence_column is not None
+
+    @property
+    def applies_at_commit(self) -> bool:
+        """Rows go through the shadow table and reach the target in one local transaction at commit."""
+        return self.mode == "overwrite" or self.change_data
+
+    def with_mode(self, mode: str) -> WriteOptions:
+        """The options under Spark's save mode (the writer learns it from Spark, not from an option)."""
+        return check_mode(replace(self, mode=mode))
 
     def with_batch(self, batch_id: int) -> WriteOptions:
         return replace(self, batch_id=batch_id)
@@ -337,6 +356,11 @@ KNOWN = {
     "createtable": "createTable",
     "upsertkeycolumns": "upsertKeyColumns",
     "localinfile": "localInfile",
+    "replacewhere": "replaceWhere",
+    "replacewherecheck": "replaceWhereCheck",
+    "deleteflagcolumn": "deleteFlagColumn",
+    "sequencecolumn": "sequenceColumn",
+    "cascadetruncate": "cascadeTruncate",
 }
 
 
@@ -384,6 +408,24 @@ def parse_options(raw: Mapping[str, Any], *, streaming: bool = False) -> WriteOp
         raise OptionError("option 'journalTablePrefix': use up to 41 letters, digits and underscores")
     if journal_schema is not None and (len(journal_schema.encode()) > _IDENT_MAX or "\x00" in journal_schema):
         raise OptionError("option 'journalSchema': invalid schema name")
+    if _bool(opts, "cascadetruncate", "cascadeTruncate", False):
+        raise OptionError(
+            "option 'cascadeTruncate': xasink's overwrite replaces the rows of the target table only, in one "
+            "transaction; it never empties other tables. Delete the referencing rows in your job, or give the "
+            "foreign keys ON DELETE CASCADE"
+        )
+    flag = _column_option(opts, "deleteflagcolumn", "deleteFlagColumn")
+    sequence = _column_option(opts, "sequencecolumn", "sequenceColumn")
+    if (flag or sequence) and not keys:
+        raise OptionError(
+            f"option '{'deleteFlagColumn' if flag else 'sequenceColumn'}' applies changes by key: set "
+            "'upsertKeyColumns' to the table's key columns too"
+        )
+    if flag is not None and (flag in keys or flag == sequence):
+        raise OptionError(f"option 'deleteFlagColumn': '{flag}' is also a key or the sequence column")
+    replace_where = opts.get("replacewhere")
+    if replace_where is not None and not replace_where.strip():
+        replace_where = None
     return WriteOptions(
         url=url,
         table=table,
@@ -404,4 +446,34 @@ def parse_options(raw: Mapping[str, Any], *, streaming: bool = False) -> WriteOp
         local_infile=_bool(opts, "localinfile", "localInfile", True),
         lock_timeout=_int(opts, "locktimeout", "lockTimeout", 60, 0, 86_400) or 0,
         control_lock_timeout=_int(opts, "controllocktimeout", "controlLockTimeout", 60, 0, 86_400) or 0,
+        replace_where=replace_where,
+        replace_where_check=_bool(opts, "replacewherecheck", "replaceWhereCheck", True),
+        delete_flag_column=flag,
+        sequence_column=sequence,
     )
+
+
+def _column_option(opts: Mapping[str, str], key: str, name: str) -> str | None:
+    value = opts.get(key, "").strip()
+    if not value:
+        return None
+    if "," in value:
+        raise OptionError(f"option '{name}': name one column, not a list ({value[:60]!r})")
+    return value
+
+
+def check_mode(options: WriteOptions) -> WriteOptions:
+    """The options that only make sense together: refused before any work starts."""
+    if options.mode not in MODES:
+        raise OptionError(f"save mode '{options.mode}' is not supported; use 'append' or 'overwrite'")
+    if options.replace_where is not None and options.mode != "overwrite":
+        raise OptionError(
+            "option 'replaceWhere' replaces the rows matching it: use it with mode('overwrite') "
+            "(in xasink.write / foreach_batch: mode='overwrite')"
+        )
+    if options.mode == "overwrite" and options.upsert_key_columns:
+        raise OptionError(
+            "option 'upsertKeyColumns' merges rows into the table, mode('overwrite') replaces them: use one "
+            "(for change-data apply with deletes: mode('append') with deleteFlagColumn)"
+        )
+    return options

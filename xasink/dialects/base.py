@@ -70,6 +70,10 @@ class TargetPlan:
     # MySQL family: the table is such that loading with REPLACE gives exactly the upsert's rows
     # (MySQLDialect.replace_is_upsert), so the merge needs no staging table
     upsert_by_replace: bool = False
+    # the shadow table of an overwrite / replaceWhere / change-data write (xasink.apply): this column of each
+    # row is the batch id, filled in by the task
+    batch_column: str | None = None
+    required: tuple[str, ...] = ()  # columns that must not be NULL in any row (change-data keys and sequence)
 
 
 def branch_failed(xid: Xid, plan: TargetPlan, what: str, hint: str | None = None) -> BranchError:
@@ -79,6 +83,17 @@ def branch_failed(xid: Xid, plan: TargetPlan, what: str, hint: str | None = None
     if hint:
         msg += f". {hint}"
     return BranchError(msg + ". The branch was rolled back; nothing of this batch is visible.")
+
+
+def check_required(batch: pa.RecordBatch, plan: TargetPlan, partition: int) -> None:
+    """A change without its key or sequence cannot be applied: say so before the branch prepares."""
+    for name in plan.required:
+        column = batch.column(plan.arrow_schema.get_field_index(name))
+        if column.null_count:
+            raise BranchError(
+                f"partition {partition}: column '{name}' is NULL in some rows; a change needs its key and "
+                "sequence to be applied. Filter or fill those rows first. Nothing of this batch is visible."
+            )
 
 
 def check_upsert_keys(batch: pa.RecordBatch, plan: TargetPlan, key_index: list[int], partition: int) -> None:
@@ -357,6 +372,27 @@ class Dialect(ABC):
         The decision must survive a server crash: PREPARE and COMMIT PREPARED are always flushed, an
         ordinary commit (the decision's) not when the server runs with asynchronous commit.
         """
+
+    # -- overwrite, replaceWhere, change-data apply (xasink.apply) ---------------
+    def lock_for_overwrite(self, conn: Connection, schema: str | None, table: str) -> None:  # noqa: B027
+        """Keep other writers out of the table while its rows are replaced (readers are never blocked)."""
+
+    def delete_joined(
+        self, target: sa.TableClause, changes: sa.Subquery, condition: sa.ColumnElement[bool]
+    ) -> sa.Delete:
+        """DELETE the target's rows that match rows of ``changes`` under ``condition``."""
+        return sa.delete(target).where(condition)
+
+    @abstractmethod
+    def upsert_from_select(
+        self,
+        target: sa.TableClause,
+        columns: list[str],
+        select: sa.Select[Any],
+        keys: list[str],
+        sequence: str | None,
+    ) -> sa.Insert:
+        """INSERT the selected rows, updating the row of an existing key (only when ``sequence`` is not older)."""
 
     def check_table(self, conn: Connection, plan: TargetPlan) -> TargetPlan:
         """Dialect-specific checks of the target table (e.g. storage engine); the plan, refined if need be."""

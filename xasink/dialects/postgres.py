@@ -494,5 +494,30 @@ class PostgresDialect(Dialect):
             raise PreflightError(f"createTableColumnTypes: type {text!r} takes no such arguments") from None
 
     # -- branch ------------------------------------------------------------
+    def lock_for_overwrite(self, conn: Connection, schema: str | None, table: str) -> None:
+        # SHARE ROW EXCLUSIVE: writers wait for the replace to commit, readers (ACCESS SHARE) never do
+        name = conn.dialect.identifier_preparer.format_table(sa.table(table, schema=schema))
+        conn.exec_driver_sql(f"LOCK TABLE {name} IN SHARE ROW EXCLUSIVE MODE")
+
+    def upsert_from_select(
+        self,
+        target: sa.TableClause,
+        columns: list[str],
+        select: sa.Select[Any],
+        keys: list[str],
+        sequence: str | None,
+    ) -> sa.Insert:
+        from sqlalchemy.dialects.postgresql import insert
+
+        stmt = insert(target).from_select(columns, select)
+        updates = {c: stmt.excluded[c] for c in columns if c not in keys}
+        if not updates:
+            return stmt.on_conflict_do_nothing(index_elements=keys)
+        newer = None
+        if sequence is not None:
+            stored = target.c[sequence]
+            newer = sa.or_(stored.is_(None), stored <= stmt.excluded[sequence])
+        return stmt.on_conflict_do_update(index_elements=keys, set_=updates, where=newer)
+
     def open_branch(self, xid: Xid, plan: TargetPlan) -> BranchSession:
         return PostgresBranch(self, xid, plan)

@@ -76,19 +76,27 @@ def _summary(exc: BaseException) -> str:
 
 
 def write(
-    df: DataFrame, url: str, table: str, sink_id: str | None = None, batch_id: int | None = None, **options: Any
+    df: DataFrame,
+    url: str,
+    table: str,
+    sink_id: str | None = None,
+    batch_id: int | None = None,
+    mode: str = "append",
+    **options: Any,
 ) -> WriteResult:
     """Write ``df`` atomically: every partition's rows commit, or none do.
 
     With ``sink_id`` and ``batch_id``, a rerun of a committed batch writes
     nothing (``result.skipped``).  ``numPartitions`` coalesces first.
+    ``mode="overwrite"`` replaces the table's rows (those matching ``replaceWhere`` if given) in one
+    transaction at commit.
     """
     raw: dict[str, Any] = {"url": url, "dbtable": table, **options}
     if sink_id is not None:
         raw["sinkId"] = sink_id
     if batch_id is not None:
         raw["batchId"] = batch_id
-    parsed = parse_options(raw)
+    parsed = parse_options(raw).with_mode(mode)
     raw["sinkId"] = parsed.sink_id  # a generated id must be the same for the write and the result look-up
     register(df.sparkSession)
     df = shape(df, parsed)
@@ -100,7 +108,7 @@ def write(
         t0 = time.perf_counter()
         try:
             opts = {k: str(v) for k, v in raw.items()}
-            df.write.format("xasink").options(**opts, **{RUN_OPTION: run}).mode("append").save()
+            df.write.format("xasink").options(**opts, **{RUN_OPTION: run}).mode(mode).save()
         except Exception as exc:
             inner = _unwrap(exc)
             if inner is None and _record(journal, parsed.sink_id, parsed.batch_id) is None:
@@ -164,9 +172,14 @@ def _record(journal: Journal, sink_id: str, batch_id: int) -> Any:
         return journal.get(conn, sink_id, batch_id)
 
 
-def foreach_batch(url: str, table: str, sink_id: str, **options: Any) -> Callable[[DataFrame, int], WriteResult]:
-    """A function for ``writeStream.foreachBatch``: each micro-batch written once, keyed by Spark's batch id."""
-    parsed = parse_options({"url": url, "dbtable": table, "sinkId": sink_id, **options})  # fail now, not at batch 0
+def foreach_batch(
+    url: str, table: str, sink_id: str, mode: str = "append", **options: Any
+) -> Callable[[DataFrame, int], WriteResult]:
+    """A function for ``writeStream.foreachBatch``: each micro-batch written once, keyed by Spark's batch id.
+
+    ``mode="overwrite"`` makes each micro-batch replace the table's rows (a streaming aggregation's result)."""
+    raw = {"url": url, "dbtable": table, "sinkId": sink_id, **options}
+    parsed = parse_options(raw).with_mode(mode)  # fail now, not at batch 0
 
     def write_batch(df: DataFrame, batch_id: int) -> WriteResult:
         coordinator = Coordinator(parsed)
@@ -174,6 +187,6 @@ def foreach_batch(url: str, table: str, sink_id: str, **options: Any) -> Callabl
             check_batch_order(coordinator, batch_id)
         finally:
             coordinator.close()
-        return write(df, url, table, sink_id=sink_id, batch_id=batch_id, **options)
+        return write(df, url, table, sink_id=sink_id, batch_id=batch_id, mode=mode, **options)
 
     return write_batch

@@ -28,6 +28,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
 from .. import faults
+from ..apply import ApplySpec, check_predicate, ensure_shadow, shadow_plan, spec_for
 from ..branch import write_partition
 from ..coordinator import Coordinator
 from ..dialects.base import TargetPlan
@@ -85,6 +86,7 @@ class WritePlan:
     target: TargetPlan
     log_id: str  # the decision log's identity: every branch's xid carries it
     guard: str | None = None  # the session lock this driver holds while its runs live (xasink.liveness)
+    apply: ApplySpec | None = None  # overwrite / replaceWhere / change-data: tasks load the shadow table
 
 
 def _prepare(options: WriteOptions, schema: StructType, branches: int | None) -> WritePlan:
@@ -95,15 +97,38 @@ def _prepare(options: WriteOptions, schema: StructType, branches: int | None) ->
         with phase("plan.preflight", sink=options.sink_id):
             coordinator.preflight(branches)
         source = arrow_schema(schema)
+        flag = None
+        if options.delete_flag_column is not None:
+            flag, source = _split_flag(options.delete_flag_column, source)
         with phase("plan.target", sink=options.sink_id), coordinator.dialect.connect() as conn:
             target = plan_target(coordinator.dialect, conn, options, source)
         with phase("plan.keeper", sink=options.sink_id):
             log_id = coordinator.journal.log_id()
             driver = spark_driver_process()
             guard = ensure_keeper(coordinator.dialect, log_id, driver) if driver is not None else None
-        return WritePlan(target, log_id, guard)
+        apply = None
+        if options.applies_at_commit:
+            with phase("plan.shadow", sink=options.sink_id), coordinator.dialect.connect() as conn:
+                apply = spec_for(options, target, log_id)
+                check_predicate(conn, apply)
+                ensure_shadow(coordinator.dialect, conn, apply)
+            target = shadow_plan(target, apply, flag)
+        return WritePlan(target, log_id, guard, apply)
     finally:
         coordinator.close()
+
+
+def _split_flag(name: str, source: pa.Schema) -> tuple[str, pa.Schema]:
+    """The delete flag's DataFrame column (matched without case) and the columns the table takes."""
+    found = [f for f in source if f.name.lower() == name.lower()]
+    if len(found) != 1:
+        raise PreflightError(f"option 'deleteFlagColumn': '{name}' is not a column of the DataFrame")
+    if not pa.types.is_boolean(found[0].type):
+        raise PreflightError(
+            f"option 'deleteFlagColumn': column '{found[0].name}' is {found[0].type}, not boolean; derive it, "
+            "e.g. col('op') == 'd'"
+        )
+    return found[0].name, pa.schema([f for f in source if f.name != found[0].name])
 
 
 def _write_task(
@@ -163,7 +188,7 @@ class XasinkBatchWriter(DataSourceArrowWriter):
         coordinator = Coordinator(self.options, shared=True)
         try:  # the coordinator logs the batch's figures
             with phase("commit.call", sink=self.options.sink_id, batch=self.options.batch_id):
-                coordinator.commit(self.options.batch_id, _outcomes(messages))
+                coordinator.commit(self.options.batch_id, _outcomes(messages), apply=self.plan.apply)
         finally:
             coordinator.close()
 
@@ -283,7 +308,7 @@ class XasinkStreamWriter(DataSourceStreamArrowWriter):
                 except OptionError:
                     coordinator.abort(batchId, _outcomes(messages))
                     raise
-                coordinator.commit(batchId, _outcomes(messages))
+                coordinator.commit(batchId, _outcomes(messages), apply=self.plan.apply)
         finally:
             coordinator.close()
 
@@ -315,13 +340,13 @@ class XasinkDataSource(DataSource):
         return str(run) if run is not None else None
 
     def writer(self, schema: StructType, overwrite: bool) -> XasinkBatchWriter:
-        if overwrite:
-            raise OptionError(
-                "save mode 'overwrite' is not supported: it cannot be made atomic across branches "
-                "without blocking them. Use mode('append'), or upsertKeyColumns to merge."
-            )
-        options = self._options(streaming=False)
+        options = self._options(streaming=False).with_mode("overwrite" if overwrite else "append")
         tx = tx_write(self.options)
+        if tx is not None and options.applies_at_commit:
+            raise OptionError(
+                "overwrite, replaceWhere and change-data writes (deleteFlagColumn, sequenceColumn) are not "
+                "supported inside xasink.transaction() yet; write them with xasink.write() or format('xasink')"
+            )
         if tx is not None:  # inside xasink.transaction(): it claimed the batch and swept; plan and write only
             run = self._run()
             if run is None:
@@ -339,10 +364,9 @@ class XasinkDataSource(DataSource):
         return XasinkBatchWriter(options, plan, run)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> XasinkStreamWriter:  # noqa: N802 - Spark's name
-        if overwrite:
-            raise OptionError("output mode 'complete' is not supported by xasink; use outputMode('append')")
         _worker_logging(logging.INFO)
-        options = self._options(streaming=True)
+        # outputMode("complete"): every micro-batch is the whole result, replacing the table's rows
+        options = self._options(streaming=True).with_mode("overwrite" if overwrite else "append")
         plan = _prepare(options, schema, options.num_partitions)
         with phase("plan.recover", sink=options.sink_id):
             _recover_settled(options)  # at restart: finish what the crashed run decided, before its replay

@@ -159,6 +159,31 @@ class MySQLDialect(Dialect):
         self.warn_durability(conn)
         preflight.check_server(self, conn)
 
+    def upsert_from_select(
+        self,
+        target: sa.TableClause,
+        columns: list[str],
+        select: sa.Select[Any],
+        keys: list[str],
+        sequence: str | None,
+    ) -> sa.Insert:
+        from sqlalchemy.dialects.mysql import insert
+
+        stmt = insert(target).from_select(columns, select)
+        rest = [c for c in columns if c not in keys]
+        if sequence is not None:  # assigned left to right: the sequence last, so every test sees the stored one
+            rest = [c for c in rest if c != sequence] + [sequence]
+        if not rest:
+            rest = keys[:1]  # a key-only table: a no-op update keeps the existing row
+        updates: list[tuple[str, Any]] = []
+        for c in rest:
+            value: Any = stmt.inserted[c]
+            if sequence is not None:
+                stored = target.c[sequence]
+                value = sa.case((sa.or_(stored.is_(None), stored <= stmt.inserted[sequence]), value), else_=target.c[c])
+            updates.append((c, value))
+        return stmt.on_duplicate_key_update(updates)
+
     def check_table(self, conn: Connection, plan: TargetPlan) -> TargetPlan:
         return preflight.check_table(self, conn, plan)
 

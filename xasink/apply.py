@@ -1,0 +1,292 @@
+"""Writes that replace or change existing rows: overwrite, replaceWhere and change-data apply.
+
+Deleting old rows in one prepared branch while other branches insert new rows with the same keys deadlocks
+(the insert waits for the prepared delete, the delete's commit waits for the decision, the decision waits for
+the insert).  So the branches of such a write load the batch into a *shadow table* (the target's columns,
+no constraints, each row tagged with its batch id), and after the decision, once the branches are committed
+into it, one local transaction on the target's database
+
+1. marks the batch committed in the decision log (first, so a second applier waits on that row and then finds
+   nothing to do),
+2. replaces the target's rows from the shadow (DELETE + INSERT .. SELECT, or the change-data statements),
+3. deletes the batch's rows from the shadow.
+
+Readers see the old rows or the new ones, never an empty table or a mix.  Recovery redoes the transaction for
+a decided batch that is not marked committed.  An apply that fails for a reason no retry can fix (a constraint
+of the target, a batch row outside replaceWhere) withdraws the decision: the target keeps its rows.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import zlib
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import pyarrow as pa
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from .dialects.base import Dialect, TargetPlan
+from .errors import ApplyError, PreflightError
+from .options import TableName, WriteOptions
+
+log = logging.getLogger(__name__)
+
+BATCH_COLUMN = "xasink_batch_"  # the shadow's column tagging each row with its batch id
+OVERWRITE = "overwrite"
+REPLACE_WHERE = "replaceWhere"
+CHANGES = "changes"
+
+
+@dataclass(frozen=True)
+class ApplySpec:
+    """How a decided batch reaches its target from the shadow; recorded with the decision, so recovery can
+    finish it from the log alone."""
+
+    kind: str  # OVERWRITE, REPLACE_WHERE or CHANGES
+    schema: str | None
+    table: str
+    shadow: str
+    columns: tuple[str, ...]  # the target's columns the batch writes, as the shadow holds them
+    keys: tuple[str, ...] = ()
+    predicate: str | None = None
+    check_predicate: bool = True
+    flag: str | None = None
+    sequence: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ApplySpec:
+        fields = dict(d)
+        for name in ("columns", "keys"):
+            fields[name] = tuple(fields.get(name) or ())
+        return cls(**fields)
+
+    @classmethod
+    def from_target(cls, target: str | None) -> ApplySpec | None:
+        """The spec a decision's recorded target carries, or None for a plain append or upsert."""
+        if not target:
+            return None
+        try:
+            spec = json.loads(target).get("apply")
+        except (ValueError, AttributeError):
+            return None
+        return cls.from_dict(spec) if spec else None
+
+    def describe(self) -> str:
+        where = f"{self.schema}.{self.table}" if self.schema else self.table
+        if self.kind == REPLACE_WHERE:
+            return f"replace the rows of {where} matching {self.predicate!r}"
+        if self.kind == CHANGES:
+            return f"apply changes to {where}"
+        return f"overwrite {where}"
+
+
+def shadow_name(prefix: str, log_id: str, sink_id: str) -> str:
+    """One shadow per decision log and sink: it only ever holds the sink's decided, unapplied batches."""
+    return f"{prefix}sh_{zlib.crc32(f'{log_id}:{sink_id}'.encode()):08x}"
+
+
+def spec_for(options: WriteOptions, plan: TargetPlan, log_id: str) -> ApplySpec:
+    """The apply step of a write, checked against the planned target (before any branch opens)."""
+    columns = tuple(f.name for f in plan.arrow_schema)
+    kind = CHANGES if options.change_data else (REPLACE_WHERE if options.replace_where else OVERWRITE)
+    sequence = options.sequence_column
+    if sequence is not None:
+        match = [c for c in columns if c.lower() == sequence.lower()]
+        if not match:
+            raise PreflightError(
+                f"option 'sequenceColumn': '{sequence}' is not a column being written to {options.table}; "
+                "the sequence is stored with each row so later changes can be compared with it"
+            )
+        sequence = match[0]
+    return ApplySpec(
+        kind=kind,
+        schema=plan.schema,
+        table=plan.table,
+        shadow=shadow_name(options.journal_prefix, log_id, options.sink_id),
+        columns=columns,
+        keys=plan.upsert_keys,
+        predicate=options.replace_where,
+        check_predicate=options.replace_where_check,
+        flag=options.delete_flag_column,
+        sequence=sequence,
+    )
+
+
+def _shadow_table(spec: ApplySpec, types: dict[str, Any] | None = None) -> sa.Table:
+    def col(name: str, type_: Any) -> sa.Column[Any]:
+        return sa.Column(name, type_, nullable=True, autoincrement=False)
+
+    types = types or {}
+    cols = [col(c, types.get(c, sa.types.NullType())) for c in spec.columns]
+    if spec.flag is not None:
+        cols.append(col(spec.flag, sa.Boolean()))
+    cols.append(sa.Column(BATCH_COLUMN, sa.BigInteger(), nullable=False, autoincrement=False))
+    return sa.Table(spec.shadow, sa.MetaData(schema=spec.schema), *cols)
+
+
+def check_predicate(conn: Connection, spec: ApplySpec) -> None:
+    """Run replaceWhere against the target once, reading no row: a typo fails here, not after the decision."""
+    if spec.predicate is None:
+        return
+    target = sa.table(spec.table, *(sa.column(c) for c in spec.columns), schema=spec.schema)
+    try:
+        conn.execute(sa.select(sa.literal(1)).select_from(target).where(_predicate(spec)).limit(0))
+    except sa.exc.DBAPIError as exc:
+        conn.rollback()
+        raise PreflightError(
+            f"option 'replaceWhere' ({spec.predicate!r}) is not a valid condition on table "
+            f"{spec.schema + '.' if spec.schema else ''}{spec.table}: {_first_line(exc)}"
+        ) from None
+    conn.rollback()
+
+
+def ensure_shadow(dialect: Dialect, conn: Connection, spec: ApplySpec) -> None:
+    """Create the shadow (the target's column types, no constraints), or make it anew when it no longer
+    matches: only between batches, when recovery has applied what it held."""
+    target = sa.Table(spec.table, sa.MetaData(schema=spec.schema), autoload_with=conn)
+    want = _shadow_table(spec, {c.name: c.type for c in target.c})
+    insp = sa.inspect(conn)
+    if insp.has_table(spec.shadow, schema=spec.schema):
+        have = [c["name"] for c in insp.get_columns(spec.shadow, schema=spec.schema)]
+        if have == [c.name for c in want.c]:
+            conn.rollback()
+            return
+        log.info("shadow table %s no longer matches %s: making it anew", spec.shadow, spec.table)
+        with conn.begin():
+            pending = conn.execute(sa.select(sa.func.count()).select_from(want)).scalar()
+            if pending:
+                raise PreflightError(
+                    f"the shadow table {spec.shadow} of {spec.table} holds {pending} rows of a batch not applied "
+                    "yet, but its columns no longer match the target's: run 'xasink recover' with the table as "
+                    "it was, or drop the shadow table if that batch must be given up"
+                )
+            want.drop(conn)
+    conn.rollback()
+    md = sa.MetaData(schema=spec.schema)
+    cols = (sa.Column(c.name, c.type, nullable=c.nullable, autoincrement=False) for c in want.c)
+    shadow = sa.Table(spec.shadow, md, *cols, **dialect.table_kwargs())
+    try:
+        with conn.begin():
+            shadow.create(conn, checkfirst=True)
+    except sa.exc.DBAPIError as exc:
+        conn.rollback()
+        if sa.inspect(conn).has_table(spec.shadow, schema=spec.schema):
+            conn.rollback()
+            return  # created concurrently
+        raise PreflightError(
+            f"cannot create xasink's shadow table {spec.shadow} beside {spec.table}: {_first_line(exc)}. "
+            "Overwrite, replaceWhere and change-data writes load the batch there first; grant CREATE on the "
+            "table's schema"
+        ) from None
+    conn.rollback()
+
+
+def shadow_plan(plan: TargetPlan, spec: ApplySpec, flag_source: str | None) -> TargetPlan:
+    """The tasks' plan: the batch's columns (plus the delete flag and the batch tag) into the shadow."""
+    fields = list(plan.arrow_schema)
+    sources = list(plan.source_names)
+    if spec.flag is not None:
+        fields.append(pa.field(spec.flag, pa.bool_(), nullable=True))
+        sources.append(flag_source or spec.flag)
+    fields.append(pa.field(BATCH_COLUMN, pa.int64(), nullable=False))
+    sources.append(BATCH_COLUMN)
+    required = spec.keys + ((spec.sequence,) if spec.sequence else ())
+    return TargetPlan(
+        plan.schema,
+        spec.shadow,
+        pa.schema(fields),
+        tuple(sources),
+        batch_column=BATCH_COLUMN,
+        required=required,
+    )
+
+
+def _predicate(spec: ApplySpec) -> sa.ColumnElement[bool]:
+    # the job author's SQL, run as written (documented: never build it from data); literal_column keeps a
+    # ':' or '%' in it from being read as a parameter
+    return sa.literal_column(f"({spec.predicate})", sa.Boolean())
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(getattr(exc, "orig", exc)).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def apply_statements(dialect: Dialect, conn: Connection, spec: ApplySpec, batch_id: int) -> int:
+    """Replace the target's rows from the shadow's batch, inside the caller's transaction; rows written."""
+    names = list(spec.columns)
+    target = sa.table(spec.table, *(sa.column(c) for c in names), schema=spec.schema)
+    shadow_cols = names + ([spec.flag] if spec.flag else []) + [BATCH_COLUMN]
+    shadow = sa.table(spec.shadow, *(sa.column(c) for c in shadow_cols), schema=spec.schema)
+    mine = shadow.c[BATCH_COLUMN] == batch_id
+    if spec.kind in (OVERWRITE, REPLACE_WHERE):
+        if spec.kind == REPLACE_WHERE and spec.check_predicate:
+            outside = conn.execute(
+                sa.select(sa.func.count()).select_from(shadow).where(mine, ~sa.func.coalesce(_predicate(spec), False))
+            ).scalar()
+            if outside:
+                raise ApplyError(
+                    f"{outside} rows of the batch do not match replaceWhere ({spec.predicate!r}): they would "
+                    "not be replaced by the next write with the same condition. Filter the DataFrame by the "
+                    "same condition, or set replaceWhereCheck=false to write them anyway"
+                )
+        dialect.lock_for_overwrite(conn, spec.schema, spec.table)
+        delete = sa.delete(target)
+        if spec.kind == REPLACE_WHERE:
+            delete = delete.where(_predicate(spec))
+        conn.execute(delete)
+        res = conn.execute(sa.insert(target).from_select(names, sa.select(*(shadow.c[c] for c in names)).where(mine)))
+    else:
+        res = _apply_changes(dialect, conn, spec, target, shadow, mine)
+    conn.execute(sa.delete(shadow).where(mine))
+    return max(res.rowcount or 0, 0)
+
+
+def _apply_changes(
+    dialect: Dialect,
+    conn: Connection,
+    spec: ApplySpec,
+    target: sa.TableClause,
+    shadow: sa.TableClause,
+    mine: sa.ColumnElement[bool],
+) -> sa.CursorResult[Any]:
+    keys = [shadow.c[k] for k in spec.keys]
+    if spec.sequence is None:
+        twice = conn.execute(sa.select(*keys).where(mine).group_by(*keys).having(sa.func.count() > 1).limit(1)).first()
+        if twice is not None:
+            raise ApplyError(
+                f"key ({', '.join(map(str, twice))}) changes more than once in this batch and nothing orders "
+                "the changes: set 'sequenceColumn' (e.g. the source's LSN or change time), or deduplicate"
+            )
+    order = [shadow.c[spec.sequence].desc()] if spec.sequence else None
+    rank = sa.func.row_number().over(partition_by=keys, order_by=order).label("xasink_rank_")
+    ranked = sa.select(*(shadow.c[c] for c in shadow.c.keys()), rank).where(mine).subquery("chg")
+    last = ranked.c.xasink_rank_ == 1
+    newer: sa.ColumnElement[bool] = sa.true()
+    if spec.sequence is not None:  # a change older than the stored row is ignored: a replay never moves it back
+        stored = target.c[spec.sequence]
+        newer = sa.or_(stored.is_(None), stored <= ranked.c[spec.sequence])
+    if spec.flag is not None:
+        doomed = sa.and_(*(target.c[k] == ranked.c[k] for k in spec.keys), last, ranked.c[spec.flag].is_(True), newer)
+        conn.execute(dialect.delete_joined(target, ranked, doomed))
+    upserts = sa.select(*(ranked.c[c] for c in spec.columns)).where(last)
+    if spec.flag is not None:
+        upserts = upserts.where(sa.func.coalesce(ranked.c[spec.flag], False).is_(False))
+    stmt = dialect.upsert_from_select(target, list(spec.columns), upserts, list(spec.keys), spec.sequence)
+    return conn.execute(stmt)
+
+
+def withdraw(conn: Connection, spec: ApplySpec, batch_id: int) -> None:
+    """Empty the shadow of a batch whose decision is withdrawn (its apply can never succeed)."""
+    shadow = sa.table(spec.shadow, sa.column(BATCH_COLUMN), schema=spec.schema)
+    conn.execute(sa.delete(shadow).where(shadow.c[BATCH_COLUMN] == batch_id))
+
+
+def table_name(spec: ApplySpec) -> TableName:
+    return TableName(spec.table, spec.schema)
