@@ -135,3 +135,23 @@ def test_complete_mode_keeps_the_table_equal_to_the_aggregate(db: Target, spark:
     add("2.json", ["b", "c"])
     run()
     assert db.rows(table) == [("a", 2), ("b", 2), ("c", 1)]
+
+
+def test_a_late_change_does_not_bring_back_a_deleted_key(db: Target, spark: SparkSession) -> None:
+    table = db.new_table()
+    db.create_table(table, "id int PRIMARY KEY, name varchar(20), seq bigint")
+    s = sink()
+    schema = "id int, name string, seq long, deleted boolean"
+    opts = {"upsertKeyColumns": "id", "deleteFlagColumn": "deleted", "sequenceColumn": "seq"}
+    first = spark.createDataFrame([(1, "a", 1, False), (2, "b", 1, False), (3, "c", 1, False)], schema)
+    xasink.write(first, db.url, table, sink_id=s, batch_id=0, **opts)
+    deletes = spark.createDataFrame([(1, None, 9, True), (2, None, 9, True)], schema)
+    xasink.write(deletes, db.url, table, sink_id=s, batch_id=1, **opts)
+    assert db.rows(table) == [(3, "c", 1)]
+    # late: older than the deletes (ignored); newer re-insert of key 2 (applied, and it stays)
+    late = spark.createDataFrame([(1, "stale", 5, False), (2, "back", 10, False)], schema).repartition(2)
+    xasink.write(late, db.url, table, sink_id=s, batch_id=2, **opts)
+    assert db.rows(table) == [(2, "back", 10), (3, "c", 1)]
+    # key 2 is alive again: an older delete of it is ignored, an older update too
+    xasink.write(spark.createDataFrame([(2, None, 9, True)], schema), db.url, table, sink_id=s, batch_id=3, **opts)
+    assert db.rows(table) == [(2, "back", 10), (3, "c", 1)]

@@ -55,6 +55,7 @@ class ApplySpec:
     check_predicate: bool = True
     flag: str | None = None
     sequence: str | None = None
+    tombstones: str | None = None  # change-data with deletes and a sequence: the deleted keys' table
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -91,6 +92,10 @@ def shadow_name(prefix: str, log_id: str, sink_id: str) -> str:
     return f"{prefix}sh_{zlib.crc32(f'{log_id}:{sink_id}'.encode()):08x}"
 
 
+def tombstone_name(prefix: str, log_id: str, sink_id: str) -> str:
+    return f"{prefix}tb_{zlib.crc32(f'{log_id}:{sink_id}'.encode()):08x}"
+
+
 def spec_for(options: WriteOptions, plan: TargetPlan, log_id: str) -> ApplySpec:
     """The apply step of a write, checked against the planned target (before any branch opens)."""
     columns = tuple(f.name for f in plan.arrow_schema)
@@ -115,6 +120,11 @@ def spec_for(options: WriteOptions, plan: TargetPlan, log_id: str) -> ApplySpec:
         check_predicate=options.replace_where_check,
         flag=options.delete_flag_column,
         sequence=sequence,
+        tombstones=(
+            tombstone_name(options.journal_prefix, log_id, options.sink_id)
+            if sequence is not None and options.delete_flag_column is not None
+            else None
+        ),
     )
 
 
@@ -148,43 +158,62 @@ def check_predicate(conn: Connection, spec: ApplySpec) -> None:
 
 def ensure_shadow(dialect: Dialect, conn: Connection, spec: ApplySpec) -> None:
     """Create the shadow (the target's column types, no constraints), or make it anew when it no longer
-    matches: only between batches, when recovery has applied what it held."""
+    matches: only between batches, when recovery has applied what it held.  Also the tombstone table of a
+    change-data sink with deletes and a sequence."""
     target = sa.Table(spec.table, sa.MetaData(schema=spec.schema), autoload_with=conn)
-    want = _shadow_table(spec, {c.name: c.type for c in target.c})
+    types = {c.name: c.type for c in target.c}
+    want = _shadow_table(spec, types)
     insp = sa.inspect(conn)
     if insp.has_table(spec.shadow, schema=spec.schema):
         have = [c["name"] for c in insp.get_columns(spec.shadow, schema=spec.schema)]
-        if have == [c.name for c in want.c]:
-            conn.rollback()
-            return
-        log.info("shadow table %s no longer matches %s: making it anew", spec.shadow, spec.table)
-        with conn.begin():
-            pending = conn.execute(sa.select(sa.func.count()).select_from(want)).scalar()
-            if pending:
-                raise PreflightError(
-                    f"the shadow table {spec.shadow} of {spec.table} holds {pending} rows of a batch not applied "
-                    "yet, but its columns no longer match the target's: run 'xasink recover' with the table as "
-                    "it was, or drop the shadow table if that batch must be given up"
-                )
-            want.drop(conn)
-    conn.rollback()
-    md = sa.MetaData(schema=spec.schema)
-    cols = (sa.Column(c.name, c.type, nullable=c.nullable, autoincrement=False) for c in want.c)
-    shadow = sa.Table(spec.shadow, md, *cols, **dialect.table_kwargs())
+        conn.rollback()
+        if have != [c.name for c in want.c]:
+            log.info("shadow table %s no longer matches %s: making it anew", spec.shadow, spec.table)
+            with conn.begin():
+                pending = conn.execute(sa.select(sa.func.count()).select_from(want)).scalar()
+                if pending:
+                    raise PreflightError(
+                        f"the shadow table {spec.shadow} of {spec.table} holds {pending} rows of a batch not "
+                        "applied yet, but its columns no longer match the target's: run 'xasink recover' with the "
+                        "table as it was, or drop the shadow table if that batch must be given up"
+                    )
+                want.drop(conn)
+            _create(dialect, conn, want)
+    else:
+        conn.rollback()
+        _create(dialect, conn, want)
+    if spec.tombstones is not None:
+        _create(dialect, conn, _tombstone_table(spec, types))
+
+
+def _create(dialect: Dialect, conn: Connection, want: sa.Table) -> None:
+    md = sa.MetaData(schema=want.schema)
+    cols = (
+        sa.Column(c.name, c.type, nullable=c.nullable, primary_key=c.primary_key, autoincrement=False) for c in want.c
+    )
+    table = sa.Table(want.name, md, *cols, **dialect.table_kwargs())
     try:
         with conn.begin():
-            shadow.create(conn, checkfirst=True)
+            table.create(conn, checkfirst=True)
     except sa.exc.DBAPIError as exc:
         conn.rollback()
-        if sa.inspect(conn).has_table(spec.shadow, schema=spec.schema):
+        if sa.inspect(conn).has_table(want.name, schema=want.schema):
             conn.rollback()
             return  # created concurrently
         raise PreflightError(
-            f"cannot create xasink's shadow table {spec.shadow} beside {spec.table}: {_first_line(exc)}. "
-            "Overwrite, replaceWhere and change-data writes load the batch there first; grant CREATE on the "
-            "table's schema"
+            f"cannot create xasink's table {want.name} beside the target: {_first_line(exc)}. Overwrite, "
+            "replaceWhere and change-data writes load the batch there first; grant CREATE on the table's schema"
         ) from None
     conn.rollback()
+
+
+def _tombstone_table(spec: ApplySpec, types: dict[str, Any]) -> sa.Table:
+    """One row per deleted key, with the delete's sequence: an older change of the key arriving later is
+    ignored (the row is gone, so nothing else remembers how new the delete was)."""
+    assert spec.tombstones is not None and spec.sequence is not None
+    cols = [sa.Column(k, types[k], primary_key=True, autoincrement=False) for k in spec.keys]
+    cols.append(sa.Column(spec.sequence, types[spec.sequence], nullable=False))
+    return sa.Table(spec.tombstones, sa.MetaData(schema=spec.schema), *cols)
 
 
 def shadow_plan(plan: TargetPlan, spec: ApplySpec, flag_source: str | None) -> TargetPlan:
@@ -268,18 +297,37 @@ def _apply_changes(
     rank = sa.func.row_number().over(partition_by=keys, order_by=order).label("xasink_rank_")
     ranked = sa.select(*(shadow.c[c] for c in shadow.c.keys()), rank).where(mine).subquery("chg")
     last = ranked.c.xasink_rank_ == 1
+    same_key = sa.and_(*(target.c[k] == ranked.c[k] for k in spec.keys))
+    tomb = None
+    if spec.tombstones is not None and spec.sequence is not None:  # a change older than a delete is ignored
+        tomb = sa.table(spec.tombstones, *(sa.column(c) for c in (*spec.keys, spec.sequence)), schema=spec.schema)
+        buried = sa.and_(
+            *(tomb.c[k] == ranked.c[k] for k in spec.keys), tomb.c[spec.sequence] > ranked.c[spec.sequence]
+        )
+        last = sa.and_(last, ~sa.exists().where(buried))
     newer: sa.ColumnElement[bool] = sa.true()
     if spec.sequence is not None:  # a change older than the stored row is ignored: a replay never moves it back
         stored = target.c[spec.sequence]
         newer = sa.or_(stored.is_(None), stored <= ranked.c[spec.sequence])
     if spec.flag is not None:
-        doomed = sa.and_(*(target.c[k] == ranked.c[k] for k in spec.keys), last, ranked.c[spec.flag].is_(True), newer)
-        conn.execute(dialect.delete_joined(target, ranked, doomed))
+        deletes = sa.and_(last, ranked.c[spec.flag].is_(True))
+        conn.execute(dialect.delete_joined(target, ranked, sa.and_(same_key, deletes, newer)))
+        if tomb is not None and spec.sequence is not None:  # remember the deletes that took effect
+            gone = sa.select(*(ranked.c[c] for c in (*spec.keys, spec.sequence))).where(
+                deletes, ~sa.exists().where(same_key)
+            )
+            cols = [*spec.keys, spec.sequence]
+            conn.execute(dialect.upsert_from_select(tomb, cols, gone, list(spec.keys), spec.sequence))
     upserts = sa.select(*(ranked.c[c] for c in spec.columns)).where(last)
     if spec.flag is not None:
         upserts = upserts.where(sa.func.coalesce(ranked.c[spec.flag], False).is_(False))
     stmt = dialect.upsert_from_select(target, list(spec.columns), upserts, list(spec.keys), spec.sequence)
-    return conn.execute(stmt)
+    result = conn.execute(stmt)
+    if tomb is not None:  # a key upserted again is alive: its tombstone goes
+        alive = sa.exists().where(*(target.c[k] == tomb.c[k] for k in spec.keys))
+        changed = sa.exists().where(*(ranked.c[k] == tomb.c[k] for k in spec.keys))  # only this batch's keys
+        conn.execute(sa.delete(tomb).where(changed, alive))
+    return result
 
 
 def withdraw(conn: Connection, spec: ApplySpec, batch_id: int) -> None:
