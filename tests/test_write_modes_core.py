@@ -155,3 +155,35 @@ def test_a_late_change_does_not_bring_back_a_deleted_key(db: Target, spark: Spar
     # key 2 is alive again: an older delete of it is ignored, an older update too
     xasink.write(spark.createDataFrame([(2, None, 9, True)], schema), db.url, table, sink_id=s, batch_id=3, **opts)
     assert db.rows(table) == [(2, "back", 10), (3, "c", 1)]
+
+
+def test_a_batch_breaking_a_constraint_leaves_the_old_rows(db: Target, spark: SparkSession) -> None:
+    table = db.new_table()
+    db.keyed_table(table)
+    db.execute(f"INSERT INTO {db.q(table)} VALUES (1, 'old1'), (2, 'old2')")
+    s = sink()
+    dup = spark.createDataFrame([(7, "a"), (7, "b"), (8, "c")], "id int, name string").repartition(2)
+    with pytest.raises(ApplyError, match="could not overwrite") as info:
+        xasink.write(dup, db.url, table, sink_id=s, batch_id=0, mode="overwrite")
+    assert "table keeps its old rows" in str(info.value)
+    assert db.rows(table) == [(1, "old1"), (2, "old2")]
+    assert db.prepared(s) == []
+    shadows = [
+        r[0]
+        for r in db.execute("SELECT table_name FROM information_schema.tables WHERE table_name LIKE %s", "xasink_sh_%")
+    ]
+    assert shadows and all(db.execute(f"SELECT count(*) FROM {db.q(t)}") == [(0,)] for t in shadows)
+    # the withdrawn batch is not a replay: fixed, it lands
+    fixed = spark.createDataFrame([(7, "a"), (8, "c")], "id int, name string")
+    xasink.write(fixed, db.url, table, sink_id=s, batch_id=0, mode="overwrite")
+    assert db.rows(table) == [(7, "a"), (8, "c")]
+
+
+def test_write_modes_are_refused_inside_a_transaction(db: Target, spark: SparkSession) -> None:
+    table = db.new_table()
+    db.keyed_table(table)
+    df = spark.createDataFrame([(1, "a")], "id int, name string")
+    with pytest.raises(OptionError, match="not supported inside xasink.transaction"):  # noqa: SIM117
+        with xasink.transaction(sink_id=sink(), batch_id=0) as tx:
+            tx.write(df, db.url, table, upsertKeyColumns="id", sequenceColumn="id2")
+    assert db.rows(table) == []
