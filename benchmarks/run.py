@@ -60,6 +60,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--strategy-rows", type=int, help="rows for the upsert strategy comparison (default 1000000)")
     p.add_argument("--mariadb", default="127.0.0.1:3306", help="host:port of the MariaDB server")
     p.add_argument("--out", default=str(Path(__file__).parent / "results"), help="results directory")
+    p.add_argument(
+        "--no-durable",
+        dest="durable",
+        action="store_false",
+        help="run PostgreSQL with fsync/synchronous_commit off (faster, not what users run; never for headlines)",
+    )
     p.add_argument("-v", "--verbose", action="store_true")
     args = p.parse_args(argv)
     q = args.quick
@@ -303,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     os.chmod(work, 0o755)
     try:
         if "postgresql" in args.dbs:
-            server, pg = env.start_postgres(max_prepared=300)
+            server, pg = env.start_postgres(max_prepared=300, durable=args.durable)
             dbs.append(pg)
             res["setup"]["databases"]["postgresql"] = pg.settings
         if "mariadb" in args.dbs:
