@@ -212,3 +212,33 @@ def test_format_streaming_two_micro_batches(connect: SparkSession, db: Target, t
     assert db.rows(table) == expected(range(20))
     assert_committed(db, sink, [0, 1])
     assert [d.rows for _, d in sorted(db.decisions(sink).items())] == [10, 10]
+
+
+# --------------------------------------------------------------------------- write modes
+
+
+def test_overwrite_replace_where_and_change_data(connect: SparkSession, db: Target) -> None:
+    table, sink = db.new_table(), new_sink()
+    db.create_table(table, "id int PRIMARY KEY, name varchar(20), seq bigint")
+    db.execute(f"INSERT INTO {db.q(table)} VALUES (1, 'old', 1), (2, 'old', 1), (50, 'old', 1)")
+    opts: dict[str, Any] = {**credentials(db)}
+    rows = connect.createDataFrame([(1, "a", 2), (3, "c", 2)], "id int, name string, seq long")
+    (
+        rows.write.format("xasink")
+        .option("url", db.url)
+        .option("dbtable", table)
+        .options(**opts, sinkId=sink, batchId="0")
+        .mode("overwrite")
+        .save()
+    )
+    assert db.rows(table) == [(1, "a", 2), (3, "c", 2)]
+    day = connect.createDataFrame([(3, "c3", 3), (4, "d", 3)], "id int, name string, seq long")
+    xasink.write(day, db.url, table, sink_id=sink, batch_id=1, mode="overwrite", replaceWhere="id >= 3", **opts)
+    assert db.rows(table) == [(1, "a", 2), (3, "c3", 3), (4, "d", 3)]
+    changes = connect.createDataFrame(
+        [(1, None, 4, True), (4, "d5", 5, False), (3, "stale", 1, False)], "id int, name string, seq long, gone boolean"
+    )
+    cdc = {"upsertKeyColumns": "id", "deleteFlagColumn": "gone", "sequenceColumn": "seq", **opts}
+    xasink.write(changes, db.url, table, sink_id=sink, batch_id=2, **cdc)
+    assert db.rows(table) == [(3, "c3", 3), (4, "d5", 5)]
+    assert_committed(db, sink, [0, 1, 2])
