@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -14,14 +13,10 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.engine import Connection
 
-from ..errors import BranchError, PreflightError
-from ..masking import redact, url_secrets
-from ..xid import Xid
-from . import pg_health
-from .base import (
-    KEEPALIVE_COUNT,
-    KEEPALIVE_IDLE_S,
-    KEEPALIVE_INTERVAL_S,
+from ...errors import BranchError, PreflightError
+from ...masking import redact, url_secrets
+from ...xid import Xid
+from ..base import (
     BlockedSession,
     BranchSession,
     Dialect,
@@ -30,213 +25,25 @@ from .base import (
     PreparedTxn,
     TargetPlan,
     branch_failed,
-    check_upsert_keys,
 )
-from .spare import Spare
-
-log = logging.getLogger(__name__)
-
-_SA_DIALECT = pg.psycopg2.dialect()
-
-_UPSERT_LOCK_HINT = (
-    "another partition of this batch (or another transaction) holds rows with the same upsert keys ({keys}): a "
-    "prepared branch keeps them locked until the batch commits, so rows with equal keys must all be in one "
-    "partition. Repartition the DataFrame by the key columns first, e.g. df.repartition({quoted}) (xasink.write() "
-    "does this itself)"
+from ..spare import Spare
+from . import health as pg_health
+from .branch import PostgresBranch
+from .sql import (
+    _ADBC_DB_OPTIONS,
+    _BRANCH_HINTS,
+    _KEEPALIVES,
+    _SA_DIALECT,
+    _TRANSIENT_STATES,
+    _UNKNOWN_XID_STATE,
+    _UPSERT_LOCK_HINT,
+    _driver_sql,
+    _literal,
+    _sqlstate,
+    advisory_key,
 )
-# ADBC's built-in table of PostgreSQL types instead of reading pg_type and all of pg_attribute at every
-# connect (~40 ms of client CPU on an empty database, minutes on one with many tables: apache/arrow-adbc#1755).
-# A branch only sends rows of built-in types (a domain column takes its base type's) and reads a count.
-_ADBC_DB_OPTIONS = {"adbc.postgresql.type_resolver_mode": "builtin"}
-# libpq's TCP keepalives (ignored on a Unix socket): a dead server or network is noticed in about a minute
-_KEEPALIVES = {
-    "keepalives": 1,
-    "keepalives_idle": KEEPALIVE_IDLE_S,
-    "keepalives_interval": KEEPALIVE_INTERVAL_S,
-    "keepalives_count": KEEPALIVE_COUNT,
-}
-_TRANSIENT_STATES = {"40001", "40P01", "55P03", "57P01", "57P02", "57P03", "53300", "58000", "58030"}
-_UNKNOWN_XID_STATE = "42704"
 
-# SQLSTATEs a branch can fail with, and what the user should do about them
-_BRANCH_HINTS = {
-    "23505": "duplicate key: the rows collide with rows already in the table (or in this batch); "
-    "deduplicate the DataFrame or use upsertKeyColumns",
-    "23502": "NULL in a NOT NULL column: fill or filter the NULLs first",
-    "23503": "foreign key violation: load the referenced rows first",
-    "23514": "check constraint violation",
-    "22001": "a string is longer than its column allows: widen the column or truncate the data",
-    "22003": "a number is out of range for its column: widen the column type",
-    # PostgreSQL reports "maximum number of prepared transactions reached" as 53200 (out of memory)
-    "53200": "the server has no free prepared-transaction slot: raise max_prepared_transactions "
-    "(at least the number of partitions) or coalesce the DataFrame to fewer partitions",
-    "55P03": "a row lock was not granted within lockTimeout: another transaction holds the same keys, most "
-    "often another partition of this batch (the DataFrame has duplicate keys across partitions) or a "
-    "prepared transaction; deduplicate the DataFrame on the table's keys",
-    "42501": "permission denied: grant INSERT on the table (and USAGE on its schema) to the writing user",
-}
-
-
-def _sqlstate(exc: BaseException) -> str | None:
-    orig = getattr(exc, "orig", exc)
-    for attr in ("pgcode", "sqlstate"):
-        code = getattr(orig, attr, None)
-        if code:
-            return str(code)
-    m = re.search(r"SQLSTATE: ([0-9A-Z]{5})", str(orig))
-    return m.group(1) if m else None
-
-
-def _literal(value: str) -> str:
-    """A string literal for the statements that take no bound parameter (PREPARE TRANSACTION, COMMIT PREPARED).
-
-    An escape string (E'...') with every backslash and quote doubled means the same text whatever the
-    session's standard_conforming_strings: a plain '...' literal does not (with it off, a backslash escapes).
-    """
-    if "\x00" in value:
-        raise ValueError("a PostgreSQL string cannot hold a NUL character")
-    return "E'" + value.replace("\\", "\\\\").replace("'", "''") + "'"
-
-
-def _driver_sql(statement: str) -> str:
-    """A statement for SQLAlchemy's exec_driver_sql: psycopg2 formats it with (empty) parameters, so '%' doubles."""
-    return statement.replace("%", "%%")
-
-
-def advisory_key(name: str) -> int:
-    """A session lock's name as PostgreSQL's 64-bit advisory lock key (stable across processes and versions)."""
-    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "big", signed=True)
-
-
-def _ident(name: str) -> str:
-    return str(_SA_DIALECT.identifier_preparer.quote_identifier(name))
-
-
-def upsert_sql(plan: TargetPlan) -> str:
-    """INSERT .. SELECT DISTINCT ON (keys) .. FROM unnest($1..$n) .. ON CONFLICT (keys) DO UPDATE, quoted by SQLAlchemy.
-
-    One array parameter per column; DISTINCT ON with the ordinality keeps the last row of a key
-    (ON CONFLICT DO UPDATE cannot touch a row twice in one statement); later chunks overwrite earlier ones.
-    """
-    names = plan.arrow_schema.names
-    ordinal = "xasink_ord"
-    while ordinal in names:
-        ordinal += "_"
-    table = ".".join(_ident(p) for p in (plan.schema, plan.table) if p)
-    cols = ", ".join(_ident(n) for n in names)
-    keys = ", ".join(_ident(k) for k in plan.upsert_keys)
-    params = ", ".join(f"${i + 1}" for i in range(len(names)))
-    updates = ", ".join(f"{_ident(n)} = EXCLUDED.{_ident(n)}" for n in names if n not in plan.upsert_keys)
-    action = f"DO UPDATE SET {updates}" if updates else "DO NOTHING"
-    return (
-        f"INSERT INTO {table} ({cols}) SELECT DISTINCT ON ({keys}) {cols} "
-        f"FROM unnest({params}) WITH ORDINALITY AS u({cols}, {_ident(ordinal)}) "
-        f"ORDER BY {keys}, {_ident(ordinal)} DESC ON CONFLICT ({keys}) {action}"
-    )
-
-
-class PostgresBranch(BranchSession):
-    """A branch: one ADBC connection in a transaction, rows loaded by binary COPY, then PREPAREd."""
-
-    def __init__(self, dialect: PostgresDialect, xid: Xid, plan: TargetPlan) -> None:
-        super().__init__(xid)
-        self.dialect = dialect
-        self.plan = plan
-        spare = dialect.spare.take() if dialect.spare is not None else None
-        self.conn = spare if spare is not None else dialect.adbc_connect()
-        self.cursor = self.conn.cursor()
-        set_timeout = f"SET lock_timeout = {int(dialect.settings.lock_timeout) * 1000}"
-        try:
-            try:
-                self.cursor.execute(set_timeout)
-            except Exception as exc:  # noqa: BLE001 - a spare the server dropped: nothing written, connect anew
-                if spare is None:
-                    raise
-                log.debug("spare branch connection unusable (%s): connecting anew", exc)
-                self._close()
-                self.conn = dialect.adbc_connect()
-                self.cursor = self.conn.cursor()
-                self.cursor.execute(set_timeout)
-        except Exception as exc:
-            self.rollback()
-            raise dialect.branch_error(exc, xid, plan) from None
-        if dialect.spare is not None:
-            dialect.spare.refill()
-
-    def load(self, batches: Iterator[pa.RecordBatch]) -> int:
-        count = 0
-        source_error: list[BaseException] = []
-
-        def counted() -> Iterator[pa.RecordBatch]:
-            nonlocal count
-            try:
-                for batch in batches:
-                    count += batch.num_rows
-                    yield batch
-            except BaseException as exc:
-                source_error.append(exc)
-                raise
-
-        try:
-            if self.plan.upsert_keys:
-                self._upsert(counted())
-            else:
-                reader = pa.RecordBatchReader.from_batches(self.plan.arrow_schema, counted())
-                self.cursor.adbc_ingest(self.plan.table, reader, mode="append", db_schema_name=self.plan.schema)
-        except BranchError:
-            raise
-        except Exception as exc:
-            if source_error:  # the rows' own iterator failed (e.g. a value that does not fit): ADBC wraps it
-                raise source_error[0] from None
-            raise self.dialect.branch_error(exc, self.xid, self.plan) from None
-        return count
-
-    def _upsert(self, batches: Iterator[pa.RecordBatch]) -> None:
-        """Merge each chunk with one INSERT ... SELECT FROM unnest(arrays) ... ON CONFLICT DO UPDATE.
-
-        Chosen over a staging table (temporary tables cannot be PREPAREd; an UNLOGGED one needs
-        CREATE on the schema and churns the catalog) after measuring both: the merge dominates
-        either way (benchmarks/upsert_strategies.py).  Duplicate keys in a partition: the last row wins.
-        """
-        sql = upsert_sql(self.plan)
-        keys = [self.plan.arrow_schema.get_field_index(k) for k in self.plan.upsert_keys]
-        step = self.dialect.upsert_chunk_rows
-        for batch in batches:
-            check_upsert_keys(batch, self.plan, keys, self.xid.partition)
-            for start in range(0, batch.num_rows, step):
-                chunk = batch.slice(start, step)
-                offsets = pa.array([0, chunk.num_rows], type=pa.int32())
-                params = pa.RecordBatch.from_arrays(
-                    [pa.ListArray.from_arrays(offsets, col) for col in chunk.columns],
-                    names=[f"p{i}" for i in range(chunk.num_columns)],
-                )
-                self.cursor.execute(sql, parameters=params)
-
-    def prepare(self) -> None:
-        try:
-            self.cursor.execute(f"PREPARE TRANSACTION {_literal(self.xid.gid)}")
-            self.cursor.execute("SELECT count(*) FROM pg_prepared_xacts WHERE gid = $1", parameters=(self.xid.gid,))
-            row = self.cursor.fetchone()
-        except Exception as exc:
-            raise self.dialect.branch_error(exc, self.xid, self.plan) from None
-        finally:
-            self._close()
-        if not row or row[0] != 1:
-            raise BranchError(f"branch {self.xid} was not prepared (the server rolled it back); nothing of it remains")
-
-    def rollback(self) -> None:
-        try:
-            self.conn.rollback()
-        except Exception as exc:  # noqa: BLE001 - the connection may be gone; the server rolls back then
-            log.debug("rollback of %s: %s", self.xid, exc)
-        self._close()
-
-    def _close(self) -> None:
-        for obj in (self.cursor, self.conn):
-            try:
-                obj.close()
-            except Exception:  # noqa: BLE001,S110 - closing a dead connection
-                pass
+log = logging.getLogger("xasink.dialects.postgres")
 
 
 class PostgresDialect(Dialect):

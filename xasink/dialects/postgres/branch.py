@@ -1,0 +1,123 @@
+"""The executor's PostgreSQL branch: one ADBC connection, rows by binary COPY (or an unnest upsert), PREPAREd."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from ...errors import BranchError
+from ...xid import Xid
+from ..base import BranchSession, TargetPlan, check_upsert_keys
+from .sql import _literal, upsert_sql
+
+if TYPE_CHECKING:
+    from .dialect import PostgresDialect
+
+log = logging.getLogger("xasink.dialects.postgres")
+
+
+class PostgresBranch(BranchSession):
+    """A branch: one ADBC connection in a transaction, rows loaded by binary COPY, then PREPAREd."""
+
+    def __init__(self, dialect: PostgresDialect, xid: Xid, plan: TargetPlan) -> None:
+        super().__init__(xid)
+        self.dialect = dialect
+        self.plan = plan
+        spare = dialect.spare.take() if dialect.spare is not None else None
+        self.conn = spare if spare is not None else dialect.adbc_connect()
+        self.cursor = self.conn.cursor()
+        set_timeout = f"SET lock_timeout = {int(dialect.settings.lock_timeout) * 1000}"
+        try:
+            try:
+                self.cursor.execute(set_timeout)
+            except Exception as exc:  # noqa: BLE001 - a spare the server dropped: nothing written, connect anew
+                if spare is None:
+                    raise
+                log.debug("spare branch connection unusable (%s): connecting anew", exc)
+                self._close()
+                self.conn = dialect.adbc_connect()
+                self.cursor = self.conn.cursor()
+                self.cursor.execute(set_timeout)
+        except Exception as exc:
+            self.rollback()
+            raise dialect.branch_error(exc, xid, plan) from None
+        if dialect.spare is not None:
+            dialect.spare.refill()
+
+    def load(self, batches: Iterator[pa.RecordBatch]) -> int:
+        count = 0
+        source_error: list[BaseException] = []
+
+        def counted() -> Iterator[pa.RecordBatch]:
+            nonlocal count
+            try:
+                for batch in batches:
+                    count += batch.num_rows
+                    yield batch
+            except BaseException as exc:
+                source_error.append(exc)
+                raise
+
+        try:
+            if self.plan.upsert_keys:
+                self._upsert(counted())
+            else:
+                reader = pa.RecordBatchReader.from_batches(self.plan.arrow_schema, counted())
+                self.cursor.adbc_ingest(self.plan.table, reader, mode="append", db_schema_name=self.plan.schema)
+        except BranchError:
+            raise
+        except Exception as exc:
+            if source_error:  # the rows' own iterator failed (e.g. a value that does not fit): ADBC wraps it
+                raise source_error[0] from None
+            raise self.dialect.branch_error(exc, self.xid, self.plan) from None
+        return count
+
+    def _upsert(self, batches: Iterator[pa.RecordBatch]) -> None:
+        """Merge each chunk with one INSERT ... SELECT FROM unnest(arrays) ... ON CONFLICT DO UPDATE.
+
+        Chosen over a staging table (temporary tables cannot be PREPAREd; an UNLOGGED one needs
+        CREATE on the schema and churns the catalog) after measuring both: the merge dominates
+        either way (benchmarks/upsert_strategies.py).  Duplicate keys in a partition: the last row wins.
+        """
+        sql = upsert_sql(self.plan)
+        keys = [self.plan.arrow_schema.get_field_index(k) for k in self.plan.upsert_keys]
+        step = self.dialect.upsert_chunk_rows
+        for batch in batches:
+            check_upsert_keys(batch, self.plan, keys, self.xid.partition)
+            for start in range(0, batch.num_rows, step):
+                chunk = batch.slice(start, step)
+                offsets = pa.array([0, chunk.num_rows], type=pa.int32())
+                params = pa.RecordBatch.from_arrays(
+                    [pa.ListArray.from_arrays(offsets, col) for col in chunk.columns],
+                    names=[f"p{i}" for i in range(chunk.num_columns)],
+                )
+                self.cursor.execute(sql, parameters=params)
+
+    def prepare(self) -> None:
+        try:
+            self.cursor.execute(f"PREPARE TRANSACTION {_literal(self.xid.gid)}")
+            self.cursor.execute("SELECT count(*) FROM pg_prepared_xacts WHERE gid = $1", parameters=(self.xid.gid,))
+            row = self.cursor.fetchone()
+        except Exception as exc:
+            raise self.dialect.branch_error(exc, self.xid, self.plan) from None
+        finally:
+            self._close()
+        if not row or row[0] != 1:
+            raise BranchError(f"branch {self.xid} was not prepared (the server rolled it back); nothing of it remains")
+
+    def rollback(self) -> None:
+        try:
+            self.conn.rollback()
+        except Exception as exc:  # noqa: BLE001 - the connection may be gone; the server rolls back then
+            log.debug("rollback of %s: %s", self.xid, exc)
+        self._close()
+
+    def _close(self) -> None:
+        for obj in (self.cursor, self.conn):
+            try:
+                obj.close()
+            except Exception:  # noqa: BLE001,S110 - closing a dead connection
+                pass

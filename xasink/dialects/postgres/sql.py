@@ -1,0 +1,108 @@
+"""PostgreSQL's SQL text and error states: literals, quoting, the upsert statement, SQLSTATE classes."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+from sqlalchemy.dialects import postgresql as pg
+
+from ..base import KEEPALIVE_COUNT, KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, TargetPlan
+
+_SA_DIALECT = pg.psycopg2.dialect()
+
+_UPSERT_LOCK_HINT = (
+    "another partition of this batch (or another transaction) holds rows with the same upsert keys ({keys}): a "
+    "prepared branch keeps them locked until the batch commits, so rows with equal keys must all be in one "
+    "partition. Repartition the DataFrame by the key columns first, e.g. df.repartition({quoted}) (xasink.write() "
+    "does this itself)"
+)
+# ADBC's built-in table of PostgreSQL types instead of reading pg_type and all of pg_attribute at every
+# connect (~40 ms of client CPU on an empty database, minutes on one with many tables: apache/arrow-adbc#1755).
+# A branch only sends rows of built-in types (a domain column takes its base type's) and reads a count.
+_ADBC_DB_OPTIONS = {"adbc.postgresql.type_resolver_mode": "builtin"}
+# libpq's TCP keepalives (ignored on a Unix socket): a dead server or network is noticed in about a minute
+_KEEPALIVES = {
+    "keepalives": 1,
+    "keepalives_idle": KEEPALIVE_IDLE_S,
+    "keepalives_interval": KEEPALIVE_INTERVAL_S,
+    "keepalives_count": KEEPALIVE_COUNT,
+}
+_TRANSIENT_STATES = {"40001", "40P01", "55P03", "57P01", "57P02", "57P03", "53300", "58000", "58030"}
+_UNKNOWN_XID_STATE = "42704"
+
+# SQLSTATEs a branch can fail with, and what the user should do about them
+_BRANCH_HINTS = {
+    "23505": "duplicate key: the rows collide with rows already in the table (or in this batch); "
+    "deduplicate the DataFrame or use upsertKeyColumns",
+    "23502": "NULL in a NOT NULL column: fill or filter the NULLs first",
+    "23503": "foreign key violation: load the referenced rows first",
+    "23514": "check constraint violation",
+    "22001": "a string is longer than its column allows: widen the column or truncate the data",
+    "22003": "a number is out of range for its column: widen the column type",
+    # PostgreSQL reports "maximum number of prepared transactions reached" as 53200 (out of memory)
+    "53200": "the server has no free prepared-transaction slot: raise max_prepared_transactions "
+    "(at least the number of partitions) or coalesce the DataFrame to fewer partitions",
+    "55P03": "a row lock was not granted within lockTimeout: another transaction holds the same keys, most "
+    "often another partition of this batch (the DataFrame has duplicate keys across partitions) or a "
+    "prepared transaction; deduplicate the DataFrame on the table's keys",
+    "42501": "permission denied: grant INSERT on the table (and USAGE on its schema) to the writing user",
+}
+
+
+def _sqlstate(exc: BaseException) -> str | None:
+    orig = getattr(exc, "orig", exc)
+    for attr in ("pgcode", "sqlstate"):
+        code = getattr(orig, attr, None)
+        if code:
+            return str(code)
+    m = re.search(r"SQLSTATE: ([0-9A-Z]{5})", str(orig))
+    return m.group(1) if m else None
+
+
+def _literal(value: str) -> str:
+    """A string literal for the statements that take no bound parameter (PREPARE TRANSACTION, COMMIT PREPARED).
+
+    An escape string (E'...') with every backslash and quote doubled means the same text whatever the
+    session's standard_conforming_strings: a plain '...' literal does not (with it off, a backslash escapes).
+    """
+    if "\x00" in value:
+        raise ValueError("a PostgreSQL string cannot hold a NUL character")
+    return "E'" + value.replace("\\", "\\\\").replace("'", "''") + "'"
+
+
+def _driver_sql(statement: str) -> str:
+    """A statement for SQLAlchemy's exec_driver_sql: psycopg2 formats it with (empty) parameters, so '%' doubles."""
+    return statement.replace("%", "%%")
+
+
+def advisory_key(name: str) -> int:
+    """A session lock's name as PostgreSQL's 64-bit advisory lock key (stable across processes and versions)."""
+    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "big", signed=True)
+
+
+def _ident(name: str) -> str:
+    return str(_SA_DIALECT.identifier_preparer.quote_identifier(name))
+
+
+def upsert_sql(plan: TargetPlan) -> str:
+    """INSERT .. SELECT DISTINCT ON (keys) .. FROM unnest($1..$n) .. ON CONFLICT (keys) DO UPDATE, quoted by SQLAlchemy.
+
+    One array parameter per column; DISTINCT ON with the ordinality keeps the last row of a key
+    (ON CONFLICT DO UPDATE cannot touch a row twice in one statement); later chunks overwrite earlier ones.
+    """
+    names = plan.arrow_schema.names
+    ordinal = "xasink_ord"
+    while ordinal in names:
+        ordinal += "_"
+    table = ".".join(_ident(p) for p in (plan.schema, plan.table) if p)
+    cols = ", ".join(_ident(n) for n in names)
+    keys = ", ".join(_ident(k) for k in plan.upsert_keys)
+    params = ", ".join(f"${i + 1}" for i in range(len(names)))
+    updates = ", ".join(f"{_ident(n)} = EXCLUDED.{_ident(n)}" for n in names if n not in plan.upsert_keys)
+    action = f"DO UPDATE SET {updates}" if updates else "DO NOTHING"
+    return (
+        f"INSERT INTO {table} ({cols}) SELECT DISTINCT ON ({keys}) {cols} "
+        f"FROM unnest({params}) WITH ORDINALITY AS u({cols}, {_ident(ordinal)}) "
+        f"ORDER BY {keys}, {_ident(ordinal)} DESC ON CONFLICT ({keys}) {action}"
+    )
