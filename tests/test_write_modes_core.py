@@ -187,3 +187,12 @@ def test_write_modes_are_refused_inside_a_transaction(db: Target, spark: SparkSe
         with xasink.transaction(sink_id=sink(), batch_id=0) as tx:
             tx.write(df, db.url, table, upsertKeyColumns="id", sequenceColumn="id2")
     assert db.rows(table) == []
+
+
+def test_the_log_keeps_no_apply_step_once_a_batch_is_applied(db: Target, spark: SparkSession) -> None:
+    table = db.new_table()
+    db.keyed_table(table)
+    s = sink()
+    xasink.write(spark.createDataFrame([(1, "a")], "id int, name string"), db.url, table, sink_id=s, mode="overwrite")
+    (target,) = db.execute("SELECT target FROM xasink_batches WHERE sink_id = %s", s)[0]
+    assert table in target and "apply" not in target and "shadow" not in target
