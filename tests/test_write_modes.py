@@ -24,8 +24,9 @@ import xasink
 from tests.modes_driver import overwrite_direct, split
 from tests.targets import MARIADB, POSTGRESQL, Target, case
 from xasink import admin
-from xasink.errors import ApplyError, BatchAbortedError, CommitIncompleteError, OptionError
+from xasink.errors import ApplyError, BatchAbortedError, CommitIncompleteError, OptionError, PreflightError
 from xasink.faults import LOCAL_PROPERTY
+from xasink.options import parse_options
 
 
 def sink() -> str:
@@ -210,6 +211,7 @@ def test_a_keyed_overwrite_of_mostly_the_same_keys_does_not_wait_on_itself(db: T
 
 
 def test_an_empty_dataframe_empties_the_table(db: Target, spark: SparkSession) -> None:
+    """An empty DataFrame (two empty partitions) empties the table; foreach_batch(mode="overwrite") refills it."""
     table = db.new_table()
     db.keyed_table(table)
     fill(db, table, named(range(50), "o"))
@@ -217,6 +219,19 @@ def test_an_empty_dataframe_empties_the_table(db: Target, spark: SparkSession) -
     overwrite(spark.createDataFrame([], "id int, name string").repartition(2), db, table, s, 0)
     assert db.rows(table) == []
     assert db.prepared(s) == [] and shadow_rows(db) == 0
+    write = xasink.foreach_batch(db.url, table, s, mode="overwrite", truncate="yes")
+    result = write(frame(spark, named(range(40, 60)), 2), 1)
+    assert db.rows(table) == named(range(40, 60)) and not result.skipped
+
+
+def test_truncate_options_of_an_overwrite() -> None:
+    """truncate: any value is accepted and changes nothing; cascadeTruncate: false accepted, true refused."""
+    base = {"url": "postgresql://u@h/d", "dbtable": "t", "sinkId": "s"}
+    for value in ("true", "false", "yes", "banana"):
+        parse_options({**base, "truncate": value}).with_mode("overwrite")
+    parse_options({**base, "cascadeTruncate": "false"}).with_mode("overwrite")
+    with pytest.raises(OptionError, match="cascadeTruncate"):
+        parse_options({**base, "cascadeTruncate": "true"}).with_mode("overwrite")
 
 
 def test_readers_see_exactly_the_old_or_the_new_rows(db: Target, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -308,6 +323,22 @@ def test_replace_where_replaces_only_the_matching_rows(db: Target, spark: SparkS
         replaceWhereCheck="false",
     )
     assert db.rows(table) == sorted(untouched + outside, key=lambda r: r[0])
+
+
+def test_replace_where_may_name_the_table(db: Target, spark: SparkSession) -> None:
+    """A predicate naming the table's columns as ``table.column`` passes the check before any task runs, so the
+    batch must land (or be refused before anything is prepared), not be withdrawn after its decision."""
+    table = db.new_table()
+    db.create_table(table, "id int PRIMARY KEY, day varchar(10), v int")
+    db.execute(f"INSERT INTO {db.q(table)} VALUES (1, '2026-11-21', 1), (2, '2026-11-22', 2)")
+    pred = f"{db.q(table)}.day = '2026-11-22'"
+    batch = spark.createDataFrame([(3, "2026-11-22", 3)], "id int, day string, v int")
+    try:
+        xasink.write(batch, db.url, table, sink_id=sink(), batch_id=0, mode="overwrite", replaceWhere=pred)
+    except PreflightError:
+        assert db.rows(table) == [(1, "2026-11-21", 1), (2, "2026-11-22", 2)]
+    else:
+        assert db.rows(table) == [(1, "2026-11-21", 1), (3, "2026-11-22", 3)]
 
 
 # --------------------------------------------------------------------------- change-data apply
