@@ -10,18 +10,23 @@ database with the plain driver.  The killed-driver tests are in test_write_modes
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import threading
 import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
 import xasink
-from tests.modes_driver import overwrite_direct, split
+from tests.modes_driver import OPTIONS_ENV, overwrite_direct, split
 from tests.targets import MARIADB, POSTGRESQL, Target, case
 from xasink import admin
 from xasink.errors import ApplyError, BatchAbortedError, CommitIncompleteError, OptionError, PreflightError
@@ -341,6 +346,78 @@ def test_readers_do_not_wait_for_an_overwrite(db: Target, truncate: str) -> None
             held.execute("COMMIT")
             job.result(timeout=60)
     assert db.rows(table) == named(range(100, 300))
+
+
+def test_a_recovery_racing_the_driver_applies_the_batch_once(db: Target, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``xasink recover`` runs while the driver is held between the commits and the apply: whichever of them
+    applies the batch, it is applied once (no primary key here, so a second apply would double the rows)."""
+    table = db.new_table()
+    db.keyed_table(table, primary_key=False)
+    fill(db, table, named(range(100), "o"))
+    monkeypatch.setenv("XASINK_FAULT", "driver.after_commits:sleep=2")
+    s = sink()
+    with ThreadPoolExecutor(1) as pool:
+        job = pool.submit(overwrite_direct, db.url, table, s, 0, split(50, 150, 3))
+        deadline = time.monotonic() + 60
+        while (d := db.decision(s, 0)) is None or db.prepared(s):
+            assert time.monotonic() < deadline and not job.done(), "the driver never reached its commits"
+            time.sleep(0.05)
+        report = admin.recover(db.url, sink_id=s, older_than_s=0)
+        assert not report.errors, report.errors
+        result = job.result(timeout=60)
+    assert d is not None and result.rows == 150
+    assert db.rows(table) == named(range(50, 200))
+    assert db.decision(s, 0).state == "committed"  # type: ignore[union-attr]
+    assert shadow_rows(db) == 0
+
+
+def test_two_sinks_overwriting_one_table_at_once_leave_one_batch(db: Target) -> None:
+    """Two overwrites of the same table from two sinks at the same time: applied one after the other, the
+    table ends with exactly one batch's rows (no mix, no deadlock).  Both are the first writers of a new
+    decision log, so they also create it concurrently."""
+    table = db.new_table()
+    db.keyed_table(table)
+    fill(db, table, named(range(100), "o"))
+    a, b = named(range(0, 300)), named(range(200, 400))
+    # two driver processes (tests/modes_driver.py; a process holds one run guard per decision log)
+    driver = str(Path(__file__).resolve().parent / "modes_driver.py")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("XASINK_FAULT")}
+    # a decision log of their own, which both create at the same moment (MariaDB: non-transactional DDL)
+    env[OPTIONS_ENV] = json.dumps({"journalTablePrefix": f"wm{uuid.uuid4().hex[:6]}_"})
+    procs = [
+        subprocess.Popen(
+            [sys.executable, driver, "direct", db.url, table, sink(), "0", str(lo), str(n), "3"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        for lo, n in ((0, 300), (200, 200))
+    ]
+    outs = [p.communicate(timeout=120)[0].decode(errors="replace") for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-3000:] for o in outs)
+    assert db.rows(table) in (a, b)
+
+
+@pytest.mark.parametrize("db", [case(POSTGRESQL)], indirect=True)
+def test_overwrite_of_a_table_in_another_schema_keeps_its_shadow_there(db: Target) -> None:
+    """``dbtable`` = schema.table: the shadow is made in the target's schema (PostgreSQL; a MariaDB schema is a
+    database of its own, which the session's database fixtures do not make)."""
+    schema = f"wm_{uuid.uuid4().hex[:8]}"
+    db.execute(f"CREATE SCHEMA {db.q(schema)}")
+    try:
+        table = f"{schema}.t"
+        db.keyed_table(table)
+        fill(db, table, named(range(30), "o"))
+        overwrite_direct(db.url, table, sink(), 0, split(10, 40, 2))
+        assert db.rows(table) == named(range(10, 50))
+        shadows = db.execute(
+            "SELECT table_schema FROM information_schema.tables WHERE table_name LIKE %s AND table_schema = %s",
+            "xasink\\_sh\\_%",
+            schema,
+        )
+        assert shadows == [(schema,)], shadows
+    finally:
+        db.execute(f"DROP SCHEMA {db.q(schema)} CASCADE")
 
 
 # --------------------------------------------------------------------------- replaceWhere
