@@ -258,8 +258,12 @@ def apply_statements(dialect: Dialect, conn: Connection, spec: ApplySpec, batch_
     mine = shadow.c[BATCH_COLUMN] == batch_id
     if spec.kind in (OVERWRITE, REPLACE_WHERE):
         if spec.kind == REPLACE_WHERE and spec.check_predicate:
+            # the shadow under the target's name: a condition naming its columns as table.column reads the batch
+            batch = shadow.alias(spec.table)
             outside = conn.execute(
-                sa.select(sa.func.count()).select_from(shadow).where(mine, ~sa.func.coalesce(_predicate(spec), False))
+                sa.select(sa.func.count())
+                .select_from(batch)
+                .where(batch.c[BATCH_COLUMN] == batch_id, ~sa.func.coalesce(_predicate(spec), False))
             ).scalar()
             if outside:
                 raise ApplyError(

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -261,8 +262,7 @@ class Journal:
             if not all(inspector.has_table(t.name, schema=t.schema) for t in self.tables):
                 conn.rollback()
                 try:
-                    with conn.begin():
-                        self.sinks.metadata.create_all(conn, checkfirst=True)
+                    self._create_tables(conn)
                 except sa.exc.IntegrityError:  # another process created them at the same moment
                     pass
                 except sa.exc.DBAPIError as exc:
@@ -276,6 +276,28 @@ class Journal:
             conn.rollback()
             self.upgrade(conn)
             self._log_id = self._read_or_draw_log_id(conn)
+
+    def _create_tables(self, conn: Connection, attempts: int = 5) -> None:
+        """CREATE the missing tables.  MySQL/MariaDB DDL is not transactional: a concurrent creator's tables
+        appear one by one, and ours fails with 1050 "already exists" on the first it made; again, with
+        checkfirst, creates the rest (or finds them all made)."""
+        for attempt in range(attempts):
+            try:
+                with conn.begin():
+                    self.sinks.metadata.create_all(conn, checkfirst=True)
+                return
+            except sa.exc.IntegrityError:
+                raise
+            except sa.exc.DBAPIError:
+                conn.rollback()
+                inspector = sa.inspect(conn)
+                done = all(inspector.has_table(t.name, schema=t.schema) for t in self.tables)
+                conn.rollback()
+                if done:
+                    return
+                if attempt == attempts - 1:
+                    raise
+                time.sleep(0.05 * (attempt + 1))
 
     def _columns(self, conn: Connection, table: sa.Table) -> set[str]:
         found = {str(c["name"]).lower() for c in sa.inspect(conn).get_columns(table.name, schema=table.schema)}

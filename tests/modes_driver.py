@@ -1,0 +1,157 @@
+"""Overwrite-mode writes for tests/test_write_modes*.py: in-process without Spark, or a driver to kill.
+
+    python tests/modes_driver.py direct URL TABLE SINK_ID BATCH_ID FIRST COUNT PARTITIONS
+    python tests/modes_driver.py stream URL TABLE SINK_ID INPUT_DIR CHECKPOINT_DIR
+
+``direct``: one ``mode("overwrite")`` batch of ids FIRST..FIRST+COUNT-1 (int ``id``, text ``name`` =
+'n<id>') in PARTITIONS contiguous branches, without Spark, in this one process: each partition loaded into
+the shadow table by ``write_partition`` as a task does, then ``Coordinator.commit(apply=...)`` as the
+Spark driver does (the plan comes from the data source's own driver-side ``_prepare``).  Extra write
+options come as a JSON object in ``XASINK_TEST_WRITE_OPTIONS``.  A driver killed at a fault point
+(``XASINK_FAULT``) this way leaves what a killed Spark driver leaves, without a JVM start.
+
+``stream``: a complete-mode streaming aggregation (``count`` of each ``k`` of the JSON files in
+INPUT_DIR, one file per micro-batch) into TABLE with ``format("xasink")``, ``availableNow``.  Before the
+SparkSession exists the script puts its process group in ``XASINK_FAULT_PGID``, so a fault point in any
+Python worker takes the whole driver down (this Python, the JVM, the workers).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from typing import Any
+
+OPTIONS_ENV = "XASINK_TEST_WRITE_OPTIONS"
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+
+def overwrite_direct(
+    url: str,
+    table: str,
+    sink_id: str,
+    batch_id: int,
+    partitions: list[list[tuple[int, str]]],
+    **options: Any,
+) -> Any:
+    """One overwrite batch of (id, name) rows, one branch per list, without Spark; returns the WriteResult."""
+    import pyarrow as pa
+    from pyspark.sql.types import IntegerType, StringType, StructField, StructType
+
+    from xasink.branch import write_partition
+    from xasink.coordinator import Coordinator
+    from xasink.liveness import InProcessGuard
+    from xasink.options import parse_options
+    from xasink.spark.datasource import _prepare
+    from xasink.xid import new_run_nonce
+
+    raw = {"url": url, "dbtable": table, "sinkId": sink_id, "batchId": batch_id, **options}
+    opts = parse_options(raw).with_mode("overwrite")
+    struct = StructType([StructField("id", IntegerType(), False), StructField("name", StringType(), True)])
+    arrow = pa.schema([pa.field("id", pa.int32(), nullable=False), ("name", pa.string())])
+    plan = _prepare(opts, struct, len(partitions))
+    assert plan.apply is not None, "an overwrite loads the shadow table"
+    coordinator = Coordinator(opts)
+    guard = InProcessGuard(coordinator.dialect, plan.log_id)
+    try:
+        run = new_run_nonce()
+        outcomes = []
+        for p, rows in enumerate(partitions):
+            batch = pa.RecordBatch.from_pydict({"id": [r[0] for r in rows], "name": [r[1] for r in rows]}, schema=arrow)
+            outcomes.append(
+                write_partition(
+                    opts,
+                    plan.target,
+                    batch_id=batch_id,
+                    partition=p,
+                    task_attempt_id=p,
+                    run=run,
+                    batches=[batch],
+                    log_id=plan.log_id,
+                    guard=guard.name,
+                )
+            )
+        return coordinator.commit(batch_id, outcomes, apply=plan.apply)
+    finally:
+        guard.close()
+        coordinator.close()
+
+
+def split(first: int, count: int, partitions: int) -> list[list[tuple[int, str]]]:
+    """Ids first..first+count-1 as (id, 'n<id>') in contiguous partitions."""
+    ids = list(range(first, first + count))
+    per = -(-count // partitions) if count else 0
+    return [[(i, f"n{i}") for i in ids[p * per : (p + 1) * per]] for p in range(partitions)]
+
+
+def stream(url: str, table: str, sink_id: str, input_dir: str, checkpoint: str) -> int:
+    os.environ["XASINK_FAULT_PGID"] = str(os.getpgid(0))  # before the JVM and its Python workers start
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    import xasink
+
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("xasink-modes-driver")
+        .config("spark.ui.enabled", "false")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    xasink.register(spark)
+    query = complete_query(spark, url, table, sink_id, input_dir, checkpoint)
+    query.awaitTermination()
+    spark.stop()
+    return 0
+
+
+def complete_query(spark: Any, url: str, table: str, sink_id: str, input_dir: str, checkpoint: str) -> Any:
+    """The complete-mode aggregation: one row (k, n) per key seen so far, the whole result each batch."""
+    counts = (
+        spark.readStream.schema("k string")
+        .option("maxFilesPerTrigger", 1)
+        .json(input_dir)
+        .groupBy("k")
+        .count()
+        .withColumnRenamed("count", "n")
+    )
+    return (
+        counts.writeStream.outputMode("complete")
+        .format("xasink")
+        .option("url", url)
+        .option("dbtable", table)
+        .option("sinkId", sink_id)
+        .option("checkpointLocation", checkpoint)
+        .trigger(availableNow=True)
+        .start()
+    )
+
+
+def main(argv: list[str]) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("xasink").setLevel(logging.INFO)
+    if argv[:1] == ["direct"] and len(argv) == 8:
+        url, table, sink_id = argv[1:4]
+        batch_id, first, count, partitions = map(int, argv[4:8])
+        extra = json.loads(os.environ.get(OPTIONS_ENV, "{}"))
+        result = overwrite_direct(url, table, sink_id, batch_id, split(first, count, partitions), **extra)
+        print(json.dumps({"rows": result.rows, "branches": result.branches, "skipped": result.skipped}), flush=True)
+        return 0
+    if argv[:1] == ["stream"] and len(argv) == 6:
+        return stream(*argv[1:6])
+    print(__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,613 @@
+"""Write modes (issue 18) against their contract, on PostgreSQL and MariaDB: exact row sets, atomicity, other sessions.
+
+Overwrite (``mode("overwrite")``), ``replaceWhere``, change-data apply (``deleteFlagColumn`` /
+``sequenceColumn``), through ``df.write.format("xasink")``, ``xasink.write`` and ``xasink.foreach_batch``.
+Some tests drive the batch without Spark (tests/modes_driver.py: the data source's own planning, one
+``write_partition`` per branch, ``Coordinator.commit``) where they must hold the driver at a fault point
+in this process (``XASINK_FAULT=...:sleep=S``) or run it beside another session.  Every check reads the
+database with the plain driver.  The killed-driver tests are in test_write_modes_crash.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+
+import xasink
+from tests.modes_driver import OPTIONS_ENV, overwrite_direct, split
+from tests.targets import MARIADB, POSTGRESQL, Target, case
+from xasink import admin
+from xasink.errors import ApplyError, BatchAbortedError, CommitIncompleteError, OptionError, PreflightError
+from xasink.faults import LOCAL_PROPERTY
+from xasink.options import parse_options
+
+
+def sink() -> str:
+    return f"wm-{uuid.uuid4().hex[:10]}"
+
+
+def named(ids: Any, prefix: str = "n") -> list[tuple[int, str]]:
+    return [(i, f"{prefix}{i}") for i in sorted(ids)]
+
+
+def frame(spark: SparkSession, rows: list[tuple[int, str]], partitions: int = 3) -> DataFrame:
+    return spark.createDataFrame(rows, "id int, name string").repartition(partitions)
+
+
+def fill(db: Target, table: str, rows: list[tuple[int, str]]) -> None:
+    with db.connect() as conn, conn.cursor() as cur:
+        cur.executemany(f"INSERT INTO {db.q(table)} (id, name) VALUES (%s, %s)", rows)
+
+
+def shadow_rows(db: Target) -> int:
+    """Rows in every shadow table of the database (empty between batches)."""
+    here = "current_schema()" if db.kind == POSTGRESQL else "DATABASE()"
+    query = f"SELECT table_name FROM information_schema.tables WHERE table_schema = {here} AND table_name LIKE %s"
+    names = [r[0] for r in db.execute(query, "xasink\\_sh\\_%")]
+    return sum(int(db.execute(f"SELECT count(*) FROM {db.q(n)}")[0][0]) for n in names)
+
+
+def overwrite(df: DataFrame, db: Target, table: str, sink_id: str, batch_id: int, **options: Any) -> None:
+    w = (
+        df.write.format("xasink")
+        .option("url", db.url)
+        .option("dbtable", table)
+        .option("sinkId", sink_id)
+        .option("batchId", batch_id)
+    )
+    for key, value in options.items():
+        w = w.option(key, str(value))
+    w.mode("overwrite").save()
+
+
+def table_identity(db: Target, table: str) -> Any:
+    """What changes if the table is dropped and made anew, or truncated (InnoDB gives it a new table id)."""
+    if db.kind == POSTGRESQL:
+        return db.execute("SELECT %s::regclass::oid", db.q(table))[0][0]
+    return db.execute(
+        "SELECT TABLE_ID FROM information_schema.INNODB_SYS_TABLES WHERE NAME = CONCAT(DATABASE(), '/', %s)", table
+    )[0][0]
+
+
+@pytest.fixture
+def reader_grantee(db: Target) -> Iterator[str]:
+    """A role (PostgreSQL) or user (MariaDB) with no login, to be granted SELECT on a table; dropped afterwards."""
+    name = f"wm_r_{uuid.uuid4().hex[:8]}"
+    if db.kind == POSTGRESQL:
+        db.execute(f"CREATE ROLE {db.q(name)} NOLOGIN")
+        try:
+            yield name
+        finally:
+            db.execute(f"DROP OWNED BY {db.q(name)}")
+            db.execute(f"DROP ROLE {db.q(name)}")
+    else:
+        db.execute(f"CREATE USER '{name}'@'localhost' ACCOUNT LOCK")
+        try:
+            yield name
+        finally:
+            db.execute(f"DROP USER '{name}'@'localhost'")
+
+
+def table_extras(db: Target, table: str, grantee: str) -> tuple[Any, ...]:
+    """The table's identity, its secondary index, comment and the grantee's SELECT: what an overwrite must keep."""
+    if db.kind == POSTGRESQL:
+        index = db.execute("SELECT indexname FROM pg_indexes WHERE tablename = %s AND indexname LIKE %s", table, "%_nm")
+        comment = db.execute("SELECT obj_description(%s::regclass, 'pg_class')", db.q(table))
+        grant = db.execute("SELECT has_table_privilege(%s, %s, 'SELECT')", grantee, db.q(table))
+    else:
+        index = db.execute(
+            "SELECT DISTINCT INDEX_NAME FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = DATABASE() "
+            "AND TABLE_NAME = %s AND INDEX_NAME LIKE %s",
+            table,
+            "%\\_nm",
+        )
+        comment = db.execute(
+            "SELECT TABLE_COMMENT FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s",
+            table,
+        )
+        grant = db.execute(
+            "SELECT PRIVILEGE_TYPE FROM information_schema.TABLE_PRIVILEGES WHERE GRANTEE = %s "
+            "AND TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s",
+            f"'{grantee}'@'localhost'",
+            table,
+        )
+    return table_identity(db, table), index, comment, grant
+
+
+# --------------------------------------------------------------------------- overwrite
+
+
+def test_overwrite_replaces_every_row_at_once_and_keeps_the_table(
+    db: Target, spark: SparkSession, reader_grantee: str
+) -> None:
+    """Exactly the batch's rows afterwards; same table (id, index, comment, grant); a replay writes nothing."""
+    table = db.new_table()
+    db.keyed_table(table)
+    fill(db, table, named(range(300), "o"))
+    if db.kind == POSTGRESQL:
+        db.execute(f"CREATE INDEX {db.q(table + '_nm')} ON {db.q(table)} (name)")
+        db.execute(f"COMMENT ON TABLE {db.q(table)} IS 'kept by overwrite'")
+        db.execute(f"GRANT SELECT ON {db.q(table)} TO {db.q(reader_grantee)}")
+    else:
+        db.execute(f"CREATE INDEX {db.q(table + '_nm')} ON {db.q(table)} (name(8))")
+        db.execute(f"ALTER TABLE {db.q(table)} COMMENT = 'kept by overwrite'")
+        db.execute(f"GRANT SELECT ON {db.q(table)} TO '{reader_grantee}'@'localhost'")
+    before = table_extras(db, table, reader_grantee)
+    assert before[1] and before[2] == [("kept by overwrite",)] and before[3] in ([(True,)], [("SELECT",)]), before
+    s = sink()
+    new = named(range(200, 500))  # keys 200..299 kept, 0..199 gone, 300..499 new
+    overwrite(frame(spark, new), db, table, s, 7, truncate="true", cascadeTruncate="false")
+    assert db.rows(table) == new
+    assert table_extras(db, table, reader_grantee) == before  # never dropped, truncated or recreated
+    assert db.decision(s, 7) is not None and db.decision(s, 7).state == "committed"  # type: ignore[union-attr]
+    assert shadow_rows(db) == 0
+
+    # a replay of the same (sinkId, batchId) writes nothing, even though the table changed since
+    fill(db, table, [(9999, "later")])
+    result = xasink.write(frame(spark, new[:10]), db.url, table, sink_id=s, batch_id=7, mode="overwrite")
+    assert result.skipped
+    assert db.rows(table) == [*new, (9999, "later")]
+
+    # cascadeTruncate=true is refused before anything runs
+    with pytest.raises(OptionError, match="cascadeTruncate"):
+        xasink.write(frame(spark, new), db.url, table, sink_id=s, batch_id=8, mode="overwrite", cascadeTruncate="true")
+    assert db.rows(table) == [*new, (9999, "later")] and db.decision(s, 8) is None
+
+
+@pytest.mark.parametrize(
+    ("db", "cause"),
+    # each failure costs Spark's task retries and the abort's settle window (4 s): one cause per database
+    [case(POSTGRESQL, "fault"), case(MARIADB, "bad-data")],
+    indirect=["db"],
+)
+def test_a_failing_partition_leaves_the_old_rows(db: Target, spark: SparkSession, cause: str) -> None:
+    """One partition fails (an injected fault before PREPARE, or a value the column refuses): old rows stay exactly."""
+    table = db.new_table()
+    db.create_table(table, "id int PRIMARY KEY, name varchar(8)")
+    old = named(range(100), "o")
+    fill(db, table, old)
+    s = sink()
+    new = named(range(50, 350))
+    rows = new if cause == "fault" else [*new[:-1], (349, "far-too-long-for-varchar-8")]
+    df = spark.createDataFrame(rows, "id int, name string").coalesce(3)
+    if cause == "fault":
+        spark.sparkContext.setLocalProperty(LOCAL_PROPERTY, "task.before_prepare:raise:p=1")
+    try:
+        with pytest.raises(BatchAbortedError if cause == "fault" else Exception) as info:
+            xasink.write(df, db.url, table, sink_id=s, batch_id=0, mode="overwrite")
+    finally:
+        spark.sparkContext.setLocalProperty(LOCAL_PROPERTY, None)  # type: ignore[arg-type]
+    assert isinstance(info.value, xasink.errors.XasinkError), repr(info.value)
+    assert db.rows(table) == old
+    assert db.prepared(s) == []
+    assert db.decision(s, 0) is None
+    assert shadow_rows(db) == 0
+    # the same batch, fixed, lands
+    xasink.write(frame(spark, new), db.url, table, sink_id=s, batch_id=0, mode="overwrite")
+    assert db.rows(table) == new
+
+
+def test_a_keyed_overwrite_of_mostly_the_same_keys_does_not_wait_on_itself(db: Target, spark: SparkSession) -> None:
+    """Primary key, 1800 of 2000 keys kept and 200 new, 3 branches: no branch waits on another (no deadlock)."""
+    table = db.new_table()
+    db.keyed_table(table)
+    fill(db, table, named(range(2000), "o"))
+    new = named(range(200, 2200))
+    t0 = time.monotonic()
+    result = xasink.write(
+        frame(spark, new), db.url, table, sink_id=sink(), batch_id=0, mode="overwrite", lockTimeout=30
+    )
+    took = time.monotonic() - t0
+    assert (result.rows, result.branches) == (2000, 3)
+    assert db.rows(table) == new
+    assert took < 15, f"{took:.1f}s: close to lockTimeout (30s), did a branch wait for another?"
+
+
+def test_an_empty_dataframe_empties_the_table(db: Target, spark: SparkSession) -> None:
+    """An empty DataFrame (two empty partitions) empties the table; foreach_batch(mode="overwrite") refills it."""
+    table = db.new_table()
+    db.keyed_table(table)
+    fill(db, table, named(range(50), "o"))
+    s = sink()
+    overwrite(spark.createDataFrame([], "id int, name string").repartition(2), db, table, s, 0)
+    assert db.rows(table) == []
+    assert db.prepared(s) == [] and shadow_rows(db) == 0
+    write = xasink.foreach_batch(db.url, table, s, mode="overwrite", truncate="yes")
+    result = write(frame(spark, named(range(40, 60)), 2), 1)
+    assert db.rows(table) == named(range(40, 60)) and not result.skipped
+
+
+def test_truncate_options_of_an_overwrite() -> None:
+    """truncate: any value is accepted and changes nothing; cascadeTruncate: false accepted, true refused."""
+    base = {"url": "postgresql://u@h/d", "dbtable": "t", "sinkId": "s"}
+    for value in ("true", "false", "yes", "banana"):
+        parse_options({**base, "truncate": value}).with_mode("overwrite")
+    parse_options({**base, "cascadeTruncate": "false"}).with_mode("overwrite")
+    with pytest.raises(OptionError, match="cascadeTruncate"):
+        parse_options({**base, "cascadeTruncate": "true"}).with_mode("overwrite")
+
+
+def test_readers_see_exactly_the_old_or_the_new_rows(db: Target, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reader polling count and sum throughout, the driver held 1.5 s between the commits and the apply.
+
+    While held, the batch's branches are committed (into the shadow): the reader must still see the old
+    rows, then exactly the new ones; never an empty table or a mix.
+    """
+    table = db.new_table()
+    db.keyed_table(table)
+    old, new = named(range(1000), "o"), named(range(500, 2000))
+    fill(db, table, old)
+    signature = {"old": (1000, sum(range(1000))), "new": (1500, sum(range(500, 2000)))}
+    seen: dict[tuple[int, int], int] = {}
+    stop = threading.Event()
+
+    def read() -> None:
+        with db.connect() as conn, conn.cursor() as cur:
+            while not stop.is_set():
+                cur.execute(f"SELECT count(*), coalesce(sum(id), 0) FROM {db.q(table)}")
+                (n, total) = cur.fetchone()
+                key = (int(n), int(total))
+                seen[key] = seen.get(key, 0) + 1
+                time.sleep(0.005)
+
+    monkeypatch.setenv("XASINK_FAULT", "driver.after_commits:sleep=1.5")
+    s = sink()
+    with ThreadPoolExecutor(1) as pool:
+        reader = pool.submit(read)
+        try:
+            time.sleep(0.2)
+            t0 = time.monotonic()
+            result = overwrite_direct(db.url, table, s, 0, split(500, 1500, 3))
+            took = time.monotonic() - t0
+            time.sleep(0.2)
+        finally:
+            stop.set()
+        reader.result()
+    assert result.rows == 1500 and took >= 1.5  # the driver was held
+    assert set(seen) <= set(signature.values()), f"a reader saw neither the old nor the new rows: {seen}"
+    assert seen.get(signature["old"], 0) > 10 and seen.get(signature["new"], 0) > 0, seen
+    assert db.rows(table) == new and db.prepared(s) == [] and shadow_rows(db) == 0
+
+
+def begin_snapshot(db: Target, cur: Any) -> None:
+    """Start a REPEATABLE READ transaction and take its snapshot without touching any table."""
+    if db.kind == POSTGRESQL:
+        cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        cur.execute("SELECT 1")
+    else:
+        cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+
+
+def count_and_sum(cur: Any, db: Target, table: str) -> tuple[int, int]:
+    cur.execute(f"SELECT count(*), coalesce(sum(id), 0) FROM {db.q(table)}")
+    n, total = cur.fetchone()
+    return int(n), int(total)
+
+
+@pytest.mark.parametrize("truncate", ["false", "true"])
+def test_a_snapshot_older_than_the_overwrite_still_sees_the_old_rows(db: Target, truncate: str) -> None:
+    """Readers never see an empty table: not even a REPEATABLE READ transaction whose snapshot predates the
+    replacing transaction and reads the table after it committed.  The issue-18 contract: ``truncate`` is
+    accepted and changes nothing, so this holds with ``truncate=true`` too (PostgreSQL's TRUNCATE is not
+    MVCC-safe: such a snapshot sees the table empty)."""
+    table = db.new_table()
+    db.keyed_table(table)
+    fill(db, table, named(range(200), "o"))
+    with db.connect() as conn, conn.cursor() as cur:
+        begin_snapshot(db, cur)
+        overwrite_direct(db.url, table, sink(), 0, split(100, 200, 2), truncate=truncate)
+        assert count_and_sum(cur, db, table) == (200, sum(range(200))), "an older snapshot lost the old rows"
+        cur.execute("COMMIT")
+        assert count_and_sum(cur, db, table) == (200, sum(range(100, 300)))
+
+
+@pytest.mark.parametrize("truncate", ["false", "true"])
+def test_readers_do_not_wait_for_an_overwrite(db: Target, truncate: str) -> None:
+    """An overwrite never makes a reader wait, whatever ``truncate`` says: with a reporting session's
+    transaction open on the table, a new reader still answers at once (PostgreSQL: a TRUNCATE queued behind
+    that session's ACCESS SHARE lock would make every new reader queue behind it)."""
+    table = db.new_table()
+    db.keyed_table(table)
+    fill(db, table, named(range(200), "o"))
+    s = sink()
+    with db.connect() as report, report.cursor() as held, ThreadPoolExecutor(1) as pool:
+        held.execute("BEGIN")
+        assert count_and_sum(held, db, table)[0] == 200  # the report keeps its transaction open
+        job = pool.submit(overwrite_direct, db.url, table, s, 0, split(100, 200, 2), truncate=truncate)
+        try:
+            deadline = time.monotonic() + 60
+            while db.decision(s, 0) is None and not job.done():
+                assert time.monotonic() < deadline, "the batch was never decided"
+                time.sleep(0.05)
+            time.sleep(0.5)  # the apply step has started (and may be waiting)
+            with db.connect() as conn, conn.cursor() as cur:
+                if db.kind == POSTGRESQL:
+                    cur.execute("SET statement_timeout = '3s'")
+                else:
+                    cur.execute("SET SESSION max_statement_time = 3")
+                t0 = time.monotonic()
+                seen = count_and_sum(cur, db, table)
+                assert time.monotonic() - t0 < 2, "a reader waited for the overwrite"
+                assert seen in ((200, sum(range(200))), (200, sum(range(100, 300))))
+        finally:
+            held.execute("COMMIT")
+            job.result(timeout=60)
+    assert db.rows(table) == named(range(100, 300))
+
+
+def test_a_recovery_racing_the_driver_applies_the_batch_once(db: Target, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``xasink recover`` runs while the driver is held between the commits and the apply: whichever of them
+    applies the batch, it is applied once (no primary key here, so a second apply would double the rows)."""
+    table = db.new_table()
+    db.keyed_table(table, primary_key=False)
+    fill(db, table, named(range(100), "o"))
+    monkeypatch.setenv("XASINK_FAULT", "driver.after_commits:sleep=2")
+    s = sink()
+    with ThreadPoolExecutor(1) as pool:
+        job = pool.submit(overwrite_direct, db.url, table, s, 0, split(50, 150, 3))
+        deadline = time.monotonic() + 60
+        while (d := db.decision(s, 0)) is None or db.prepared(s):
+            assert time.monotonic() < deadline and not job.done(), "the driver never reached its commits"
+            time.sleep(0.05)
+        report = admin.recover(db.url, sink_id=s, older_than_s=0)
+        assert not report.errors, report.errors
+        result = job.result(timeout=60)
+    assert d is not None and result.rows == 150
+    assert db.rows(table) == named(range(50, 200))
+    assert db.decision(s, 0).state == "committed"  # type: ignore[union-attr]
+    assert shadow_rows(db) == 0
+
+
+def test_two_sinks_overwriting_one_table_at_once_leave_one_batch(db: Target) -> None:
+    """Two overwrites of the same table from two sinks at the same time: applied one after the other, the
+    table ends with exactly one batch's rows (no mix, no deadlock).  Both are the first writers of a new
+    decision log, so they also create it concurrently."""
+    table = db.new_table()
+    db.keyed_table(table)
+    fill(db, table, named(range(100), "o"))
+    a, b = named(range(0, 300)), named(range(200, 400))
+    # two driver processes (tests/modes_driver.py; a process holds one run guard per decision log)
+    driver = str(Path(__file__).resolve().parent / "modes_driver.py")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("XASINK_FAULT")}
+    # a decision log of their own, which both create at the same moment (MariaDB: non-transactional DDL)
+    env[OPTIONS_ENV] = json.dumps({"journalTablePrefix": f"wm{uuid.uuid4().hex[:6]}_"})
+    procs = [
+        subprocess.Popen(
+            [sys.executable, driver, "direct", db.url, table, sink(), "0", str(lo), str(n), "3"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        for lo, n in ((0, 300), (200, 200))
+    ]
+    outs = [p.communicate(timeout=120)[0].decode(errors="replace") for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-3000:] for o in outs)
+    assert db.rows(table) in (a, b)
+
+
+@pytest.mark.parametrize("db", [case(POSTGRESQL)], indirect=True)
+def test_overwrite_of_a_table_in_another_schema_keeps_its_shadow_there(db: Target) -> None:
+    """``dbtable`` = schema.table: the shadow is made in the target's schema (PostgreSQL; a MariaDB schema is a
+    database of its own, which the session's database fixtures do not make)."""
+    schema = f"wm_{uuid.uuid4().hex[:8]}"
+    db.execute(f"CREATE SCHEMA {db.q(schema)}")
+    try:
+        table = f"{schema}.t"
+        db.keyed_table(table)
+        fill(db, table, named(range(30), "o"))
+        overwrite_direct(db.url, table, sink(), 0, split(10, 40, 2))
+        assert db.rows(table) == named(range(10, 50))
+        shadows = db.execute(
+            "SELECT table_schema FROM information_schema.tables WHERE table_name LIKE %s AND table_schema = %s",
+            "xasink\\_sh\\_%",
+            schema,
+        )
+        assert shadows == [(schema,)], shadows
+    finally:
+        db.execute(f"DROP SCHEMA {db.q(schema)} CASCADE")
+
+
+# --------------------------------------------------------------------------- replaceWhere
+
+
+def test_replace_where_replaces_only_the_matching_rows(db: Target, spark: SparkSession) -> None:
+    table = db.new_table()
+    db.create_table(table, "id int PRIMARY KEY, day varchar(10), v int")
+    days = ["2026-11-21", "2026-11-22", "2026-11-23"]
+    old = [(i, days[i % 3], i) for i in range(90)]
+    with db.connect() as conn, conn.cursor() as cur:
+        cur.executemany(f"INSERT INTO {db.q(table)} VALUES (%s, %s, %s)", old)
+    schema = "id int, day string, v int"
+    pred = "day = '2026-11-22'"
+    s = sink()
+    # day 22: ids 1, 4, ... 88; the batch keeps half of them (new v) and adds ids 100..119
+    batch = [(i, "2026-11-22", 1000 + i) for i in range(1, 90, 6)] + [(i, "2026-11-22", i) for i in range(100, 120)]
+    overwrite(spark.createDataFrame(batch, schema).repartition(3), db, table, s, 0, replaceWhere=pred)
+    untouched = [r for r in old if r[1] != "2026-11-22"]
+    after = sorted(untouched + batch)
+    assert db.rows(table) == after
+
+    # a batch row outside the predicate: ApplyError, nothing visible, nothing prepared, shadow empty
+    assert issubclass(ApplyError, BatchAbortedError)
+    outside = [(200, "2026-11-22", 1), (201, "2026-11-24", 2), (202, None, 3)]
+    with pytest.raises(ApplyError, match="replaceWhere"):
+        xasink.write(
+            spark.createDataFrame(outside, schema).repartition(2),
+            db.url,
+            table,
+            sink_id=s,
+            batch_id=1,
+            mode="overwrite",
+            replaceWhere=pred,
+        )
+    assert db.rows(table) == after
+    assert db.prepared(s) == [] and db.decision(s, 1) is None and shadow_rows(db) == 0
+
+    # replaceWhereCheck=false lets it through: day 22 rows replaced by the whole batch
+    overwrite(
+        spark.createDataFrame(outside, schema).repartition(2),
+        db,
+        table,
+        s,
+        1,
+        replaceWhere=pred,
+        replaceWhereCheck="false",
+    )
+    assert db.rows(table) == sorted(untouched + outside, key=lambda r: r[0])
+
+
+def test_replace_where_may_name_the_table(db: Target, spark: SparkSession) -> None:
+    """A predicate naming the table's columns as ``table.column`` passes the check before any task runs, so the
+    batch must land (or be refused before anything is prepared), not be withdrawn after its decision."""
+    table = db.new_table()
+    db.create_table(table, "id int PRIMARY KEY, day varchar(10), v int")
+    db.execute(f"INSERT INTO {db.q(table)} VALUES (1, '2026-11-21', 1), (2, '2026-11-22', 2)")
+    pred = f"{db.q(table)}.day = '2026-11-22'"
+    batch = spark.createDataFrame([(3, "2026-11-22", 3)], "id int, day string, v int")
+    try:
+        xasink.write(batch, db.url, table, sink_id=sink(), batch_id=0, mode="overwrite", replaceWhere=pred)
+    except PreflightError:
+        assert db.rows(table) == [(1, "2026-11-21", 1), (2, "2026-11-22", 2)]
+    else:
+        assert db.rows(table) == [(1, "2026-11-21", 1), (3, "2026-11-22", 3)]
+
+
+# --------------------------------------------------------------------------- change-data apply
+
+
+def test_change_data_apply_keeps_the_newest_change_of_each_key(db: Target, spark: SparkSession) -> None:
+    """Through foreach_batch's keyword options: last by sequence wins, late changes never move a row back."""
+    table = db.new_table()
+    db.create_table(table, "id int PRIMARY KEY, name varchar(20), seq bigint")
+    db.execute(f"INSERT INTO {db.q(table)} VALUES (1, 'a', 5), (2, 'b', 5), (3, 'c', 5), (6, 'f', 5)")
+    columns = db.column_types(table)
+    schema = "deleted boolean, id int, name string, seq long"  # the flag first: it is never written
+    write = xasink.foreach_batch(
+        db.url, table, sink(), upsertKeyColumns="id", deleteFlagColumn="deleted", sequenceColumn="seq"
+    )
+    changes = [
+        (False, 1, "a6", 6),
+        (True, 1, None, 7),
+        (False, 1, "a8", 8),  # update, delete, re-insert of key 1: the re-insert wins
+        (False, 2, "b9", 9),
+        (True, 2, None, 8),  # delete then re-insert of key 2, out of order in the frame
+        (True, 3, None, 6),  # delete
+        (True, 4, None, 6),  # delete of a missing key: fine
+        (False, 5, "e", 6),  # insert
+        (False, 6, "f-old", 4),  # older than the stored row: ignored
+    ]
+    write(spark.createDataFrame(changes, schema).repartition(3), 0)
+    current = [(1, "a8", 8), (2, "b9", 9), (5, "e", 6), (6, "f", 5)]
+    assert db.rows(table) == current
+    assert db.column_types(table) == columns  # the flag column was not added or written
+
+    # a new batch id carrying older changes (a replay from an earlier position): nothing moves back
+    late = [(False, 1, "stale", 7), (True, 2, None, 8), (False, 3, "back", 5), (True, 5, None, 5), (False, 6, "x", 4)]
+    write(spark.createDataFrame(late, schema).repartition(2), 1)
+    assert db.rows(table) == current
+
+    # and newer ones still apply
+    write(spark.createDataFrame([(True, 6, None, 10), (False, 3, "again", 7)], schema), 2)
+    assert db.rows(table) == [(1, "a8", 8), (2, "b9", 9), (3, "again", 7), (5, "e", 6)]
+
+
+# --------------------------------------------------------------------------- other sessions
+
+
+@pytest.fixture
+def open_insert(db: Target) -> Iterator[Any]:
+    """Another session with an uncommitted INSERT of (5000, 'other') into the table set up by the test."""
+    holder: dict[str, Any] = {}
+
+    def begin(table: str) -> Any:
+        conn = db.connect()
+        raw = conn.__enter__()
+        holder["ctx"], holder["conn"] = conn, raw
+        cur = raw.cursor()
+        cur.execute("BEGIN")
+        cur.execute(f"INSERT INTO {db.q(table)} (id, name) VALUES (5000, 'other')")
+        return cur
+
+    yield begin
+    if "ctx" in holder:
+        try:
+            holder["conn"].rollback()
+        finally:
+            holder["ctx"].__exit__(None, None, None)
+
+
+def wait_decided(db: Target, s: str, batch: int, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while db.decision(s, batch) is None:
+        assert time.monotonic() < deadline, "the batch was never decided"
+        time.sleep(0.1)
+
+
+def test_an_overwrite_waits_for_an_open_insert_then_replaces_it(
+    db: Target, spark: SparkSession, open_insert: Any
+) -> None:
+    table = db.new_table()
+    db.keyed_table(table)
+    old, new = named(range(100), "o"), named(range(50, 250))
+    fill(db, table, old)
+    other = open_insert(table)
+    s = sink()
+    with ThreadPoolExecutor(1) as pool:
+        job = pool.submit(xasink.write, frame(spark, new), db.url, table, sink_id=s, batch_id=0, mode="overwrite")
+        wait_decided(db, s, 0)
+        time.sleep(1.5)
+        assert not job.done(), f"the apply did not wait for the open insert: {job.result()}"
+        assert db.rows(table) == old  # readers see the old rows meanwhile
+        other.execute("COMMIT")
+        result = job.result(timeout=60)
+    assert result.rows == 200 and not result.skipped
+    assert db.rows(table) == new  # the row committed before the apply ran was replaced like any old row
+    assert db.decision(s, 0).state == "committed"  # type: ignore[union-attr]
+    assert db.prepared(s) == [] and shadow_rows(db) == 0
+
+
+def test_an_overwrite_blocked_past_commit_timeout_is_finished_by_recover(
+    db: Target, spark: SparkSession, open_insert: Any
+) -> None:
+    table = db.new_table()
+    db.keyed_table(table)
+    old, new = named(range(100), "o"), named(range(50, 250))
+    fill(db, table, old)
+    other = open_insert(table)
+    s = sink()
+    t0 = time.monotonic()
+    with pytest.raises(CommitIncompleteError, match="old rows"):
+        xasink.write(
+            frame(spark, new),
+            db.url,
+            table,
+            sink_id=s,
+            batch_id=0,
+            mode="overwrite",
+            controlLockTimeout=1,
+            commitTimeout=2,
+        )
+    assert time.monotonic() - t0 < 40
+    assert db.rows(table) == old
+    assert db.decision(s, 0).state == "committing"  # type: ignore[union-attr]
+    assert db.prepared(s) == []  # the branches are committed into the shadow
+    other.execute("ROLLBACK")
+    # what `xasink recover` runs (the CLI itself is run by test_write_modes_crash.py)
+    report = admin.recover(db.url, sink_id=s, older_than_s=0)
+    assert not report.errors, report.errors
+    assert db.rows(table) == new
+    assert db.decision(s, 0).state == "committed"  # type: ignore[union-attr]
+    assert db.prepared(s) == [] and shadow_rows(db) == 0
