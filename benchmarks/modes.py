@@ -47,6 +47,7 @@ from typing import Any
 
 from benchmarks import env as benv
 from benchmarks.failure import Barrier, poisoned_frame
+from benchmarks.microbatch import phases_of, read_log
 from benchmarks.run import progress
 
 log = logging.getLogger("benchmarks.modes")
@@ -227,6 +228,37 @@ class Case:
     run: Callable[[int], None]
     verify: Callable[[], str | None]
     samples: list[float] = field(default_factory=list)
+    parts: list[dict[str, float]] = field(default_factory=list)  # per measured run: where the time went (s)
+
+
+# the steps of a two-step contender, timed by the contender itself (wall seconds per step of the last run)
+STEPS: dict[str, float] = {}
+
+
+def step(name: str, fn: Callable[[], None]) -> None:
+    t0 = time.perf_counter()
+    fn()
+    STEPS[name] = time.perf_counter() - t0
+
+
+# xasink's phases (xasink/phases.py) summed per run: task phases are the slowest partition's
+XASINK_PARTS = (
+    ("plan", ("plan.preflight", "plan.target", "plan.keeper", "plan.recover", "plan.shadow")),
+    ("load into shadow (slowest task)", ("task.claim", "task.open_wait", "task.load")),
+    ("PREPARE", ("task.prepare", "task.settle")),
+    ("decide + COMMIT PREPARED", ("commit.check", "commit.decide", "commit.commit_prepared")),
+    ("apply: one local transaction", ("commit.apply", "commit.mark")),
+    ("sweep + trim", ("commit.sweep", "commit.trim")),
+)
+
+
+def xasink_parts(log_path: Path | None, t0: float, t1: float) -> dict[str, float]:
+    if log_path is None:
+        return {}
+    raw = phases_of(read_log(log_path), t0, t1)
+    out = {label: sum(raw.get(n, 0.0) for n in names) for label, names in XASINK_PARTS}
+    out["Spark, worker starts, other"] = max(0.0, (t1 - t0) - sum(out.values()))
+    return out
 
 
 def expect(db: benv.Database, table: str, rows: int, new: int) -> Callable[[], str | None]:
@@ -282,8 +314,9 @@ def cases(spark: Any, db: benv.Database, shape: Shape, sections: list[str], seed
             xasink_writer(day_df, db, rw_x, f"b-rw-{tag}", run).option("replaceWhere", cond).mode("overwrite").save()
 
         def rw_jdbc(run: int) -> None:
-            db.execute(f"DELETE FROM {db.quote(rw_j)} WHERE {cond}")  # autocommit: readers see the day missing
-            jdbc_writer(day_df, db, rw_j).mode("append").save()
+            # autocommit: readers see the day missing until the append's partitions commit
+            step("DELETE", lambda: db.execute(f"DELETE FROM {db.quote(rw_j)} WHERE {cond}"))
+            step("JDBC append", lambda: jdbc_writer(day_df, db, rw_j).mode("append").save())
 
         out += [
             Case(
@@ -323,8 +356,11 @@ def cases(spark: Any, db: benv.Database, shape: Shape, sections: list[str], seed
             db.execute(f"DROP TABLE IF EXISTS {db.quote(stage)}", f"CREATE TABLE {db.quote(stage)} ({', '.join(cols)})")
 
         def cdc_hand(run: int) -> None:  # the body of a user's foreachBatch(batch_df, batch_id)
-            jdbc_writer(ch, db, stage).option("truncate", "true").mode("overwrite").save()
-            in_transaction(db, merge_sql(db, cdc_j, stage))
+            step(
+                "JDBC to staging",
+                lambda: jdbc_writer(ch, db, stage).option("truncate", "true").mode("overwrite").save(),
+            )
+            step("MERGE transaction", lambda: in_transaction(db, merge_sql(db, cdc_j, stage)))
 
         out += [
             Case(
@@ -350,7 +386,14 @@ def cases(spark: Any, db: benv.Database, shape: Shape, sections: list[str], seed
 
 
 def timed_sections(
-    spark: Any, db: benv.Database, shape: Shape, sections: list[str], runs: int, warmup: int, bar: Any
+    spark: Any,
+    db: benv.Database,
+    shape: Shape,
+    sections: list[str],
+    runs: int,
+    warmup: int,
+    bar: Any,
+    log_path: Path | None = None,
 ) -> list[dict[str, Any]]:
     seed = f"seed_{db.kind[:2]}"
     load_seed(spark, db, seed, shape.rows)
@@ -362,15 +405,19 @@ def timed_sections(
             for case in pair if i % 2 == 0 else list(reversed(pair)):
                 bar.set_postfix_str(f"{db.kind} {section} {case.contender}")
                 case.prepare(i)
+                STEPS.clear()
+                w0 = time.time()
                 t0 = time.perf_counter()
                 case.run(batch)
                 seconds = time.perf_counter() - t0
+                w1 = time.time()
                 batch += 1
                 wrong = case.verify()
                 if wrong:
                     raise SystemExit(f"{db.kind} {section} {case.contender} run {i}: {wrong}")
                 if i >= warmup:
                     case.samples.append(seconds)
+                    case.parts.append(xasink_parts(log_path, w0, w1) if case.contender == "xasink" else dict(STEPS))
                 log.info(
                     "%s %s %s run %d: %.2f s%s",
                     db.kind,
@@ -384,6 +431,7 @@ def timed_sections(
     results = []
     for section in [s for s in SECTIONS if s != "reader" and s in sections]:
         xa, other = [c for c in all_cases if c.section == section]
+        parts = {c.contender: median_parts(c.parts) for c in (xa, other)}
         x, o = statistics.median(xa.samples), statistics.median(other.samples)
         results.append(
             {
@@ -405,12 +453,18 @@ def timed_sections(
                     "runs_s": rounded(other.samples),
                 },
                 "speedup": round(o / x, 2),  # > 1: xasink faster
+                "parts_s": parts,  # medians per part: xasink's phases, the other's steps
             }
         )
     for table in ("ow_xa", "ow_jdbc", "rw_xa", "rw_jdbc", "cdc_xa", "cdc_hand", "cdc_stage"):
         db.drop(f"{table}_{db.kind[:2]}")
     db.drop(seed)
     return results
+
+
+def median_parts(runs: list[dict[str, float]]) -> dict[str, float]:
+    keys = list(dict.fromkeys(k for r in runs for k in r))
+    return {k: round(statistics.median(r.get(k, 0.0) for r in runs), 2) for k in keys}
 
 
 def written(section: str, shape: Shape) -> int:
@@ -633,6 +687,11 @@ def markdown(res: dict[str, Any]) -> str:
                 f"{r['other']['median_s']} | {r['speedup']}x | {r['other']['label']} | {r['other']['atomic']} |"
             )
         lines.append("")
+        for r in rows:
+            for who, parts in r.get("parts_s", {}).items():
+                if parts:
+                    lines.append(f"- {r['db']}, {who}: " + ", ".join(f"{k} {v} s" for k, v in parts.items()))
+        lines.append("")
     if res["reader"]:
         lines += [
             "## 4. What a reader sees during an overwrite",
@@ -759,6 +818,8 @@ def main(argv: list[str] | None = None) -> int:
         res["notes"].append(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs at start: noisy timings")
     jar_paths, jar_notes = benv.jars()
     res["notes"] += jar_notes
+    log_path = Path(tempfile.mkdtemp(prefix="xasink-phases-")) / "phases.jsonl"
+    os.environ["XASINK_PHASE_LOG"] = str(log_path)  # before Spark starts: every worker inherits it
     dbs: list[benv.Database] = []
     servers = []
     scratch: list[benv.Database] = []
@@ -790,7 +851,7 @@ def main(argv: list[str] | None = None) -> int:
             for db in dbs:
                 try:
                     if timed:
-                        res["timed"] += timed_sections(spark, db, shape, timed, args.runs, args.warmup, bar)
+                        res["timed"] += timed_sections(spark, db, shape, timed, args.runs, args.warmup, bar, log_path)
                     if "reader" in args.section_list:
                         rshape = Shape(args.reader_rows, args.changes)
                         res["reader"] += reader_view(spark, db, rshape, args.failure_delay)
