@@ -25,7 +25,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 import xasink
 from tests.conftest import stop_classic_spark, stop_connect_spark
-from tests.targets import Target
+from tests.targets import MARIADB, POSTGRESQL, Target, make_target
 from xasink.spark.api import is_connect
 
 try:
@@ -242,3 +242,64 @@ def test_overwrite_replace_where_and_change_data(connect: SparkSession, db: Targ
     xasink.write(changes, db.url, table, sink_id=sink, batch_id=2, **cdc)
     assert db.rows(table) == [(3, "c3", 3), (4, "d5", 5)]
     assert_committed(db, sink, [0, 1, 2])
+
+
+# --------------------------------------------------------------------------- xasink.transaction()
+
+
+@pytest.fixture
+def both(pg_url: str, mariadb_url: str) -> Iterator[tuple[Target, Target]]:
+    """A PostgreSQL and a MariaDB target, for a transaction across the two; their tables dropped afterwards."""
+    pg, maria = make_target(POSTGRESQL, pg_url), make_target(MARIADB, mariadb_url)
+    try:
+        yield pg, maria
+    finally:
+        pg.cleanup()
+        maria.cleanup()
+
+
+def visible(target: Target, table: str) -> list[tuple[Any, ...]]:
+    return target.rows(table) if target.table_exists(table) else []
+
+
+def test_transaction_two_databases_commit_together(connect: SparkSession, both: tuple[Target, Target]) -> None:
+    pg, maria = both
+    orders, events, sink = pg.new_table(), maria.new_table(), new_sink()
+    with xasink.transaction(sink_id=sink, batch_id=7) as tx:
+        first = tx.write(frame(connect, 0, 30, 3), pg.url, orders, **credentials(pg))
+        tx.write(frame(connect, 100, 110, 2), maria.url, events)
+        # prepared on both, visible on neither
+        assert (len(pg.prepared(sink)), len(maria.prepared(sink))) == (3, 2)
+        assert visible(pg, orders) == [] and visible(maria, events) == []
+    assert (first.rows, first.branches, first.skipped) == (30, 3, False)
+    assert pg.rows(orders) == expected(range(30))
+    assert maria.rows(events) == expected(range(100, 110))
+    assert tx.result is not None and not tx.result.skipped and tx.result.rows == 40
+    decided = pg.decision(sink, 7)  # the log is in the first write's database; it lists MariaDB's branches too
+    assert decided is not None and decided.state == "committed" and decided.branches == 5
+    assert pg.prepared(sink) == [] and maria.prepared(sink) == []
+    # the same transaction again, other rows: a replay writes nothing anywhere
+    with xasink.transaction(sink_id=sink, batch_id=7) as tx:
+        tx.write(frame(connect, 500, 530, 3), pg.url, orders, **credentials(pg))
+        tx.write(frame(connect, 500, 510, 2), maria.url, events)
+    assert tx.result is not None and tx.result.skipped
+    assert pg.rows(orders) == expected(range(30)) and maria.rows(events) == expected(range(100, 110))
+    assert pg.prepared(sink) == [] and maria.prepared(sink) == []
+
+
+def test_transaction_exception_in_the_block_leaves_nothing(connect: SparkSession, both: tuple[Target, Target]) -> None:
+    pg, maria = both
+    orders, events, sink = pg.new_table(), maria.new_table(), new_sink()
+    pg.keyed_table(orders)
+    maria.keyed_table(events)
+    with (
+        pytest.raises(RuntimeError, match="user code"),
+        xasink.transaction(sink_id=sink, batch_id=3, journal_url=maria.url) as tx,
+    ):
+        tx.write(frame(connect, 0, 20, 2), pg.url, orders, **credentials(pg))
+        tx.write(frame(connect, 100, 120, 2), maria.url, events, upsertKeyColumns="id")
+        assert len(pg.prepared(sink)) == 2 and maria.prepared(sink) != []
+        raise RuntimeError("user code failed")
+    assert pg.rows(orders) == [] and maria.rows(events) == []
+    assert pg.prepared(sink) == [] and maria.prepared(sink) == []
+    assert maria.decision(sink, 3) is None

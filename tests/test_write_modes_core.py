@@ -187,3 +187,28 @@ def test_write_modes_are_refused_inside_a_transaction(db: Target, spark: SparkSe
         with xasink.transaction(sink_id=sink(), batch_id=0) as tx:
             tx.write(df, db.url, table, upsertKeyColumns="id", sequenceColumn="id2")
     assert db.rows(table) == []
+
+
+def test_the_log_keeps_no_apply_step_once_a_batch_is_applied(db: Target, spark: SparkSession) -> None:
+    table = db.new_table()
+    db.keyed_table(table)
+    s = sink()
+    xasink.write(spark.createDataFrame([(1, "a")], "id int, name string"), db.url, table, sink_id=s, mode="overwrite")
+    (target,) = db.execute("SELECT target FROM xasink_batches WHERE sink_id = %s", s)[0]
+    assert table in target and "apply" not in target and "shadow" not in target
+
+
+def test_overwrite_with_truncate_and_a_referenced_table(db: Target, spark: SparkSession) -> None:
+    """truncate=true: PostgreSQL truncates in the transaction, or deletes when a foreign key refers to the table."""
+    table, child = db.new_table(), db.new_table()
+    db.keyed_table(table)
+    db.execute(f"INSERT INTO {db.q(table)} VALUES (1, 'old1'), (2, 'old2')")
+    s = sink()
+    df = spark.createDataFrame([(2, "new2"), (3, "new3")], "id int, name string")
+    xasink.write(df, db.url, table, sink_id=s, batch_id=0, mode="overwrite", truncate="true")
+    assert db.rows(table) == [(2, "new2"), (3, "new3")]
+    db.create_table(child, f"id int PRIMARY KEY, parent int REFERENCES {db.q(table)} (id)")
+    df = spark.createDataFrame([(3, "newer3"), (4, "new4")], "id int, name string")
+    xasink.write(df, db.url, table, sink_id=s, batch_id=1, mode="overwrite", truncate="true")
+    assert db.rows(table) == [(3, "newer3"), (4, "new4")]
+    db.drop_table(child)  # before its parent: MariaDB refuses to drop a referenced table

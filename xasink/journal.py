@@ -581,12 +581,25 @@ class Journal:
     def mark_within(self, conn: Connection, sink_id: str, batch_id: int, commit_ms: int | None) -> bool:
         """Mark a decided batch committed inside the caller's transaction (which also applies the batch's rows);
         False when it is not decided-and-uncommitted any more.  The row lock this takes makes a concurrent
-        applier wait, then find nothing to do."""
+        applier wait, then find nothing to do.  The apply step recorded with the target is dropped: the log
+        keeps one row per batch forever, and only a pending batch needs it."""
         b = self.batches.c
+        locked = sa.select(b.target).where(b.sink_id == sink_id, b.batch_id == batch_id, b.state == COMMITTING)
+        target = conn.execute(locked.with_for_update()).first()
+        if target is None:
+            return False
+        kept = target[0]
+        if kept:
+            try:
+                ident = json.loads(kept)
+                ident.pop("apply", None)
+                kept = json.dumps(ident, sort_keys=True)
+            except (ValueError, AttributeError):
+                pass
         res = conn.execute(
             self.batches.update()
             .where(b.sink_id == sink_id, b.batch_id == batch_id, b.state == COMMITTING)
-            .values(state=COMMITTED, commit_ms=commit_ms, committed_at=self.dialect.utc_now())
+            .values(state=COMMITTED, commit_ms=commit_ms, committed_at=self.dialect.utc_now(), target=kept)
         )
         return res.rowcount == 1
 

@@ -27,7 +27,7 @@ from ..multi import MultiCoordinator
 from ..options import WriteOptions, parse_options
 from ..results import TargetResult, TransactionResult, WriteResult
 from ..xid import MAX_BATCH_ID, valid_sink_id
-from .api import _summary, _unwrap, register, shape
+from .api import _summary, _unwrap, is_connect, register, shape
 from .datasource import RUN_OPTION
 from .txwrite import TX_GUARD_OPTION, TX_PART_OPTION, TX_URL_OPTION
 
@@ -108,7 +108,10 @@ class Transaction:
                 return WriteResult(self.sink_id, self.batch_id, 0, 0, True, {"total": time.perf_counter() - t0})
             register(df.sparkSession)
             df = shape(df, parsed)
-            mc.before_write(parsed, df.rdd.getNumPartitions())
+            # Spark Connect has no df.rdd: its count is numPartitions (a coalesce's upper bound) if given, else
+            # unknown (0: the slot check counts the other writes only, as a plain write's does under Connect)
+            branches = (parsed.num_partitions or 0) if is_connect(df.sparkSession) else df.rdd.getNumPartitions()
+            mc.before_write(parsed, branches)
             raw = {
                 **self.options,
                 **options,
