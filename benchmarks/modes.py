@@ -23,7 +23,7 @@ afresh from a seed table before every timed run (not timed, then ANALYZE and a C
 Contenders alternate which goes first; ``--warmup`` rounds are not counted; the report gives medians.
 
     python -m benchmarks.modes                 # 1M rows, 200k changes, 3 runs, both databases
-    python -m benchmarks.modes --quick         # 50k rows, 10k changes, one run: a harness check (< 3 min)
+    python -m benchmarks.modes --quick         # 20k rows, 4k changes, one run: a harness check (< 3 min)
     python -m benchmarks.modes --db postgresql --sections overwrite,reader --runs 5
 """
 
@@ -303,6 +303,24 @@ def cases(spark: Any, db: benv.Database, shape: Shape, sections: list[str], seed
                 expect(db, ow_j, n, n),
             ),
         ]
+        if db.kind == "postgresql":  # truncate=true changes nothing on MariaDB
+            ow_t = f"ow_xt_{tag}"
+            out.append(
+                Case(
+                    "overwrite",
+                    "xasink-truncate",
+                    'xasink mode("overwrite"), truncate=true',
+                    "yes (readers wait for the apply transaction; an older REPEATABLE READ snapshot sees it empty)",
+                    reset(ow_t),
+                    lambda run: (
+                        xasink_writer(df, db, ow_t, f"b-ot-{tag}", run)
+                        .option("truncate", "true")
+                        .mode("overwrite")
+                        .save()
+                    ),
+                    expect(db, ow_t, n, n),
+                )
+            )
     if "replacewhere" in sections:
         lo, hi = shape.day_range
         day_df = frame(spark, lo, hi, n, NEW_SEQ).cache()
@@ -400,9 +418,9 @@ def timed_sections(
     all_cases = cases(spark, db, shape, sections, seed)
     batch = int(time.time()) % 1_000_000  # xasink batch ids: new in every run of the benchmark
     for section in [s for s in SECTIONS if s != "reader" and s in sections]:
-        pair = [c for c in all_cases if c.section == section]
+        group = [c for c in all_cases if c.section == section]
         for i in range(warmup + runs):
-            for case in pair if i % 2 == 0 else list(reversed(pair)):
+            for case in group[i % len(group) :] + group[: i % len(group)]:  # each goes first in turn
                 bar.set_postfix_str(f"{db.kind} {section} {case.contender}")
                 case.prepare(i)
                 STEPS.clear()
@@ -417,7 +435,9 @@ def timed_sections(
                     raise SystemExit(f"{db.kind} {section} {case.contender} run {i}: {wrong}")
                 if i >= warmup:
                     case.samples.append(seconds)
-                    case.parts.append(xasink_parts(log_path, w0, w1) if case.contender == "xasink" else dict(STEPS))
+                    case.parts.append(
+                        xasink_parts(log_path, w0, w1) if case.contender.startswith("xasink") else dict(STEPS)
+                    )
                 log.info(
                     "%s %s %s run %d: %.2f s%s",
                     db.kind,
@@ -430,33 +450,28 @@ def timed_sections(
                 bar.update(1)
     results = []
     for section in [s for s in SECTIONS if s != "reader" and s in sections]:
-        xa, other = [c for c in all_cases if c.section == section]
-        parts = {c.contender: median_parts(c.parts) for c in (xa, other)}
-        x, o = statistics.median(xa.samples), statistics.median(other.samples)
-        results.append(
-            {
-                "db": db.kind,
-                "section": section,
-                "rows": shape.rows,
-                "written": written(section, shape),
-                "xasink": {
-                    "label": xa.label,
-                    "atomic": xa.atomic,
-                    "median_s": round(x, 2),
-                    "runs_s": rounded(xa.samples),
-                },
-                "other": {
-                    "name": other.contender,
-                    "label": other.label,
-                    "atomic": other.atomic,
-                    "median_s": round(o, 2),
-                    "runs_s": rounded(other.samples),
-                },
-                "speedup": round(o / x, 2),  # > 1: xasink faster
-                "parts_s": parts,  # medians per part: xasink's phases, the other's steps
-            }
-        )
-    for table in ("ow_xa", "ow_jdbc", "rw_xa", "rw_jdbc", "cdc_xa", "cdc_hand", "cdc_stage"):
+        group = [c for c in all_cases if c.section == section]
+        base = next(c for c in group if not c.contender.startswith("xasink"))
+        base_s = statistics.median(base.samples)
+        for c in group:
+            med = statistics.median(c.samples)
+            results.append(
+                {
+                    "db": db.kind,
+                    "section": section,
+                    "rows": shape.rows,
+                    "written": written(section, shape),
+                    "contender": c.contender,
+                    "label": c.label,
+                    "atomic": c.atomic,
+                    "median_s": round(med, 2),
+                    "runs_s": rounded(c.samples),
+                    "baseline": base.contender,
+                    "speedup": round(base_s / med, 2),  # the non-xasink contender's time / this one's: > 1 faster
+                    "parts_s": median_parts(c.parts),  # xasink's phases, the other's steps
+                }
+            )
+    for table in ("ow_xa", "ow_xt", "ow_jdbc", "rw_xa", "rw_jdbc", "cdc_xa", "cdc_hand", "cdc_stage"):
         db.drop(f"{table}_{db.kind[:2]}")
     db.drop(seed)
     return results
@@ -491,6 +506,7 @@ class Reader:
     table: str
     interval: float = 0.02
     samples: list[tuple[int, int]] = field(default_factory=list)
+    read_s: list[float] = field(default_factory=list)  # how long each read took (a blocked reader waits here)
     error: str | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -508,10 +524,12 @@ class Reader:
                 if self.db.kind == "mariadb":
                     cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
                 while not self._stop.is_set():
+                    t0 = time.perf_counter()
                     cur.execute(
                         f"SELECT count(*), coalesce(sum(CASE WHEN seq = {NEW_SEQ} THEN 1 ELSE 0 END), 0) FROM {q}"
                     )
                     total, new = cur.fetchone()
+                    self.read_s.append(time.perf_counter() - t0)
                     self.samples.append((int(total), int(new)))
                     self._stop.wait(self.interval)
         except Exception as exc:  # noqa: BLE001 - reported, not fatal
@@ -536,8 +554,9 @@ def reader_view(spark: Any, db: benv.Database, shape: Shape, delay: float) -> li
     sc = spark.sparkContext
     batch = int(time.time()) % 1_000_000 + 500_000
     out = []
-    for contender in ("xasink", "jdbc"):
-        table = f"rd_{contender}_{db.kind[:2]}"
+    contenders = ["xasink", "xasink-truncate", "jdbc"] if db.kind == "postgresql" else ["xasink", "jdbc"]
+    for contender in contenders:
+        table = f"rd_{contender.replace('-', '_')}_{db.kind[:2]}"
         for outcome in ("fails", "succeeds"):
             reset_target(db, table, seed)
             error = None
@@ -545,13 +564,14 @@ def reader_view(spark: Any, db: benv.Database, shape: Shape, delay: float) -> li
             with Reader(db, table) as reader:
                 t0 = time.perf_counter()
                 try:
-                    if contender == "xasink":
+                    if contender.startswith("xasink"):
                         if outcome == "fails":  # the last partition: rows loaded, then raises before PREPARE
                             spec = f"task.before_prepare:sleep={delay}:p={PARTITIONS - 1},"
                             spec += f"task.before_prepare:raise:p={PARTITIONS - 1}"
                             sc.setLocalProperty(LOCAL_PROPERTY, spec)
                         try:
-                            xasink_writer(df, db, table, f"b-rd-{db.kind[:2]}", batch).mode("overwrite").save()
+                            w = xasink_writer(df, db, table, f"b-rd-{contender[-2:]}-{db.kind[:2]}", batch)
+                            w.option("truncate", str(contender == "xasink-truncate").lower()).mode("overwrite").save()
                         finally:
                             sc.setLocalProperty(LOCAL_PROPERTY, None)  # type: ignore[arg-type]
                     elif outcome == "fails":  # the last row of the last partition raises once the others finished
@@ -627,6 +647,8 @@ def view(
         "error": error if failed_ok or error else None,
         "reader_error": reader.error,
         "seconds": round(seconds, 2),
+        "median_read_ms": round(1000 * statistics.median(reader.read_s), 1) if reader.read_s else None,
+        "longest_read_ms": round(1000 * max(reader.read_s), 1) if reader.read_s else None,
         "verdict": "; ".join(problems)
         if problems
         else ("old rows throughout" if outcome == "fails" else "old rows, then all new rows at once"),
@@ -661,8 +683,8 @@ def markdown(res: dict[str, Any]) -> str:
     lines += [
         f"Target: a keyed table (primary key on id, index on day; columns {', '.join(COLUMNS)}) of "
         f"{res['shape']['rows']:,} rows, loaded afresh before each run (not timed). {res['runs']} measured runs "
-        f"per contender after {res['warmup']} warm-up, interleaved; medians (all runs in the JSON). Speed-up = the "
-        "other contender's time / xasink's (> 1: xasink is faster).",
+        f"per contender after {res['warmup']} warm-up, interleaved (each goes first in turn); medians (all runs in the "
+        "JSON). Speed-up = the non-xasink contender's time / this contender's (> 1: faster than it).",
         "",
     ]
     for section in ("overwrite", "replacewhere", "cdc"):
@@ -671,9 +693,8 @@ def markdown(res: dict[str, Any]) -> str:
             continue
         lines += [f"## {SECTION_TITLE[section]}", ""]
         lines += [
-            "| database | table rows | rows written | xasink s | other s | speed-up | other contender "
-            "| other atomic? |",
-            "|---|---:|---:|---:|---:|---:|---|---|",
+            "| database | table rows | rows written | contender | median s | speed-up vs non-xasink | atomic? |",
+            "|---|---:|---:|---|---:|---:|---|",
         ]
         for r in rows:
             settings = res["setup"]["databases"].get(r["db"], {})
@@ -683,14 +704,15 @@ def markdown(res: dict[str, Any]) -> str:
                 else f"innodb_flush_log_at_trx_commit={settings.get('innodb_flush_log_at_trx_commit')}"
             )
             lines.append(
-                f"| {r['db']} ({durab}) | {r['rows']:,} | {r['written']:,} | {r['xasink']['median_s']} | "
-                f"{r['other']['median_s']} | {r['speedup']}x | {r['other']['label']} | {r['other']['atomic']} |"
+                f"| {r['db']} ({durab}) | {r['rows']:,} | {r['written']:,} | {r['label']} | {r['median_s']} | "
+                f"{r['speedup']}x | {r['atomic']} |"
             )
-        lines.append("")
+        lines += ["", "Where the time goes (medians, s):", ""]
         for r in rows:
-            for who, parts in r.get("parts_s", {}).items():
-                if parts:
-                    lines.append(f"- {r['db']}, {who}: " + ", ".join(f"{k} {v} s" for k, v in parts.items()))
+            if r["parts_s"]:
+                lines.append(
+                    f"- {r['db']}, {r['contender']}: " + ", ".join(f"{k} {v}" for k, v in r["parts_s"].items())
+                )
         lines.append("")
     if res["reader"]:
         lines += [
@@ -703,14 +725,15 @@ def markdown(res: dict[str, Any]) -> str:
             "raising in a UDF once the other three tasks have finished (their rows committed).",
             "",
             "| database | contender | run | reads | min count | max count | min new | max new | reads empty | "
-            "reads partial/mixed | left after | verdict |",
-            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|",
+            "reads partial/mixed | median / longest read ms | left after | verdict |",
+            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
         ]
         for r in res["reader"]:
             lines.append(
                 f"| {r['db']} | {r['contender']} | {r['outcome']} | {r['samples']} | {r['min_count']:,} | "
                 f"{r['max_count']:,} | {r['min_new']:,} | {r['max_new']:,} | {r['reads_empty']} | "
-                f"{r['reads_partial_or_mixed']} | {r['final_rows']:,} rows, {r['final_new_rows']:,} new "
+                f"{r['reads_partial_or_mixed']} | {r['median_read_ms']} / {r['longest_read_ms']} | "
+                f"{r['final_rows']:,} rows, {r['final_new_rows']:,} new "
                 f"| {r['verdict']} |"
             )
         lines.append("")
@@ -728,17 +751,24 @@ def chart(res: dict[str, Any], path: Path) -> bool:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(rows)), 4.5))
-    xs = range(len(rows))
-    ax.bar([x - 0.2 for x in xs], [r["xasink"]["median_s"] for r in rows], 0.4, label="xasink (atomic)")
-    ax.bar([x + 0.2 for x in xs], [r["other"]["median_s"] for r in rows], 0.4, label="JDBC / hand-written (not atomic)")
-    for x, r in zip(xs, rows, strict=True):
-        top = max(r["xasink"]["median_s"], r["other"]["median_s"])
-        ax.text(x, top * 1.02, f"{r['speedup']}x", ha="center", fontsize=8)
-    ax.set_xticks(list(xs))
-    ax.set_xticklabels([f"{r['db']}\n{r['section']}" for r in rows], fontsize=8)
+    groups = list(dict.fromkeys((r["db"], r["section"]) for r in rows))
+    names = list(dict.fromkeys(r["contender"] for r in rows))
+    width = 0.8 / len(names)
+    fig, ax = plt.subplots(figsize=(max(6, 1.8 * len(groups)), 4.8))
+    for k, name in enumerate(names):
+        xs, ys = [], []
+        for g, (db, section) in enumerate(groups):
+            r = next((r for r in rows if (r["db"], r["section"], r["contender"]) == (db, section, name)), None)
+            if r is not None:
+                xs.append(g - 0.4 + width * (k + 0.5))
+                ys.append(r["median_s"])
+                ax.text(xs[-1], ys[-1] * 1.02, f"{r['speedup']}x", ha="center", fontsize=7)
+        label = name if name.startswith("xasink") else f"{name} (not atomic)"
+        ax.bar(xs, ys, width, label=label)
+    ax.set_xticks(list(range(len(groups))))
+    ax.set_xticklabels([f"{db}\n{section}" for db, section in groups], fontsize=8)
     ax.set_ylabel("seconds (median)")
-    ax.set_title(f"Write modes, {res['shape']['rows']:,}-row keyed table (label: speed-up of xasink)")
+    ax.set_title(f"Write modes, {res['shape']['rows']:,}-row keyed table (label: speed-up vs the non-xasink writer)")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -748,10 +778,11 @@ def chart(res: dict[str, Any], path: Path) -> bool:
 
 def save(res: dict[str, Any], out: Path) -> None:
     res["setup"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
-    res["elapsed_s"] = round(time.perf_counter() - res.pop("_t0", time.perf_counter()), 1)
+    res["elapsed_s"] = round(time.perf_counter() - res["_t0"], 1)
     out.mkdir(parents=True, exist_ok=True)
     name = res["name"]
-    (out / f"{name}.json").write_text(json.dumps(res, indent=1, default=str))
+    clean = {k: v for k, v in res.items() if not k.startswith("_")}
+    (out / f"{name}.json").write_text(json.dumps(clean, indent=1, default=str))
     if chart(res, out / f"{name}.png"):
         res["chart"] = f"{name}.png"
     (out / f"{name}.md").write_text(markdown(res) + (f"\n![chart]({name}.png)\n" if res.get("chart") else ""))
@@ -762,13 +793,13 @@ def save(res: dict[str, Any], out: Path) -> None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.modes", description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="50k rows, 10k changes, one run: a harness check")
-    p.add_argument("--rows", type=int, help="rows in the table (default 1000000; quick 50000)")
-    p.add_argument("--changes", type=int, help="rows in the change batch (default 200000; quick 10000)")
+    p.add_argument("--quick", action="store_true", help="20k rows, 4k changes, one run: a harness check")
+    p.add_argument("--rows", type=int, help="rows in the table (default 1000000; quick 20000)")
+    p.add_argument("--changes", type=int, help="rows in the change batch (default 200000; quick 4000)")
     p.add_argument("--runs", type=int, help="measured runs per contender (default 3; quick 1)")
     p.add_argument("--warmup", type=int, help="unmeasured rounds first (default 1; quick 0)")
     p.add_argument("--reader-rows", type=int, help="table rows in the reader section (default --rows)")
-    p.add_argument("--failure-delay", type=float, default=1.0, help="seconds before the failing partition raises")
+    p.add_argument("--failure-delay", type=float, help="seconds before the failing partition raises (1; quick 0.5)")
     p.add_argument("--sections", default=",".join(SECTIONS), help=",".join(SECTIONS))
     p.add_argument("--db", default="postgresql,mariadb", help="postgresql,mariadb")
     p.add_argument("--mariadb", default="127.0.0.1:3306", help="host:port of the MariaDB server")
@@ -776,11 +807,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default=str(Path(__file__).parent / "results"), help="results directory")
     args = p.parse_args(argv)
     q = args.quick
-    args.rows = args.rows or (50_000 if q else 1_000_000)
-    args.changes = args.changes or (10_000 if q else 200_000)
+    args.rows = args.rows or (20_000 if q else 1_000_000)
+    args.changes = args.changes or (4_000 if q else 200_000)
     args.runs = args.runs or (1 if q else 3)
     args.warmup = args.warmup if args.warmup is not None else (0 if q else 1)
     args.reader_rows = args.reader_rows or args.rows
+    args.failure_delay = args.failure_delay if args.failure_delay is not None else (0.5 if q else 1.0)
     args.name = args.name or ("modes-quick" if q else "modes")
     args.section_list = [s.strip() for s in args.sections.split(",") if s.strip()]
     for bad in set(args.section_list) - set(SECTIONS):
@@ -846,7 +878,8 @@ def main(argv: list[str] | None = None) -> int:
 
         res["setup"]["spark"] = pyspark.__version__
         timed = [s for s in args.section_list if s != "reader"]
-        total = len(dbs) * (len(timed) * 2 * (args.runs + args.warmup) + 4 * ("reader" in args.section_list))
+        per_db = len(timed) * 2 * (args.runs + args.warmup) + 6 * ("reader" in args.section_list)
+        total = len(dbs) * per_db + ("overwrite" in timed) * (args.runs + args.warmup)  # + xasink truncate=true
         with progress(total, "modes") as bar:
             for db in dbs:
                 try:
@@ -854,11 +887,13 @@ def main(argv: list[str] | None = None) -> int:
                         res["timed"] += timed_sections(spark, db, shape, timed, args.runs, args.warmup, bar, log_path)
                     if "reader" in args.section_list:
                         rshape = Shape(args.reader_rows, args.changes)
-                        res["reader"] += reader_view(spark, db, rshape, args.failure_delay)
-                        bar.update(4)
+                        got = reader_view(spark, db, rshape, args.failure_delay)
+                        res["reader"] += got
+                        bar.update(len(got))
                 except Exception as exc:  # noqa: BLE001 - recorded; the other database still runs
                     res["errors"].append(f"{db.kind}: {str(exc).splitlines()[0][:300]}")
                     log.exception("%s", db.kind)
+                save(res, Path(args.out))  # partial results survive an interrupted run
         spark.stop()
     finally:
         for db in scratch:
