@@ -557,6 +557,7 @@ def reader_view(spark: Any, db: benv.Database, shape: Shape, delay: float) -> li
     contenders = ["xasink", "xasink-truncate", "jdbc"] if db.kind == "postgresql" else ["xasink", "jdbc"]
     for contender in contenders:
         table = f"rd_{contender.replace('-', '_')}_{db.kind[:2]}"
+        sink = f"b-rd-{contender[-2:]}-{db.kind[:2]}"
         for outcome in ("fails", "succeeds"):
             reset_target(db, table, seed)
             error = None
@@ -570,7 +571,7 @@ def reader_view(spark: Any, db: benv.Database, shape: Shape, delay: float) -> li
                             spec += f"task.before_prepare:raise:p={PARTITIONS - 1}"
                             sc.setLocalProperty(LOCAL_PROPERTY, spec)
                         try:
-                            w = xasink_writer(df, db, table, f"b-rd-{contender[-2:]}-{db.kind[:2]}", batch)
+                            w = xasink_writer(df, db, table, sink, batch)
                             w.option("truncate", str(contender == "xasink-truncate").lower()).mode("overwrite").save()
                         finally:
                             sc.setLocalProperty(LOCAL_PROPERTY, None)  # type: ignore[arg-type]
@@ -584,7 +585,7 @@ def reader_view(spark: Any, db: benv.Database, shape: Shape, delay: float) -> li
                     error = str(exc).splitlines()[0][:160]
                 seconds = time.perf_counter() - t0
             batch += 1
-            out.append(view(db, table, contender, outcome, n, reader, error, seconds))
+            out.append(view(db, sink, table, contender, outcome, n, reader, error, seconds))
             log.info("%s reader, %s %s: %s", db.kind, contender, outcome, out[-1]["verdict"])
         db.drop(table)
     df.unpersist()
@@ -592,8 +593,23 @@ def reader_view(spark: Any, db: benv.Database, shape: Shape, delay: float) -> li
     return out
 
 
+def mine_prepared(db: benv.Database, sink: str) -> int:
+    """Prepared branches of this sink (XA RECOVER lists the whole MariaDB server: other jobs' branches too)."""
+    from xasink.dialects import dialect_for
+    from xasink.options import parse_url
+
+    dialect = dialect_for(parse_url(db.xasink_url))
+    try:
+        with dialect.connect() as conn:
+            found = dialect.list_prepared(conn)
+    finally:
+        dialect.dispose()
+    return sum(1 for p in found if p.xid is not None and p.xid.sink_id == sink)
+
+
 def view(
     db: benv.Database,
+    sink: str,
     table: str,
     contender: str,
     outcome: str,
@@ -624,7 +640,7 @@ def view(
     end_want = (n, 0) if outcome == "fails" else (n, n)
     if (final_total, final_new) != end_want:
         problems.append(f"left {final_total} rows ({final_new} new)")
-    left = db.leftover_prepared()
+    left = mine_prepared(db, sink)
     if left:
         problems.append(f"{left} prepared transactions left")
     return {
