@@ -135,7 +135,7 @@ class PlainDataSource(DataSource):
 
     def writer(self, schema: StructType, overwrite: bool) -> PlainWriter:
         options = parse_options(dict(self.options))
-        return PlainWriter(options, _prepare(options, schema, None))
+        return PlainWriter(options, _prepare(options, schema, None).target)  # the table plan: no XA, no log
 
 
 # --------------------------------------------------------------------------- no-op Arrow writer
@@ -202,7 +202,7 @@ class RssWriter(XasinkBatchWriter):
         record(
             self.stats_dir,
             {
-                "writer": "xasink-upsert" if self.plan.upsert_keys else "xasink",
+                "writer": "xasink-upsert" if self.plan.target.upsert_keys else "xasink",
                 "partition": ctx.partitionId() if ctx else 0,
                 "rows": message.outcome.rows,
                 "seconds": time.perf_counter() - t0,

@@ -451,6 +451,7 @@ def parse_options(raw: Mapping[str, Any], *, streaming: bool = False) -> WriteOp
         control_lock_timeout=_int(opts, "controllocktimeout", "controlLockTimeout", 60, 0, 86_400) or 0,
         replace_where=replace_where,
         replace_where_check=_bool(opts, "replacewherecheck", "replaceWhereCheck", True),
+        truncate=_bool(opts, "truncate", "truncate", False),
         delete_flag_column=flag,
         sequence_column=sequence,
     )
