@@ -20,6 +20,7 @@ straggler's stall is over.
 from __future__ import annotations
 
 import json
+import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -28,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from tests.cluster import ClusterDriver, StandaloneCluster
-from tests.targets import Target
+from tests.targets import MARIADB, Target
 from xasink.xid import Xid
 
 pytestmark = [pytest.mark.spark, pytest.mark.crash]
@@ -78,8 +79,13 @@ def driver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterDriver]:
     ],
 )
 def test_speculative_copy_of_a_straggler_commits_each_row_once(
-    driver: ClusterDriver, db: Target, point: str, mode: str
+    driver: ClusterDriver, db: Target, point: str, mode: str, request: pytest.FixtureRequest
 ) -> None:
+    soak = request.config.getoption("--soak") or os.environ.get("XASINK_SOAK") == "1"
+    if mode == "upsert" and db.kind == MARIADB and not soak:
+        # the copy adopts the prepared branch without loading a row, so the upsert's branch is adopted as the
+        # append's is: MariaDB's adoption is the append case, the upsert's layout is PostgreSQL's case
+        pytest.skip("soak test: the upsert case on MariaDB (the append case adopts the same way)")
     table, sink = db.new_table(), f"sp{uuid.uuid4().hex[:10]}"
     db.keyed_table(table, primary_key=mode == "upsert")
     options = {"upsertKeyColumns": "id"} if mode == "upsert" else {}
