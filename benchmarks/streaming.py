@@ -19,7 +19,7 @@ interval, or the window's rows are not all visible within ``--drain`` seconds of
 rates.  The highest rate it keeps up with is its sustained rate.
 
     python -m benchmarks.streaming                                  # 1k, 5k, 20k, 50k rows/s; both databases
-    python -m benchmarks.streaming --quick                          # harness check: 2k rows/s, 10 s, < 3 min
+    python -m benchmarks.streaming --quick                          # harness check: 2k rows/s, 8 s window, < 3 min
     python -m benchmarks.streaming --rates 5000 --db mariadb --contenders xasink-stream --name st-check
 """
 
@@ -156,6 +156,10 @@ def pct(values: list[float], q: float) -> float | None:
     return v[min(len(v) - 1, max(0, math.ceil(q * len(v)) - 1))]
 
 
+def rounded(x: float | None) -> float | None:
+    return None if x is None else round(x, 1)
+
+
 def start_query(
     spark: Any, name: str, db: benv.Database, rate: int, table: str, sink: str, ck: str, trigger: float
 ) -> Any:
@@ -274,8 +278,8 @@ def run_step(spark: Any, db: benv.Database, name: str, rate: int, args: argparse
         "rows_per_batch_p50": pct([float(e["numInputRows"]) for e in window], 0.5),
         "input_rows_per_s": round(rows_in / args.duration, 1),
         "capacity_rows_per_s": round(rows_in / busy_s, 1) if busy_s else None,  # rows over time spent in batches
-        "latency_ms_p50": round(pct(latencies, 0.5), 1) if latencies else None,
-        "latency_ms_p99": round(pct(latencies, 0.99), 1) if latencies else None,
+        "latency_ms_p50": rounded(pct(latencies, 0.5)),
+        "latency_ms_p99": rounded(pct(latencies, 0.99)),
         "latency_samples": len(latencies),
         "latency_censored": censored,
         "latency_growth_ms": round(growth, 1),
