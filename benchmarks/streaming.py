@@ -1,0 +1,516 @@
+"""Streaming latency: a steady rate source into the table, xasink's two stream writers beside Spark's JDBC writer.
+
+Spark's ``rate`` source produces ``--rates`` rows per second (2 partitions, Spark ``local[2]``); each row carries its
+generation time (the source's ``timestamp``, kept as ``gen_ms``, epoch milliseconds).  A processing-time trigger
+(``--trigger``, default 1 s) hands each micro-batch to one of three writers, one query at a time:
+
+- ``xasink-stream``: ``writeStream.format("xasink")`` (url, dbtable, sinkId, checkpointLocation);
+- ``xasink-foreach``: ``writeStream.foreachBatch(xasink.foreach_batch(url=, table=, sink_id=))``;
+- ``jdbc-foreach``: Spark's tuned JDBC writer inside ``foreachBatch`` (at-least-once).
+
+Per (database, rate, writer) a fresh table, checkpoint and sink id; the first ``--warmup`` seconds are not counted,
+then a ``--duration`` window.  Figures: the batch duration (``triggerExecution`` of the query's progress events)
+p50/p99, and the latency from a row's generation to its visibility: a poller thread reads, every ~50 ms in its own
+autocommit connection, the sampled rows it has not seen yet together with the server's statement time; the first
+poll that sees a row bounds its visibility from above.  Rows generated in the window but never seen before the
+drain limit count with their latency at the stop (a lower bound) and mark the step as behind.
+A writer has fallen behind at a rate when more than half of the window's batches take longer than the trigger
+interval, its latency grows by more than one trigger interval from the window's first third to its last (a backlog
+building up), or the window's rows are not all visible within ``--drain`` seconds of its end (with
+``--stop-behind`` it is then not tried at higher rates).  The highest rate with every step up to it kept up is its
+sustained rate.
+
+    python -m benchmarks.streaming                                  # 1k, 5k, 20k, 50k rows/s; both databases
+    python -m benchmarks.streaming --quick                          # harness check: 2k rows/s, 8 s window, < 3 min
+    python -m benchmarks.streaming --rates 5000 --db mariadb --contenders xasink-stream --name st-check
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import math
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from benchmarks import env as benv
+from benchmarks.contenders import jdbc_write
+
+log = logging.getLogger("benchmarks.streaming")
+
+PARTITIONS = 2
+CONTENDERS = ("xasink-stream", "xasink-foreach", "jdbc-foreach")
+SAMPLED_PER_SECOND = 500  # the poller reads about this many rows a second (every S-th id, S odd: both partitions)
+POLL_S = 0.05
+FIRST_BATCH_S = 60.0  # the longest wait for a query's first batch with rows
+COLUMNS = (  # name, PostgreSQL type, MariaDB type, Spark SQL over the rate source's (timestamp, value)
+    ("id", "bigint PRIMARY KEY", "BIGINT PRIMARY KEY", "value"),
+    ("gen_ms", "bigint NOT NULL", "BIGINT NOT NULL", "unix_millis(timestamp)"),
+    ("grp", "integer", "INT", "cast(value % 1000 as int)"),
+    ("amount", "double precision", "DOUBLE", "cast(value as double) * 0.5"),
+    ("label", "text", "VARCHAR(32)", "concat('L', cast(value % 100000 as string))"),
+)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.streaming", description=__doc__.split("\n\n")[0])
+    p.add_argument("--rates", default="1000,5000,20000,50000", help="rows/s steps (default 1000,5000,20000,50000)")
+    p.add_argument("--warmup", type=float, default=8.0, help="seconds not counted at the start of each step")
+    p.add_argument("--duration", type=float, default=30.0, help="measured seconds per step (default 30)")
+    p.add_argument("--drain", type=float, default=15.0, help="seconds after the window for its rows to be visible")
+    p.add_argument("--trigger", type=float, default=1.0, help="processing-time trigger interval, seconds")
+    p.add_argument("--stop-behind", action="store_true", help="skip a writer's higher rates once it falls behind")
+    p.add_argument("--contenders", default=",".join(CONTENDERS), help=",".join(CONTENDERS))
+    p.add_argument("--db", default="postgresql,mariadb", help="postgresql,mariadb")
+    p.add_argument("--mariadb", default="127.0.0.1:3306", help="host:port of the MariaDB server")
+    p.add_argument(
+        "--quick", action="store_true", help="harness check: 2000 rows/s, 3 s warm-up, 8 s window (under 3 minutes)"
+    )
+    p.add_argument("--name", help="results file name (default stream-<time> / stream-quick-<time>)")
+    p.add_argument("--out", default=str(Path(__file__).parent / "results"), help="results directory")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.rates, args.warmup, args.duration, args.drain = "2000", 3.0, 8.0, 6.0
+    return args
+
+
+def sample_stride(rate: int) -> int:
+    s = max(1, rate // SAMPLED_PER_SECOND)
+    return s if s % 2 else s + 1  # the rate source deals ids round-robin to the partitions: an odd stride hits both
+
+
+def create_table(db: benv.Database, table: str) -> None:
+    cols = ", ".join(f"{db.quote(n)} {pg if db.kind == 'postgresql' else my}" for n, pg, my, _ in COLUMNS)
+    db.drop(table)
+    db.execute(f"CREATE TABLE {db.quote(table)} ({cols})")
+
+
+class Poller(threading.Thread):
+    """Records, for every S-th id, the server time of the first poll that sees it (its visibility's upper bound)."""
+
+    def __init__(self, db: benv.Database, table: str, stride: int) -> None:
+        super().__init__(daemon=True)
+        self.db, self.table, self.stride = db, table, stride
+        self.seen: dict[int, tuple[int, float]] = {}  # id -> (gen_ms, visible_ms)
+        self.watermark = -stride  # every sampled id up to it has been seen
+        self.polls: list[float] = []  # wall seconds between polls (the resolution)
+        self.halt = threading.Event()
+        self.error: BaseException | None = None
+
+    def statement(self) -> str:
+        t, s = self.db.quote(self.table), self.stride
+        now = (
+            "CAST(extract(epoch FROM statement_timestamp()) * 1000 AS double precision)"
+            if self.db.kind == "postgresql"
+            else "UNIX_TIMESTAMP(NOW(6)) * 1000"
+        )
+        return f"SELECT id, gen_ms, {now} FROM {t} WHERE id > %s AND mod(id, {s}) = 0"
+
+    def run(self) -> None:
+        try:
+            with self.db.connect() as conn, conn.cursor() as cur:
+                statement = self.statement()
+                last = time.monotonic()
+                while not self.halt.is_set():
+                    cur.execute(statement, (self.watermark,))
+                    for ident, gen_ms, now_ms in cur.fetchall():
+                        if ident not in self.seen:
+                            self.seen[int(ident)] = (int(gen_ms), float(now_ms))
+                    while self.watermark + self.stride in self.seen:
+                        self.watermark += self.stride
+                    t = time.monotonic()
+                    self.polls.append(t - last)
+                    last = t
+                    self.halt.wait(POLL_S)
+        except BaseException as exc:  # noqa: BLE001 - reported by the step
+            self.error = exc
+
+    def gen_of_watermark(self) -> int | None:
+        got = self.seen.get(self.watermark)
+        return got[0] if got else None
+
+
+def progress_events(query: Any) -> list[dict[str, Any]]:
+    out = []
+    for p in query.recentProgress:
+        out.append(json.loads(p.json) if hasattr(p, "json") else dict(p))
+    return out
+
+
+def event_ms(event: dict[str, Any]) -> float:
+    return datetime.fromisoformat(event["timestamp"].replace("Z", "+00:00")).timestamp() * 1000
+
+
+def pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    v = sorted(values)
+    return v[min(len(v) - 1, max(0, math.ceil(q * len(v)) - 1))]
+
+
+def rounded(x: float | None) -> float | None:
+    return None if x is None else round(x, 1)
+
+
+def start_query(
+    spark: Any, name: str, db: benv.Database, rate: int, table: str, sink: str, ck: str, trigger: float
+) -> Any:
+    df = (
+        spark.readStream.format("rate")
+        .option("rowsPerSecond", str(rate))
+        .option("numPartitions", str(PARTITIONS))
+        .load()
+        .selectExpr(*[f"{expr} as {n}" for n, _, _, expr in COLUMNS])
+    )
+    writer = df.writeStream.queryName(f"{sink}").option("checkpointLocation", ck)
+    writer = writer.trigger(processingTime=f"{int(trigger * 1000)} milliseconds")
+    if name == "xasink-stream":
+        writer = writer.format("xasink").option("url", db.xasink_url).option("dbtable", table).option("sinkId", sink)
+    elif name == "xasink-foreach":
+        import xasink
+
+        writer = writer.foreachBatch(xasink.foreach_batch(url=db.xasink_url, table=table, sink_id=sink))
+    else:
+
+        def jdbc_batch(batch: Any, _batch_id: int) -> None:
+            jdbc_write(batch, db, tuned=True, table=table)
+
+        writer = writer.foreachBatch(jdbc_batch)
+    return writer.start()
+
+
+def stop_query(query: Any, limit: float = 30.0) -> None:
+    """Stop between batches when one comes within ``limit`` s (a stop mid-batch is safe, but wastes the batch)."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline and query.isActive and query.status.get("isTriggerActive"):
+        time.sleep(0.02)
+    query.stop()
+
+
+def run_step(spark: Any, db: benv.Database, name: str, rate: int, args: argparse.Namespace, work: Path) -> dict:
+    short = {"xasink-stream": "xs", "xasink-foreach": "xf", "jdbc-foreach": "jf"}[name]
+    table = f"st_{short}_{rate}"
+    sink = f"b-st-{db.kind[:2]}-{short}-{rate}-{int(time.time()) % 100000}"
+    ck = str(work / f"ck-{db.kind}-{short}-{rate}")
+    create_table(db, table)
+    stride = sample_stride(rate)
+    poller = Poller(db, table, stride)
+    poller.start()
+    w0 = w1 = time.time() * 1000
+    query = start_query(spark, name, db, rate, table, sink, ck, args.trigger)
+    error = None
+    try:
+        first_deadline = time.time() + FIRST_BATCH_S  # the first batch starts Python workers: not part of the window
+        while time.time() < first_deadline and not any(e.get("numInputRows", 0) for e in progress_events(query)):
+            if query.exception() is not None:
+                raise RuntimeError(str(query.exception()))
+            time.sleep(0.2)
+        t0_ms = time.time() * 1000
+        w0, w1 = t0_ms + args.warmup * 1000, t0_ms + (args.warmup + args.duration) * 1000
+        while time.time() * 1000 < w1:
+            if query.exception() is not None or poller.error is not None:
+                raise RuntimeError(str(query.exception() or poller.error))
+            time.sleep(0.2)
+        drain_end = time.time() + args.drain
+        while time.time() < drain_end:  # until every sampled row generated in the window is visible
+            g = poller.gen_of_watermark()
+            if g is not None and g >= w1:
+                break
+            if query.exception() is not None:
+                raise RuntimeError(str(query.exception()))
+            time.sleep(0.1)
+        drained = (poller.gen_of_watermark() or 0) >= w1
+    except Exception as exc:  # noqa: BLE001 - recorded; the next step still runs
+        error, drained = str(exc).splitlines()[0][:300], False
+        log.error("%s %s %s rows/s: %s", db.kind, name, rate, error)
+    stop_ms = time.time() * 1000
+    stop_query(query)
+    poller.halt.set()
+    poller.join(5)
+    events = progress_events(query)
+    shutil.rmtree(ck, ignore_errors=True)
+    leftover = db.leftover_prepared()
+    if leftover:
+        log.error("%s: %d prepared branches of the benchmark left after stopping %s", db.kind, leftover, sink)
+
+    window = [e for e in events if w0 <= event_ms(e) <= w1 and e.get("numInputRows", 0) > 0]
+    durations = [float(e["durationMs"]["triggerExecution"]) for e in window]
+    trigger_ms = args.trigger * 1000
+    over = sum(1 for d in durations if d > trigger_ms)
+    # the rate source's timestamps are linear in the id: gen(v) = start + v * 1000 / rate
+    latencies, censored = [], 0
+    any_seen = next(iter(poller.seen.items()), None)
+    if any_seen is not None:
+        start_ms = any_seen[1][0] - any_seen[0] * 1000 / rate
+        v_lo = math.ceil((w0 - start_ms) * rate / 1000 / stride) * stride
+        v_hi = math.floor((w1 - start_ms) * rate / 1000 / stride) * stride
+        for v in range(max(0, v_lo), v_hi + 1, stride):
+            got = poller.seen.get(v)
+            if got is not None:
+                latencies.append(got[1] - got[0])
+            else:
+                censored += 1
+                latencies.append(stop_ms - (start_ms + v * 1000 / rate))
+    rows_in = sum(int(e["numInputRows"]) for e in window)
+    busy_s = sum(durations) / 1000
+    # behind: most batches outlast the trigger, or the latency grows across the window (a backlog building up)
+    third = len(latencies) // 3
+    growth = statistics.fmean(latencies[-third:]) - statistics.fmean(latencies[:third]) if third else 0.0
+    behind = bool(error) or not drained or not window or over > 0.5 * len(window) or growth > trigger_ms
+    res = {
+        "db": db.kind,
+        "contender": name,
+        "rate": rate,
+        "table": table,
+        "batches": len(window),
+        "batch_ms_p50": pct(durations, 0.5),
+        "batch_ms_p99": pct(durations, 0.99),
+        "batch_ms_max": max(durations, default=None),
+        "batches_over_trigger": over,
+        "rows_per_batch_p50": pct([float(e["numInputRows"]) for e in window], 0.5),
+        "input_rows_per_s": round(rows_in / args.duration, 1),
+        "capacity_rows_per_s": round(rows_in / busy_s, 1) if busy_s else None,  # rows over time spent in batches
+        "latency_ms_p50": rounded(pct(latencies, 0.5)),
+        "latency_ms_p99": rounded(pct(latencies, 0.99)),
+        "latency_samples": len(latencies),
+        "latency_censored": censored,
+        "latency_growth_ms": round(growth, 1),
+        "sample_stride": stride,
+        "poll_ms_p50": round(1000 * (pct(poller.polls, 0.5) or 0), 1),
+        "drained": drained,
+        "behind": behind,
+        "error": error,
+        "leftover_prepared": leftover,
+        "rows_in_table": db.count(table),
+        "progress": [
+            {
+                "batchId": e["batchId"],
+                "timestamp": e["timestamp"],
+                "rows": e["numInputRows"],
+                "durationMs": e["durationMs"],
+            }
+            for e in events
+        ],
+    }
+    db.drop(table)
+    return res
+
+
+@contextlib.contextmanager
+def progress(total: int) -> Iterator[Any]:
+    try:
+        from tqdm import tqdm
+        from tqdm.contrib.logging import logging_redirect_tqdm
+    except ImportError:
+        from benchmarks.run import _NoBar
+
+        yield _NoBar()
+        return
+    with (
+        logging_redirect_tqdm(),
+        tqdm(total=total, desc="streaming", unit="step", disable=not sys.stderr.isatty()) as bar,
+    ):
+        yield bar
+
+
+def run_db(
+    spark: Any, db: benv.Database, rates: list[int], names: list[str], args: argparse.Namespace, bar: Any
+) -> list[dict]:
+    out: list[dict] = []
+    work = Path(tempfile.mkdtemp(prefix="xasink-stream-bench-"))
+    behind: set[str] = set()
+    if not db.xasink_ok:
+        behind |= {"xasink-stream", "xasink-foreach"}
+    for rate in rates:
+        for k, name in enumerate(names if rates.index(rate) % 2 == 0 else list(reversed(names))):
+            bar.set_postfix_str(f"{db.kind} {name} {rate}/s")
+            if name in behind:
+                bar.update(1)
+                continue
+            r = run_step(spark, db, name, rate, args, work)
+            out.append(r)
+            log.info(
+                "%s %s %d rows/s: batch p50 %s ms p99 %s ms, latency p50 %s ms p99 %s ms%s",
+                db.kind, name, rate, r["batch_ms_p50"], r["batch_ms_p99"], r["latency_ms_p50"],
+                r["latency_ms_p99"], " BEHIND" if r["behind"] else "",
+            )  # fmt: skip
+            if r["behind"] and args.stop_behind:
+                behind.add(name)
+            bar.update(1)
+            del k
+    shutil.rmtree(work, ignore_errors=True)
+    return out
+
+
+def sustained(results: list[dict], db: str, name: str) -> int | None:
+    best = None
+    for r in sorted((r for r in results if r["db"] == db and r["contender"] == name), key=lambda r: r["rate"]):
+        if r["behind"]:
+            break
+        best = r["rate"]
+    return best
+
+
+def markdown(res: dict[str, Any]) -> str:
+    m = res["machine"]
+    lines = [
+        f"# Streaming latency: {res['name']}",
+        "",
+        f"Machine: {m['cpus']} cores ({m['cpu_model']}), {m['memory_gb']} GB; load average at start "
+        f"{m['load_average_at_start']}, at end {res.get('load_average_at_end')}.",
+        "",
+    ]
+    for db, settings in res["settings"].items():
+        lines.append(f"- {db}: " + ", ".join(f"{k}={v}" for k, v in settings.items()))
+    lines += [
+        "",
+        f"Rate source, {PARTITIONS} partitions, Spark local[{PARTITIONS}], processing-time trigger "
+        f"{res['trigger_s']} s; per step {res['warmup_s']} s warm-up (after the first batch with rows), then a "
+        f"{res['duration_s']} s window; drain limit {res['drain_s']} s.",
+        f"Command: `{res['command']}`",
+        "",
+        "| database | writer | rows/s | batches | batch p50 ms | batch p99 ms | rows/batch p50 | latency p50 ms | "
+        "latency p99 ms | kept up |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in res["results"]:
+        notes = []
+        if r["batches_over_trigger"]:
+            notes.append(f"{r['batches_over_trigger']}/{r['batches']} batches > trigger")
+        if r.get("latency_growth_ms", 0) > res["trigger_s"] * 1000:
+            notes.append(f"latency +{r['latency_growth_ms'] / 1000:.1f} s across the window")
+        if r["latency_censored"]:
+            notes.append(f"{r['latency_censored']} of {r['latency_samples']} sampled rows not visible in time")
+        if r["error"]:
+            notes.append(f"error: {r['error'][:80]}")
+        kept = ("no" if r["behind"] else "yes") + (f" ({'; '.join(notes)})" if notes else "")
+        lines.append(
+            f"| {r['db']} | {r['contender']} | {r['rate']:,} | {r['batches']} | {r['batch_ms_p50']} | "
+            f"{r['batch_ms_p99']} | {r['rows_per_batch_p50']} | {r['latency_ms_p50']} | {r['latency_ms_p99']} | "
+            f"{kept} |"
+        )
+    lines += [
+        "",
+        "Batch duration: `triggerExecution` of the query's progress events whose trigger started in the window. "
+        "Latency: server time of the first poll that saw a sampled row minus the row's generation time (the rate "
+        "source's timestamp); it includes the wait for the source (its offsets advance in whole seconds) and the "
+        f"trigger, the same for every writer. Poll interval ~{int(POLL_S * 1000)} ms plus the query: the "
+        "resolution. A row counts as visible once a reader can see it: xasink's rows at COMMIT PREPARED of their "
+        "batch, the JDBC writer's at each partition's commit.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def chart(res: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    dbs = list(res["settings"])
+    fig, axes = plt.subplots(2, len(dbs), figsize=(5.5 * len(dbs), 7), squeeze=False)
+    for j, db in enumerate(dbs):
+        for name in res["contenders"]:
+            rs = sorted(
+                (r for r in res["results"] if r["db"] == db and r["contender"] == name), key=lambda r: r["rate"]
+            )
+            if not rs:
+                continue
+            x = [r["rate"] for r in rs]
+            for i, (lo, hi, label) in enumerate(
+                (("latency_ms_p50", "latency_ms_p99", "latency ms"), ("batch_ms_p50", "batch_ms_p99", "batch ms"))
+            ):
+                ax = axes[i][j]
+                line = ax.plot(x, [r[lo] for r in rs], marker="o", label=f"{name} p50")[0]
+                ax.plot(x, [r[hi] for r in rs], marker="x", ls="--", color=line.get_color(), label=f"{name} p99")
+                for r in rs:
+                    if r["behind"]:
+                        ax.annotate("behind", (r["rate"], r[lo] or 0), fontsize=7, color=line.get_color())
+                ax.set_xscale("log")
+                ax.set_yscale("log")
+                ax.set_xlabel("rows/s")
+                ax.set_ylabel(label)
+                ax.set_title(f"{db}: {label}")
+        axes[1][j].axhline(res["trigger_s"] * 1000, color="grey", lw=0.8, ls=":")
+        axes[0][j].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)  # one line per foreachBatch callback otherwise
+    logging.getLogger("xasink").setLevel(logging.WARNING)  # one line per committed batch otherwise
+    name = args.name or time.strftime("stream-quick-%Y%m%d-%H%M%S" if args.quick else "stream-%Y%m%d-%H%M%S")
+    rates = [int(s) for s in args.rates.split(",")]
+    names = [n for n in args.contenders.split(",") if n]
+    unknown = set(names) - set(CONTENDERS)
+    if unknown:
+        raise SystemExit(f"unknown contenders {sorted(unknown)}: choose from {CONTENDERS}")
+    machine = benv.machine()
+    dbs, servers = [], []
+    try:
+        if "postgresql" in args.db:
+            server, pg = benv.start_postgres(durable=True)
+            servers.append(server)
+            dbs.append(pg)
+        if "mariadb" in args.db:
+            host, port = args.mariadb.split(":")
+            maria = benv.mariadb(host, int(port))
+            if maria is not None:
+                dbs.append(maria)
+        for db in dbs:
+            log.info("%s: %s", db.kind, ", ".join(f"{k}={v}" for k, v in db.settings.items()))
+        jar_paths, notes = benv.jars()
+        for note in notes:
+            log.warning("%s", note)
+        spark = benv.spark_session(f"local[{PARTITIONS}]", 10_000, jar_paths, driver_memory="3g")
+        spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "1000")
+        res: dict[str, Any] = {
+            "name": name,
+            "command": "python -m benchmarks.streaming " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "machine": machine,
+            "trigger_s": args.trigger,
+            "warmup_s": args.warmup,
+            "duration_s": args.duration,
+            "drain_s": args.drain,
+            "contenders": names,
+            "settings": {db.kind: db.settings for db in dbs},
+            "results": [],
+        }
+        try:
+            with progress(len(dbs) * len(rates) * len(names)) as bar:
+                for db in dbs:
+                    res["results"] += run_db(spark, db, rates, names, args, bar)
+        finally:
+            spark.stop()
+    finally:
+        for db in dbs:
+            benv.drop_scratch(db)
+        for server in servers:
+            server.stop()
+    res["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(res, indent=1, default=str))
+    (out / f"{name}.md").write_text(markdown(res))
+    chart(res, out / f"{name}-latency.png")
+    print(markdown(res))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
