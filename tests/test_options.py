@@ -386,10 +386,3 @@ def test_commit_timeout_and_the_deprecated_commit_retries() -> None:
     assert opts(commitTimeout="0").commit_timeout == 0  # one try of each step, no retry
     assert "'commitTimeout'" in error({"url": PG, "dbtable": "t", "commitTimeout": "-1"})
     assert "'commitTimeout'" in error({"url": PG, "dbtable": "t", "commitTimeout": "5min"})
-
-
-def test_truncate_option_is_read() -> None:
-    """truncate=true reaches the write options (an overwrite on PostgreSQL then TRUNCATEs in its transaction)."""
-    assert opts().truncate is False
-    assert opts(truncate="true").truncate is True
-    assert opts(TRUNCATE="false").truncate is False

@@ -203,8 +203,8 @@ def test_the_log_keeps_no_apply_step_once_a_batch_is_applied(db: Target, spark: 
     assert table in target and "apply" not in target and "shadow" not in target
 
 
-def test_overwrite_with_truncate_and_a_referenced_table(db: Target, spark: SparkSession) -> None:
-    """truncate=true: PostgreSQL truncates in the transaction, or deletes when a foreign key refers to the table."""
+def test_overwrite_of_a_table_other_tables_refer_to(db: Target, spark: SparkSession) -> None:
+    """truncate=true is accepted and changes nothing: the rows are deleted, so a referenced table works too."""
     table, child = db.new_table(), db.new_table()
     db.keyed_table(table)
     db.execute(f"INSERT INTO {db.q(table)} VALUES (1, 'old1'), (2, 'old2')")

@@ -56,7 +56,6 @@ class ApplySpec:
     flag: str | None = None
     sequence: str | None = None
     tombstones: str | None = None  # change-data with deletes and a sequence: the deleted keys' table
-    truncate: bool = False  # overwrite: TRUNCATE the target in the transaction where the database can
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -121,7 +120,6 @@ def spec_for(options: WriteOptions, plan: TargetPlan, log_id: str) -> ApplySpec:
         check_predicate=options.replace_where_check,
         flag=options.delete_flag_column,
         sequence=sequence,
-        truncate=options.truncate and kind == OVERWRITE,
         tombstones=(
             tombstone_name(options.journal_prefix, log_id, options.sink_id)
             if sequence is not None and options.delete_flag_column is not None
@@ -271,12 +269,11 @@ def apply_statements(dialect: Dialect, conn: Connection, spec: ApplySpec, batch_
                     "not be replaced by the next write with the same condition. Filter the DataFrame by the "
                     "same condition, or set replaceWhereCheck=false to write them anyway"
                 )
-        if not (spec.truncate and dialect.truncate_in_transaction(conn, spec.schema, spec.table)):
-            dialect.lock_for_overwrite(conn, spec.schema, spec.table)
-            delete = sa.delete(target)
-            if spec.kind == REPLACE_WHERE:
-                delete = delete.where(_predicate(spec))
-            conn.execute(delete)
+        dialect.lock_for_overwrite(conn, spec.schema, spec.table)
+        delete = sa.delete(target)
+        if spec.kind == REPLACE_WHERE:
+            delete = delete.where(_predicate(spec))
+        conn.execute(delete)
         res = conn.execute(sa.insert(target).from_select(names, sa.select(*(shadow.c[c] for c in names)).where(mine)))
     else:
         res = _apply_changes(dialect, conn, spec, target, shadow, mine)

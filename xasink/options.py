@@ -42,6 +42,7 @@ _IGNORED = {
     "path",
     "queryname",
     "createtableoptions",
+    "truncate",  # an overwrite never drops the table: its rows are replaced in one transaction (write-modes.md)
 }
 _REJECTED = {
     "query": "'query' is a read option; name the target table with 'dbtable'",
@@ -91,9 +92,6 @@ class WriteOptions:
     mode: str = "append"  # Spark's save mode: "overwrite" replaces the table's rows (or replaceWhere's) at commit
     replace_where: str | None = None  # overwrite only the rows matching this SQL predicate (the job author's SQL)
     replace_where_check: bool = True  # a batch row outside replaceWhere fails the batch
-    # overwrite on PostgreSQL: TRUNCATE instead of DELETE inside the replacing transaction (faster; readers
-    # wait for it, and a snapshot older than it sees the table empty); the table is never dropped either way
-    truncate: bool = False
     delete_flag_column: str | None = None  # change-data apply: a true flag deletes the row's key (not written)
     sequence_column: str | None = None  # change-data apply: the newest change of a key wins, older ones are ignored
     extra: Mapping[str, str] = field(default_factory=dict, repr=False)
@@ -363,7 +361,6 @@ KNOWN = {
     "deleteflagcolumn": "deleteFlagColumn",
     "sequencecolumn": "sequenceColumn",
     "cascadetruncate": "cascadeTruncate",
-    "truncate": "truncate",
 }
 
 
@@ -451,7 +448,6 @@ def parse_options(raw: Mapping[str, Any], *, streaming: bool = False) -> WriteOp
         control_lock_timeout=_int(opts, "controllocktimeout", "controlLockTimeout", 60, 0, 86_400) or 0,
         replace_where=replace_where,
         replace_where_check=_bool(opts, "replacewherecheck", "replaceWhereCheck", True),
-        truncate=_bool(opts, "truncate", "truncate", False),
         delete_flag_column=flag,
         sequence_column=sequence,
     )

@@ -377,10 +377,6 @@ class Dialect(ABC):
     def lock_for_overwrite(self, conn: Connection, schema: str | None, table: str) -> None:  # noqa: B027
         """Keep other writers out of the table while its rows are replaced (readers are never blocked)."""
 
-    def truncate_in_transaction(self, conn: Connection, schema: str | None, table: str) -> bool:
-        """TRUNCATE the table inside the caller's transaction if the database can (False: DELETE instead)."""
-        return False
-
     def clear_shadow(self, conn: Connection, shadow: sa.TableClause, batch: sa.ColumnElement[bool]) -> None:
         """Delete the applied batch's rows from the shadow, inside the caller's transaction."""
         conn.execute(sa.delete(shadow).where(batch))

@@ -306,22 +306,6 @@ class PostgresDialect(Dialect):
         name = conn.dialect.identifier_preparer.format_table(sa.table(table, schema=schema))
         conn.exec_driver_sql(f"LOCK TABLE {name} IN SHARE ROW EXCLUSIVE MODE")
 
-    def truncate_in_transaction(self, conn: Connection, schema: str | None, table: str) -> bool:
-        # TRUNCATE is transactional here; a table other tables' foreign keys refer to cannot be truncated
-        # without CASCADE (which xasink never does): then the caller DELETEs instead
-        name = conn.dialect.identifier_preparer.format_table(sa.table(table, schema=schema))
-        savepoint = conn.begin_nested()
-        try:
-            conn.exec_driver_sql(f"TRUNCATE {name}")
-        except sa.exc.DBAPIError as exc:
-            savepoint.rollback()
-            if _sqlstate(exc) != "0A000":
-                raise
-            log.info("%s cannot be truncated (%s): deleting its rows instead", name, str(exc.orig).splitlines()[0])
-            return False
-        savepoint.commit()
-        return True
-
     def clear_shadow(self, conn: Connection, shadow: sa.TableClause, batch: sa.ColumnElement[bool]) -> None:
         # TRUNCATE when the shadow holds nothing else and no other session has it open (a branch of a run
         # still preparing): no dead rows for VACUUM, ~0.5 s less per million rows; else DELETE the batch's rows
