@@ -159,6 +159,25 @@ def pct(values: list[float], q: float) -> float | None:
     return v[min(len(v) - 1, max(0, math.ceil(q * len(v)) - 1))]
 
 
+def prepared_of(db: benv.Database, sink: str, settle_s: float = 10.0) -> int:
+    """This step's prepared branches still there ``settle_s`` after the stop (a batch stopped mid-way is rolled back
+    by its abort; other sinks on the shared server, other helpers' too, are not counted)."""
+    from xasink.dialects import dialect_for
+    from xasink.options import parse_url
+
+    dialect = dialect_for(parse_url(db.xasink_url))
+    deadline = time.monotonic() + settle_s
+    try:
+        while True:
+            with dialect.connect() as conn:
+                mine = [p for p in dialect.list_prepared(conn) if p.xid is not None and p.xid.sink_id == sink]
+            if not mine or time.monotonic() > deadline:
+                return len(mine)
+            time.sleep(0.5)
+    finally:
+        dialect.dispose()
+
+
 def rounded(x: float | None) -> float | None:
     return None if x is None else round(x, 1)
 
@@ -240,9 +259,13 @@ def run_step(spark: Any, db: benv.Database, name: str, rate: int, args: argparse
     poller.join(5)
     events = progress_events(query)
     shutil.rmtree(ck, ignore_errors=True)
-    leftover = db.leftover_prepared()
+    leftover = prepared_of(db, sink)
     if leftover:
-        log.error("%s: %d prepared branches of the benchmark left after stopping %s", db.kind, leftover, sink)
+        log.error("%s: %d prepared branches left %ds after stopping %s: recovering them", db.kind, leftover, 10, sink)
+        from xasink import admin
+
+        report = admin.recover(db.xasink_url, sink_id=sink, older_than_s=0)  # the query is stopped: nothing is live
+        log.error("recovery of %s: %s", sink, [(e.gid, e.action, e.outcome) for e in report.entries])
 
     window = [e for e in events if w0 <= event_ms(e) <= w1 and e.get("numInputRows", 0) > 0]
     durations = [float(e["durationMs"]["triggerExecution"]) for e in window]
