@@ -77,6 +77,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--quick", action="store_true", help="harness check: 2000 rows/s, 3 s warm-up, 8 s window (under 3 minutes)"
     )
+    p.add_argument("--report", metavar="JSON", help="only write the markdown and chart again from a results file")
     p.add_argument("--name", help="results file name (default stream-<time> / stream-quick-<time>)")
     p.add_argument("--out", default=str(Path(__file__).parent / "results"), help="results directory")
     args = p.parse_args(argv)
@@ -425,6 +426,17 @@ def markdown(res: dict[str, Any]) -> str:
         )
     lines += [
         "",
+        "## Highest rate kept up (of the steps tried)",
+        "",
+        "| database | writer | rows/s |",
+        "|---|---|---:|",
+    ]
+    for db in res["settings"]:
+        for name in res["contenders"]:
+            s = sustained(res["results"], db, name)
+            lines.append(f"| {db} | {name} | {'below the first step' if s is None else f'{s:,}'} |")
+    lines += [
+        "",
         "Batch duration: `triggerExecution` of the query's progress events whose trigger started in the window. "
         "Latency: server time of the first poll that saw a sampled row minus the row's generation time (the rate "
         "source's timestamp); it includes the wait for the source (its offsets advance in whole seconds) and the "
@@ -477,6 +489,13 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)  # one line per foreachBatch callback otherwise
     logging.getLogger("xasink").setLevel(logging.WARNING)  # one line per committed batch otherwise
+    if args.report:
+        done: dict[str, Any] = json.loads(Path(args.report).read_text())
+        base = Path(args.report).with_suffix("")
+        base.with_suffix(".md").write_text(markdown(done))
+        chart(done, base.parent / f"{base.name}-latency.png")
+        print(markdown(done))
+        return 0
     name = args.name or time.strftime("stream-quick-%Y%m%d-%H%M%S" if args.quick else "stream-%Y%m%d-%H%M%S")
     rates = [int(s) for s in args.rates.split(",")]
     names = [n for n in args.contenders.split(",") if n]
