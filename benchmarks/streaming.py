@@ -21,7 +21,7 @@ building up), or the window's rows are not all visible within ``--drain`` second
 sustained rate.
 
     python -m benchmarks.streaming                                  # 1k, 5k, 20k, 50k rows/s; both databases
-    python -m benchmarks.streaming --quick                          # harness check: 2k rows/s, 8 s window (4.4 min at load 15)
+    python -m benchmarks.streaming --quick                          # harness check: 2k rows/s (4.4 min at load 15)
     python -m benchmarks.streaming --rates 5000 --db mariadb --contenders xasink-stream --name st-check
 """
 
