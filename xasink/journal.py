@@ -507,6 +507,21 @@ class Journal:
                         raise JournalError(f"cannot register sink {sink_id} in {self.sinks.fullname}")
                 yield conn, (int(row[1]) if row[1] is not None else None)
 
+    def claim_view(
+        self, conn: Connection, sink_id: str, batch_id: int, run: str
+    ) -> tuple[bool, str | None, bool | None]:
+        """In one round trip, under the sink lock: whether (sink, batch) is decided, its recorded target (as
+        :meth:`target_of`), and whether ``run``'s claim of it is superseded (None: the run has no claim yet)."""
+        b, c = self.batches.c, self.claims.c
+        batch = b.sink_id == sink_id, b.batch_id == batch_id
+        decided = sa.exists().where(*batch)
+        target = sa.select(b.target).where(*batch).scalar_subquery()
+        superseded = (
+            sa.select(c.superseded).where(c.sink_id == sink_id, c.batch_id == batch_id, c.run == run).scalar_subquery()
+        )
+        row = conn.execute(sa.select(decided, target, superseded)).one()
+        return bool(row[0]), row[1], (bool(row[2]) if row[2] is not None else None)
+
     def claim(self, conn: Connection, sink_id: str, batch_id: int, run: str, guard: str | None = None) -> bool:
         """Make ``run`` the holder of an undecided batch, under the sink lock; False if it was taken over.
 
@@ -518,6 +533,13 @@ class Journal:
         superseded = conn.execute(sa.select(c.superseded).where(*mine, c.run == run)).scalar()
         if superseded is not None:
             return not superseded
+        self.take_over(conn, sink_id, batch_id, run, guard)
+        return True
+
+    def take_over(self, conn: Connection, sink_id: str, batch_id: int, run: str, guard: str | None = None) -> None:
+        """:meth:`claim` for a run that has no claim of the batch yet (as :meth:`claim_view` read it)."""
+        c = self.claims.c
+        mine = c.sink_id == sink_id, c.batch_id == batch_id
         conn.execute(self.claims.update().where(*mine, c.run != run).values(superseded=True))
         conn.execute(
             self.claims.insert().values(
@@ -529,7 +551,6 @@ class Journal:
                 guard=guard,
             )
         )
-        return True
 
     def claimed_at(self, conn: Connection, sink_id: str, batch_ids: set[int]) -> dict[tuple[int, str], datetime]:
         """When each run claimed each batch, by the server's clock: the age of branches XA RECOVER does not date.
