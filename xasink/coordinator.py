@@ -137,9 +137,8 @@ class Coordinator:
         is new.  Raises :class:`BatchIdentityError` when the log holds it for another target, and
         :class:`ForgottenBatchError` when the log can no longer tell (an old log's trim)."""
         with self.dialect.connect() as conn:
-            decided, recorded = self.journal.target_of(conn, self.sink_id, batch_id)
+            decided, recorded, horizon = self.journal.batch_view(conn, self.sink_id, batch_id)
             mine = self.target(conn, query)
-            horizon = None if decided else self.journal.horizon(conn, self.sink_id)
         if decided:
             if not same_target(recorded, mine):
                 raise BatchIdentityError(identity_message(self.sink_id, batch_id, recorded, mine))
@@ -690,7 +689,8 @@ class Coordinator:
             log.info("recovery finished decided batch %s of sink %s", record.batch_id, self.sink_id)
         to_commit: list[Xid] = []
         with self.journal.locked(self.sink_id) as conn:
-            now = self.journal.dialect.server_now(conn)
+            # it only reads under the lock (its roll-backs run on a connection of their own)
+            self.journal.dialect.relaxed_commit(conn)
             mine = [
                 p
                 for p in self._prepared(conn)
@@ -699,6 +699,9 @@ class Coordinator:
                 and p.xid.sink_id == self.sink_id
                 and (upto is None or p.xid.batch_id <= upto)
             ]
+            if not mine:  # nothing of this sink is prepared: nothing to date, judge or finish
+                return report
+            now = self.journal.dialect.server_now(conn)
             decided = self.journal.get_many(conn, self.sink_id, {p.xid.batch_id for p in mine if p.xid})
             holder = self.journal.holder(conn, self.sink_id, upto) if run is not None and upto is not None else None
             undated = {p.xid.batch_id for p in mine if p.xid and p.prepared_at is None} if min_age_s > 0 else set()

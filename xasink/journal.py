@@ -507,6 +507,16 @@ class Journal:
                         raise JournalError(f"cannot register sink {sink_id} in {self.sinks.fullname}")
                 yield conn, (int(row[1]) if row[1] is not None else None)
 
+    def batch_view(self, conn: Connection, sink_id: str, batch_id: int) -> tuple[bool, str | None, int | None]:
+        """In one round trip: whether (sink, batch) is decided, its recorded target, and the sink's horizon."""
+        b, s = self.batches.c, self.sinks.c
+        batch = b.sink_id == sink_id, b.batch_id == batch_id
+        decided = sa.exists().where(*batch)
+        target = sa.select(b.target).where(*batch).scalar_subquery()
+        horizon = sa.select(s.horizon).where(s.sink_id == sink_id).scalar_subquery()
+        row = conn.execute(sa.select(decided, target, horizon)).one()
+        return bool(row[0]), row[1], (int(row[2]) if row[2] is not None else None)
+
     def claim_view(
         self, conn: Connection, sink_id: str, batch_id: int, run: str
     ) -> tuple[bool, str | None, bool | None]:
