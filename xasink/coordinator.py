@@ -180,9 +180,10 @@ class Coordinator:
         # one transaction under the sink lock checks the batch (a replay, another target's batch, a batch the
         # log forgot, branches of another log, tasks that saw a decision) and records the decision
         with phase("commit.decide", **ids):
-            verdict = self._decide(record, query, apply, skipped=skipped)
+            verdict = self._decide(record, query, apply, checks=True, skipped=skipped)
         if verdict is not None:
             return self._refused(verdict, record, outcomes, t0)
+        # after the decision, only forward: commit and mark through transient errors until commitTimeout
         fault("driver.after_decide", batch=batch_id)
         t_commit = time.perf_counter()
         deadline = time.monotonic() + self.options.commit_timeout
@@ -256,16 +257,18 @@ class Coordinator:
         record: BatchRecord,
         query: str | None = None,
         apply: ApplySpec | None = None,
+        checks: bool = False,
         skipped: bool = False,
     ) -> _Refusal | None:
-        """Check the batch and record the decision, in one transaction under the sink lock; the checks'
-        finding instead when the batch must not be decided (its caller finishes or aborts it then).
+        """Record the decision under the sink lock, after checking every listed branch is still prepared.
 
-        The checks are what :meth:`check_batch` does before a write (a decided batch is a replay of the same
-        target, or refused for another; an undecided one at or below an old log's horizon is refused), then
-        the branches must carry this log's identity and no task may have seen a decision.  The decision is
-        recorded only if no decision exists, every listed branch is still prepared, and the batch's holder
-        is the run of the listed branches.
+        The decision is recorded only if no decision exists, every listed branch is still prepared, and the
+        batch's holder is the run of the listed branches; else the listed branches are rolled back and
+        :class:`ConcurrentWriterError` raised.  With ``checks`` (the commit), the same transaction first
+        checks what :meth:`check_batch` checks before a write (a decided batch is a replay of the same
+        target, or refused for another; an undecided one at or below an old log's horizon is refused), that
+        the branches carry this log's identity and that no task (``skipped``) saw a decision, and returns
+        what it found instead of deciding: the commit finishes a replay and aborts the rest.
 
         Once the decision is sent, a failure (above all a connection broken during its COMMIT) leaves its
         fate unknown to us: :meth:`_settle_decision` reads the log again instead of guessing.
@@ -276,21 +279,21 @@ class Coordinator:
                 state = self.journal.decision_state(conn, self.sink_id, record.batch_id)
                 mine = self.target(conn, query)
                 other = state.decision
-                if other is not None:  # decided: a replay of the same target, or another target's batch
+                if checks and other is not None:  # decided: a replay of the same target, or another target's
                     if not same_target(state.target, mine):
                         message = identity_message(self.sink_id, record.batch_id, state.target, mine)
                         return _Refusal(error=BatchIdentityError(message))
                     return _Refusal(replay=other)
-                if horizon is not None and record.batch_id <= horizon:
+                if checks and horizon is not None and record.batch_id <= horizon:
                     return _Refusal(
                         error=ForgottenBatchError(
                             forgotten_message(self.sink_id, record.batch_id, horizon, self.journal.sinks.fullname)
                         )
                     )
                 strangers = [x for x in record.xids if x.log_id != state.log_id]
-                if strangers:
+                if checks and strangers:
                     return _Refusal(strangers=strangers, log_id=state.log_id)
-                if skipped:
+                if checks and skipped:
                     return _Refusal()
                 prepared = {p.xid for p in self._prepared(conn) if p.xid is not None and p.xid.log_id == state.log_id}
                 self._leftovers = any(
@@ -300,7 +303,7 @@ class Coordinator:
                 missing = [x for x in record.xids if x not in prepared]
                 holder = state.holder
                 taken_over = holder is not None and any(x.run != holder for x in record.xids)
-                if not missing and not taken_over:
+                if other is None and not missing and not taken_over:
                     self.dialect.durable_commit(conn)
                     sent = True
                     target = mine
@@ -308,7 +311,8 @@ class Coordinator:
                         target = json.dumps({**json.loads(target), "apply": apply.to_dict()}, sort_keys=True)
                     self.journal.insert_decision(conn, record, target)
                 else:
-                    self._rollback([x for x in record.xids if x in prepared])
+                    doomed = [x for x in record.xids if x in prepared and (other is None or x not in other.xids)]
+                    self._rollback(doomed)
         except Exception as exc:  # leaving locked() sends the decision's COMMIT: a failure there is ambiguous
             if not sent:
                 raise
@@ -323,11 +327,16 @@ class Coordinator:
                 record.rows,
             )
             return None
-        if taken_over:
+        if other is None and taken_over:
             raise ConcurrentWriterError(
                 f"sink {self.sink_id} batch {record.batch_id} was taken over by a newer writer with the same "
                 "sinkId before this one decided; this attempt's branches were rolled back and it wrote nothing. "
                 "Run one writer per sinkId at a time."
+            )
+        if other is not None:
+            raise ConcurrentWriterError(
+                f"sink {self.sink_id} batch {record.batch_id} was decided by another writer "
+                "first; this attempt's branches were rolled back and it wrote nothing"
             )
         raise ConcurrentWriterError(
             f"sink {self.sink_id} batch {record.batch_id}: {len(missing)} prepared branches vanished before the "
