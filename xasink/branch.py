@@ -70,23 +70,26 @@ def clear_blockers(
     this partition's rows, whichever attempt Spark reports, and a retry after a failure past PREPARE does
     not wait on its locks.
     """
-    with journal.locked(me.sink_id) as conn:
-        decided, recorded = journal.target_of(conn, me.sink_id, me.batch_id)
+    with journal.locked_sink(me.sink_id) as (conn, horizon):
+        decided, recorded, superseded = journal.claim_view(conn, me.sink_id, me.batch_id, me.run)
         if decided:
             if target is not None:
                 mine = target_identity(conn, *target)
                 if not same_target(recorded, mine):
                     raise BatchIdentityError(identity_message(me.sink_id, me.batch_id, recorded, mine))
             return Clearance(decided=True)
-        horizon = journal.horizon(conn, me.sink_id)
         if horizon is not None and me.batch_id <= horizon:
             raise ForgottenBatchError(forgotten_message(me.sink_id, me.batch_id, horizon, journal.sinks.fullname))
-        if not journal.claim(conn, me.sink_id, me.batch_id, me.run, guard):
+        if superseded:
             raise ConcurrentWriterError(
                 f"sink {me.sink_id} batch {me.batch_id} was taken over by a newer writer with the same sinkId "
                 f"(run {me.run} lost it); this writer's branches are rolled back and it wrote nothing. "
                 "Run one writer per sinkId at a time."
             )
+        if superseded is None:  # the run's first task: it takes the batch over (a durable write)
+            journal.take_over(conn, me.sink_id, me.batch_id, me.run, guard)
+        else:  # the run's claim is there already: this transaction only reads under the lock
+            journal.dialect.relaxed_commit(conn)
         ours = [
             p.xid
             for p in dialect.list_prepared(conn)
@@ -125,6 +128,7 @@ def settle_prepared(dialect: Dialect, journal: Journal, me: Xid) -> None:
     """
     reason = None
     with journal.locked(me.sink_id) as conn:
+        journal.dialect.relaxed_commit(conn)  # it only reads (a roll-back runs on a connection of its own)
         decision = journal.get(conn, me.sink_id, me.batch_id)
         if decision is not None:
             if me in decision.xids:

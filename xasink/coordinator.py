@@ -49,9 +49,23 @@ from .xid import Xid
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+# (shared dialect, journal schema, prefix) -> the sinks registered in that log by this process
+_SHARED_SINKS: dict[tuple[int, str | None, str], set[str]] = {}
 BACKOFF_FIRST_S = 0.1  # the first retry's delay after the decision; doubled per retry ...
 BACKOFF_CAP_S = 5.0  # ... up to this: an outage of minutes is noticed within seconds of its end
 TRIM_EVERY = 16  # compact the decision log after about one committed batch in this many
+
+
+@dataclass(frozen=True)
+class _Refusal:
+    """Why :meth:`Coordinator._decide` did not decide: a replay to finish, or what to abort the batch with.
+
+    All empty: a task saw a decision the log no longer holds."""
+
+    replay: BatchRecord | None = None  # decided already, for this very target
+    error: Exception | None = None  # BatchIdentityError / ForgottenBatchError
+    strangers: list[Xid] = field(default_factory=list)  # branches of another decision log
+    log_id: str | None = None  # this log's identity (with strangers)
 
 
 @dataclass
@@ -88,7 +102,12 @@ class Coordinator:
             make = shared_dialect if shared else dialect_for
             dialect = make(options.url, options.branch_settings, pool)
         self.dialect = dialect
-        self.journal = journal or Journal(self.dialect, options.journal_schema, options.journal_prefix)
+        if journal is None:
+            known = None
+            if shared:  # sinks registered by earlier coordinators of this process's dialect
+                known = _SHARED_SINKS.setdefault((id(dialect), options.journal_schema, options.journal_prefix), set())
+            journal = Journal(self.dialect, options.journal_schema, options.journal_prefix, known)
+        self.journal = journal
 
     def close(self) -> None:
         if self._owns_dialect:
@@ -118,9 +137,8 @@ class Coordinator:
         is new.  Raises :class:`BatchIdentityError` when the log holds it for another target, and
         :class:`ForgottenBatchError` when the log can no longer tell (an old log's trim)."""
         with self.dialect.connect() as conn:
-            decided, recorded = self.journal.target_of(conn, self.sink_id, batch_id)
+            decided, recorded, horizon = self.journal.batch_view(conn, self.sink_id, batch_id)
             mine = self.target(conn, query)
-            horizon = None if decided else self.journal.horizon(conn, self.sink_id)
         if decided:
             if not same_target(recorded, mine):
                 raise BatchIdentityError(identity_message(self.sink_id, batch_id, recorded, mine))
@@ -150,41 +168,21 @@ class Coordinator:
         query = query or next((o.query for o in done if o.query), None)
         prepare_s = max((o.seconds for o in done), default=0.0)
         ids = {"sink": self.sink_id, "batch": batch_id}
-        try:
-            with phase("commit.check", **ids):
-                replay = self.check_batch(batch_id, query)
-        except BatchIdentityError:
-            self.abort(batch_id, outcomes)
-            raise
-        if replay:
-            with self.dialect.connect() as conn:
-                existing = self.journal.get(conn, self.sink_id, batch_id)
-            if existing is not None:
-                return self._replayed(existing, t0)
         xids = [o.xid for o in done if o.xid is not None]
-        strangers = [x for x in xids if not self.journal.owns(x)]
-        if strangers:  # the log was dropped and made anew while the batch ran: its branches name the old one
-            self._rollback(strangers)
-            self.abort(batch_id, outcomes)
-            raise BatchAbortedError(
-                f"sink {self.sink_id} batch {batch_id}: branches carry decision log id {strangers[0].log_id}, but "
-                f"the log {self.journal.batches.fullname} is now {self.journal.log_id()} (recreated while the "
-                "batch ran); batch rolled back, run it again"
-            )
         rows = sum(o.rows for o in done if o.gid)
-        if any(o.skipped for o in done):  # a task saw a decision that is gone now: journal trimmed or tampered
-            self.abort(batch_id, outcomes)
-            raise BatchAbortedError(
-                f"sink {self.sink_id} batch {batch_id}: tasks saw a decision the journal no "
-                "longer holds; batch rolled back, run it again"
-            )
-        fault("driver.before_decide", batch=batch_id)
+        skipped = any(o.skipped for o in done)
+        if not skipped:  # (a replay's tasks all skip: the point is reached by batches about to be decided)
+            fault("driver.before_decide", batch=batch_id)
         t_decide = time.perf_counter()
         record = BatchRecord(
             self.sink_id, batch_id, "committing", tuple(sorted(xids)), rows, len(xids), int(prepare_s * 1000)
         )
+        # one transaction under the sink lock checks the batch (a replay, another target's batch, a batch the
+        # log forgot, branches of another log, tasks that saw a decision) and records the decision
         with phase("commit.decide", **ids):
-            self._decide(record, query, apply)
+            verdict = self._decide(record, query, apply, checks=True, skipped=skipped)
+        if verdict is not None:
+            return self._refused(verdict, record, outcomes, t0)
         # after the decision, only forward: commit and mark through transient errors until commitTimeout
         fault("driver.after_decide", batch=batch_id)
         t_commit = time.perf_counter()
@@ -220,6 +218,31 @@ class Coordinator:
         log.info("%s", result)
         return result
 
+    def _refused(
+        self, verdict: _Refusal, record: BatchRecord, outcomes: Sequence[BranchOutcome | None], t0: float
+    ) -> WriteResult:
+        """What the decision's checks found instead of deciding: a replay is finished, the rest aborted."""
+        batch_id = record.batch_id
+        if verdict.replay is not None:
+            return self._replayed(verdict.replay, t0)
+        if verdict.error is not None:  # another target's batch, or one the log forgot: nothing may commit
+            self.abort(batch_id, outcomes)
+            raise verdict.error
+        if verdict.strangers:  # the log was dropped and made anew while the batch ran: its branches name the old one
+            self._rollback(verdict.strangers)
+            self.abort(batch_id, outcomes)
+            raise BatchAbortedError(
+                f"sink {self.sink_id} batch {batch_id}: branches carry decision log id "
+                f"{verdict.strangers[0].log_id}, but the log {self.journal.batches.fullname} is now "
+                f"{verdict.log_id} (recreated while the batch ran); batch rolled back, run it again"
+            )
+        # a task saw a decision that is gone now: journal trimmed or tampered
+        self.abort(batch_id, outcomes)
+        raise BatchAbortedError(
+            f"sink {self.sink_id} batch {batch_id}: tasks saw a decision the journal no "
+            "longer holds; batch rolled back, run it again"
+        )
+
     def _replayed(self, existing: BatchRecord, t0: float) -> WriteResult:
         log.info(
             "sink %s batch %s was already decided: finishing it, writing nothing new", self.sink_id, existing.batch_id
@@ -229,31 +252,61 @@ class Coordinator:
             self.sink_id, existing.batch_id, existing.rows, existing.branches, True, {"total": time.perf_counter() - t0}
         )
 
-    def _decide(self, record: BatchRecord, query: str | None = None, apply: ApplySpec | None = None) -> None:
+    def _decide(
+        self,
+        record: BatchRecord,
+        query: str | None = None,
+        apply: ApplySpec | None = None,
+        checks: bool = False,
+        skipped: bool = False,
+    ) -> _Refusal | None:
         """Record the decision under the sink lock, after checking every listed branch is still prepared.
+
+        The decision is recorded only if no decision exists, every listed branch is still prepared, and the
+        batch's holder is the run of the listed branches; else the listed branches are rolled back and
+        :class:`ConcurrentWriterError` raised.  With ``checks`` (the commit), the same transaction first
+        checks what :meth:`check_batch` checks before a write (a decided batch is a replay of the same
+        target, or refused for another; an undecided one at or below an old log's horizon is refused), that
+        the branches carry this log's identity and that no task (``skipped``) saw a decision, and returns
+        what it found instead of deciding: the commit finishes a replay and aborts the rest.
 
         Once the decision is sent, a failure (above all a connection broken during its COMMIT) leaves its
         fate unknown to us: :meth:`_settle_decision` reads the log again instead of guessing.
         """
         sent = False
         try:
-            with self.journal.locked(self.sink_id) as conn:
-                other = self.journal.get(conn, self.sink_id, record.batch_id)
-                prepared = {p.xid for p in self._prepared(conn) if self.journal.owns(p.xid, conn)}
+            with self.journal.locked_sink(self.sink_id) as (conn, horizon):
+                state = self.journal.decision_state(conn, self.sink_id, record.batch_id)
+                mine = self.target(conn, query)
+                other = state.decision
+                if checks and other is not None:  # decided: a replay of the same target, or another target's
+                    if not same_target(state.target, mine):
+                        message = identity_message(self.sink_id, record.batch_id, state.target, mine)
+                        return _Refusal(error=BatchIdentityError(message))
+                    return _Refusal(replay=other)
+                if checks and horizon is not None and record.batch_id <= horizon:
+                    return _Refusal(
+                        error=ForgottenBatchError(
+                            forgotten_message(self.sink_id, record.batch_id, horizon, self.journal.sinks.fullname)
+                        )
+                    )
+                strangers = [x for x in record.xids if x.log_id != state.log_id]
+                if checks and strangers:
+                    return _Refusal(strangers=strangers, log_id=state.log_id)
+                if checks and skipped:
+                    return _Refusal()
+                prepared = {p.xid for p in self._prepared(conn) if p.xid is not None and p.xid.log_id == state.log_id}
                 self._leftovers = any(
-                    x is not None
-                    and x.sink_id == self.sink_id
-                    and x.batch_id <= record.batch_id
-                    and x not in record.xids
+                    x.sink_id == self.sink_id and x.batch_id <= record.batch_id and x not in record.xids
                     for x in prepared
                 )
                 missing = [x for x in record.xids if x not in prepared]
-                holder = self.journal.holder(conn, self.sink_id, record.batch_id)
+                holder = state.holder
                 taken_over = holder is not None and any(x.run != holder for x in record.xids)
                 if other is None and not missing and not taken_over:
                     self.dialect.durable_commit(conn)
                     sent = True
-                    target = self.target(conn, query)
+                    target = mine
                     if apply is not None:  # recovery finishes the batch from the log alone
                         target = json.dumps({**json.loads(target), "apply": apply.to_dict()}, sort_keys=True)
                     self.journal.insert_decision(conn, record, target)
@@ -264,7 +317,7 @@ class Coordinator:
             if not sent:
                 raise
             self._settle_decision(record, exc)
-            return
+            return None
         if sent:
             log.info(
                 "decided sink %s batch %s: %d branches, %d rows",
@@ -273,7 +326,7 @@ class Coordinator:
                 record.branches,
                 record.rows,
             )
-            return
+            return None
         if other is None and taken_over:
             raise ConcurrentWriterError(
                 f"sink {self.sink_id} batch {record.batch_id} was taken over by a newer writer with the same "
@@ -374,6 +427,9 @@ class Coordinator:
 
         def mark() -> bool:
             with self.journal.dialect.connect() as conn:
+                # lost in a server crash, the mark is made again: recovery finishes the decided batch, whose
+                # committed branches answer "unknown" (counted as committed), and marks it
+                self.journal.dialect.relaxed_commit(conn)
                 return self.journal.mark_committed(conn, self.sink_id, batch_id, commit_ms)
 
         try:
@@ -642,7 +698,8 @@ class Coordinator:
             log.info("recovery finished decided batch %s of sink %s", record.batch_id, self.sink_id)
         to_commit: list[Xid] = []
         with self.journal.locked(self.sink_id) as conn:
-            now = self.journal.dialect.server_now(conn)
+            # it only reads under the lock (its roll-backs run on a connection of their own)
+            self.journal.dialect.relaxed_commit(conn)
             mine = [
                 p
                 for p in self._prepared(conn)
@@ -651,6 +708,9 @@ class Coordinator:
                 and p.xid.sink_id == self.sink_id
                 and (upto is None or p.xid.batch_id <= upto)
             ]
+            if not mine:  # nothing of this sink is prepared: nothing to date, judge or finish
+                return report
+            now = self.journal.dialect.server_now(conn)
             decided = self.journal.get_many(conn, self.sink_id, {p.xid.batch_id for p in mine if p.xid})
             holder = self.journal.holder(conn, self.sink_id, upto) if run is not None and upto is not None else None
             undated = {p.xid.batch_id for p in mine if p.xid and p.prepared_at is None} if min_age_s > 0 else set()

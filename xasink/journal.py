@@ -66,15 +66,31 @@ class BatchRecord:
         return self.state == COMMITTED
 
 
+# (dialect, URL without its password) -> (database, default schema) of that URL's sessions: the same for
+# every session of a URL, so read once per process instead of at every check, decision and task
+_SESSION_TARGETS: dict[tuple[str, str], tuple[str, str]] = {}
+
+
+def session_target(conn: Connection) -> tuple[str, str]:
+    """The database and default schema of this connection's sessions (``current_database()`` / ``DATABASE()``
+    and the schema SQLAlchemy found at connect), read once per URL and process."""
+    key = (conn.dialect.name, conn.engine.url.render_as_string(hide_password=True))
+    found = _SESSION_TARGETS.get(key)
+    if found is None:
+        db = conn.execute(
+            sa.text("SELECT current_database()" if conn.dialect.name == "postgresql" else "SELECT DATABASE()")
+        ).scalar()
+        found = _SESSION_TARGETS[key] = (str(db), str(sa.inspect(conn).default_schema_name))
+    return found
+
+
 def target_identity(conn: Connection, schema: str | None, table: str, query: str | None = None) -> str:
     """What a batch writes, as the decision log records it: database, schema (the session's default when the
     table names none) and table, and the streaming query's id when there is one."""
-    db = conn.execute(
-        sa.text("SELECT current_database()" if conn.dialect.name == "postgresql" else "SELECT DATABASE()")
-    ).scalar()
+    db, default_schema = session_target(conn)
     ident: dict[str, str] = {
-        "db": str(db),
-        "schema": str(schema or sa.inspect(conn).default_schema_name),
+        "db": db,
+        "schema": str(schema or default_schema),
         "table": table,
     }
     if query:
@@ -105,6 +121,16 @@ def describe_target(ident: str | None) -> str:
         return repr(ident)
     what = f"table {d.get('schema')}.{d.get('table')} in database {d.get('db')}"
     return what + (f" (streaming query {d['query']})" if d.get("query") else "")
+
+
+@dataclass(frozen=True)
+class DecisionState:
+    """What deciding a batch reads under the sink lock (:meth:`Journal.decision_state`)."""
+
+    log_id: str  # the log's identity
+    decision: BatchRecord | None  # the batch's decision, if any
+    target: str | None  # what the decided batch wrote, as recorded (None: not decided, or an older log)
+    holder: str | None  # the run holding the batch (None: no claim, or trimmed)
 
 
 @dataclass(frozen=True)
@@ -216,11 +242,19 @@ def forgotten_message(sink_id: str, batch_id: int, horizon: int, sinks_table: st
 
 
 class Journal:
-    def __init__(self, dialect: Dialect, schema: str | None = None, prefix: str = "xasink_") -> None:
+    def __init__(
+        self,
+        dialect: Dialect,
+        schema: str | None = None,
+        prefix: str = "xasink_",
+        known_sinks: set[str] | None = None,
+    ) -> None:
+        """``known_sinks``: the sinks registered already, shared by the journals of one long-lived dialect (a
+        sink row that vanished since, with a log made anew, is registered again by :meth:`locked_sink`)."""
         self.dialect = dialect
         self.sinks, self.batches, self.claims, self.logs = journal_metadata(schema, prefix)
         self.parts = parts_table(self.sinks.metadata, prefix)
-        self._known_sinks: set[str] = set()
+        self._known_sinks: set[str] = known_sinks if known_sinks is not None else set()
         self._log_id: str | None = None
 
     @property
@@ -471,11 +505,54 @@ class Journal:
     @contextmanager
     def locked(self, sink_id: str) -> Iterator[Connection]:
         """A transaction holding the sink's row lock: decide and abort-undecided both run inside one."""
+        with self.locked_sink(sink_id) as (conn, _):
+            yield conn
+
+    @contextmanager
+    def locked_sink(self, sink_id: str) -> Iterator[tuple[Connection, int | None]]:
+        """:meth:`locked`, with the sink's ``horizon`` read by the statement that takes the lock (the newest
+        value: a locking read sees the latest committed row, on PostgreSQL and InnoDB alike)."""
+        s = self.sinks.c
+        lock = sa.select(s.sink_id, s.horizon).where(s.sink_id == sink_id).with_for_update()
         with self.dialect.connect() as conn:
             self._ensure_sink(conn, sink_id)
             with conn.begin():
-                conn.execute(sa.select(self.sinks.c.sink_id).where(self.sinks.c.sink_id == sink_id).with_for_update())
-                yield conn
+                row = conn.execute(lock).first()
+                if row is None:  # registered earlier in this process, but the log was made anew since
+                    try:
+                        with conn.begin_nested():
+                            conn.execute(self.sinks.insert().values(sink_id=sink_id, created_at=self.dialect.utc_now()))
+                    except sa.exc.IntegrityError:
+                        pass  # inserted concurrently
+                    row = conn.execute(lock).first()
+                    if row is None:
+                        raise JournalError(f"cannot register sink {sink_id} in {self.sinks.fullname}")
+                yield conn, (int(row[1]) if row[1] is not None else None)
+
+    def batch_view(self, conn: Connection, sink_id: str, batch_id: int) -> tuple[bool, str | None, int | None]:
+        """In one round trip: whether (sink, batch) is decided, its recorded target, and the sink's horizon."""
+        b, s = self.batches.c, self.sinks.c
+        batch = b.sink_id == sink_id, b.batch_id == batch_id
+        decided = sa.exists().where(*batch)
+        target = sa.select(b.target).where(*batch).scalar_subquery()
+        horizon = sa.select(s.horizon).where(s.sink_id == sink_id).scalar_subquery()
+        row = conn.execute(sa.select(decided, target, horizon)).one()
+        return bool(row[0]), row[1], (int(row[2]) if row[2] is not None else None)
+
+    def claim_view(
+        self, conn: Connection, sink_id: str, batch_id: int, run: str
+    ) -> tuple[bool, str | None, bool | None]:
+        """In one round trip, under the sink lock: whether (sink, batch) is decided, its recorded target (as
+        :meth:`target_of`), and whether ``run``'s claim of it is superseded (None: the run has no claim yet)."""
+        b, c = self.batches.c, self.claims.c
+        batch = b.sink_id == sink_id, b.batch_id == batch_id
+        decided = sa.exists().where(*batch)
+        target = sa.select(b.target).where(*batch).scalar_subquery()
+        superseded = (
+            sa.select(c.superseded).where(c.sink_id == sink_id, c.batch_id == batch_id, c.run == run).scalar_subquery()
+        )
+        row = conn.execute(sa.select(decided, target, superseded)).one()
+        return bool(row[0]), row[1], (bool(row[2]) if row[2] is not None else None)
 
     def claim(self, conn: Connection, sink_id: str, batch_id: int, run: str, guard: str | None = None) -> bool:
         """Make ``run`` the holder of an undecided batch, under the sink lock; False if it was taken over.
@@ -488,6 +565,13 @@ class Journal:
         superseded = conn.execute(sa.select(c.superseded).where(*mine, c.run == run)).scalar()
         if superseded is not None:
             return not superseded
+        self.take_over(conn, sink_id, batch_id, run, guard)
+        return True
+
+    def take_over(self, conn: Connection, sink_id: str, batch_id: int, run: str, guard: str | None = None) -> None:
+        """:meth:`claim` for a run that has no claim of the batch yet (as :meth:`claim_view` read it)."""
+        c = self.claims.c
+        mine = c.sink_id == sink_id, c.batch_id == batch_id
         conn.execute(self.claims.update().where(*mine, c.run != run).values(superseded=True))
         conn.execute(
             self.claims.insert().values(
@@ -499,7 +583,6 @@ class Journal:
                 guard=guard,
             )
         )
-        return True
 
     def claimed_at(self, conn: Connection, sink_id: str, batch_ids: set[int]) -> dict[tuple[int, str], datetime]:
         """When each run claimed each batch, by the server's clock: the age of branches XA RECOVER does not date.
@@ -543,6 +626,34 @@ class Journal:
         b = self.batches.c
         row = conn.execute(sa.select(b.target).where(b.sink_id == sink_id, b.batch_id == batch_id)).first()
         return (False, None) if row is None else (True, row[0])
+
+    def decision_state(self, conn: Connection, sink_id: str, batch_id: int) -> DecisionState:
+        """In one round trip, under the sink lock: the log's identity, the batch's decision with its recorded
+        target, and the run holding the batch (what :meth:`log_id`, :meth:`get`, :meth:`target_of` and
+        :meth:`holder` read)."""
+        b, c, lg = self.batches.c, self.claims.c, self.logs.c
+        holder = (
+            sa.select(c.run)
+            .where(c.sink_id == sink_id, c.batch_id == batch_id, c.superseded.is_(False))
+            .limit(1)
+            .scalar_subquery()
+        )
+        q = (
+            sa.select(lg.log_id, holder.label("xasink_holder"), *self.batches.c)
+            .select_from(self.logs.outerjoin(self.batches, sa.and_(b.sink_id == sink_id, b.batch_id == batch_id)))
+            .where(lg.slot == 1)
+        )
+        row = conn.execute(q).first()
+        if row is None or row[0] is None or not valid_log_id(str(row[0])):
+            raise PreflightError(
+                f"the decision log's identity in {self.logs.fullname} is missing or malformed "
+                f"({row[0] if row is not None else None!r}); it must hold one row with a 10-hex-digit log_id. "
+                "Restore it: every prepared branch of this log carries it."
+            )
+        m = row._mapping
+        record = self._record(row) if m["sink_id"] is not None else None
+        target = m["target"] if record is not None else None
+        return DecisionState(str(row[0]), record, target, m["xasink_holder"])
 
     def horizon(self, conn: Connection, sink_id: str) -> int | None:
         """Batch ids up to this one that the log does not hold may have been committed (an old log's trim)."""

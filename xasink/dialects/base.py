@@ -373,6 +373,15 @@ class Dialect(ABC):
         ordinary commit (the decision's) not when the server runs with asynchronous commit.
         """
 
+    def relaxed_commit(self, conn: Connection) -> None:  # noqa: B027 - optional hook
+        """Let this transaction's COMMIT return before it is on disk, where the server would wait for it.
+
+        Only for a transaction whose loss in a server crash changes nothing that matters: one that wrote
+        nothing (it only held the sink lock to read), or the mark of a committed batch (recovery marks a
+        decided batch again, its branches answer "unknown" as committed).  PostgreSQL: a ``SELECT ... FOR
+        UPDATE`` gives the transaction an id and a WAL record, so its commit waits for a flush otherwise.
+        """
+
     # -- overwrite, replaceWhere, change-data apply (xasink.apply) ---------------
     def lock_for_overwrite(self, conn: Connection, schema: str | None, table: str) -> None:  # noqa: B027
         """Keep other writers out of the table while its rows are replaced (readers are never blocked)."""

@@ -9,9 +9,9 @@ Two server facts shape the branch side:
   ``XA COMMIT`` answers XAER_NOTA as if the xid did not exist, and on MariaDB 10.11 an ``XA COMMIT`` that
   races with the owner's disconnect can even answer OK while the transaction stays prepared, unlisted and
   holding its locks until the server restarts (measured: about 1 in 500 immediate commits).  So the
-  branch does not report its xid until the server has finished the disconnect: its session is gone from
-  ``information_schema.PROCESSLIST`` (a user always sees their own sessions); the server detaches the
-  transaction before it removes the session from that list.
+  branch does not report its xid until its session is gone from ``information_schema.PROCESSLIST`` (a
+  user always sees their own sessions), and whoever finishes a branch first waits until InnoDB has
+  detached it (:mod:`.owner`).
 * ``LOAD DATA LOCAL`` behaves as ``LOAD DATA ... IGNORE``: duplicates and bad values become warnings and
   rows are skipped or altered, whatever ``sql_mode`` says.  Every LOAD is therefore checked: the affected
   row count must equal the rows sent and no warning may be raised, else the branch fails.

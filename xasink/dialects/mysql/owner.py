@@ -12,7 +12,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import pymysql
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
@@ -25,11 +24,9 @@ from .xa import owner_lock
 log = logging.getLogger("xasink.dialects.mysql")
 
 DETACH_TIMEOUT_S = 30.0
-DETACH_GRACE_S = 2.0  # how long a branch waits for INNODB_TRX after its session left PROCESSLIST
 # InnoDB refreshes the cache behind INNODB_TRX only when nobody has read it for 0.1 s (trx_i_s_cache's
 # CACHE_MIN_IDLE_TIME_US): sessions that read it more often, together, freeze it server-wide and every reader
-# sees stale rows.  So it is read at most this often here, and only once PROCESSLIST (live) says the session
-# is gone.
+# sees stale rows.  So it is read at most this often here, and only by whoever finishes a branch.
 TRX_POLL_S = 0.15
 OWNER_WAIT_S = 5.0  # longest wait for a branch's owner to finish disconnecting before XA COMMIT / ROLLBACK
 
@@ -61,36 +58,28 @@ class OwnerWatch:
         self._stuck: frozenset[int] = frozenset()  # sessions await_owner gave up on
 
     def wait_detached(self, connection_id: int, timeout_s: float = DETACH_TIMEOUT_S) -> None:
-        """Return once the server has finished disconnecting session ``connection_id`` (see the module doc).
+        """Return once session ``connection_id`` (a branch's, after PREPARE and disconnect) has left PROCESSLIST.
 
-        A disconnect in flight detaches the transaction within milliseconds of the session leaving PROCESSLIST;
-        INNODB_TRX can also go on showing a gone session's thread id on a prepared branch for minutes (seen
-        under load in the soak of the edges), which is no disconnect in flight: after DETACH_GRACE_S it is
-        not waited for.
+        InnoDB detaches the session's prepared transaction moments after that (``THD::free_connection`` runs
+        after ``server_threads.erase``), and that last step is not waited for here: every XA COMMIT and XA
+        ROLLBACK xasink sends first waits in :meth:`await_owner` until no transaction of a session that is
+        gone, killed or quitting is attached (the same INNODB_TRX condition, for any owner).  Reading
+        INNODB_TRX here cost a branch a TRX_POLL_S sleep whenever its cache was not refreshed yet (it is only
+        refreshed after 0.1 s without readers), while by the time the driver commits the detach is long done.
+        PROCESSLIST is read live, so it is polled fast.
         """
         conn = self._raw_connect()
         try:
             cur = conn.cursor()
             deadline = time.monotonic() + timeout_s
             delay = 0.001
-            gone_since: float | None = None
-            while True:
-                listed = self._listed(cur, connection_id)  # live: polled fast while the session is there
-                attached = False if listed else self._attached(cur, connection_id)  # a cache: read seldom
-                if not listed and not attached:
-                    return
-                now = time.monotonic()
-                if not listed:
-                    gone_since = gone_since if gone_since is not None else now
-                    if now - gone_since > DETACH_GRACE_S:
-                        log.debug("session %s left PROCESSLIST; INNODB_TRX still names it: going on", connection_id)
-                        return
-                if now > deadline:
+            while self._listed(cur, connection_id):
+                if time.monotonic() > deadline:
                     raise BranchError(
                         f"the server did not release session {connection_id} within {timeout_s:.0f}s after it "
                         "prepared its branch; the branch is rolled back by the batch's abort"
                     )
-                time.sleep(delay if listed else TRX_POLL_S)
+                time.sleep(delay)
                 delay = min(delay * 2, 0.05)
         finally:
             conn.close()
@@ -101,28 +90,6 @@ class OwnerWatch:
     @staticmethod
     def _listed(cur: Any, connection_id: int) -> bool:
         cur.execute("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = %s", (connection_id,))
-        row = cur.fetchone()
-        return row is not None and int(row[0]) > 0
-
-    def _attached(self, cur: Any, connection_id: int) -> bool:
-        """InnoDB still holds a transaction of session ``connection_id`` (which has left PROCESSLIST).
-
-        MariaDB removes a session from PROCESSLIST before InnoDB detaches its prepared transaction
-        (``THD::free_connection`` runs after ``server_threads.erase``), so both are checked.
-        """
-        if not self._trx_visible:
-            return False
-        try:
-            cur.execute(
-                "SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_mysql_thread_id = %s "
-                "AND trx_state <> 'LOCK WAIT'",
-                (connection_id,),
-            )
-        except pymysql.err.MySQLError as exc:
-            if errno_of(exc) not in PRIVILEGE_CODES:
-                raise
-            self._trx_visible = False
-            return False
         row = cur.fetchone()
         return row is not None and int(row[0]) > 0
 

@@ -106,6 +106,9 @@ class PostgresDialect(Dialect):
         # with synchronous_commit = off a crash right after the decision's COMMIT may lose it
         conn.exec_driver_sql("SET LOCAL synchronous_commit = on")
 
+    def relaxed_commit(self, conn: Connection) -> None:
+        conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
+
     # -- session locks --------------------------------------------------------
     def try_session_lock(self, conn: Connection, name: str) -> bool:
         return bool(conn.execute(sa.text("SELECT pg_try_advisory_lock(:k)"), {"k": advisory_key(name)}).scalar())
