@@ -77,6 +77,12 @@ class RunResult:
     def killed(self) -> bool:
         return self.returncode == -signal.SIGKILL
 
+    @property
+    def phases(self) -> list[dict[str, Any]]:
+        """The run's phase records (xasink.phases), one per timed step of every process it started."""
+        path = self.log.with_suffix(".phases.jsonl")
+        return [json.loads(ln) for ln in path.read_text().splitlines()] if path.exists() else []
+
     def tail(self) -> str:
         """The end of the run's log without Java stack frames, for a failure message."""
         text = self.log.read_text(errors="replace").splitlines()
@@ -138,6 +144,7 @@ class StreamJob:
         if fault:
             env["XASINK_FAULT"] = fault
         log = self.logs / f"run{len(self.results):02d}.log"
+        env["XASINK_PHASE_LOG"] = str(log.with_suffix(".phases.jsonl"))
         cmd = [
             sys.executable,
             str(DRIVER),
@@ -359,6 +366,13 @@ def test_stream_source_survives_a_kill_at_every_point(
         assert logged, "the last run logged no batch figures"
         decided = job.decisions()
         assert all((decided[int(b)]["rows"], decided[int(b)]["branches"]) == (int(r), int(n)) for b, r, n in logged)
+        # each micro-batch is planned once: Spark's commit worker calls streamWriter() again, and it must not
+        # repeat the server checks, the table plan and the recovery pass (an append commits by its xids)
+        phases = job.results[-1].phases
+        planned = {r["pid"] for r in phases if r["phase"] == "plan.preflight"}
+        committed = {r["pid"] for r in phases if r["phase"] == "commit.call"}
+        assert len(committed) >= len(logged) and planned, phases
+        assert not planned & committed, "a commit worker planned its micro-batch again"
         # a batch killed after its decision was finished by the restart, not rewritten by the replay,
         # although the replay partitioned it differently: its record keeps the killed run's branches
         for point in ("driver.after_decide", "driver.after_first_commit", "driver.after_commits"):

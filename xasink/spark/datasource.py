@@ -14,6 +14,7 @@ import re
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
+from types import FrameType
 from typing import Any
 
 import pyarrow as pa
@@ -44,6 +45,9 @@ from .txwrite import TX_URL_OPTION, TxWrite, abort_tx_write, prepare_tx_write, r
 log = logging.getLogger("xasink")
 
 STREAM_BATCH_PROPERTY = "streaming.sql.batchId"
+# the Python worker in which Spark calls streamWriter() again to commit or abort a micro-batch; Spark tells
+# the data source nothing else about why it is called, and this call needs no plan for an append
+STREAM_COMMIT_MODULE = "pyspark.sql.worker.python_streaming_sink_runner"
 # the streaming query's id, kept in its checkpoint across restarts: recorded with each batch it writes
 STREAM_QUERY_PROPERTY = "sql.streaming.queryId"
 # Spark kills a cancelled task's Python worker after spark.python.task.killTimeout (2 s): sweep past that
@@ -255,6 +259,14 @@ def _recover_settled(options: WriteOptions) -> None:
         coordinator.close()
 
 
+def _called_by(frame: FrameType | None, module: str) -> bool:
+    """Whether ``frame`` runs code of ``module``, whether Spark ran it with ``python -m`` or imported it."""
+    if frame is None:
+        return False
+    spec = frame.f_globals.get("__spec__")
+    return frame.f_globals.get("__name__") == module or getattr(spec, "name", None) == module
+
+
 def check_batch_order(coordinator: Coordinator, batch_id: int) -> None:
     """Refuse a micro-batch id below the sink's last decided batch: only the last batch is ever replayed.
 
@@ -281,12 +293,31 @@ class XasinkStreamWriter(DataSourceStreamArrowWriter):
     pickled into the batch's tasks, so branches of a crashed run are told apart from the replay's.  It
     calls ``streamWriter()`` again, in a fresh worker, for the batch's ``commit``/``abort``: nothing is
     carried between calls but the commit messages, which hold the xids.
+
+    The plan (server checks, the table, the run guard, recovery of what a crashed run decided) is made in
+    the planning call only: the commit's worker never ships the writer to tasks, and an append commits by
+    the xids in its messages, so a micro-batch is planned once, not twice.  A write mode's commit (its
+    apply step needs the shadow table) and an abort (the run guard) plan on first use.
     """
 
-    def __init__(self, options: WriteOptions, plan: WritePlan) -> None:
+    def __init__(self, options: WriteOptions, schema: StructType) -> None:
         self.options = options
-        self.plan = plan
+        self.schema = schema
         self.run = new_run_nonce()
+        self._plan: WritePlan | None = None
+
+    @property
+    def plan(self) -> WritePlan:
+        if self._plan is None:
+            self._plan = _prepare(self.options, self.schema, self.options.num_partitions)
+            with phase("plan.recover", sink=self.options.sink_id):
+                _recover_settled(self.options)  # at restart: finish what the crashed run decided, before its replay
+        return self._plan
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Planned before it goes to the tasks: every task of the batch gets the same plan."""
+        _ = self.plan  # already made by streamWriter(): a no-op unless Spark pickles from a commit worker
+        return self.__dict__.copy()
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> XasinkCommitMessage:
         _worker_logging(logging.WARNING)
@@ -300,6 +331,8 @@ class XasinkStreamWriter(DataSourceStreamArrowWriter):
         """Decide and commit (the coordinator logs the batch's figures at INFO and keeps them in the journal)."""
         _worker_logging(logging.INFO)
         worker_started("driver", sink=self.options.sink_id, batch=batchId)
+        # only a write mode's apply step needs the plan here (its shadow table); an append commits by its xids
+        apply = self.plan.apply if self.options.applies_at_commit else None
         coordinator = Coordinator(self.options, shared=True)
         try:
             with phase("commit.call", sink=self.options.sink_id, batch=batchId):
@@ -308,7 +341,7 @@ class XasinkStreamWriter(DataSourceStreamArrowWriter):
                 except OptionError:
                     coordinator.abort(batchId, _outcomes(messages))
                     raise
-                coordinator.commit(batchId, _outcomes(messages), apply=self.plan.apply)
+                coordinator.commit(batchId, _outcomes(messages), apply=apply)
         finally:
             coordinator.close()
 
@@ -367,7 +400,7 @@ class XasinkDataSource(DataSource):
         _worker_logging(logging.INFO)
         # outputMode("complete"): every micro-batch is the whole result, replacing the table's rows
         options = self._options(streaming=True).with_mode("overwrite" if overwrite else "append")
-        plan = _prepare(options, schema, options.num_partitions)
-        with phase("plan.recover", sink=options.sink_id):
-            _recover_settled(options)  # at restart: finish what the crashed run decided, before its replay
-        return XasinkStreamWriter(options, plan)
+        writer = XasinkStreamWriter(options, schema)
+        if not _called_by(sys._getframe(1), STREAM_COMMIT_MODULE):
+            _ = writer.plan  # plan now: a wrong option or a missing table fails here, before any task
+        return writer
