@@ -24,7 +24,6 @@ import zlib
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import pyarrow as pa
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
@@ -218,6 +217,8 @@ def _tombstone_table(spec: ApplySpec, types: dict[str, Any]) -> sa.Table:
 
 def shadow_plan(plan: TargetPlan, spec: ApplySpec, flag_source: str | None) -> TargetPlan:
     """The tasks' plan: the batch's columns (plus the delete flag and the batch tag) into the shadow."""
+    import pyarrow as pa
+
     fields = list(plan.arrow_schema)
     sources = list(plan.source_names)
     if spec.flag is not None:

@@ -14,9 +14,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.pool import NullPool
@@ -25,6 +24,9 @@ from .. import phases
 from ..errors import BranchError, ConnectError, XasinkError
 from ..masking import display_url, redact, url_secrets
 from ..xid import Xid
+
+if TYPE_CHECKING:  # rows and types only: the driver's commit path never loads pyarrow
+    import pyarrow as pa
 
 log = logging.getLogger(__name__)
 

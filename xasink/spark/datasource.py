@@ -15,9 +15,8 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
 from pyspark import TaskContext
 from pyspark.sql.datasource import (
     DataSource,
@@ -25,12 +24,10 @@ from pyspark.sql.datasource import (
     DataSourceStreamArrowWriter,
     WriterCommitMessage,
 )
-from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
 from .. import faults
 from ..apply import ApplySpec, check_predicate, ensure_shadow, shadow_plan, spec_for
-from ..branch import write_partition
 from ..coordinator import Coordinator
 from ..dialects.base import TargetPlan
 from ..errors import OptionError, PreflightError
@@ -38,9 +35,11 @@ from ..liveness import ensure_keeper, spark_driver_process
 from ..options import WriteOptions, parse_options
 from ..phases import phase, worker_started
 from ..results import BranchOutcome
-from ..schema import plan_target
 from ..xid import new_run_nonce
 from .txwrite import TX_URL_OPTION, TxWrite, abort_tx_write, prepare_tx_write, record_tx_part, tx_write
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 log = logging.getLogger("xasink")
 
@@ -71,6 +70,9 @@ class XasinkCommitMessage(WriterCommitMessage):
 
 def arrow_schema(schema: StructType) -> pa.Schema:
     """The Arrow schema Spark's Arrow writer hands us, or a clear error naming a column it cannot take."""
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+
     fields = []
     for f in schema.fields:
         try:
@@ -95,6 +97,8 @@ class WritePlan:
 
 def _prepare(options: WriteOptions, schema: StructType, branches: int | None) -> WritePlan:
     """Driver-side: server checks, journal, table plan.  Everything that can be wrong fails here."""
+    from ..schema import plan_target
+
     worker_started("driver", sink=options.sink_id)
     coordinator = Coordinator(options, shared=True)
     try:
@@ -124,6 +128,8 @@ def _prepare(options: WriteOptions, schema: StructType, branches: int | None) ->
 
 def _split_flag(name: str, source: pa.Schema) -> tuple[str, pa.Schema]:
     """The delete flag's DataFrame column (matched without case) and the columns the table takes."""
+    import pyarrow as pa
+
     found = [f for f in source if f.name.lower() == name.lower()]
     if len(found) != 1:
         raise PreflightError(f"option 'deleteFlagColumn': '{name}' is not a column of the DataFrame")
@@ -143,6 +149,8 @@ def _write_task(
     iterator: Iterator[pa.RecordBatch],
     tx: TxWrite | None = None,
 ) -> XasinkCommitMessage:
+    from ..branch import write_partition  # the rows' path: not imported by the planning and commit workers
+
     ctx = TaskContext.get()
     assert ctx is not None, "xasink writers run inside Spark tasks"
     partition = ctx.partitionId()

@@ -23,7 +23,6 @@ from ..journal import Journal, target_identity
 from ..options import WriteOptions
 from ..parts import Part, record_part, server_identity
 from ..results import BranchOutcome
-from ..schema import plan_target
 
 if TYPE_CHECKING:
     from .datasource import WritePlan
@@ -63,6 +62,7 @@ def _journal(options: WriteOptions, tx: TxWrite) -> Journal:
 
 def prepare_tx_write(options: WriteOptions, schema: StructType, tx: TxWrite) -> WritePlan:
     """Driver side: the target table's plan and the log's identity (the transaction pre-flighted the server)."""
+    from ..schema import plan_target
     from .datasource import WritePlan, arrow_schema
 
     journal = _journal(options, tx)

@@ -29,9 +29,9 @@ listed), :mod:`.errors` (what a server error means), :mod:`.encoding` (rows as L
 driver's XA verbs, tying the rest together).
 """
 
-from .branch import MySQLBranch
+from typing import TYPE_CHECKING, Any
+
 from .dialect import MySQLDialect
-from .encoding import encode_tsv, hex_column, python_rows, text_column
 from .errors import BranchBusyError
 from .sql import BRANCH_SQL_MODE
 from .xa import (
@@ -43,6 +43,29 @@ from .xa import (
     xa_literal,
     xid_literal,
 )
+
+if TYPE_CHECKING:
+    from .branch import MySQLBranch
+    from .encoding import encode_tsv, hex_column, python_rows, text_column
+
+# the executor's side (pyarrow, numpy) is imported on first use: the driver's commit path needs none of it
+_LAZY = {
+    "MySQLBranch": "branch",
+    "encode_tsv": "encoding",
+    "hex_column": "encoding",
+    "python_rows": "encoding",
+    "text_column": "encoding",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib import import_module
+
+    return getattr(import_module(f"{__name__}.{module}"), name)
+
 
 __all__ = [
     "BRANCH_SQL_MODE",

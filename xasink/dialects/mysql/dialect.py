@@ -6,9 +6,8 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
 import pymysql
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -26,12 +25,14 @@ from ..base import (
     TargetPlan,
     set_keepalive,
 )
-from . import errors, health, preflight, types
-from .branch import MySQLBranch
+from . import errors, health, preflight
 from .errors import BranchBusyError
 from .owner import DETACH_TIMEOUT_S, OWNER_WAIT_S, OwnerWatch
 from .sql import SA_DIALECT, errno_of
 from .xa import ER_XAER_NOTA, foreign_gid, parse_foreign_gid, recovered, xa_literal, xid_literal
+
+if TYPE_CHECKING:  # rows and types only: the driver's commit path never loads pyarrow
+    import pyarrow as pa
 
 log = logging.getLogger("xasink.dialects.mysql")
 
@@ -204,12 +205,18 @@ class MySQLDialect(Dialect):
 
     # -- tables -------------------------------------------------------------------------
     def arrow_type(self, column: Any, source: pa.DataType) -> pa.DataType | None:
+        from . import types
+
         return types.arrow_type(column, source)
 
     def sql_type(self, arrow_type: pa.DataType) -> sa.types.TypeEngine[Any] | None:
+        from . import types
+
         return types.sql_type(arrow_type)
 
     def parse_type(self, text: str) -> sa.types.TypeEngine[Any]:
+        from . import types
+
         return types.parse_type(text)
 
     def table_kwargs(self) -> dict[str, Any]:
@@ -217,4 +224,6 @@ class MySQLDialect(Dialect):
 
     # -- branch ------------------------------------------------------------------------
     def open_branch(self, xid: Xid, plan: TargetPlan) -> BranchSession:
+        from .branch import MySQLBranch  # the executor's side: pyarrow and the row encoding
+
         return MySQLBranch(self, xid, plan)

@@ -5,10 +5,9 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
 
-import pyarrow as pa
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.engine import Connection
@@ -28,7 +27,6 @@ from ..base import (
 )
 from ..spare import Spare
 from . import health as pg_health
-from .branch import PostgresBranch
 from .sql import (
     _ADBC_DB_OPTIONS,
     _BRANCH_HINTS,
@@ -42,6 +40,9 @@ from .sql import (
     _sqlstate,
     advisory_key,
 )
+
+if TYPE_CHECKING:  # rows and types only: the driver's commit path never loads pyarrow
+    import pyarrow as pa
 
 log = logging.getLogger("xasink.dialects.postgres")
 
@@ -211,6 +212,8 @@ class PostgresDialect(Dialect):
 
     # -- tables ------------------------------------------------------------
     def arrow_type(self, column: Any, source: pa.DataType) -> pa.DataType | None:
+        import pyarrow as pa
+
         t = column["type"]
         while isinstance(t, pg.DOMAIN):  # a domain loads as its base type; the server checks its constraint
             t = t.data_type
@@ -245,6 +248,8 @@ class PostgresDialect(Dialect):
         return None
 
     def sql_type(self, arrow_type: pa.DataType) -> sa.types.TypeEngine[Any] | None:
+        import pyarrow as pa
+
         t = arrow_type
         if pa.types.is_int8(t) or pa.types.is_int16(t):
             return sa.SmallInteger()
@@ -347,4 +352,6 @@ class PostgresDialect(Dialect):
         return stmt.on_conflict_do_update(index_elements=keys, set_=updates, where=newer)
 
     def open_branch(self, xid: Xid, plan: TargetPlan) -> BranchSession:
+        from .branch import PostgresBranch  # the executor's side: pyarrow and ADBC
+
         return PostgresBranch(self, xid, plan)
