@@ -78,6 +78,8 @@ def _quiet_session(partitions: int, spark_log: Path, stack: ExitStack) -> Any:
             SparkSession.builder.master(f"local[{partitions}]")
             .appName("xasink-demo")
             .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log4j}")
+            .config("spark.driver.host", "127.0.0.1")  # a local demo listens on loopback only
+            .config("spark.driver.bindAddress", "127.0.0.1")
             .config("spark.ui.enabled", "false")
             .config("spark.ui.showConsoleProgress", "false")
             .config("spark.sql.session.timeZone", "UTC")
@@ -90,6 +92,9 @@ def _quiet_session(partitions: int, spark_log: Path, stack: ExitStack) -> Any:
 def run_demo(rows: int = 100_000, partitions: int = 4) -> int:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    # the demo's own JVM (this process's environment, never a user's session): no host name lookup, so no
+    # "hostname resolves to a loopback address" warning and no wait where that lookup is slow
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     logging.getLogger("py4j").setLevel(logging.WARNING)
     try:
         server = EmbeddedPostgres(max_prepared_transactions=64)
