@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run the xasink demo: it starts its own throwaway PostgreSQL and a local Spark session.
 #   bash scripts/demo.sh [--rows N] [--partitions N]
-# pip runs quietly (no root-user or new-version notices): what a user reads is the demo, and any real error.
+# pip prints errors only (-qq: no build-backend deprecation notices, root-user or new-version notices): what a
+# user reads is the demo, and any real error.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -27,10 +28,10 @@ if [[ ! -x "$PY" ]]; then
     fi
     echo "== creating $VENV and installing xasink with its dependencies (the first run takes a few minutes)"
     "$PYTHON" -m venv "$VENV"
-    "$PY" -m pip install -q --upgrade pip
-    "$PY" -m pip install -q -e '.[test]'
+    "$PY" -m pip install -qq --upgrade pip
+    "$PY" -m pip install -qq -e '.[test]'
 elif [[ "${XASINK_SKIP_INSTALL:-0}" != "1" ]]; then
-    "$PY" -m pip install -q -e '.[test]'
+    "$PY" -m pip install -qq -e '.[test]'
 fi
 
 export PYSPARK_PYTHON="$PY"
