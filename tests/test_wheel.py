@@ -1,6 +1,7 @@
 """The wheel and sdist: ``python -m build`` makes both, and an installed wheel carries what xasink reads at
-run time (the decision log DDL in ``xasink/sql``, ``py.typed``, the demo's log4j2 configuration) and answers
-``xasink --version``.
+run time (the decision log DDL in ``xasink/sql``, ``py.typed``, the demo's log4j2 configuration), answers
+``xasink --version``, and runs the README's demo (``xasink demo``: its own PostgreSQL and local Spark) to its
+"proved" lines with nothing on stderr.
 
 The build runs without isolation (``--no-isolation``: setuptools and wheel come from the test extra, nothing is
 downloaded). The wheel is installed with ``--no-deps`` into a fresh venv made without pip; a ``.pth`` file
@@ -16,6 +17,7 @@ import re
 import subprocess
 import sys
 import tarfile
+import time
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -126,3 +128,48 @@ def test_cli_version_and_ddl_in_process(capsys: pytest.CaptureFixture[str]) -> N
     assert capsys.readouterr().out == ddl("mysql")
     with pytest.raises(ValueError, match="no DDL for 'oracle'"):
         ddl("oracle")
+
+
+# `xasink demo` as a user runs it from the wheel: every line it prints, in order (a regular expression each; only
+# the port and the timings vary). A line added, lost or changed fails, so does anything on stderr.
+DEMO_ROWS = 100_000
+_TIMES = r"\(prepare \d+\.\d{3}s, total \d+\.\d{3}s, commit \d+\.\d{3}s\)"
+DEMO_TRANSCRIPT = (
+    r"xasink demo: exactly-once writes from Spark into PostgreSQL by two-phase commit",
+    r"",
+    r"1\. started a throwaway PostgreSQL on port \d+ with max_prepared_transactions=64",
+    rf"2\. a DataFrame of {DEMO_ROWS} orders in 4 partitions",
+    r"3\. first try: partition 2 fails after the other partitions have loaded their rows \.\.\.",
+    r"   the write failed as planned \(BatchAbortedError\) after \d+\.\ds",
+    r"   rows visible in demo_orders: 0; prepared transactions left: 0",
+    r"4\. retry the same batch \(sinkId demo-orders, batchId 1\) \.\.\.",
+    rf"   sink demo-orders batch 1: committed {DEMO_ROWS} rows in 4 branches {_TIMES}",
+    r"5\. run it once more: a committed batch is never written twice \.\.\.",
+    rf"   sink demo-orders batch 1: skipped \(already committed\) {_TIMES}",
+    r"",
+    # what was proved, counted in the database: the demo's last lines, exactly
+    r"proved, counted in the database:",
+    r"   rows visible after the failed write: 0 \(expected 0\)",
+    rf"   rows after the retry: {DEMO_ROWS}, {DEMO_ROWS} distinct order ids \(expected {DEMO_ROWS}, each once\)",
+    r"   rows the rerun of the committed batch wrote: 0 \(expected 0\)",
+    r"   prepared transactions left: 0 \(expected 0\)",
+    r"OK: all or nothing, exactly once",
+)
+# what a user would take for something gone wrong (case matters: the demo's "failed as planned" is the story)
+ALARMING = re.compile(r"WARN|Warning|warning|Traceback|ERROR|Exception|exception|FAILED|error:|Error:")
+
+
+@pytest.mark.spark
+def test_installed_demo_proves_exactly_once_quietly(installed: Installed) -> None:
+    """The README's demo, run from the installed wheel (its ``xasink`` script, another cwd, no PYTHONPATH): it
+    starts its own PostgreSQL, ends saying what it proved in numbers, and prints nothing alarming."""
+    t0 = time.monotonic()
+    proc = _run([installed.bin / "xasink", "demo"], env=installed.env, cwd=installed.cwd)
+    took = time.monotonic() - t0
+    lines = proc.stdout.splitlines()
+    assert not ALARMING.search(proc.stdout + proc.stderr), f"alarming output:\n{proc.stdout}\n{proc.stderr}"
+    assert proc.stderr == "", proc.stderr
+    assert len(lines) == len(DEMO_TRANSCRIPT), proc.stdout
+    for pattern, line in zip(DEMO_TRANSCRIPT, lines, strict=True):
+        assert re.fullmatch(pattern, line), f"{line!r} does not match {pattern!r}\n{proc.stdout}"
+    print(f"xasink demo from the wheel took {took:.1f} s")
