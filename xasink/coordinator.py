@@ -23,7 +23,8 @@ from typing import TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from .apply import ApplySpec, apply_statements, withdraw
+from .apply import ApplySpec
+from .applying import apply_decided
 from .dialects import dialect_for, shared_dialect
 from .dialects.base import Dialect, ErrorKind, PreparedTxn
 from .errors import (
@@ -193,7 +194,7 @@ class Coordinator:
         commit_ms = int((time.perf_counter() - t_commit) * 1000)
         if apply is not None:
             with phase("commit.apply", **ids):
-                self._apply(batch_id, apply, commit_ms, deadline)
+                apply_decided(self, batch_id, apply, commit_ms, deadline)
         else:
             with phase("commit.mark", **ids):
                 self._mark(batch_id, commit_ms, deadline)
@@ -451,72 +452,6 @@ class Coordinator:
                 "batch under another sink id: its rows would be written twice."
             ) from exc
 
-    def _apply(self, batch_id: int, spec: ApplySpec, commit_ms: int | None, deadline: float) -> None:
-        """Replace the target's rows from the shadow and mark the batch committed, in one local transaction.
-
-        Transient errors are retried like the commits (the branches are committed into the shadow, so the
-        batch is only ever finished, by this run or by recovery).  An error no retry fixes withdraws the
-        decision (:class:`ApplyError`): the target keeps its rows.
-        """
-        dialect = self.journal.dialect
-
-        def step() -> bool:
-            with dialect.connect() as conn:
-                conn.begin()
-                try:
-                    if not self.journal.mark_within(conn, self.sink_id, batch_id, commit_ms):
-                        conn.rollback()
-                        return False
-                    dialect.durable_commit(conn)
-                    rows = apply_statements(dialect, conn, spec, batch_id)
-                    conn.commit()
-                except BaseException:
-                    conn.rollback()
-                    raise
-                log.info("sink %s batch %s: %s (%d rows)", self.sink_id, batch_id, spec.describe(), rows)
-            return True
-
-        what = f"applying sink {self.sink_id} batch {batch_id} ({spec.describe()})"
-        try:
-            if not self._forward(what, step, deadline):
-                with dialect.connect() as conn:
-                    found = self.journal.get(conn, self.sink_id, batch_id)
-                if found is None:
-                    raise ApplyError(
-                        f"sink {self.sink_id} batch {batch_id}: another run found it could not {spec.describe()} "
-                        "and withdrew the decision; the table keeps its rows"
-                    )
-                log.info("sink %s batch %s was applied already (by a recovery run)", self.sink_id, batch_id)
-        except ApplyError as exc:
-            self._withdraw(batch_id, spec, str(exc))
-            raise
-        except Exception as exc:
-            if self._transient(exc):
-                raise CommitIncompleteError(
-                    f"sink {self.sink_id} batch {batch_id} is decided and its rows are loaded, but the step that "
-                    f"makes them visible ({spec.describe()}) failed within commitTimeout "
-                    f"({self.options.commit_timeout} s: {self._describe(exc)}); the table still holds its old rows. "
-                    f"The next run of this sink (sinkId '{self.sink_id}') or 'xasink recover' finishes it; no row "
-                    "is lost or doubled."
-                ) from exc
-            if not isinstance(exc, sa.exc.DBAPIError):
-                raise
-            reason = self._describe(exc)
-            self._withdraw(batch_id, spec, reason)
-            raise ApplyError(
-                f"sink {self.sink_id} batch {batch_id}: could not {spec.describe()}: {reason}. The table keeps "
-                "its old rows and nothing of this batch is visible; fix the data (or the table) and run it again"
-            ) from None
-
-    def _withdraw(self, batch_id: int, spec: ApplySpec, reason: str) -> None:
-        """Withdraw a decision whose apply can never succeed: its rows only ever reached the shadow."""
-        with self.journal.locked(self.sink_id) as conn:
-            if self.journal.withdraw(conn, self.sink_id, batch_id):
-                withdraw(conn, spec, batch_id)
-        log.warning(
-            "sink %s batch %s: decision withdrawn, nothing of it is visible (%s)", self.sink_id, batch_id, reason
-        )
-
     def _after_commit(self, batch_id: int, sweep: bool = True) -> None:
         """Sweep and trim after a committed batch: housekeeping, so a failure is a warning, never an error.
 
@@ -690,7 +625,7 @@ class Coordinator:
                     self.journal.mark_committed(conn, self.sink_id, record.batch_id, None)
             if spec is not None:
                 try:
-                    self._apply(record.batch_id, spec, None, time.monotonic() + self.options.commit_timeout)
+                    apply_decided(self, record.batch_id, spec, None, time.monotonic() + self.options.commit_timeout)
                 except ApplyError as exc:
                     log.warning("recovery could not apply batch %s of sink %s: %s", record.batch_id, self.sink_id, exc)
                     continue
