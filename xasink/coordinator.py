@@ -41,7 +41,7 @@ from .errors import (
     ForgottenBatchError,
 )
 from .faults import fault
-from .journal import BatchRecord, Journal, forgotten_message, identity_message, same_target, target_identity
+from .journal import BatchRecord, Journal
 from .masking import redact, url_secrets
 from .options import WriteOptions
 from .phases import phase
@@ -56,6 +56,7 @@ from .recovery import (  # noqa: F401 - re-exported: callers name them from here
     list_prepared,
 )
 from .results import BranchOutcome, WriteResult
+from .targets import forgotten_message, identity_message, same_target, target_identity
 from .xid import Xid
 
 log = logging.getLogger(__name__)
