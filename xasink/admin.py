@@ -16,21 +16,21 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from .coordinator import (  # noqa: F401 - re-exported for the CLI
-    COMMIT,
-    ROLLBACK_ORPHAN,
-    ROLLBACK_UNDECIDED,
-    WAIT,
-    Coordinator,
-    age_seconds,
-    branch_action,
-)
+from .coordinator import Coordinator
 from .dialects import Dialect, PreparedTxn, dialect_for
 from .errors import OptionError, XasinkError
 from .journal import BatchRecord, Journal
 from .liveness import runs_alive
 from .masking import display_url, redact, url_secrets
 from .options import TableName, WriteOptions, parse_url
+from .recovery import (  # noqa: F401 - re-exported for the CLI
+    COMMIT,
+    ROLLBACK_ORPHAN,
+    ROLLBACK_UNDECIDED,
+    WAIT,
+    age_seconds,
+    branch_action,
+)
 from .xid import Xid
 
 log = logging.getLogger(__name__)

@@ -23,12 +23,13 @@ from .dialects import shared_dialect
 from .dialects.base import BranchSession, Dialect, ErrorKind, TargetPlan, check_required
 from .errors import BatchIdentityError, ConcurrentWriterError, ForgottenBatchError, LateBranchError
 from .faults import fault
-from .journal import Journal, forgotten_message, identity_message, same_target, target_identity
+from .journal import Journal
 from .liveness import runs_alive
 from .options import WriteOptions
 from .phases import phase, worker_started
 from .results import BranchOutcome
 from .schema import conform
+from .targets import forgotten_message, identity_message, same_target, target_identity
 from .xid import Xid, attempt_token
 
 log = logging.getLogger(__name__)

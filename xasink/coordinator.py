@@ -1,4 +1,7 @@
-"""Driver side: decide, commit, sweep, abort, and recover a sink's batches.
+"""Driver side: decide, commit, sweep and abort a sink's batches.
+
+Recovery's pass (:mod:`xasink.recovery`) and a write mode's apply step (:mod:`xasink.applying`) run through
+a coordinator too, for its pool and its retried commit and roll-back steps; they live in modules of their own.
 
 The decision (a journal row listing the exact xids) is written under the
 sink's row lock after checking every listed branch is still prepared; every
@@ -23,11 +26,12 @@ from typing import TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from .apply import ApplySpec, apply_statements, withdraw
+from . import recovery
+from .apply import ApplySpec
+from .applying import apply_decided
 from .dialects import dialect_for, shared_dialect
-from .dialects.base import Dialect, ErrorKind, PreparedTxn
+from .dialects.base import Dialect, ErrorKind
 from .errors import (
-    ApplyError,
     BatchAbortedError,
     BatchIdentityError,
     CommitIncompleteError,
@@ -37,13 +41,22 @@ from .errors import (
     ForgottenBatchError,
 )
 from .faults import fault
-from .journal import BatchRecord, Journal, forgotten_message, identity_message, same_target, target_identity
-from .liveness import runs_alive
+from .journal import BatchRecord, Journal
 from .masking import redact, url_secrets
 from .options import WriteOptions
-from .parts import decided_parts, mark_parts_committed, server_identity
 from .phases import phase
+from .recovery import (  # noqa: F401 - re-exported: callers name them from here
+    COMMIT,
+    ROLLBACK_ORPHAN,
+    ROLLBACK_UNDECIDED,
+    WAIT,
+    RecoveryReport,
+    age_seconds,
+    branch_action,
+    list_prepared,
+)
 from .results import BranchOutcome, WriteResult
+from .targets import forgotten_message, identity_message, same_target, target_identity
 from .xid import Xid
 
 log = logging.getLogger(__name__)
@@ -66,16 +79,6 @@ class _Refusal:
     error: Exception | None = None  # BatchIdentityError / ForgottenBatchError
     strangers: list[Xid] = field(default_factory=list)  # branches of another decision log
     log_id: str | None = None  # this log's identity (with strangers)
-
-
-@dataclass
-class RecoveryReport:
-    committed: list[Xid] = field(default_factory=list)
-    rolled_back: list[Xid] = field(default_factory=list)
-    finished_batches: list[int] = field(default_factory=list)
-
-    def __bool__(self) -> bool:
-        return bool(self.committed or self.rolled_back or self.finished_batches)
 
 
 class Coordinator:
@@ -112,13 +115,6 @@ class Coordinator:
     def close(self) -> None:
         if self._owns_dialect:
             self.dialect.dispose()
-
-    def _prepared(self, log_conn: Connection) -> list[PreparedTxn]:
-        """The branches prepared in the target database, listed while ``log_conn`` holds the log's sink lock."""
-        if self.journal.dialect is self.dialect:
-            return self.dialect.list_prepared(log_conn)
-        with self.dialect.connect() as conn:
-            return self.dialect.list_prepared(conn)
 
     # -- set-up -------------------------------------------------------------------
     def preflight(self, branches: int | None = None) -> None:
@@ -193,7 +189,7 @@ class Coordinator:
         commit_ms = int((time.perf_counter() - t_commit) * 1000)
         if apply is not None:
             with phase("commit.apply", **ids):
-                self._apply(batch_id, apply, commit_ms, deadline)
+                apply_decided(self, batch_id, apply, commit_ms, deadline)
         else:
             with phase("commit.mark", **ids):
                 self._mark(batch_id, commit_ms, deadline)
@@ -295,7 +291,11 @@ class Coordinator:
                     return _Refusal(strangers=strangers, log_id=state.log_id)
                 if checks and skipped:
                     return _Refusal()
-                prepared = {p.xid for p in self._prepared(conn) if p.xid is not None and p.xid.log_id == state.log_id}
+                prepared = {
+                    p.xid
+                    for p in list_prepared(self.dialect, self.journal, conn)
+                    if p.xid is not None and p.xid.log_id == state.log_id
+                }
                 self._leftovers = any(
                     x.sink_id == self.sink_id and x.batch_id <= record.batch_id and x not in record.xids
                     for x in prepared
@@ -364,7 +364,7 @@ class Coordinator:
             with self.journal.locked(self.sink_id) as conn:
                 found = self.journal.get(conn, self.sink_id, batch)
                 if found is None or set(found.xids) != set(record.xids):
-                    prepared = {p.xid for p in self._prepared(conn) if p.xid is not None}
+                    prepared = {p.xid for p in list_prepared(self.dialect, self.journal, conn) if p.xid is not None}
                     kept = set(found.xids) if found is not None else set()
                     self._rollback([x for x in record.xids if x in prepared and x not in kept])
                 return found
@@ -450,72 +450,6 @@ class Coordinator:
                 f"'{self.sink_id}') or 'xasink recover' marks it; no row is lost or doubled. Do not rerun this "
                 "batch under another sink id: its rows would be written twice."
             ) from exc
-
-    def _apply(self, batch_id: int, spec: ApplySpec, commit_ms: int | None, deadline: float) -> None:
-        """Replace the target's rows from the shadow and mark the batch committed, in one local transaction.
-
-        Transient errors are retried like the commits (the branches are committed into the shadow, so the
-        batch is only ever finished, by this run or by recovery).  An error no retry fixes withdraws the
-        decision (:class:`ApplyError`): the target keeps its rows.
-        """
-        dialect = self.journal.dialect
-
-        def step() -> bool:
-            with dialect.connect() as conn:
-                conn.begin()
-                try:
-                    if not self.journal.mark_within(conn, self.sink_id, batch_id, commit_ms):
-                        conn.rollback()
-                        return False
-                    dialect.durable_commit(conn)
-                    rows = apply_statements(dialect, conn, spec, batch_id)
-                    conn.commit()
-                except BaseException:
-                    conn.rollback()
-                    raise
-                log.info("sink %s batch %s: %s (%d rows)", self.sink_id, batch_id, spec.describe(), rows)
-            return True
-
-        what = f"applying sink {self.sink_id} batch {batch_id} ({spec.describe()})"
-        try:
-            if not self._forward(what, step, deadline):
-                with dialect.connect() as conn:
-                    found = self.journal.get(conn, self.sink_id, batch_id)
-                if found is None:
-                    raise ApplyError(
-                        f"sink {self.sink_id} batch {batch_id}: another run found it could not {spec.describe()} "
-                        "and withdrew the decision; the table keeps its rows"
-                    )
-                log.info("sink %s batch %s was applied already (by a recovery run)", self.sink_id, batch_id)
-        except ApplyError as exc:
-            self._withdraw(batch_id, spec, str(exc))
-            raise
-        except Exception as exc:
-            if self._transient(exc):
-                raise CommitIncompleteError(
-                    f"sink {self.sink_id} batch {batch_id} is decided and its rows are loaded, but the step that "
-                    f"makes them visible ({spec.describe()}) failed within commitTimeout "
-                    f"({self.options.commit_timeout} s: {self._describe(exc)}); the table still holds its old rows. "
-                    f"The next run of this sink (sinkId '{self.sink_id}') or 'xasink recover' finishes it; no row "
-                    "is lost or doubled."
-                ) from exc
-            if not isinstance(exc, sa.exc.DBAPIError):
-                raise
-            reason = self._describe(exc)
-            self._withdraw(batch_id, spec, reason)
-            raise ApplyError(
-                f"sink {self.sink_id} batch {batch_id}: could not {spec.describe()}: {reason}. The table keeps "
-                "its old rows and nothing of this batch is visible; fix the data (or the table) and run it again"
-            ) from None
-
-    def _withdraw(self, batch_id: int, spec: ApplySpec, reason: str) -> None:
-        """Withdraw a decision whose apply can never succeed: its rows only ever reached the shadow."""
-        with self.journal.locked(self.sink_id) as conn:
-            if self.journal.withdraw(conn, self.sink_id, batch_id):
-                withdraw(conn, spec, batch_id)
-        log.warning(
-            "sink %s batch %s: decision withdrawn, nothing of it is visible (%s)", self.sink_id, batch_id, reason
-        )
 
     def _after_commit(self, batch_id: int, sweep: bool = True) -> None:
         """Sweep and trim after a committed batch: housekeeping, so a failure is a warning, never an error.
@@ -629,7 +563,7 @@ class Coordinator:
             ) from errors[0]
         return committed
 
-    # -- abort, sweep, recovery -----------------------------------------------------------
+    # -- abort, sweep, recovery (xasink.recovery) -----------------------------------------------------------
     def abort(
         self,
         batch_id: int,
@@ -674,90 +608,9 @@ class Coordinator:
         batch may still decide them); decided ones are always finished.  With
         ``run``, the caller is a writer of batch ``upto``: branches of that
         batch held by another run (one that took the batch over) are left to it.
+        (:func:`xasink.recovery.recover`.)
         """
-        report = RecoveryReport()
-        with self.journal.dialect.connect() as conn:
-            pending = [r for r in self.journal.pending(conn, self.sink_id) if upto is None or r.batch_id <= upto]
-        for record in pending:
-            if self._finish_parts(record, report):
-                continue  # a multi-target batch: only this database's parts are finished here
-            if self.journal.dialect is not self.dialect:
-                continue  # a single table's batch of the log's own database: finished from there
-            report.committed += self._commit_branches(record.xids)
-            with self.journal.dialect.connect() as conn:
-                spec = ApplySpec.from_target(self.journal.recorded_target(conn, self.sink_id, record.batch_id))
-                if spec is None:
-                    self.journal.mark_committed(conn, self.sink_id, record.batch_id, None)
-            if spec is not None:
-                try:
-                    self._apply(record.batch_id, spec, None, time.monotonic() + self.options.commit_timeout)
-                except ApplyError as exc:
-                    log.warning("recovery could not apply batch %s of sink %s: %s", record.batch_id, self.sink_id, exc)
-                    continue
-            report.finished_batches.append(record.batch_id)
-            log.info("recovery finished decided batch %s of sink %s", record.batch_id, self.sink_id)
-        to_commit: list[Xid] = []
-        with self.journal.locked(self.sink_id) as conn:
-            # it only reads under the lock (its roll-backs run on a connection of their own)
-            self.journal.dialect.relaxed_commit(conn)
-            mine = [
-                p
-                for p in self._prepared(conn)
-                if self.journal.owns(p.xid, conn)
-                and p.xid is not None
-                and p.xid.sink_id == self.sink_id
-                and (upto is None or p.xid.batch_id <= upto)
-            ]
-            if not mine:  # nothing of this sink is prepared: nothing to date, judge or finish
-                return report
-            now = self.journal.dialect.server_now(conn)
-            decided = self.journal.get_many(conn, self.sink_id, {p.xid.batch_id for p in mine if p.xid})
-            holder = self.journal.holder(conn, self.sink_id, upto) if run is not None and upto is not None else None
-            undated = {p.xid.batch_id for p in mine if p.xid and p.prepared_at is None} if min_age_s > 0 else set()
-            claimed = self.journal.claimed_at(conn, self.sink_id, undated)
-            undecided = {p.xid.batch_id for p in mine if p.xid and p.xid.batch_id not in decided}
-            alive = runs_alive(self.journal.dialect, conn, self.journal.claim_states(conn, self.sink_id, undecided))
-            doomed = []
-            for p in mine:
-                assert p.xid is not None
-                if holder not in (None, run) and p.xid.batch_id == upto and p.xid.run == holder:
-                    continue  # a newer writer holds this batch now: its branches are its own to decide or abort
-                when = p.prepared_at or claimed.get((p.xid.batch_id, p.xid.run))
-                # the caller's own run is settling its batch; a run without a claim can have no live driver
-                live = False if p.xid.run == run else alive.get((p.xid.batch_id, p.xid.run), False)
-                action = branch_action(p.xid, decided.get(p.xid.batch_id), age_seconds(now, when), min_age_s, live)
-                if action == COMMIT:
-                    to_commit.append(p.xid)
-                elif action in (ROLLBACK_UNDECIDED, ROLLBACK_ORPHAN):
-                    doomed.append(p.xid)
-            self._rollback(doomed)
-            report.rolled_back += doomed
-        if to_commit:
-            report.committed += self._commit_branches(to_commit)
-        return report
-
-    def _finish_parts(self, record: BatchRecord, report: RecoveryReport) -> bool:
-        """Finish this database's parts of a decided multi-target batch; False for a single-target batch.
-
-        Each part's branches are committed through this database only when the part was written here
-        (its server identity); the batch is marked committed once every part is.
-        """
-        with self.dialect.connect() as conn:
-            here = server_identity(conn)
-        with self.journal.dialect.connect() as conn:
-            parts = decided_parts(conn, self.journal, self.sink_id, record.batch_id, record.xids)
-        if not parts:
-            return False
-        mine = [p for p in parts if p.server == here and not p.committed]
-        for part in mine:
-            report.committed += self._commit_branches(part.xids)
-        with self.journal.dialect.connect() as conn:
-            mark_parts_committed(conn, self.journal, mine)
-            if all(p.committed or p in mine for p in parts):
-                self.journal.mark_committed(conn, self.sink_id, record.batch_id, None)
-                report.finished_batches.append(record.batch_id)
-                log.info("recovery finished decided multi-target batch %s of sink %s", record.batch_id, self.sink_id)
-        return True
+        return recovery.recover(self, upto, min_age_s, run)
 
     def _trim(self, batch_id: int) -> None:
         keep = self.options.journal_retention
@@ -765,37 +618,3 @@ class Coordinator:
             return  # not this batch's turn (ids in any pattern: a hash, not the id itself, picks the turn)
         with self.journal.dialect.connect() as conn:
             self.journal.trim(conn, self.sink_id, self.options.journal_retention)
-
-
-COMMIT = "commit"  # listed in its batch's decision
-ROLLBACK_UNDECIDED = "rollback"  # its batch was never decided
-ROLLBACK_ORPHAN = "rollback-orphan"  # its batch was decided without it (a losing or stale attempt)
-WAIT = "wait"  # undecided but young: a live batch may still decide it
-
-
-def branch_action(
-    xid: Xid, decision: BatchRecord | None, age_s: float | None, min_age_s: float = 0.0, alive: bool | None = None
-) -> str:
-    """What recovery does with one prepared branch of ours; the single rule both recovery and its dry run use.
-
-    An undecided branch is rolled back only when its run is dead (``alive`` False), at once; a live run's
-    branches wait whatever their age.  Only a run whose liveness is unknown (it kept no guard) is judged by
-    age against ``min_age_s``.
-    """
-    if decision is not None:
-        return COMMIT if xid in decision.xids else ROLLBACK_ORPHAN
-    if alive:
-        return WAIT
-    if alive is None and min_age_s > 0 and age_s is not None and age_s < min_age_s:
-        return WAIT
-    return ROLLBACK_UNDECIDED
-
-
-def age_seconds(now: object, then: object) -> float | None:
-    """Seconds since ``then``; None when the server does not say when a branch was prepared (MySQL)."""
-    if then is None:
-        return None
-    try:
-        return max(0.0, float((now - then).total_seconds()))  # type: ignore[operator]
-    except TypeError:
-        return None

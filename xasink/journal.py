@@ -22,30 +22,40 @@ ordinary transactions, never inside a branch:
   batch), and which one holds it now.  A run's first task takes the batch
   over (rolling back what other runs prepared); a run that was taken over
   can never come back, so two writers of one batch cannot both lose.
+
+The tables' layout, creation, upgrade, identity and trim are :mod:`xasink.journal_tables`; what a batch
+writes, as recorded with it, is :mod:`xasink.targets`.
 """
 
 from __future__ import annotations
 
 import json
-import logging
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import mysql
 from sqlalchemy.engine import Connection
 
 from .dialects.base import Dialect
 from .errors import JournalError, PreflightError
-from .xid import Xid, new_log_id, valid_log_id
-
-log = logging.getLogger(__name__)
-
-COMMITTING = "committing"
-COMMITTED = "committed"
+from .journal_tables import (  # noqa: F401 - re-exported: callers name them from here
+    COMMITTED,
+    COMMITTING,
+    JournalTables,
+    journal_metadata,
+    parts_table,
+)
+from .targets import (  # noqa: F401 - re-exported: callers name them from here
+    describe_target,
+    forgotten_message,
+    identity_message,
+    same_target,
+    session_target,
+    target_identity,
+)
+from .xid import Xid, valid_log_id
 
 
 @dataclass(frozen=True)
@@ -66,63 +76,6 @@ class BatchRecord:
         return self.state == COMMITTED
 
 
-# (dialect, URL without its password) -> (database, default schema) of that URL's sessions: the same for
-# every session of a URL, so read once per process instead of at every check, decision and task
-_SESSION_TARGETS: dict[tuple[str, str], tuple[str, str]] = {}
-
-
-def session_target(conn: Connection) -> tuple[str, str]:
-    """The database and default schema of this connection's sessions (``current_database()`` / ``DATABASE()``
-    and the schema SQLAlchemy found at connect), read once per URL and process."""
-    key = (conn.dialect.name, conn.engine.url.render_as_string(hide_password=True))
-    found = _SESSION_TARGETS.get(key)
-    if found is None:
-        db = conn.execute(
-            sa.text("SELECT current_database()" if conn.dialect.name == "postgresql" else "SELECT DATABASE()")
-        ).scalar()
-        found = _SESSION_TARGETS[key] = (str(db), str(sa.inspect(conn).default_schema_name))
-    return found
-
-
-def target_identity(conn: Connection, schema: str | None, table: str, query: str | None = None) -> str:
-    """What a batch writes, as the decision log records it: database, schema (the session's default when the
-    table names none) and table, and the streaming query's id when there is one."""
-    db, default_schema = session_target(conn)
-    ident: dict[str, str] = {
-        "db": db,
-        "schema": str(schema or default_schema),
-        "table": table,
-    }
-    if query:
-        ident["query"] = query
-    return json.dumps(ident, sort_keys=True)
-
-
-def same_target(recorded: str | None, mine: str) -> bool:
-    """A replay: the same table (and the same streaming query, when both name one); unknown counts as same."""
-    if recorded is None:
-        return True
-    try:
-        was, now = json.loads(recorded), json.loads(mine)
-    except ValueError:
-        return False
-    if any(was.get(k) != now.get(k) for k in ("db", "schema", "table")):
-        return False
-    return not (was.get("query") and now.get("query") and was["query"] != now["query"])
-
-
-def describe_target(ident: str | None) -> str:
-    """A target identity in words, for error messages."""
-    if ident is None:
-        return "an unrecorded target"
-    try:
-        d = json.loads(ident)
-    except ValueError:
-        return repr(ident)
-    what = f"table {d.get('schema')}.{d.get('table')} in database {d.get('db')}"
-    return what + (f" (streaming query {d['query']})" if d.get("query") else "")
-
-
 @dataclass(frozen=True)
 class DecisionState:
     """What deciding a batch reads under the sink lock (:meth:`Journal.decision_state`)."""
@@ -140,108 +93,10 @@ class ClaimState:
     claimed_at: datetime  # server clock, UTC
 
 
-def journal_metadata(
-    schema: str | None = None, prefix: str = "xasink_"
-) -> tuple[sa.Table, sa.Table, sa.Table, sa.Table]:
-    """The journal tables; ``xasink/sql/*.sql`` (``xasink ddl``) holds the same DDL for DBAs."""
-    md = sa.MetaData(schema=schema)
-    sinks = sa.Table(
-        f"{prefix}sinks",
-        md,
-        sa.Column("sink_id", sa.String(32), primary_key=True),
-        sa.Column("created_at", sa.DateTime, nullable=False),
-        # batch ids up to this one may have been forgotten by an older xasink's trim (set when such a log
-        # is upgraded): one of them not in the log is refused, never guessed.  NULL: nothing forgotten
-        sa.Column("horizon", sa.BigInteger),
-        mysql_engine="InnoDB",  # row locks and transactions (MySQL/MariaDB); ignored elsewhere
-    )
-    batches = sa.Table(
-        f"{prefix}batches",
-        md,
-        sa.Column("sink_id", sa.String(32), primary_key=True),
-        sa.Column("batch_id", sa.BigInteger, primary_key=True, autoincrement=False),
-        sa.Column("state", sa.String(16), nullable=False),
-        # MySQL's TEXT holds 64 KiB, a few hundred xids: LONGTEXT there
-        sa.Column("xids", sa.Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb"), nullable=False),
-        sa.Column("rows", sa.BigInteger, nullable=False),
-        sa.Column("branches", sa.Integer, nullable=False),
-        sa.Column("prepare_ms", sa.Integer, nullable=False),
-        sa.Column("commit_ms", sa.Integer),
-        sa.Column("decided_at", sa.DateTime, nullable=False),
-        sa.Column("committed_at", sa.DateTime),
-        # the xid list was emptied by retention (the batch is committed; only the fact is kept)
-        sa.Column("compacted", sa.Boolean(create_constraint=False), nullable=False, server_default=sa.false()),
-        # what the batch wrote: JSON {"db", "schema", "table"[, "query"]}; NULL in rows of older logs
-        sa.Column("target", sa.Text),
-        mysql_engine="InnoDB",
-    )
-    claims = sa.Table(
-        f"{prefix}claims",
-        md,
-        sa.Column("sink_id", sa.String(32), primary_key=True),
-        sa.Column("batch_id", sa.BigInteger, primary_key=True, autoincrement=False),
-        sa.Column("run", sa.String(8), primary_key=True),
-        sa.Column("superseded", sa.Boolean(create_constraint=False), nullable=False),
-        sa.Column("claimed_at", sa.DateTime, nullable=False),
-        # the session lock a live run's driver holds (xasink.liveness); NULL for runs that keep none
-        sa.Column("guard", sa.String(64)),
-        mysql_engine="InnoDB",
-    )
-    logs = sa.Table(
-        f"{prefix}log",
-        md,
-        sa.Column("slot", sa.SmallInteger, primary_key=True, autoincrement=False),  # always 1: one row
-        sa.Column("log_id", sa.String(10), nullable=False),
-        sa.Column("created_at", sa.DateTime, nullable=False),
-        mysql_engine="InnoDB",
-    )
-    return sinks, batches, claims, logs
+class Journal(JournalTables):
+    """The protocol's reads and writes in the decision log; set-up, identity and trim come from
+    :class:`~xasink.journal_tables.JournalTables`."""
 
-
-def parts_table(md: sa.MetaData, prefix: str = "xasink_") -> sa.Table:
-    """One row per write of a multi-target transaction (xasink.transaction): its target and prepared xids.
-
-    Recorded by the write's commit without deciding; the transaction decides over all its parts at once,
-    and recovery finishes each database's parts (``server``) against this one log.
-    """
-    return sa.Table(
-        f"{prefix}parts",
-        md,
-        sa.Column("sink_id", sa.String(32), primary_key=True),
-        sa.Column("batch_id", sa.BigInteger, primary_key=True, autoincrement=False),
-        sa.Column("run", sa.String(8), primary_key=True),
-        sa.Column("part", sa.Integer, primary_key=True, autoincrement=False),
-        sa.Column("server", sa.String(300), nullable=False),  # the target database's server identity
-        sa.Column("target", sa.Text, nullable=False),  # JSON {"db", "schema", "table"}
-        sa.Column("xids", sa.Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb"), nullable=False),
-        sa.Column("rows", sa.BigInteger, nullable=False),
-        sa.Column("prepare_ms", sa.Integer, nullable=False),
-        sa.Column("committed", sa.Boolean(create_constraint=False), nullable=False),
-        mysql_engine="InnoDB",
-    )
-
-
-def identity_message(sink_id: str, batch_id: int, recorded: str | None, mine: str) -> str:
-    return (
-        f"sink {sink_id} batch {batch_id} was committed to {describe_target(recorded)}, and is now being written "
-        f"to {describe_target(mine)}: a (sinkId, batchId) names one batch of one target, so this is not a replay "
-        "and xasink will not skip it silently. Nothing of this attempt was written. Give this write its own "
-        "sinkId (or a batchId the sink never used)."
-    )
-
-
-def forgotten_message(sink_id: str, batch_id: int, horizon: int, sinks_table: str) -> str:
-    return (
-        f"sink {sink_id} batch {batch_id}: the decision log cannot tell whether this batch was committed. The "
-        f"log was made by an older xasink whose retention deleted committed batches, and ids up to {horizon} "
-        "that it does not hold may be among them; writing could double the batch's rows and skipping could "
-        "lose them, so nothing was written. Check the target table: if the batch's rows are absent, write it "
-        "under a new sinkId (or a batchId above the horizon); if you know the old log deleted none of this "
-        f"sink's batches, clear the horizon (column horizon of {sinks_table}, for sink_id '{sink_id}')."
-    )
-
-
-class Journal:
     def __init__(
         self,
         dialect: Dialect,
@@ -251,184 +106,8 @@ class Journal:
     ) -> None:
         """``known_sinks``: the sinks registered already, shared by the journals of one long-lived dialect (a
         sink row that vanished since, with a log made anew, is registered again by :meth:`locked_sink`)."""
-        self.dialect = dialect
-        self.sinks, self.batches, self.claims, self.logs = journal_metadata(schema, prefix)
-        self.parts = parts_table(self.sinks.metadata, prefix)
+        super().__init__(dialect, schema, prefix)
         self._known_sinks: set[str] = known_sinks if known_sinks is not None else set()
-        self._log_id: str | None = None
-
-    @property
-    def tables(self) -> tuple[sa.Table, ...]:
-        return (self.logs, self.sinks, self.batches, self.claims)  # parts: made by a transaction (xasink.parts)
-
-    # -- set-up ---------------------------------------------------------------
-    def exists(self, conn: Connection) -> bool:
-        return sa.inspect(conn).has_table(self.batches.name, schema=self.batches.schema)
-
-    def _ready_log_id(self, conn: Connection) -> str | None:
-        """The log's id when every table has every column of this layout, in one round trip; else None.
-
-        What every batch pays: reflecting four tables and their columns costs a dozen catalogue queries.
-        A missing table or column fails the statement; then :meth:`ensure` takes the long way.
-        """
-        empty = [
-            sa.select(sa.func.count()).select_from(sa.select(*t.c).where(sa.false()).subquery()).scalar_subquery()
-            for t in (self.sinks, self.batches, self.claims)
-        ]
-        query = sa.select(self.logs.c.log_id).where(self.logs.c.slot == 1, *(e == 0 for e in empty))
-        try:
-            value = conn.execute(query).scalar()
-        except sa.exc.DBAPIError:
-            conn.rollback()
-            return None
-        conn.rollback()
-        return str(value) if value is not None and valid_log_id(str(value)) else None
-
-    def ensure(self) -> None:
-        """Create the tables if they are missing (first use), and bring a log made by an older xasink up to
-        this layout (:meth:`upgrade`); a concurrent creator is fine."""
-        with self.dialect.connect() as conn:
-            ready = self._ready_log_id(conn)
-            if ready is not None:
-                self._log_id = ready
-                return
-            inspector = sa.inspect(conn)
-            if not all(inspector.has_table(t.name, schema=t.schema) for t in self.tables):
-                conn.rollback()
-                try:
-                    self._create_tables(conn)
-                except sa.exc.IntegrityError:  # another process created them at the same moment
-                    pass
-                except sa.exc.DBAPIError as exc:
-                    names = ", ".join(t.fullname for t in self.tables)
-                    raise PreflightError(
-                        f"cannot create the xasink decision log tables {names}: "
-                        f"{str(exc.orig).strip().splitlines()[0]}. Create them with the DDL "
-                        "that `xasink ddl postgres` (or `xasink ddl mysql`) prints, or grant CREATE, or pick a "
-                        "schema with 'journalSchema'."
-                    ) from None
-            conn.rollback()
-            self.upgrade(conn)
-            self._log_id = self._read_or_draw_log_id(conn)
-
-    def _create_tables(self, conn: Connection, attempts: int = 5) -> None:
-        """CREATE the missing tables.  MySQL/MariaDB DDL is not transactional: a concurrent creator's tables
-        appear one by one, and ours fails with 1050 "already exists" on the first it made; again, with
-        checkfirst, creates the rest (or finds them all made)."""
-        for attempt in range(attempts):
-            try:
-                with conn.begin():
-                    self.sinks.metadata.create_all(conn, checkfirst=True)
-                return
-            except sa.exc.IntegrityError:
-                raise
-            except sa.exc.DBAPIError:
-                conn.rollback()
-                inspector = sa.inspect(conn)
-                done = all(inspector.has_table(t.name, schema=t.schema) for t in self.tables)
-                conn.rollback()
-                if done:
-                    return
-                if attempt == attempts - 1:
-                    raise
-                time.sleep(0.05 * (attempt + 1))
-
-    def _columns(self, conn: Connection, table: sa.Table) -> set[str]:
-        found = {str(c["name"]).lower() for c in sa.inspect(conn).get_columns(table.name, schema=table.schema)}
-        conn.rollback()
-        return found
-
-    def _add_column(self, conn: Connection, table: sa.Table, name: str) -> None:
-        """ALTER TABLE ... ADD COLUMN, identifiers quoted by the dialect; a concurrent adder is fine."""
-        if name in self._columns(conn, table):
-            return
-        column = table.c[name]
-        ddl = sa.schema.CreateColumn(column).compile(dialect=conn.dialect)
-        prep = conn.dialect.identifier_preparer
-        try:
-            with conn.begin():
-                conn.execute(sa.text(f"ALTER TABLE {prep.format_table(table)} ADD COLUMN {ddl}"))
-        except sa.exc.DBAPIError as exc:
-            conn.rollback()
-            if name in self._columns(conn, table):
-                return  # added concurrently
-            raise PreflightError(
-                f"cannot add column {name} to the xasink decision log table {table.fullname} (made by an older "
-                f"xasink): {str(exc.orig).strip().splitlines()[0]}. Add it as `xasink ddl postgres` "
-                "(or `xasink ddl mysql`) defines it, or grant ALTER."
-            ) from None
-
-    def upgrade(self, conn: Connection) -> None:
-        """Add what a log made by an older xasink lacks, and mark what its trims may have forgotten.
-
-        Older versions deleted committed batches whose id was ``journalRetention`` below the sink's highest:
-        for a sink with batches, any id below its highest that the log does not hold may have been
-        committed.  Its ``horizon`` records that, so such an id is refused instead of written again.
-        ``batches.target`` is added last: it marks the upgrade as done.
-        """
-        if "target" in self._columns(conn, self.batches):
-            return
-        log.warning("upgrading the xasink decision log %s to this version's layout", self.batches.fullname)
-        self._add_column(conn, self.sinks, "horizon")
-        s, b = self.sinks.c, self.batches.c
-        highest = sa.select(sa.func.max(b.batch_id) - 1).where(b.sink_id == s.sink_id).scalar_subquery()
-        with conn.begin():
-            conn.execute(self.sinks.update().where(s.horizon.is_(None)).values(horizon=highest))
-        self._add_column(conn, self.batches, "compacted")
-        self._add_column(conn, self.batches, "target")
-
-    # -- identity ---------------------------------------------------------------
-    def _read_log_id(self, conn: Connection) -> str | None:
-        value = conn.execute(sa.select(self.logs.c.log_id).where(self.logs.c.slot == 1)).scalar()
-        return str(value) if value is not None else None
-
-    def _read_or_draw_log_id(self, conn: Connection) -> str:
-        """The log's id; drawn and stored on first use (a concurrent first user's draw wins for both)."""
-        found = self._read_log_id(conn)
-        conn.rollback()
-        if found is None:
-            try:
-                with conn.begin():
-                    conn.execute(
-                        self.logs.insert().values(slot=1, log_id=new_log_id(), created_at=self.dialect.utc_now())
-                    )
-            except sa.exc.IntegrityError:
-                pass  # drawn concurrently
-            found = self._read_log_id(conn)
-            conn.rollback()
-        if found is None or not valid_log_id(found):
-            raise PreflightError(
-                f"the decision log's identity in {self.logs.fullname} is missing or malformed ({found!r}); it must "
-                "hold one row with a 10-hex-digit log_id. Restore it: every prepared branch of this log carries it."
-            )
-        return found
-
-    def find_log_id(self, conn: Connection) -> str | None:
-        """This log's identity, or None when the log has none (never written, or made by an older xasink)."""
-        if not sa.inspect(conn).has_table(self.logs.name, schema=self.logs.schema):
-            return None
-        return self._read_log_id(conn)
-
-    def log_id(self, conn: Connection | None = None) -> str:
-        """This log's identity (read once, then remembered): branches carrying another one are not ours."""
-        if self._log_id is None:
-            if conn is not None:
-                found = self._read_log_id(conn)
-            else:
-                with self.dialect.connect() as own:
-                    found = self._read_log_id(own)
-            if found is None:
-                raise PreflightError(
-                    f"decision log {self.logs.fullname} has no identity yet: it is created on a writer's first "
-                    "batch (or by `xasink ddl postgres` / `xasink ddl mysql`); pass --journal-schema / "
-                    "--journal-prefix as the writers used them"
-                )
-            self._log_id = found
-        return self._log_id
-
-    def owns(self, xid: Xid | None, conn: Connection | None = None) -> bool:
-        """A branch this log may commit or roll back: ours, and of this very log."""
-        return xid is not None and xid.log_id == self.log_id(conn)
 
     # -- reads ------------------------------------------------------------------
     def _select(self) -> sa.Select[tuple[object, ...]]:
@@ -743,34 +422,3 @@ class Journal:
             self.batches.delete().where(b.sink_id == sink_id, b.batch_id == batch_id, b.state == COMMITTING)
         )
         return res.rowcount == 1
-
-    def trim(self, conn: Connection, sink_id: str, keep: int) -> int:
-        """Compact the sink's committed batches older than its newest ``keep`` (by decision time, not id).
-
-        Their xid lists are emptied and their claims deleted; their rows stay, one small row per batch, so
-        the log still knows every batch it ever committed.  Returns how many batches were compacted.
-        """
-        b = self.batches.c
-        full = conn.execute(
-            sa.select(b.batch_id)
-            .where(b.sink_id == sink_id, b.state == COMMITTED, b.compacted.is_(False))
-            .order_by(b.decided_at.desc(), b.batch_id.desc())
-        ).scalars()
-        old = [int(x) for x in list(full)[keep:]]
-        if not old:
-            conn.rollback()
-            return 0
-        c = self.claims.c
-        for i in range(0, len(old), 500):
-            chunk = old[i : i + 500]
-            conn.execute(
-                self.batches.update()
-                .where(b.sink_id == sink_id, b.state == COMMITTED, b.batch_id.in_(chunk))
-                .values(xids="[]", compacted=True)
-            )
-            conn.execute(self.claims.delete().where(c.sink_id == sink_id, c.batch_id.in_(chunk)))
-            if sa.inspect(conn).has_table(self.parts.name, schema=self.parts.schema):
-                p = self.parts.c
-                conn.execute(self.parts.delete().where(p.sink_id == sink_id, p.batch_id.in_(chunk)))
-        conn.commit()
-        return len(old)

@@ -33,10 +33,11 @@ from .errors import (
     PreflightError,
 )
 from .faults import fault
-from .journal import BatchRecord, Journal, describe_target, forgotten_message, target_identity
+from .journal import BatchRecord, Journal
 from .liveness import DriverProcess, _stat, guard_name
 from .options import WriteOptions
 from .parts import Part, ensure_parts, mark_parts_committed, multi_target, read_parts, recorded_targets, server_identity
+from .targets import describe_target, forgotten_message, target_identity
 from .xid import Xid, new_run_nonce
 
 log = logging.getLogger(__name__)

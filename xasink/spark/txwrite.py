@@ -19,10 +19,11 @@ from sqlalchemy.engine import URL, make_url
 from ..coordinator import Coordinator
 from ..dialects import dialect_for
 from ..errors import BatchAbortedError, OptionError
-from ..journal import Journal, target_identity
+from ..journal import Journal
 from ..options import WriteOptions
 from ..parts import Part, record_part, server_identity
 from ..results import BranchOutcome
+from ..targets import target_identity
 
 if TYPE_CHECKING:
     from .datasource import WritePlan

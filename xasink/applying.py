@@ -1,0 +1,87 @@
+"""The apply step of a decided batch of a write mode (overwrite, replaceWhere, change-data apply).
+
+:mod:`xasink.apply` holds the statements; this is what runs them after the decision, for the driver's commit
+and for recovery alike: in one local transaction with the batch's mark, retried through transient errors like
+the branches' commits, and withdrawn when no retry can help, so the target keeps its rows.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import sqlalchemy as sa
+
+from .apply import ApplySpec, apply_statements, withdraw
+from .errors import ApplyError, CommitIncompleteError
+
+if TYPE_CHECKING:  # the coordinator imports this module: only its type is needed here
+    from .coordinator import Coordinator
+
+log = logging.getLogger(__name__)
+
+
+def apply_decided(c: Coordinator, batch_id: int, spec: ApplySpec, commit_ms: int | None, deadline: float) -> None:
+    """Replace the target's rows from the shadow and mark the batch committed, in one local transaction.
+
+    Transient errors are retried like the commits (the branches are committed into the shadow, so the
+    batch is only ever finished, by this run or by recovery).  An error no retry fixes withdraws the
+    decision (:class:`ApplyError`): the target keeps its rows.
+    """
+    dialect = c.journal.dialect
+
+    def step() -> bool:
+        with dialect.connect() as conn:
+            conn.begin()
+            try:
+                if not c.journal.mark_within(conn, c.sink_id, batch_id, commit_ms):
+                    conn.rollback()
+                    return False
+                dialect.durable_commit(conn)
+                rows = apply_statements(dialect, conn, spec, batch_id)
+                conn.commit()
+            except BaseException:
+                conn.rollback()
+                raise
+            log.info("sink %s batch %s: %s (%d rows)", c.sink_id, batch_id, spec.describe(), rows)
+        return True
+
+    what = f"applying sink {c.sink_id} batch {batch_id} ({spec.describe()})"
+    try:
+        if not c._forward(what, step, deadline):
+            with dialect.connect() as conn:
+                found = c.journal.get(conn, c.sink_id, batch_id)
+            if found is None:
+                raise ApplyError(
+                    f"sink {c.sink_id} batch {batch_id}: another run found it could not {spec.describe()} "
+                    "and withdrew the decision; the table keeps its rows"
+                )
+            log.info("sink %s batch %s was applied already (by a recovery run)", c.sink_id, batch_id)
+    except ApplyError as exc:
+        withdraw_decision(c, batch_id, spec, str(exc))
+        raise
+    except Exception as exc:
+        if c._transient(exc):
+            raise CommitIncompleteError(
+                f"sink {c.sink_id} batch {batch_id} is decided and its rows are loaded, but the step that "
+                f"makes them visible ({spec.describe()}) failed within commitTimeout "
+                f"({c.options.commit_timeout} s: {c._describe(exc)}); the table still holds its old rows. "
+                f"The next run of this sink (sinkId '{c.sink_id}') or 'xasink recover' finishes it; no row "
+                "is lost or doubled."
+            ) from exc
+        if not isinstance(exc, sa.exc.DBAPIError):
+            raise
+        reason = c._describe(exc)
+        withdraw_decision(c, batch_id, spec, reason)
+        raise ApplyError(
+            f"sink {c.sink_id} batch {batch_id}: could not {spec.describe()}: {reason}. The table keeps "
+            "its old rows and nothing of this batch is visible; fix the data (or the table) and run it again"
+        ) from None
+
+
+def withdraw_decision(c: Coordinator, batch_id: int, spec: ApplySpec, reason: str) -> None:
+    """Withdraw a decision whose apply can never succeed: its rows only ever reached the shadow."""
+    with c.journal.locked(c.sink_id) as conn:
+        if c.journal.withdraw(conn, c.sink_id, batch_id):
+            withdraw(conn, spec, batch_id)
+    log.warning("sink %s batch %s: decision withdrawn, nothing of it is visible (%s)", c.sink_id, batch_id, reason)

@@ -1,0 +1,183 @@
+"""Recovery: finish what a sink's decision log says, and roll back what can never commit.
+
+A pass reads the log first and prepared branches second: decided batches are committed (and applied, for a
+write mode with an apply step) from the log alone, whatever crashed; an undecided branch is rolled back only
+under the sink's row lock, the same lock a decision takes, so a batch is never decided with a branch this pass
+rolled back (DESIGN invariant 4).  :func:`branch_action` is the one rule for a prepared branch, shared with
+``xasink recover``'s dry run (:mod:`xasink.admin`), so what is shown is what is done.
+
+The pass runs through a :class:`~xasink.coordinator.Coordinator`: its connection pool, and the same commit
+and roll-back steps (with their retries) as a live commit, so a finish by recovery behaves like one by the
+driver.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from sqlalchemy.engine import Connection
+
+from .apply import ApplySpec
+from .applying import apply_decided
+from .dialects.base import Dialect, PreparedTxn
+from .errors import ApplyError
+from .journal import BatchRecord, Journal
+from .liveness import runs_alive
+from .parts import decided_parts, mark_parts_committed, server_identity
+from .xid import Xid
+
+if TYPE_CHECKING:  # the coordinator imports this module: only its type is needed here
+    from .coordinator import Coordinator
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RecoveryReport:
+    """What a pass did; falsy when it did nothing."""
+
+    committed: list[Xid] = field(default_factory=list)
+    rolled_back: list[Xid] = field(default_factory=list)
+    finished_batches: list[int] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.committed or self.rolled_back or self.finished_batches)
+
+
+COMMIT = "commit"  # listed in its batch's decision
+ROLLBACK_UNDECIDED = "rollback"  # its batch was never decided
+ROLLBACK_ORPHAN = "rollback-orphan"  # its batch was decided without it (a losing or stale attempt)
+WAIT = "wait"  # undecided but young: a live batch may still decide it
+
+
+def branch_action(
+    xid: Xid, decision: BatchRecord | None, age_s: float | None, min_age_s: float = 0.0, alive: bool | None = None
+) -> str:
+    """What recovery does with one prepared branch of ours; the single rule both recovery and its dry run use.
+
+    An undecided branch is rolled back only when its run is dead (``alive`` False), at once; a live run's
+    branches wait whatever their age.  Only a run whose liveness is unknown (it kept no guard) is judged by
+    age against ``min_age_s``.
+    """
+    if decision is not None:
+        return COMMIT if xid in decision.xids else ROLLBACK_ORPHAN
+    if alive:
+        return WAIT
+    if alive is None and min_age_s > 0 and age_s is not None and age_s < min_age_s:
+        return WAIT
+    return ROLLBACK_UNDECIDED
+
+
+def age_seconds(now: object, then: object) -> float | None:
+    """Seconds since ``then``; None when the server does not say when a branch was prepared (MySQL)."""
+    if then is None:
+        return None
+    try:
+        return max(0.0, float((now - then).total_seconds()))  # type: ignore[operator]
+    except TypeError:
+        return None
+
+
+def list_prepared(dialect: Dialect, journal: Journal, log_conn: Connection) -> list[PreparedTxn]:
+    """The branches prepared in the target database, listed while ``log_conn`` holds the log's sink lock."""
+    if journal.dialect is dialect:
+        return dialect.list_prepared(log_conn)
+    with dialect.connect() as conn:
+        return dialect.list_prepared(conn)
+
+
+def recover(c: Coordinator, upto: int | None = None, min_age_s: float = 0.0, run: str | None = None) -> RecoveryReport:
+    """Finish decided batches and roll back undecided branches of this sink (batches <= ``upto``).
+
+    Undecided branches younger than ``min_age_s`` are left alone (a live
+    batch may still decide them); decided ones are always finished.  With
+    ``run``, the caller is a writer of batch ``upto``: branches of that
+    batch held by another run (one that took the batch over) are left to it.
+    """
+    report = RecoveryReport()
+    with c.journal.dialect.connect() as conn:
+        pending = [r for r in c.journal.pending(conn, c.sink_id) if upto is None or r.batch_id <= upto]
+    for record in pending:
+        if _finish_parts(c, record, report):
+            continue  # a multi-target batch: only this database's parts are finished here
+        if c.journal.dialect is not c.dialect:
+            continue  # a single table's batch of the log's own database: finished from there
+        report.committed += c._commit_branches(record.xids)
+        with c.journal.dialect.connect() as conn:
+            spec = ApplySpec.from_target(c.journal.recorded_target(conn, c.sink_id, record.batch_id))
+            if spec is None:
+                c.journal.mark_committed(conn, c.sink_id, record.batch_id, None)
+        if spec is not None:
+            try:
+                apply_decided(c, record.batch_id, spec, None, time.monotonic() + c.options.commit_timeout)
+            except ApplyError as exc:
+                log.warning("recovery could not apply batch %s of sink %s: %s", record.batch_id, c.sink_id, exc)
+                continue
+        report.finished_batches.append(record.batch_id)
+        log.info("recovery finished decided batch %s of sink %s", record.batch_id, c.sink_id)
+    to_commit: list[Xid] = []
+    with c.journal.locked(c.sink_id) as conn:
+        # it only reads under the lock (its roll-backs run on a connection of their own)
+        c.journal.dialect.relaxed_commit(conn)
+        mine = [
+            p
+            for p in list_prepared(c.dialect, c.journal, conn)
+            if c.journal.owns(p.xid, conn)
+            and p.xid is not None
+            and p.xid.sink_id == c.sink_id
+            and (upto is None or p.xid.batch_id <= upto)
+        ]
+        if not mine:  # nothing of this sink is prepared: nothing to date, judge or finish
+            return report
+        now = c.journal.dialect.server_now(conn)
+        decided = c.journal.get_many(conn, c.sink_id, {p.xid.batch_id for p in mine if p.xid})
+        holder = c.journal.holder(conn, c.sink_id, upto) if run is not None and upto is not None else None
+        undated = {p.xid.batch_id for p in mine if p.xid and p.prepared_at is None} if min_age_s > 0 else set()
+        claimed = c.journal.claimed_at(conn, c.sink_id, undated)
+        undecided = {p.xid.batch_id for p in mine if p.xid and p.xid.batch_id not in decided}
+        alive = runs_alive(c.journal.dialect, conn, c.journal.claim_states(conn, c.sink_id, undecided))
+        doomed = []
+        for p in mine:
+            assert p.xid is not None
+            if holder not in (None, run) and p.xid.batch_id == upto and p.xid.run == holder:
+                continue  # a newer writer holds this batch now: its branches are its own to decide or abort
+            when = p.prepared_at or claimed.get((p.xid.batch_id, p.xid.run))
+            # the caller's own run is settling its batch; a run without a claim can have no live driver
+            live = False if p.xid.run == run else alive.get((p.xid.batch_id, p.xid.run), False)
+            action = branch_action(p.xid, decided.get(p.xid.batch_id), age_seconds(now, when), min_age_s, live)
+            if action == COMMIT:
+                to_commit.append(p.xid)
+            elif action in (ROLLBACK_UNDECIDED, ROLLBACK_ORPHAN):
+                doomed.append(p.xid)
+        c._rollback(doomed)
+        report.rolled_back += doomed
+    if to_commit:
+        report.committed += c._commit_branches(to_commit)
+    return report
+
+
+def _finish_parts(c: Coordinator, record: BatchRecord, report: RecoveryReport) -> bool:
+    """Finish this database's parts of a decided multi-target batch; False for a single-target batch.
+
+    Each part's branches are committed through this database only when the part was written here
+    (its server identity); the batch is marked committed once every part is.
+    """
+    with c.dialect.connect() as conn:
+        here = server_identity(conn)
+    with c.journal.dialect.connect() as conn:
+        parts = decided_parts(conn, c.journal, c.sink_id, record.batch_id, record.xids)
+    if not parts:
+        return False
+    mine = [p for p in parts if p.server == here and not p.committed]
+    for part in mine:
+        report.committed += c._commit_branches(part.xids)
+    with c.journal.dialect.connect() as conn:
+        mark_parts_committed(conn, c.journal, mine)
+        if all(p.committed or p in mine for p in parts):
+            c.journal.mark_committed(conn, c.sink_id, record.batch_id, None)
+            report.finished_batches.append(record.batch_id)
+            log.info("recovery finished decided multi-target batch %s of sink %s", record.batch_id, c.sink_id)
+    return True

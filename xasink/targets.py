@@ -1,0 +1,90 @@
+"""What a batch writes, as the decision log records it with the batch, and the words for a mismatch.
+
+A (sinkId, batchId) names one batch of one target: a rerun of a committed batch id is skipped only when it
+writes the same table (and the same streaming query); one that writes another target is refused, never
+skipped silently (:func:`same_target`).  The identity is a JSON document, read back by recovery too
+(:meth:`xasink.apply.ApplySpec.from_target` finds a write mode's apply step in it).
+"""
+
+from __future__ import annotations
+
+import json
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+# (dialect, URL without its password) -> (database, default schema) of that URL's sessions: the same for
+# every session of a URL, so read once per process instead of at every check, decision and task
+_SESSION_TARGETS: dict[tuple[str, str], tuple[str, str]] = {}
+
+
+def session_target(conn: Connection) -> tuple[str, str]:
+    """The database and default schema of this connection's sessions (``current_database()`` / ``DATABASE()``
+    and the schema SQLAlchemy found at connect), read once per URL and process."""
+    key = (conn.dialect.name, conn.engine.url.render_as_string(hide_password=True))
+    found = _SESSION_TARGETS.get(key)
+    if found is None:
+        db = conn.execute(
+            sa.text("SELECT current_database()" if conn.dialect.name == "postgresql" else "SELECT DATABASE()")
+        ).scalar()
+        found = _SESSION_TARGETS[key] = (str(db), str(sa.inspect(conn).default_schema_name))
+    return found
+
+
+def target_identity(conn: Connection, schema: str | None, table: str, query: str | None = None) -> str:
+    """What a batch writes, as the decision log records it: database, schema (the session's default when the
+    table names none) and table, and the streaming query's id when there is one."""
+    db, default_schema = session_target(conn)
+    ident: dict[str, str] = {
+        "db": db,
+        "schema": str(schema or default_schema),
+        "table": table,
+    }
+    if query:
+        ident["query"] = query
+    return json.dumps(ident, sort_keys=True)
+
+
+def same_target(recorded: str | None, mine: str) -> bool:
+    """A replay: the same table (and the same streaming query, when both name one); unknown counts as same."""
+    if recorded is None:
+        return True
+    try:
+        was, now = json.loads(recorded), json.loads(mine)
+    except ValueError:
+        return False
+    if any(was.get(k) != now.get(k) for k in ("db", "schema", "table")):
+        return False
+    return not (was.get("query") and now.get("query") and was["query"] != now["query"])
+
+
+def describe_target(ident: str | None) -> str:
+    """A target identity in words, for error messages."""
+    if ident is None:
+        return "an unrecorded target"
+    try:
+        d = json.loads(ident)
+    except ValueError:
+        return repr(ident)
+    what = f"table {d.get('schema')}.{d.get('table')} in database {d.get('db')}"
+    return what + (f" (streaming query {d['query']})" if d.get("query") else "")
+
+
+def identity_message(sink_id: str, batch_id: int, recorded: str | None, mine: str) -> str:
+    return (
+        f"sink {sink_id} batch {batch_id} was committed to {describe_target(recorded)}, and is now being written "
+        f"to {describe_target(mine)}: a (sinkId, batchId) names one batch of one target, so this is not a replay "
+        "and xasink will not skip it silently. Nothing of this attempt was written. Give this write its own "
+        "sinkId (or a batchId the sink never used)."
+    )
+
+
+def forgotten_message(sink_id: str, batch_id: int, horizon: int, sinks_table: str) -> str:
+    return (
+        f"sink {sink_id} batch {batch_id}: the decision log cannot tell whether this batch was committed. The "
+        f"log was made by an older xasink whose retention deleted committed batches, and ids up to {horizon} "
+        "that it does not hold may be among them; writing could double the batch's rows and skipping could "
+        "lose them, so nothing was written. Check the target table: if the batch's rows are absent, write it "
+        "under a new sinkId (or a batchId above the horizon); if you know the old log deleted none of this "
+        f"sink's batches, clear the horizon (column horizon of {sinks_table}, for sink_id '{sink_id}')."
+    )
