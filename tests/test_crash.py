@@ -35,7 +35,7 @@ from tests.targets import MARIADB, Target, is_lock_timeout
 from xasink import admin
 from xasink.xid import Xid
 
-pytestmark = pytest.mark.crash
+pytestmark = [pytest.mark.crash, pytest.mark.usefixtures("driver_cds")]
 
 DRIVER = Path(__file__).resolve().parent / "crash_driver.py"
 N, PARTITIONS, BATCH = 40, 4, 5

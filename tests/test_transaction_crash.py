@@ -25,7 +25,7 @@ from xasink import admin
 from xasink.status import status as xasink_status
 from xasink.xid import Xid
 
-pytestmark = [pytest.mark.crash, pytest.mark.mariadb]
+pytestmark = [pytest.mark.crash, pytest.mark.mariadb, pytest.mark.usefixtures("driver_cds")]
 
 DRIVER = Path(__file__).resolve().parent / "tx_crash_driver.py"
 BATCH = 11

@@ -146,7 +146,7 @@ def aggregate(files: list[list[str]]) -> list[tuple[str, int]]:
 @pytest.mark.spark
 @pytest.mark.parametrize("db", [case(POSTGRESQL)], indirect=True)
 def test_complete_mode_survives_a_driver_kill_between_commits_and_apply(
-    db: Target, spark: SparkSession, tmp_path: Path
+    db: Target, spark: SparkSession, tmp_path: Path, driver_cds: str | None
 ) -> None:
     """A streaming aggregation in complete mode, its Spark driver SIGKILLed after micro-batch 0's branches
     committed into the shadow: the table keeps its old rows exactly; restarted from the checkpoint, the query
