@@ -35,7 +35,7 @@ from tests.targets import MARIADB, Target, is_lock_timeout
 from xasink import admin
 from xasink.xid import Xid
 
-pytestmark = [pytest.mark.crash, pytest.mark.usefixtures("driver_cds")]
+pytestmark = pytest.mark.crash
 
 DRIVER = Path(__file__).resolve().parent / "crash_driver.py"
 N, PARTITIONS, BATCH = 40, 4, 5
@@ -134,6 +134,7 @@ def check_killed_state(db: Target, table: str, sink: str, point: str) -> None:
         "driver.after_mark",  # marked committed, before the sweep and Spark's own end of job
     ],
 )
+@pytest.mark.usefixtures("driver_cds")  # the Spark drivers share a class-data archive (tests/jvm.py)
 def test_driver_killed_then_rerun_writes_each_row_once(
     spark: SparkSession, db: Target, crash_setup: tuple[str, str, str], tmp_path: Path, point: str
 ) -> None:
