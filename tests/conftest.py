@@ -310,6 +310,29 @@ def spark():  # type: ignore[no-untyped-def]
     return classic_spark()
 
 
+@pytest.fixture(scope="session")
+def driver_cds(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str | None]:
+    """The class-data archive the Spark drivers a crash test starts share (tests/jvm.py), made once a session.
+
+    Its path goes to the environment the drivers inherit.  If it cannot be made the drivers run without it
+    (slower, the same otherwise): the path is then None.
+    """
+    from tests.jvm import CDS_ENV, build_archive
+
+    workdir = tmp_path_factory.mktemp("cds")
+    archive = workdir / "spark-driver.jsa"
+    why = build_archive(archive, workdir / "warm-up")
+    if why is not None:
+        print(f"driver class-data archive not made, drivers start without it: {why}", file=sys.stderr)
+        yield None
+        return
+    os.environ[CDS_ENV] = str(archive)
+    try:
+        yield str(archive)
+    finally:
+        os.environ.pop(CDS_ENV, None)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _stop_spark_at_exit() -> Iterator[None]:
     yield

@@ -93,6 +93,7 @@ def main(argv: list[str]) -> int:
     from pyspark.sql import SparkSession
 
     import xasink
+    from tests.jvm import driver_java_options
 
     spark = (
         SparkSession.builder.master("local[2]")
@@ -101,7 +102,7 @@ def main(argv: list[str]) -> int:
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")  # starts faster
+        .config("spark.driver.extraJavaOptions", driver_java_options())  # tests/jvm.py: starts sooner
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")

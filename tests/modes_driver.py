@@ -95,6 +95,7 @@ def stream(url: str, table: str, sink_id: str, input_dir: str, checkpoint: str) 
     from pyspark.sql import SparkSession
 
     import xasink
+    from tests.jvm import driver_java_options
 
     spark = (
         SparkSession.builder.master("local[2]")
@@ -104,7 +105,7 @@ def stream(url: str, table: str, sink_id: str, input_dir: str, checkpoint: str) 
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+        .config("spark.driver.extraJavaOptions", driver_java_options())  # tests/jvm.py: starts sooner
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")

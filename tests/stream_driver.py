@@ -81,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     from pyspark.sql import DataFrame, SparkSession
 
     import xasink
+    from tests.jvm import driver_java_options
     from xasink import faults
 
     spark = (
@@ -91,8 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.sql.shuffle.partitions", str(args.partitions))
         .config("spark.sql.session.timeZone", "UTC")
-        # a short-lived JVM: the C1 compiler alone starts the first micro-batch much sooner
-        .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+        .config("spark.driver.extraJavaOptions", driver_java_options())  # tests/jvm.py: starts sooner
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")

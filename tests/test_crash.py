@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -31,15 +30,14 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 
 import xasink
+from tests.procs import run_until_exit, tail
 from tests.targets import MARIADB, Target, is_lock_timeout
 from xasink import admin
 from xasink.xid import Xid
 
 pytestmark = pytest.mark.crash
 
-ROOT = Path(__file__).resolve().parent.parent
 DRIVER = Path(__file__).resolve().parent / "crash_driver.py"
-TAG_ENV = "XASINK_CRASH_TEST_TAG"
 N, PARTITIONS, BATCH = 40, 4, 5
 SPARK_KILL_POINTS = ("driver.before_decide", "driver.after_first_commit")  # a Spark driver killed on PostgreSQL
 PER = N // PARTITIONS
@@ -52,36 +50,6 @@ def frame(spark: SparkSession) -> DataFrame:
 
 def expected(ids: Any) -> list[tuple[int, str]]:
     return [(i, f"n{i}") for i in sorted(ids)]
-
-
-def _tagged_pids(tag: str) -> list[int]:
-    needle = f"{TAG_ENV}={tag}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if needle in (entry / "environ").read_bytes().split(b"\0"):
-                found.append(int(entry.name))
-        except OSError:  # gone already, or not readable
-            continue
-    return found
-
-
-def _reap(tag: str, grace_s: float = 60.0) -> list[int]:
-    """Wait for every process of the killed driver to exit (workers do once the JVM is gone); kill stragglers.
-
-    Returns the stragglers: processes still alive after the grace period.
-    """
-    deadline = time.monotonic() + grace_s
-    while (left := _tagged_pids(tag)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    for pid in left:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    return left
 
 
 def run_driver(
@@ -98,37 +66,11 @@ def run_driver(
 
     ``direct``: the driver without Spark (crash_driver.py --direct), with ``options`` as extra write options.
     """
-    tag = uuid.uuid4().hex
-    env = {**os.environ, "XASINK_FAULT": f"{point}:kill", TAG_ENV: tag, "PYSPARK_PYTHON": sys.executable}
+    env = {**os.environ, "XASINK_FAULT": f"{point}:kill", "PYSPARK_PYTHON": sys.executable}
     env["XASINK_TEST_WRITE_OPTIONS"] = json.dumps(options or {})
-    env.pop("XASINK_FAULT_PGID", None)
     cmd = [sys.executable, str(DRIVER), url, table, sink, str(batch), str(N), str(PARTITIONS)]
     cmd += ["--direct"] if direct else []
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            cmd,
-            cwd=ROOT,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        try:
-            returncode = proc.wait(timeout=300)
-        finally:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)  # whatever is left of its group
-            except ProcessLookupError:
-                pass
-            proc.wait()
-            stragglers = _reap(tag)
-    assert not stragglers, f"processes of the killed driver outlived it: {stragglers}"
-    return returncode
-
-
-def tail(log: Path, lines: int = 40) -> str:
-    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+    return run_until_exit(cmd, env, log)
 
 
 def journal_state(db: Target, sink: str) -> tuple[str, list[Xid]] | None:
@@ -192,6 +134,7 @@ def check_killed_state(db: Target, table: str, sink: str, point: str) -> None:
         "driver.after_mark",  # marked committed, before the sweep and Spark's own end of job
     ],
 )
+@pytest.mark.usefixtures("driver_cds")  # the Spark drivers share a class-data archive (tests/jvm.py)
 def test_driver_killed_then_rerun_writes_each_row_once(
     spark: SparkSession, db: Target, crash_setup: tuple[str, str, str], tmp_path: Path, point: str
 ) -> None:

@@ -25,8 +25,9 @@ from pathlib import Path
 import pytest
 
 from tests.leaks import run_cli
+from tests.procs import ROOT
 from tests.targets import Target
-from tests.test_crash import DRIVER, PARTITIONS, ROOT, N, expected, run_driver, tail
+from tests.test_crash import DRIVER, PARTITIONS, N, expected, run_driver, tail
 from xasink.coordinator import WAIT
 from xasink.xid import Xid
 

@@ -34,8 +34,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.procs import ROOT, TAG_ENV, reap
 from tests.targets import Target
-from tests.test_crash import DRIVER, PARTITIONS, ROOT, TAG_ENV, N, _reap
+from tests.test_crash import DRIVER, PARTITIONS, N
 from xasink.dialects import dialect_for
 from xasink.journal import Journal, journal_metadata
 from xasink.options import parse_url
@@ -113,7 +114,7 @@ def _run(db: Target, chain: Chain, kill: str | None, rng: random.Random, log: Pa
             except ProcessLookupError:
                 pass
             proc.wait()
-            _reap(tag)
+            reap(tag)
     return code, code == -signal.SIGKILL
 
 

@@ -41,7 +41,7 @@ import pytest
 
 from tests.targets import MARIADB, Target
 
-pytestmark = [pytest.mark.crash, pytest.mark.spark]
+pytestmark = [pytest.mark.crash, pytest.mark.spark, pytest.mark.usefixtures("driver_cds")]
 
 ROOT = Path(__file__).resolve().parent.parent
 DRIVER = ROOT / "tests" / "stream_driver.py"

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
@@ -20,15 +19,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.procs import run_until_exit
 from tests.targets import MARIADB, POSTGRESQL, Target, make_target
-from tests.test_crash import TAG_ENV, _reap
 from xasink import admin
 from xasink.status import status as xasink_status
 from xasink.xid import Xid
 
-pytestmark = [pytest.mark.crash, pytest.mark.mariadb]
+pytestmark = [pytest.mark.crash, pytest.mark.mariadb, pytest.mark.usefixtures("driver_cds")]
 
-ROOT = Path(__file__).resolve().parent.parent
 DRIVER = Path(__file__).resolve().parent / "tx_crash_driver.py"
 BATCH = 11
 
@@ -52,30 +50,8 @@ def pgt(pg_url: str) -> Iterator[Target]:
 
 
 def run_driver(args: list[str], point: str, log: Path) -> int:
-    tag = uuid.uuid4().hex
-    env = {**os.environ, "XASINK_FAULT": f"{point}:kill", TAG_ENV: tag, "PYSPARK_PYTHON": sys.executable}
-    env.pop("XASINK_FAULT_PGID", None)
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, str(DRIVER), *args],
-            cwd=ROOT,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        try:
-            returncode = proc.wait(timeout=300)
-        finally:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait()
-            stragglers = _reap(tag)
-    assert not stragglers, f"processes of the killed driver outlived it: {stragglers}"
-    return returncode
+    env = {**os.environ, "XASINK_FAULT": f"{point}:kill", "PYSPARK_PYTHON": sys.executable}
+    return run_until_exit([sys.executable, str(DRIVER), *args], env, log)
 
 
 def table_rows(t: Target, table: str) -> list[tuple[object, ...]]:

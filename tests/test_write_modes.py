@@ -1,7 +1,8 @@
 """Write modes (issue 18) against their contract, on PostgreSQL and MariaDB: exact row sets, atomicity, other sessions.
 
 Overwrite (``mode("overwrite")``), ``replaceWhere``, change-data apply (``deleteFlagColumn`` /
-``sequenceColumn``), through ``df.write.format("xasink")``, ``xasink.write`` and ``xasink.foreach_batch``.
+``sequenceColumn``), through ``df.write.format("xasink")``, ``xasink.write``, ``xasink.foreach_batch`` and a
+streaming query in complete output mode.
 Some tests drive the batch without Spark (tests/modes_driver.py: the data source's own planning, one
 ``write_partition`` per branch, ``Coordinator.commit``) where they must hold the driver at a fault point
 in this process (``XASINK_FAULT=...:sleep=S``) or run it beside another session.  Every check reads the
@@ -193,7 +194,7 @@ def test_a_failing_partition_leaves_the_old_rows(db: Target, spark: SparkSession
     assert db.rows(table) == old
     assert db.prepared(s) == []
     assert db.decision(s, 0) is None
-    assert shadow_rows(db) == 0  # (a rerun of the batch, fixed, lands: test_write_modes_core.py)
+    assert shadow_rows(db) == 0  # (a rerun of the batch, fixed, lands: test_a_batch_breaking_a_constraint_...)
 
 
 def test_a_keyed_overwrite_of_mostly_the_same_keys_does_not_wait_on_itself(db: Target, spark: SparkSession) -> None:
@@ -224,6 +225,68 @@ def test_an_empty_dataframe_empties_the_table(db: Target, spark: SparkSession) -
     write = xasink.foreach_batch(db.url, table, s, mode="overwrite", truncate="yes")
     result = write(frame(spark, named(range(40, 60)), 2), 1)
     assert db.rows(table) == named(range(40, 60)) and not result.skipped
+
+
+def test_a_batch_breaking_a_constraint_leaves_the_old_rows(db: Target, spark: SparkSession) -> None:
+    table = db.new_table()
+    db.keyed_table(table)
+    db.execute(f"INSERT INTO {db.q(table)} VALUES (1, 'old1'), (2, 'old2')")
+    s = sink()
+    dup = spark.createDataFrame([(7, "a"), (7, "b"), (8, "c")], "id int, name string").repartition(2)
+    with pytest.raises(ApplyError, match="could not overwrite") as info:
+        xasink.write(dup, db.url, table, sink_id=s, batch_id=0, mode="overwrite")
+    assert "table keeps its old rows" in str(info.value)
+    assert db.rows(table) == [(1, "old1"), (2, "old2")]
+    assert db.prepared(s) == []
+    # this test database's shadows only: the MariaDB server is shared with other sessions' databases
+    here = "current_schema()" if db.kind == "postgresql" else "DATABASE()"
+    shadows = [
+        r[0]
+        for r in db.execute(
+            f"SELECT table_name FROM information_schema.tables WHERE table_schema = {here} AND table_name LIKE %s",
+            "xasink_sh_%",
+        )
+    ]
+    assert shadows and all(db.execute(f"SELECT count(*) FROM {db.q(t)}") == [(0,)] for t in shadows)
+    # the withdrawn batch is not a replay: fixed, it lands
+    fixed = spark.createDataFrame([(7, "a"), (8, "c")], "id int, name string")
+    xasink.write(fixed, db.url, table, sink_id=s, batch_id=0, mode="overwrite")
+    assert db.rows(table) == [(7, "a"), (8, "c")]
+
+
+def test_overwrite_of_a_table_other_tables_refer_to(db: Target, spark: SparkSession) -> None:
+    """truncate=true is accepted and changes nothing: the rows are deleted, so a referenced table works too."""
+    table, child = db.new_table(), db.new_table()
+    db.keyed_table(table)
+    db.execute(f"INSERT INTO {db.q(table)} VALUES (1, 'old1'), (2, 'old2')")
+    s = sink()
+    df = spark.createDataFrame([(2, "new2"), (3, "new3")], "id int, name string")
+    xasink.write(df, db.url, table, sink_id=s, batch_id=0, mode="overwrite", truncate="true")
+    assert db.rows(table) == [(2, "new2"), (3, "new3")]
+    db.create_table(child, f"id int PRIMARY KEY, parent int REFERENCES {db.q(table)} (id)")
+    df = spark.createDataFrame([(3, "newer3"), (4, "new4")], "id int, name string")
+    xasink.write(df, db.url, table, sink_id=s, batch_id=1, mode="overwrite", truncate="true")
+    assert db.rows(table) == [(3, "newer3"), (4, "new4")]
+    db.drop_table(child)  # before its parent: MariaDB refuses to drop a referenced table
+
+
+def test_write_modes_are_refused_inside_a_transaction(db: Target, spark: SparkSession) -> None:
+    table = db.new_table()
+    db.keyed_table(table)
+    df = spark.createDataFrame([(1, "a")], "id int, name string")
+    with pytest.raises(OptionError, match="not supported inside xasink.transaction"):  # noqa: SIM117
+        with xasink.transaction(sink_id=sink(), batch_id=0) as tx:
+            tx.write(df, db.url, table, upsertKeyColumns="id", sequenceColumn="id2")
+    assert db.rows(table) == []
+
+
+def test_the_log_keeps_no_apply_step_once_a_batch_is_applied(db: Target, spark: SparkSession) -> None:
+    table = db.new_table()
+    db.keyed_table(table)
+    s = sink()
+    xasink.write(spark.createDataFrame([(1, "a")], "id int, name string"), db.url, table, sink_id=s, mode="overwrite")
+    (target,) = db.execute("SELECT target FROM xasink_batches WHERE sink_id = %s", s)[0]
+    assert table in target and "apply" not in target and "shadow" not in target
 
 
 def test_truncate_options_of_an_overwrite() -> None:
@@ -428,7 +491,7 @@ def test_replace_where_replaces_only_the_matching_rows(db: Target, spark: SparkS
     with db.connect() as conn, conn.cursor() as cur:
         cur.executemany(f"INSERT INTO {db.q(table)} VALUES (%s, %s, %s)", old)
     schema = "id int, day string, v int"
-    pred = "day = '2026-11-22'"
+    pred = "day = '2026-11-22' AND 'a:b%' LIKE 'a:%'"  # a colon and a percent sign reach the SQL as written
     s = sink()
     # day 22: ids 1, 4, ... 88; the batch keeps half of them (new v) and adds ids 100..119
     batch = [(i, "2026-11-22", 1000 + i) for i in range(1, 90, 6)] + [(i, "2026-11-22", i) for i in range(100, 120)]
@@ -440,7 +503,7 @@ def test_replace_where_replaces_only_the_matching_rows(db: Target, spark: SparkS
     # a batch row outside the predicate: ApplyError, nothing visible, nothing prepared, shadow empty
     assert issubclass(ApplyError, BatchAbortedError)
     outside = [(200, "2026-11-22", 1), (201, "2026-11-24", 2), (202, None, 3)]
-    with pytest.raises(ApplyError, match="replaceWhere"):
+    with pytest.raises(ApplyError, match="do not match replaceWhere"):
         xasink.write(
             spark.createDataFrame(outside, schema).repartition(2),
             db.url,
@@ -464,6 +527,11 @@ def test_replace_where_replaces_only_the_matching_rows(db: Target, spark: SparkS
         replaceWhereCheck="false",
     )
     assert db.rows(table) == sorted(untouched + outside, key=lambda r: r[0])
+
+    # replaceWhere belongs to an overwrite: with any other mode it is refused before anything runs
+    with pytest.raises(OptionError, match="replaceWhere"):
+        xasink.write(spark.createDataFrame(outside, schema), db.url, table, sink_id=s, batch_id=2, replaceWhere=pred)
+    assert db.decision(s, 2) is None
 
 
 def test_replace_where_may_name_the_table(db: Target, spark: SparkSession) -> None:
@@ -519,6 +587,59 @@ def test_change_data_apply_keeps_the_newest_change_of_each_key(db: Target, spark
     # and newer ones still apply
     write(spark.createDataFrame([(True, 6, None, 10), (False, 3, "again", 7)], schema), 2)
     assert db.rows(table) == [(1, "a8", 8), (2, "b9", 9), (3, "again", 7), (5, "e", 6)]
+
+
+def test_a_late_change_does_not_bring_back_a_deleted_key(db: Target, spark: SparkSession) -> None:
+    table = db.new_table()
+    db.create_table(table, "id int PRIMARY KEY, name varchar(20), seq bigint")
+    s = sink()
+    schema = "id int, name string, seq long, deleted boolean"
+    opts = {"upsertKeyColumns": "id", "deleteFlagColumn": "deleted", "sequenceColumn": "seq"}
+    first = spark.createDataFrame([(1, "a", 1, False), (2, "b", 1, False), (3, "c", 1, False)], schema)
+    xasink.write(first, db.url, table, sink_id=s, batch_id=0, **opts)
+    deletes = spark.createDataFrame([(1, None, 9, True), (2, None, 9, True)], schema)
+    xasink.write(deletes, db.url, table, sink_id=s, batch_id=1, **opts)
+    assert db.rows(table) == [(3, "c", 1)]
+    # late: older than the deletes (ignored); newer re-insert of key 2 (applied, and it stays)
+    late = spark.createDataFrame([(1, "stale", 5, False), (2, "back", 10, False)], schema).repartition(2)
+    xasink.write(late, db.url, table, sink_id=s, batch_id=2, **opts)
+    assert db.rows(table) == [(2, "back", 10), (3, "c", 1)]
+    # key 2 is alive again: an older delete of it is ignored, an older update too
+    xasink.write(spark.createDataFrame([(2, None, 9, True)], schema), db.url, table, sink_id=s, batch_id=3, **opts)
+    assert db.rows(table) == [(2, "back", 10), (3, "c", 1)]
+
+
+def test_complete_mode_keeps_the_table_equal_to_the_aggregate(db: Target, spark: SparkSession, tmp_path: Path) -> None:
+    table = db.new_table()
+    db.create_table(table, "k varchar(10) PRIMARY KEY, n bigint")
+    src, chk = tmp_path / "in", tmp_path / "chk"
+    src.mkdir()
+    s = sink()
+
+    def add(name: str, keys: list[str]) -> None:
+        (src / name).write_text("\n".join(json.dumps({"k": k}) for k in keys))
+
+    def run() -> None:
+        counts = spark.readStream.schema("k string").json(str(src)).groupBy("k").count().withColumnRenamed("count", "n")
+        query = (
+            counts.writeStream.outputMode("complete")
+            .format("xasink")
+            .option("url", db.url)
+            .option("dbtable", table)
+            .option("sinkId", s)
+            .option("checkpointLocation", str(chk))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(120)
+        assert query.exception() is None
+
+    add("1.json", ["a", "b", "a"])
+    run()
+    assert db.rows(table) == [("a", 2), ("b", 1)]
+    add("2.json", ["b", "c"])
+    run()
+    assert db.rows(table) == [("a", 2), ("b", 2), ("c", 1)]
 
 
 # --------------------------------------------------------------------------- other sessions

@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 import uuid
@@ -36,44 +35,23 @@ from pyspark.sql import SparkSession
 
 from tests.leaks import run_cli
 from tests.modes_driver import OPTIONS_ENV, complete_query, overwrite_direct, split
+from tests.procs import ROOT, run_until_exit, tail
 from tests.targets import MARIADB, POSTGRESQL, Target, case
 from tests.test_write_modes import fill, named, shadow_rows
 
 pytestmark = pytest.mark.crash
 
-ROOT = Path(__file__).resolve().parent.parent
 DRIVER = ROOT / "tests" / "modes_driver.py"
 N, FIRST, PARTITIONS, BATCH = 300, 150, 3, 4  # old ids 0..299, new ids 150..449: half the keys kept
 OLD, NEW = named(range(N), "o"), named(range(FIRST, FIRST + N))
 
 
 def run_driver(args: list[str], fault: str, log: Path, timeout_s: float = 300, **options: Any) -> int:
-    """Run tests/modes_driver.py in a process group of its own until it exits (or is killed); its return code."""
+    """Run tests/modes_driver.py until it exits (or a fault point kills it); its return code."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("XASINK_FAULT")}
     env.update({"XASINK_FAULT": fault, OPTIONS_ENV: json.dumps(options)})
     env.update({"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable})
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, str(DRIVER), *args],
-            cwd=ROOT,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        try:
-            return proc.wait(timeout=timeout_s)
-        finally:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)  # whatever is left of its group (Spark's Python workers)
-            except ProcessLookupError:
-                pass
-            proc.wait()
-
-
-def tail(log: Path, lines: int = 40) -> str:
-    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+    return run_until_exit([sys.executable, str(DRIVER), *args], env, log, timeout_s)
 
 
 @pytest.fixture
@@ -154,7 +132,7 @@ def test_an_overwrite_killed_at_each_step_ends_with_the_old_or_the_new_rows(
 
 # --------------------------------------------------------------------------- complete output mode
 
-FILES = [["a", "b", "a"]]  # one micro-batch: each costs seconds of Spark (several batches: test_write_modes_core)
+FILES = [["a", "b", "a"]]  # one micro-batch: each costs seconds of Spark (several batches: test_write_modes.py)
 
 
 def aggregate(files: list[list[str]]) -> list[tuple[str, int]]:
@@ -168,7 +146,7 @@ def aggregate(files: list[list[str]]) -> list[tuple[str, int]]:
 @pytest.mark.spark
 @pytest.mark.parametrize("db", [case(POSTGRESQL)], indirect=True)
 def test_complete_mode_survives_a_driver_kill_between_commits_and_apply(
-    db: Target, spark: SparkSession, tmp_path: Path
+    db: Target, spark: SparkSession, tmp_path: Path, driver_cds: str | None
 ) -> None:
     """A streaming aggregation in complete mode, its Spark driver SIGKILLed after micro-batch 0's branches
     committed into the shadow: the table keeps its old rows exactly; restarted from the checkpoint, the query

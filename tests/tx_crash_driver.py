@@ -35,6 +35,7 @@ def main(argv: list[str]) -> int:
     from pyspark.sql import SparkSession
 
     import xasink
+    from tests.jvm import driver_java_options
 
     spark = (
         SparkSession.builder.master("local[2]")
@@ -43,7 +44,7 @@ def main(argv: list[str]) -> int:
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+        .config("spark.driver.extraJavaOptions", driver_java_options())  # tests/jvm.py: starts sooner
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")

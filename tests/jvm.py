@@ -1,0 +1,97 @@
+"""JVM options of the Spark drivers the crash tests start and kill, and the class-data archive they share.
+
+Every killed driver is a fresh JVM (tests/crash_driver.py, stream_driver.py, modes_driver.py,
+tx_crash_driver.py), and most of its time is the JVM loading and verifying Spark's classes.  So:
+
+* ``FAST_START``: the C1 compiler alone and the serial collector, for a short-lived JVM doing little work;
+* a dynamic class-data-sharing archive (``-XX:SharedArchiveFile``, JDK 13+): made once per test session
+  by a warm-up driver run with ``-XX:ArchiveClassesAtExit`` (``python tests/jvm.py ARCHIVE WORKDIR``: a
+  batch write and a complete-mode streaming aggregation into Spark's ``noop`` sink), then mapped by every
+  driver, which loads those classes already parsed and verified.  The ``driver_cds`` fixture in
+  tests/conftest.py makes it and puts its path in :data:`CDS_ENV`, which the drivers inherit.
+
+The archive changes how classes are loaded, not what runs: a driver without it (no archive, or one the JVM
+refuses, which it then ignores) does exactly the same, only slower.  docs/testing.md has the figures.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+CDS_ENV = "XASINK_TEST_CDS_ARCHIVE"
+FAST_START = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def driver_java_options() -> str:
+    """``spark.driver.extraJavaOptions`` for a test's Spark driver: FAST_START, and the archive if made."""
+    options = list(FAST_START)
+    archive = os.environ.get(CDS_ENV)
+    if archive and os.path.isfile(archive):
+        options.append(f"-XX:SharedArchiveFile={archive}")
+    return " ".join(options)
+
+
+def build_archive(archive: Path, workdir: Path, timeout_s: float = 600) -> str | None:
+    """Run the warm-up driver to make ``archive``; None when made, else why not (the tests run without it)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("XASINK_FAULT") and k != CDS_ENV}
+    env.update({"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable})
+    try:
+        proc = subprocess.run(
+            [sys.executable, __file__, str(archive), str(workdir)],
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
+    except subprocess.TimeoutExpired:
+        return f"the warm-up driver took over {timeout_s:.0f} s"
+    if proc.returncode != 0 or not archive.is_file():
+        return f"the warm-up driver exited {proc.returncode}: {(proc.stdout + proc.stderr)[-2000:]}"
+    return None
+
+
+def warm_up(archive: str, workdir: str) -> int:
+    """A batch job and a streaming aggregation, then a normal exit: the JVM writes the classes it loaded."""
+    from pyspark.sql import SparkSession
+
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("xasink-cds-warm-up")
+        .config("spark.ui.enabled", "false")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.driver.extraJavaOptions", " ".join([*FAST_START, f"-XX:ArchiveClassesAtExit={archive}"]))
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        spark.range(0, 40, 1, 4).selectExpr("cast(id as int) as id", "concat('n', id) as name").write.format(
+            "noop"
+        ).mode("overwrite").save()
+        src = Path(workdir) / "in"
+        src.mkdir(parents=True, exist_ok=True)
+        (src / "0.json").write_text('{"k": "a"}\n{"k": "b"}\n')
+        counts = spark.readStream.schema("k string").option("maxFilesPerTrigger", 1).json(str(src)).groupBy("k").count()
+        query = (
+            counts.writeStream.outputMode("complete")
+            .format("noop")
+            .option("checkpointLocation", str(Path(workdir) / "chk"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination()
+    finally:
+        spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(warm_up(sys.argv[1], sys.argv[2]))
