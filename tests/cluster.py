@@ -40,9 +40,6 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "faults.json"
 
-# Every fault test passes this password (the embedded server trusts local logins and ignores it): it must
-# never appear in a log line, an exception or CLI output.
-
 # short-lived test JVMs doing little work: the C1 compiler alone and the serial collector start them sooner
 FAST_START = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
 JAVA_MODULE_OPTIONS = [
@@ -527,7 +524,7 @@ def _serve(master: str) -> None:
 
 def host_port(url: str) -> tuple[str, int]:
     m = re.search(r"@([^:/@]+):(\d+)/", url)
-    assert m, url
+    assert m, "no @host:port/ in the URL"  # not the URL itself: it holds the password
     return m.group(1), int(m.group(2))
 
 

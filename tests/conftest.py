@@ -4,10 +4,14 @@ Set ``XASINK_TEST_PG_URL`` to run against an existing server (it needs
 ``max_prepared_transactions`` > 0) instead of starting one.  Tests marked
 ``soak`` run only with ``--soak`` or ``XASINK_SOAK=1``.
 
-The private PostgreSQL checks passwords (scram-sha-256 over TCP) for every role but its superuser
-``postgres``, which many tests combine with a ``password`` option of their own: the roles the
-wrong-password tests create must prove theirs.  Under ``CI=true`` a skipped test fails unless its reason
-is one of :data:`ALLOWED_SKIPS` (tests/README.md lists them and why).
+The private PostgreSQL checks passwords (scram-sha-256) on every TCP login, its superuser ``postgres``
+included: ``pg_url`` carries :data:`TEST_PG_PASSWORD` (tests/leaks.py's ``SECRET``, which no output may
+show), and the tests that pass a ``password`` option pass that same one.  An external server
+(``XASINK_TEST_PG_URL``) must accept it as the password option too.  Only the cluster's Unix socket trusts,
+for ``pg_ctl``.
+
+Under ``CI=true`` a skipped test fails unless its reason is one of :data:`ALLOWED_SKIPS` (tests/README.md
+lists them and why).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from tests.dbutil import (
     prepared_gids,
     rollback_prepared,
 )
+from tests.leaks import SECRET
 from tests.targets import IDS, MARIADB, POSTGRESQL, Target, make_target
 from xasink.embedded import EmbeddedPostgres
 
@@ -44,7 +49,7 @@ ALLOWED_SKIPS = (
     "soak test:",  # long repetitions, run by --soak / XASINK_SOAK=1
     "no url-query-passwd spelling for postgresql",  # 'passwd' is a MySQL-only spelling: nothing to test
 )
-TEST_PG_PASSWORD = "xasink-test-Pw-1"
+TEST_PG_PASSWORD = SECRET  # the private server's superuser proves it on every TCP login
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -87,7 +92,7 @@ def pg_server() -> Iterator[EmbeddedPostgres | None]:
     if os.environ.get("XASINK_TEST_PG_URL"):
         yield None
         return
-    server = EmbeddedPostgres(max_prepared_transactions=100, password=TEST_PG_PASSWORD, trusted_users=("postgres",))
+    server = EmbeddedPostgres(max_prepared_transactions=100, password=TEST_PG_PASSWORD)
     server.start()
     try:
         yield server

@@ -7,7 +7,7 @@ import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 import psycopg2
 import psycopg2.extensions
@@ -22,6 +22,15 @@ def libpq_url(url: str) -> str:
     """Accept JDBC (``jdbc:postgresql://``) and SQLAlchemy (``postgresql+driver://``) spellings too."""
     url = url.removeprefix("jdbc:")
     return re.sub(r"^postgres(?:ql)?(?:\+[A-Za-z0-9_]+)?://", "postgresql://", url)
+
+
+_LOGIN = re.compile(r"^((?:jdbc:)?[A-Za-z][A-Za-z0-9+.-]*://)(?:[^@/?#]*@)?")
+
+
+def with_login(url: str, user: str, password: str | None = None) -> str:
+    """The same URL logging in as user, with password (percent-encoded) or none: another role, a wrong password."""
+    info = quote(user, safe="") + (":" + quote(password, safe="") if password is not None else "")
+    return _LOGIN.sub(lambda m: f"{m.group(1)}{info}@", url, count=1)
 
 
 @contextmanager

@@ -14,6 +14,9 @@ from urllib.parse import quote, quote_plus
 
 import pytest
 
+# The suite's PostgreSQL password: the private server's superuser proves it over TCP (tests/conftest.py), the
+# tests pass it as the ``password`` option, and their own roles get it too.  It must never show; the '#' in it
+# is percent-encoded (%23) in a URL, so a leak of either form is caught.
 SECRET = "Fa7ts-pw#s3cr3t-q9Zx"
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -30,6 +30,7 @@ import pymysql
 import pytest
 
 from tests import dbutil
+from tests.leaks import SECRET
 from xasink.xid import Xid
 
 POSTGRESQL = "postgresql"
@@ -192,8 +193,8 @@ class Target(ABC):
 
 class PostgresTarget(Target):
     kind = POSTGRESQL
-    # the embedded server trusts every local login: any password is accepted, and must never show in an error
-    password = "pw-Kq7#s3cr3t-xyzzy"
+    # the superuser's real password (the test server checks it on every TCP login); never shown in an error
+    password = SECRET
     serial_column = "seq bigserial"
 
     def q(self, name: str) -> str:

@@ -43,7 +43,7 @@ _HOST_PORT = re.compile(r"(//(?:[^@/]*@)?)([^:/@?]+):(\d+)")
 
 def host_port(url: str) -> tuple[str, int]:
     m = _HOST_PORT.search(url)
-    assert m, url
+    assert m, "no host:port in the URL"  # not the URL itself: it holds the password
     return m.group(2), int(m.group(3))
 
 

@@ -30,6 +30,8 @@ import pytest
 
 import xasink
 from tests import dbutil
+from tests.leaks import SECRET as SUPERUSER_SECRET  # the test server's superuser proves it: db.url holds it
+from tests.leaks import assert_no_secret
 from xasink import admin
 from xasink.branch import write_partition
 from xasink.cli import main
@@ -331,10 +333,11 @@ def planned(report: admin.RecoverReport, sink: Sink) -> dict[str, tuple[str, str
 
 
 def cli(*args: str) -> tuple[int, str, str]:
-    """``xasink ARGS`` in this process: exit code, stdout, stderr."""
+    """``xasink ARGS`` in this process: exit code, stdout, stderr (neither shows the superuser's password)."""
     out, err = io.StringIO(), io.StringIO()
     with redirect_stdout(out), redirect_stderr(err):
         code = main(list(args))
+    assert_no_secret(out.getvalue(), err.getvalue(), secret=SUPERUSER_SECRET)
     return code, out.getvalue(), err.getvalue()
 
 

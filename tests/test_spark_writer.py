@@ -26,7 +26,7 @@ from pyspark.sql import functions as F  # noqa: N812 - Spark's usual alias
 from pyspark.sql.types import IntegerType
 
 import xasink
-from tests.dbutil import XASINK_FORMAT_ID
+from tests.dbutil import XASINK_FORMAT_ID, libpq_url, with_login
 from tests.leaks import texts
 from tests.targets import MARIADB, POSTGRESQL, PostgresTarget, Target, case, make_target
 from xasink import admin
@@ -46,8 +46,8 @@ from xasink.options import parse_options
 from xasink.results import WriteResult
 from xasink.xid import Xid
 
-# The test server trusts its superuser's logins, so this password is accepted and ignored; it must never
-# appear in any error text.  (test_wrong_password_* uses a role that really has a password.)
+# The superuser's real password (the test server checks it on every TCP login): the tests pass it as the
+# ``password`` option, and it must never appear in any error text.  (test_wrong_password_* uses a role of its own.)
 SECRET = PostgresTarget.password
 PATHS = ["api", "format"]
 # both entry points on PostgreSQL; on MariaDB one is enough where the path is Spark's business, not the dialect's
@@ -407,7 +407,7 @@ def test_unknown_option_is_named(spark: SparkSession, pg: Target, table: str, pa
 
 @pytest.fixture
 def password_role(pg_server: EmbeddedPostgres | None, pg: Target) -> Iterator[tuple[str, str]]:
-    """A role that must give its password: the test server checks every role's but the superuser's (scram)."""
+    """A role of its own that must give its password (the test server checks every TCP login: scram)."""
     if pg_server is None:
         pytest.skip("needs the embedded server: an external one may trust every login")
     role, password = f"pw_{uuid.uuid4().hex[:8]}", "right-Pw-9"
@@ -426,7 +426,7 @@ def test_wrong_password_is_explained_and_hidden(
 ) -> None:
     role, password = password_role
     with pytest.raises(psycopg2.OperationalError):  # the rule is in force
-        psycopg2.connect(pg.url.replace("postgres@", f"{role}:wrong@"))
+        psycopg2.connect(libpq_url(with_login(pg.url, role, "wrong")))
     failing_write(
         path, frame(spark, 10, 2), pg, table, ConnectError, rf"authentication failed for user '{role}'", user=role
     )

@@ -7,14 +7,13 @@ temporary directory on a free port.  ``pg_ctl`` refuses to run as root, so
 under root the server runs as an unprivileged account (``postgres`` when it
 exists, else ``nobody``).
 
-Authentication: without ``password`` every login is trusted (the demo).  With
-``password`` the cluster is initialised with ``--auth-host=scram-sha-256`` and
-that password for the ``postgres`` superuser, so TCP logins must prove their
-password; ``trusted_users`` keeps named roles on ``trust`` over TCP (the test
-suite's superuser, whose URL many tests combine with a password option of
-their own), while every other role - those the tests create - must give its
-password.  The Unix socket stays ``trust`` so the server can be administered
-locally.
+Authentication: without ``password`` every login is trusted (the demo and the
+benchmarks).  With ``password`` (the test suite) the cluster is initialised with
+``--auth-host=scram-sha-256`` and that password for the ``postgres`` superuser,
+so every TCP login - the superuser's included - must prove its password, as
+against a production server; :attr:`EmbeddedPostgres.url` then carries it.
+Only the Unix socket in the cluster's directory stays ``trust``, so the server
+can be administered locally (``pg_ctl`` needs no password).
 """
 
 from __future__ import annotations
@@ -78,10 +77,8 @@ class EmbeddedPostgres:
         base_dir: str | None = None,
         extra_settings: dict[str, str] | None = None,
         password: str | None = None,
-        trusted_users: tuple[str, ...] = (),
     ) -> None:
         self.password = password
-        self.trusted_users = trusted_users
         self.max_prepared_transactions = max_prepared_transactions
         self.port = port or free_port()
         self.extra_settings = extra_settings or {}
@@ -93,8 +90,8 @@ class EmbeddedPostgres:
 
     @property
     def url(self) -> str:
-        """The superuser's URL, with its password unless it logs in by trust (never log it: xasink/masking.py)."""
-        if self.password is None or "postgres" in self.trusted_users:
+        """The superuser's URL, with its password when it has one (never log it: xasink/masking.py)."""
+        if self.password is None:
             return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
         secret = quote(self.password, safe="")
         return f"postgresql://postgres:{secret}@127.0.0.1:{self.port}/postgres"
@@ -185,10 +182,6 @@ class EmbeddedPostgres:
             self._run("initdb", *args, "--auth-local=trust", "--auth-host=scram-sha-256", f"--pwfile={pwfile}")
         finally:
             pwfile.unlink()
-        if self.trusted_users:
-            hba = self.data_dir / "pg_hba.conf"
-            trusted = "".join(f"host all {user} 127.0.0.1/32 trust\n" for user in self.trusted_users)
-            hba.write_text("# xasink embedded: trusted roles\n" + trusted + hba.read_text())
 
     def _wait_ready(self, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
