@@ -39,6 +39,7 @@ from typing import Any
 
 import pytest
 
+from tests.procs import TAG_ENV, reap
 from tests.targets import MARIADB, Target
 
 pytestmark = [pytest.mark.crash, pytest.mark.spark, pytest.mark.usefixtures("driver_cds")]
@@ -47,7 +48,6 @@ ROOT = Path(__file__).resolve().parent.parent
 DRIVER = ROOT / "tests" / "stream_driver.py"
 ROWS_PER_FILE = 100
 RUN_TIMEOUT = 900.0  # seconds one driver run may take on a loaded machine before it counts as hung
-TAG_ENV = "XASINK_STREAM_TAG"
 
 TASK_POINTS = ("task.before_prepare", "task.after_prepare")
 DRIVER_POINTS = (
@@ -179,7 +179,8 @@ class StreamJob:
                 proc.wait()
                 pytest.fail(f"stream driver hung for {RUN_TIMEOUT}s; log {log}")
             finally:
-                _wait_processes_gone(tag)
+                stragglers = reap(tag, grace_s=120.0)  # the next run and the checks must not race its workers
+            assert not stragglers, f"processes of a killed stream driver outlived it: {stragglers}"
         result = RunResult(proc.returncode, log, fault, killed_by_test)
         self.results.append(result)
         return result
@@ -234,35 +235,6 @@ class StreamJob:
 
     def drop(self) -> None:
         self.db.drop_table(self.table)
-
-
-def _tagged_pids(tag: str) -> list[int]:
-    needle = f"{TAG_ENV}={tag}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if needle in (entry / "environ").read_bytes().split(b"\0"):
-                found.append(int(entry.name))
-        except OSError:  # gone, or not ours
-            continue
-    return found
-
-
-def _wait_processes_gone(tag: str, timeout: float = 120.0) -> None:
-    """Wait until no process of a run is left (the JVM's Python daemon and workers exit when it dies).
-
-    The next run, and the checks of what the kill left behind, must not race a worker of the killed run.
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        left = _tagged_pids(tag)
-        if not left:
-            return
-        if time.monotonic() > deadline:
-            pytest.fail(f"processes of a killed stream driver are still running: {left}")
-        time.sleep(0.1)
 
 
 def check_kill_state(job: StreamJob, point: str, batch: int) -> None:

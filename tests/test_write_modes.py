@@ -674,14 +674,21 @@ def wait_decided(db: Target, s: str, batch: int, timeout_s: float = 60.0) -> Non
         time.sleep(0.1)
 
 
-def test_an_overwrite_waits_for_an_open_insert_then_replaces_it(
-    db: Target, spark: SparkSession, open_insert: Any
-) -> None:
+def table_under_open_insert(
+    db: Target, open_insert: Any
+) -> tuple[str, list[tuple[int, str]], list[tuple[int, str]], Any]:
+    """A keyed table holding 100 old rows, another session's insert into it left open; the rows to write."""
     table = db.new_table()
     db.keyed_table(table)
     old, new = named(range(100), "o"), named(range(50, 250))
     fill(db, table, old)
-    other = open_insert(table)
+    return table, old, new, open_insert(table)
+
+
+def test_an_overwrite_waits_for_an_open_insert_then_replaces_it(
+    db: Target, spark: SparkSession, open_insert: Any
+) -> None:
+    table, old, new, other = table_under_open_insert(db, open_insert)
     s = sink()
     with ThreadPoolExecutor(1) as pool:
         job = pool.submit(xasink.write, frame(spark, new), db.url, table, sink_id=s, batch_id=0, mode="overwrite")
@@ -700,11 +707,7 @@ def test_an_overwrite_waits_for_an_open_insert_then_replaces_it(
 def test_an_overwrite_blocked_past_commit_timeout_is_finished_by_recover(
     db: Target, spark: SparkSession, open_insert: Any
 ) -> None:
-    table = db.new_table()
-    db.keyed_table(table)
-    old, new = named(range(100), "o"), named(range(50, 250))
-    fill(db, table, old)
-    other = open_insert(table)
+    table, old, new, other = table_under_open_insert(db, open_insert)
     s = sink()
     t0 = time.monotonic()
     with pytest.raises(CommitIncompleteError, match="old rows"):
