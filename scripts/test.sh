@@ -2,6 +2,7 @@
 # The single test command: lint, type-check and run the test suite.
 #   bash scripts/test.sh                 # everything except soak tests
 #   bash scripts/test.sh -m 'not spark'  # extra arguments go to pytest
+#   bash scripts/test.sh -n 0            # one process (default: XASINK_TEST_WORKERS=2 pytest-xdist workers)
 # The tests start their own PostgreSQL (see tests/conftest.py); set
 # XASINK_TEST_PG_URL to use an existing server instead.
 set -euo pipefail
@@ -42,4 +43,7 @@ echo "== ruff"
 echo "== mypy"
 "$VENV/bin/mypy"
 echo "== pytest"
-"$PY" -m pytest "$@"
+# Two workers, whole modules each (their clusters and crash drivers are module- or session-scoped): each
+# worker is a test session of its own, with its own PostgreSQL and MariaDB database (docs/testing.md).
+# A later -n in the arguments wins.
+"$PY" -m pytest -n "${XASINK_TEST_WORKERS:-2}" --dist loadfile "$@"

@@ -16,6 +16,7 @@ lists them and why).
 
 from __future__ import annotations
 
+import fcntl
 import os
 import sys
 import uuid
@@ -317,18 +318,28 @@ def spark():  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="session")
 def driver_cds(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str | None]:
-    """The class-data archive the Spark drivers a crash test starts share (tests/jvm.py), made once a session.
+    """The class-data archive the Spark drivers a crash test starts share (tests/jvm.py), made once a run.
 
-    Its path goes to the environment the drivers inherit.  If it cannot be made the drivers run without it
-    (slower, the same otherwise): the path is then None.
+    Its path goes to the environment the drivers inherit.  Under pytest-xdist the workers share one archive
+    (in their common temporary directory, made by the first that asks while the others wait for it).  If it
+    cannot be made the drivers run without it (slower, the same otherwise): the path is then None.
     """
     from tests.jvm import CDS_ENV, build_archive
 
-    workdir = tmp_path_factory.mktemp("cds")
-    archive = workdir / "spark-driver.jsa"
-    why = build_archive(archive, workdir / "warm-up")
-    if why is not None:
-        print(f"driver class-data archive not made, drivers start without it: {why}", file=sys.stderr)
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's directory, shared by its workers
+    workdir = root / "cds"
+    workdir.mkdir(exist_ok=True)
+    archive, failed = workdir / "spark-driver.jsa", workdir / "failed.txt"
+    with (workdir / "lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not archive.exists() and not failed.exists():
+            why = build_archive(archive, workdir / "warm-up")
+            if why is not None:
+                failed.write_text(why)
+    if failed.exists():
+        print(f"driver class-data archive not made, drivers start without it: {failed.read_text()}", file=sys.stderr)
         yield None
         return
     os.environ[CDS_ENV] = str(archive)
