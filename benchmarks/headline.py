@@ -207,9 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     wanted = [p.strip() for p in args.parts.split(",") if p.strip()]
     out = Path(args.out)
     took: dict[str, float] = {}
-    env_python = os.environ.get("PYSPARK_PYTHON")
-    if not env_python:
-        os.environ["PYSPARK_PYTHON"] = sys.executable  # the harnesses' Spark workers run this interpreter
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # the harnesses' Spark workers run this interpreter
     for part, cmd in commands(args).items():
         if part in wanted:
             took[part] = run_part(part, cmd)
