@@ -24,6 +24,7 @@ from .. import phases
 from ..errors import BranchError, ConnectError, XasinkError
 from ..masking import display_url, redact, url_secrets
 from ..xid import Xid
+from .pooling import watch_checkouts
 
 if TYPE_CHECKING:  # rows and types only: the driver's commit path never loads pyarrow
     import pyarrow as pa
@@ -206,24 +207,41 @@ class Dialect(ABC):
         self.settings = settings or BranchSettings()
         self.pool_size = pool_size
         self._engine: Engine | None = None
+        self._autocommit_engine: Engine | None = None
 
     # -- control side -------------------------------------------------------
     @property
     def engine(self) -> Engine:
+        """Control connections in transactions (the journal, the sink lock, reads)."""
         if self._engine is None:
-            pooling: dict[str, Any] = {"poolclass": NullPool}
-            if self.pool_size > 0:  # checked on every checkout: a server restart leaves no dead connection in use
-                # overflow: a step may hold a connection while it opens another (the sink lock, then a rollback),
-                # and threads of one process share the pool; overflow connections close when returned
-                overflow = max(self.pool_size, 8)
-                pooling = {"pool_size": self.pool_size, "max_overflow": overflow, "pool_pre_ping": True}
-            engine = sa.create_engine(self.url, connect_args=self.connect_args(), **pooling)
-            sa.event.listen(engine, "connect", self.on_connect)
-            if phases.enabled():  # the benchmark's breakdown: what a control connection's set-up costs
-                sa.event.listen(engine, "do_connect", _stamp_connect)
-                sa.event.listen(engine, "connect", _record_connect)
-            self._engine = engine
+            self._engine = self._make_engine()
         return self._engine
+
+    @property
+    def autocommit_engine(self) -> Engine:
+        """Control connections in autocommit (COMMIT PREPARED, XA verbs), pooled apart (see :mod:`.pooling`)."""
+        if self._autocommit_engine is None:
+            self._autocommit_engine = self._make_engine(isolation_level="AUTOCOMMIT")
+        return self._autocommit_engine
+
+    def _make_engine(self, **options: Any) -> Engine:
+        pooling: dict[str, Any] = {"poolclass": NullPool}
+        if self.pool_size > 0:
+            # overflow: a step may hold a connection while it opens another (the sink lock, then a rollback),
+            # and threads of one process share the pool; overflow connections close when returned
+            pooling = {"pool_size": self.pool_size, "max_overflow": max(self.pool_size, 8)}
+        engine = sa.create_engine(self.url, connect_args=self.connect_args(), **pooling, **options)
+        if self.pool_size > 0:  # a server restart leaves no dead connection in use (see .pooling)
+            watch_checkouts(engine, self.socket_fd)
+        sa.event.listen(engine, "connect", self.on_connect)
+        if phases.enabled():  # the benchmark's breakdown: what a control connection's set-up costs
+            sa.event.listen(engine, "do_connect", _stamp_connect)
+            sa.event.listen(engine, "connect", _record_connect)
+        return engine
+
+    def socket_fd(self, dbapi_conn: Any) -> int | None:
+        """The control connection's socket descriptor (None: unknown, so every checkout pings)."""
+        return None
 
     def on_connect(self, dbapi_conn: Any, record: Any) -> None:  # noqa: B027 - optional hook
         """Session settings of a new control connection the driver's connect arguments cannot carry."""
@@ -234,12 +252,9 @@ class Dialect(ABC):
     def connect(self, autocommit: bool = False) -> Connection:
         """A control connection; connection failures become a :class:`ConnectError` that says what to do."""
         try:
-            conn = self.engine.connect()
+            return (self.autocommit_engine if autocommit else self.engine).connect()
         except sa.exc.DBAPIError as exc:
             raise self.connect_error(exc) from None
-        if autocommit:
-            conn = conn.execution_options(isolation_level="AUTOCOMMIT")
-        return conn
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({display_url(self.url)})"
@@ -266,9 +281,10 @@ class Dialect(ABC):
         )
 
     def dispose(self) -> None:
-        if self._engine is not None:
-            self._engine.dispose()
-            self._engine = None
+        for engine in (self._engine, self._autocommit_engine):
+            if engine is not None:
+                engine.dispose()
+        self._engine = self._autocommit_engine = None
 
     @abstractmethod
     def commit_prepared(self, conn: Connection, xid: Xid) -> None: ...

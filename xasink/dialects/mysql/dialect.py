@@ -67,6 +67,10 @@ class MySQLDialect(Dialect):
             with dbapi_conn.cursor() as cur:
                 cur.execute("SET SESSION innodb_lock_wait_timeout = %s, lock_wait_timeout = %s", (timeout, timeout))
 
+    def socket_fd(self, dbapi_conn: Any) -> int | None:
+        sock = getattr(dbapi_conn, "_sock", None)
+        return sock.fileno() if sock is not None else None
+
     @functools.cached_property
     def owners(self) -> OwnerWatch:
         return OwnerWatch(self.raw_connect)

@@ -66,6 +66,9 @@ class PostgresDialect(Dialect):
             args["options"] = f"{ours} {user}" if isinstance(user, str) and user else ours
         return args
 
+    def socket_fd(self, dbapi_conn: Any) -> int | None:
+        return int(dbapi_conn.fileno()) if not dbapi_conn.closed else None
+
     spare: Spare[Any] | None = None  # a branch connection made ahead (executors: see enable_spare)
 
     def enable_spare(self) -> None:
