@@ -208,6 +208,7 @@ def write_partition(
     guard: str | None = None,
     query: str | None = None,
     journal_url: sa.engine.URL | None = None,
+    claimed: bool = False,
 ) -> BranchOutcome:
     """Write one partition as one prepared branch and report it.
 
@@ -218,6 +219,9 @@ def write_partition(
     checks under that log's lock that it did not prepare too late.
     ``guard`` names the session lock the run's driver holds (xasink.liveness): sweeps leave the run's
     branches alone while it is held.  ``query`` is the streaming query's id, recorded with the batch.
+    ``claimed``: the driver took the batch over for ``run`` and rolled back other runs' branches of it
+    before the tasks started (:meth:`Coordinator.claim`), so a first attempt goes straight to its rows; a
+    retry still claims, to find a sibling attempt's prepared branch before it would wait on its locks.
     """
     start = time.perf_counter()
     ids = {"sink": options.sink_id, "batch": batch_id, "partition": partition}
@@ -240,7 +244,7 @@ def write_partition(
             with phase("task.claim", **ids):
                 clearance = (
                     Clearance()
-                    if tx
+                    if tx or (claimed and attempt_number == 0)
                     else clear_blockers(dialect, journal, xid, guard, (options.table.schema, options.table.name, query))
                 )
         except BaseException:

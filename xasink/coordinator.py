@@ -143,6 +143,27 @@ class Coordinator:
             raise ForgottenBatchError(forgotten_message(self.sink_id, batch_id, horizon, self.journal.sinks.fullname))
         return False
 
+    def claim(self, batch_id: int, run: str, guard: str | None = None) -> bool:
+        """Before a batch's tasks start: make ``run`` the holder of (sink, batch), as its first task would.
+
+        Under the sink lock, in one durable transaction: False when the batch is decided already (a replay:
+        the tasks find that out and write nothing); else every other run of the batch is superseded (their
+        branches are dead to :meth:`recover` from then on) and True.  Raises :class:`ConcurrentWriterError`
+        when ``run`` itself was taken over.  The tasks' first attempts can then skip their own claim.
+        """
+        with self.journal.locked(self.sink_id) as conn:
+            decided, _, superseded = self.journal.claim_view(conn, self.sink_id, batch_id, run)
+            if decided:
+                return False
+            if superseded is None:
+                self.journal.take_over(conn, self.sink_id, batch_id, run, guard)
+            elif superseded:
+                raise ConcurrentWriterError(
+                    f"sink {self.sink_id} batch {batch_id} was taken over by a newer writer with the same sinkId "
+                    f"(run {run} lost it); it wrote nothing. Run one writer per sinkId at a time."
+                )
+        return True
+
     def commit(
         self,
         batch_id: int,

@@ -13,7 +13,7 @@ import logging
 import re
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -93,6 +93,7 @@ class WritePlan:
     log_id: str  # the decision log's identity: every branch's xid carries it
     guard: str | None = None  # the session lock this driver holds while its runs live (xasink.liveness)
     apply: ApplySpec | None = None  # overwrite / replaceWhere / change-data: tasks load the shadow table
+    claimed: bool = False  # the driver took the batch over for this run: first task attempts skip their claim
 
 
 def _prepare(options: WriteOptions, schema: StructType, branches: int | None) -> WritePlan:
@@ -172,6 +173,7 @@ def _write_task(
         guard=plan.guard,
         query=ctx.getLocalProperty(STREAM_QUERY_PROPERTY),
         journal_url=tx.journal_url if tx is not None else None,
+        claimed=plan.claimed,
     )
     return XasinkCommitMessage(outcome)
 
@@ -396,13 +398,16 @@ class XasinkDataSource(DataSource):
         plan = _prepare(options, schema, options.num_partitions)
         run = self._run() or new_run_nonce()
         coordinator = Coordinator(options, shared=True)
-        try:  # finish what an earlier run of this batch decided; a live run's branches are taken over by our tasks
+        try:
             with phase("plan.recover", sink=options.sink_id, batch=options.batch_id):
                 coordinator.check_batch(options.batch_id)  # another target's batch, or one the log forgot: refuse now
+                # take the batch over here, once, instead of in every task; then finish what earlier runs
+                # decided and roll back their branches of this batch (superseded now, so dead to recovery)
+                claimed = coordinator.claim(options.batch_id, run, plan.guard)
                 coordinator.recover(upto=options.batch_id, run=run)
         finally:
             coordinator.close()
-        return XasinkBatchWriter(options, plan, run)
+        return XasinkBatchWriter(options, replace(plan, claimed=claimed), run)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> XasinkStreamWriter:  # noqa: N802 - Spark's name
         _worker_logging(logging.INFO)
