@@ -41,6 +41,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--bulk-runs", type=int, default=3, help="measured bulk runs per contender (default 3)")
     p.add_argument("--micro-sizes", default="1000,10000", help="rows per micro-batch (default 1000,10000)")
     p.add_argument("--micro-batches", type=int, default=15, help="measured micro-batches per size (default 15)")
+    p.add_argument("--micro-warmup", type=int, default=30, help="unmeasured micro-batches first (default 30)")
     p.add_argument("--rates", default="1000,5000,20000", help="streaming rows/s steps (default 1000,5000,20000)")
     p.add_argument("--duration", type=float, default=20.0, help="measured seconds per streaming step (default 20)")
     p.add_argument("--quick", action="store_true", help="harness check: 200k rows, 1k rows a batch, one rate")
@@ -50,6 +51,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.quick:
         args.bulk_rows, args.bulk_runs, args.micro_sizes, args.micro_batches = 200_000, 1, "1000", 3
+        args.micro_warmup = 2
         args.rates, args.duration = "2000", 8.0
     return args
 
@@ -65,7 +67,8 @@ def commands(args: argparse.Namespace) -> dict[str, list[str]]:
         ],
         "micro": [
             "benchmarks.microbatch", "--db", args.db, "--sizes", args.micro_sizes,
-            "--batches", str(args.micro_batches), "--name", f"{args.name}-micro", *out,
+            "--batches", str(args.micro_batches), "--warmup", str(args.micro_warmup), "--name", f"{args.name}-micro",
+            *out,
         ],
         "stream": [
             "benchmarks.streaming", "--db", args.db, "--rates", args.rates, "--duration", str(args.duration),

@@ -35,6 +35,9 @@ from benchmarks.contenders import jdbc_write
 log = logging.getLogger("benchmarks.microbatch")
 
 PARTITIONS = 2
+# a streaming job runs warm: during the first few dozen batches the JVM's JIT compiler threads took about a
+# quarter of both cores (perf record -a), slowing every contender's database round trips with it
+WARMUP = 30
 # the stacked phases, in the order they happen; each is a list of phase-log names summed per batch
 STACK: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("plan: worker start (0: reused)", ("plan.worker_start",)),
@@ -60,7 +63,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.microbatch", description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="1000,10000,100000", help="rows per batch (default 1000,10000,100000)")
     p.add_argument("--batches", type=int, default=15, help="measured batches per contender and size (default 15)")
-    p.add_argument("--warmup", type=int, default=2, help="unmeasured batches first (default 2)")
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=WARMUP,
+        help=f"unmeasured batches of every contender first (default {WARMUP}: the JVM's JIT settles)",
+    )
     p.add_argument("--db", default="postgresql,mariadb", help="postgresql,mariadb")
     p.add_argument("--mariadb", default="127.0.0.1:3306", help="host:port of the MariaDB server")
     p.add_argument("--name", help="results file name (default micro-<time>)")

@@ -119,7 +119,7 @@ class Coordinator:
     # -- set-up -------------------------------------------------------------------
     def preflight(self, branches: int | None = None) -> None:
         """Check the server can hold the branches, and create the journal tables on first use."""
-        with self.dialect.connect() as conn:
+        with self.dialect.connect(autocommit=True) as conn:  # reads only: no BEGIN and ROLLBACK round trips
             self.dialect.check_server(conn, branches)
         self.journal.ensure()
 
@@ -132,7 +132,7 @@ class Coordinator:
         """Before a batch writes: True when it is a replay of a committed batch (same target), False when it
         is new.  Raises :class:`BatchIdentityError` when the log holds it for another target, and
         :class:`ForgottenBatchError` when the log can no longer tell (an old log's trim)."""
-        with self.dialect.connect() as conn:
+        with self.dialect.connect(autocommit=True) as conn:  # reads only
             decided, recorded, horizon = self.journal.batch_view(conn, self.sink_id, batch_id)
             mine = self.target(conn, query)
         if decided:

@@ -160,11 +160,12 @@ class JournalTables:
     def ensure(self) -> None:
         """Create the tables if they are missing (first use), and bring a log made by an older xasink up to
         this layout (:meth:`upgrade`); a concurrent creator is fine."""
-        with self.dialect.connect() as conn:
+        with self.dialect.connect(autocommit=True) as conn:  # every batch's check: one statement, no BEGIN
             ready = self._ready_log_id(conn)
-            if ready is not None:
-                self._log_id = ready
-                return
+        if ready is not None:
+            self._log_id = ready
+            return
+        with self.dialect.connect() as conn:
             inspector = sa.inspect(conn)
             if not all(inspector.has_table(t.name, schema=t.schema) for t in self.tables):
                 conn.rollback()

@@ -98,7 +98,7 @@ def recover(c: Coordinator, upto: int | None = None, min_age_s: float = 0.0, run
     batch held by another run (one that took the batch over) are left to it.
     """
     report = RecoveryReport()
-    with c.journal.dialect.connect() as conn:
+    with c.journal.dialect.connect(autocommit=True) as conn:  # reads only
         pending = [r for r in c.journal.pending(conn, c.sink_id) if upto is None or r.batch_id <= upto]
     for record in pending:
         if _finish_parts(c, record, report):

@@ -168,8 +168,9 @@ class PostgresDialect(Dialect):
 
     def durability_risks(self, conn: Connection) -> list[DurabilityRisk]:
         risks = []
-        for setting in ("fsync", "full_page_writes"):  # both reloadable (sighup), no restart
-            value = str(conn.exec_driver_sql(f"SHOW {setting}").scalar_one())
+        settings = ("fsync", "full_page_writes")  # both reloadable (sighup), no restart; read in one round trip
+        values = conn.exec_driver_sql("SELECT current_setting('fsync'), current_setting('full_page_writes')").one()
+        for setting, value in zip(settings, map(str, values), strict=True):
             if value.lower() != "on":
                 fix = f"{setting} = on: ALTER SYSTEM SET {setting} = on; SELECT pg_reload_conf()"
                 risks.append(DurabilityRisk(setting, value, fix))
