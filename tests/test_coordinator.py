@@ -32,7 +32,7 @@ from xasink.branch import write_partition
 from xasink.coordinator import Coordinator
 from xasink.dialects.base import TargetPlan
 from xasink.embedded import EmbeddedPostgres
-from xasink.errors import BatchAbortedError, BranchError, ConcurrentWriterError, PreflightError
+from xasink.errors import BatchAbortedError, BranchError, ConcurrentWriterError, LateBranchError, PreflightError
 from xasink.journal import BatchRecord
 from xasink.options import WriteOptions, parse_options
 from xasink.results import BranchOutcome
@@ -108,6 +108,20 @@ class Sink:
             task_attempt_id=attempt,
             run=run or self.run,
             batches=record_batches(ids),
+        )
+
+    def write_claimed(self, batch_id: int, partition: int, ids: range | list[int], run: str) -> BranchOutcome:
+        """A first task attempt of a batch write whose driver claimed the batch (it skips its own claim)."""
+        self._attempt += 1
+        return write_partition(
+            self.options,
+            self.plan,
+            batch_id=batch_id,
+            partition=partition,
+            task_attempt_id=self._attempt,
+            run=run,
+            batches=record_batches(ids),
+            claimed=True,
         )
 
     def write_batch(self, batch_id: int, parts: list[range]) -> list[BranchOutcome | None]:
@@ -240,6 +254,34 @@ def test_replay_racing_the_first_decision_is_rolled_back(sink: Sink) -> None:
     sink.coordinator.commit(2, second)
     assert sink.rows() == expected(range(10))
     assert sink.mine() == []
+
+
+def test_a_driver_claim_takes_the_batch_over_before_any_task(sink: Sink) -> None:
+    """The batch writer's driver claims (Coordinator.claim + recover) so first attempts skip their claim:
+    the older run's branches are rolled back at once, its later tasks are refused, a claimed first attempt
+    of a run taken over meanwhile rolls its own branch back, and a decided batch is not claimed again."""
+    old_run, new_run, third_run = new_run_nonce(), new_run_nonce(), new_run_nonce()
+    old = [sink.write(8, 0, range(0, 10), run=old_run)]  # a run that claimed in its task, as streaming does
+    assert sink.coordinator.claim(8, new_run) is True
+    sink.coordinator.recover(upto=8, run=new_run)  # the writer's plan: the superseded run's branch goes now
+    assert sink.mine() == []
+    with pytest.raises(ConcurrentWriterError, match="taken over by a newer writer"):
+        sink.write(8, 1, range(10, 20), run=old_run)
+    new = [sink.write_claimed(8, p, range(100 + 10 * p, 110 + 10 * p), new_run) for p in (0, 1)]
+    assert sorted(sink.mine()) == sorted(gids(new))
+    # a third writer claims now: the second's next claimed first attempt finds out after its PREPARE
+    assert sink.coordinator.claim(8, third_run) is True
+    with pytest.raises(LateBranchError, match="can never be decided"):
+        sink.write_claimed(8, 2, range(200, 210), new_run)
+    with pytest.raises(ConcurrentWriterError):
+        sink.coordinator.claim(8, new_run)  # a run taken over cannot claim back
+    sink.coordinator.recover(upto=8, run=third_run)
+    assert sink.mine() == []
+    third = [sink.write_claimed(8, 0, range(300, 305), third_run)]
+    assert sink.coordinator.commit(8, third).rows == 5
+    assert sink.coordinator.claim(8, new_run_nonce()) is False  # decided: a replay, nothing claimed
+    assert sink.rows() == expected(range(300, 305)) and sink.mine() == []
+    assert old[0].xid is not None and sink.journal()[8][1] == gids(third)
 
 
 def test_writer_taken_over_by_a_newer_run_loses_and_cannot_come_back(sink: Sink) -> None:

@@ -194,6 +194,51 @@ def _timed_open(dialect: Dialect, xid: Xid, plan: TargetPlan, ids: dict[str, obj
         return dialect.open_branch(xid, plan)
 
 
+def _claim_and_open(
+    options: WriteOptions,
+    dialect: Dialect,
+    journal: Journal,
+    xid: Xid,
+    plan: TargetPlan,
+    ids: dict[str, object],
+    guard: str | None,
+    query: str | None,
+    attempt_number: int,
+) -> BranchSession | Clearance:
+    """Claim the batch for this task's run, connecting the branch meanwhile; the open branch, or the
+    clearance that says this attempt writes nothing (a replay, or a sibling's prepared branch to adopt)."""
+    # connecting the branch (ADBC reads the server's type catalogue) overlaps the decision-log check;
+    # the branch touches no row until clear_blockers has returned
+    with ThreadPoolExecutor(1, thread_name_prefix="xasink-open") as pool:
+        opening = pool.submit(_timed_open, dialect, xid, plan, ids)
+        try:
+            with phase("task.claim", **ids):
+                target = (options.table.schema, options.table.name, query)
+                clearance = clear_blockers(dialect, journal, xid, guard, target)
+        except BaseException:
+            _discard(opening)
+            raise
+        if clearance.decided:
+            _discard(opening)
+            log.info(
+                "sink %s batch %s is already decided: partition %s writes nothing",
+                xid.sink_id,
+                xid.batch_id,
+                xid.partition,
+            )
+            return clearance
+        if clearance.sibling is not None:
+            _discard(opening)
+            log.info(
+                "partition %s is already prepared by %s: attempt %s adopts it", xid.partition, clearance.sibling, xid
+            )
+            # this attempt holds a prepared branch now, as if it had prepared it: the same fault point
+            fault("task.after_prepare", partition=xid.partition, attempt=attempt_number, batch=xid.batch_id)
+            return clearance
+        with phase("task.open_wait", **ids):
+            return opening.result()
+
+
 def write_partition(
     options: WriteOptions,
     plan: TargetPlan,
@@ -236,39 +281,20 @@ def write_partition(
     log_dialect = shared_dialect(journal_url, options.branch_settings) if journal_url is not None else dialect
     journal = _shared_journal(log_dialect, options)
     xid = Xid(log_id or journal.log_id(), options.sink_id, batch_id, partition, attempt_token(task_attempt_id, run))
-    # connecting the branch (ADBC reads the server's type catalogue) overlaps the decision-log check;
-    # the branch touches no row until clear_blockers has returned
-    with ThreadPoolExecutor(1, thread_name_prefix="xasink-open") as pool:
-        opening = pool.submit(_timed_open, dialect, xid, plan, ids)
-        try:
-            with phase("task.claim", **ids):
-                clearance = (
-                    Clearance()
-                    if tx or (claimed and attempt_number == 0)
-                    else clear_blockers(dialect, journal, xid, guard, (options.table.schema, options.table.name, query))
-                )
-        except BaseException:
-            _discard(opening)
-            raise
-        if clearance.decided or clearance.sibling is not None:
-            _discard(opening)
-            rows = first.num_rows + sum(b.num_rows for b in rest)  # drain, so Spark sees the partition consumed
-            if clearance.decided:
-                log.info(
-                    "sink %s batch %s is already decided: partition %s writes nothing",
-                    options.sink_id,
-                    batch_id,
-                    partition,
-                )
-                return BranchOutcome(partition, None, skipped=True, query=query)
-            sibling = clearance.sibling
-            assert sibling is not None
-            log.info("partition %s is already prepared by %s: attempt %s adopts it", partition, sibling, xid)
-            # this attempt holds a prepared branch now, as if it had prepared it: the same fault point
-            fault("task.after_prepare", partition=partition, attempt=attempt_number, batch=batch_id)
-            return BranchOutcome(partition, sibling.gid, rows, seconds=time.perf_counter() - start, query=query)
+    if tx or (claimed and attempt_number == 0):  # claimed before the tasks started: nothing to check first
         with phase("task.open_wait", **ids):
-            session = opening.result()
+            session = _timed_open(dialect, xid, plan, ids)
+    else:
+        claimed_here = _claim_and_open(options, dialect, journal, xid, plan, ids, guard, query, attempt_number)
+        if isinstance(claimed_here, Clearance):  # a replay, or a sibling's branch adopted: drain, write nothing
+            rows = first.num_rows + sum(b.num_rows for b in rest)  # so Spark sees the partition consumed
+            if claimed_here.decided:
+                return BranchOutcome(partition, None, skipped=True, query=query)
+            assert claimed_here.sibling is not None
+            return BranchOutcome(
+                partition, claimed_here.sibling.gid, rows, seconds=time.perf_counter() - start, query=query
+            )
+        session = claimed_here
     try:
         fault("task.before_load", partition=partition, attempt=attempt_number, batch=batch_id)
         with phase("task.load", **ids):

@@ -19,7 +19,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -79,6 +79,23 @@ class _Refusal:
     error: Exception | None = None  # BatchIdentityError / ForgottenBatchError
     strangers: list[Xid] = field(default_factory=list)  # branches of another decision log
     log_id: str | None = None  # this log's identity (with strangers)
+
+
+_COMMIT_THREADS: ThreadPoolExecutor | None = None
+_COMMIT_THREADS_LOCK = threading.Lock()
+
+
+def _commit_threads() -> ThreadPoolExecutor:
+    """The process's commit threads: made on first use, kept (idle) for the next batch's commit.
+
+    A lane never waits for another lane or another commit, so coordinators committing at once in one process
+    (threads) only queue for a thread; none can starve another into a deadlock.
+    """
+    global _COMMIT_THREADS
+    with _COMMIT_THREADS_LOCK:
+        if _COMMIT_THREADS is None:
+            _COMMIT_THREADS = ThreadPoolExecutor(32, thread_name_prefix="xasink-commit")
+        return _COMMIT_THREADS
 
 
 class Coordinator:
@@ -564,11 +581,27 @@ class Coordinator:
             if first and first_commit_fault:
                 fault("driver.after_first_commit", batch=xid.batch_id)
 
+        def lane(chunk: Sequence[Xid]) -> list[BaseException]:
+            failed: list[BaseException] = []
+            for xid in chunk:
+                try:
+                    commit_one(xid)
+                except Exception as exc:  # noqa: BLE001 - reported below, with the other lanes' failures
+                    failed.append(exc)
+            return failed
+
+        # commitParallelism lanes: the first runs here, the others on threads kept for the process (a new
+        # thread per lane and batch costs a scheduler round on a busy executor, on every batch's commit)
         workers = max(1, min(self.options.commit_parallelism, len(xids)))
+        lanes = [xids[i::workers] for i in range(workers)]
         try:
-            with ThreadPoolExecutor(workers, thread_name_prefix="xasink-commit") as pool:
-                futures = [pool.submit(commit_one, x) for x in xids]
-                errors = [e for e in (f.exception() for f in futures) if e is not None]
+            futures = [_commit_threads().submit(lane, chunk) for chunk in lanes[1:]]
+            try:
+                errors = lane(lanes[0])
+            finally:
+                wait(futures)  # no lane may outlive its connections
+            for f in futures:
+                errors += f.result()
         finally:
             for conn in conns:
                 conn.close()
