@@ -396,3 +396,32 @@ def test_names_and_values_with_backslashes_and_quotes_are_written_exactly(
     finally:
         coordinator.close()
         _drop(url, kind, table)
+
+
+@pytest.mark.parametrize("url_options", [None, "-c synchronous_commit=off"])
+def test_the_decision_commits_durably_whatever_the_session_default(pg_url: str, url_options: str | None) -> None:
+    """Control sessions start with synchronous_commit on, so the decision's transaction needs no SET of its
+    own; a URL whose options turn it off gets it back for that transaction (durable_commit)."""
+    from urllib.parse import quote
+
+    from xasink.dialects import dialect_for
+
+    url = pg_url if url_options is None else f"{pg_url}?options={quote(url_options)}"
+    opts = parse_options({"url": url, "dbtable": "unused", "sinkId": "edges"})
+    dialect = dialect_for(opts.url, pool_size=1)
+    try:
+        with dialect.connect() as conn:
+            default = conn.exec_driver_sql("SHOW synchronous_commit").scalar_one()
+            conn.rollback()
+            with conn.begin():
+                dialect.durable_commit(conn)
+                inside = conn.exec_driver_sql("SHOW synchronous_commit").scalar_one()
+            with conn.begin():
+                dialect.relaxed_commit(conn)
+                relaxed = conn.exec_driver_sql("SHOW synchronous_commit").scalar_one()
+            after = conn.exec_driver_sql("SHOW synchronous_commit").scalar_one()
+            conn.rollback()
+    finally:
+        dialect.dispose()
+    assert default == ("on" if url_options is None else "off")
+    assert (inside, relaxed, after) == ("on", "off", default)

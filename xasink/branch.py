@@ -130,14 +130,18 @@ def settle_prepared(dialect: Dialect, journal: Journal, me: Xid) -> None:
     reason = None
     with journal.locked(me.sink_id) as conn:
         journal.dialect.relaxed_commit(conn)  # it only reads (a roll-back runs on a connection of its own)
-        decision = journal.get(conn, me.sink_id, me.batch_id)
+        view = journal.settle_view(conn, me.sink_id, me.batch_id, me.run)
+        if view is None:  # no identity row (the log is being made anew): read as a reader of any layout would
+            decision = journal.get(conn, me.sink_id, me.batch_id)
+            claim = journal.claim_states(conn, me.sink_id, {me.batch_id}).get((me.batch_id, me.run))
+        else:
+            decision, claim = view
         if decision is not None:
             if me in decision.xids:
                 return
             reason = "was decided without it (another attempt of this partition was reported)"
         else:
-            claims = journal.claim_states(conn, me.sink_id, {me.batch_id})
-            mine = {k: v for k, v in claims.items() if k == (me.batch_id, me.run)}
+            mine = {(me.batch_id, me.run): claim} if claim is not None else {}
             if mine and runs_alive(journal.dialect, conn, mine).get((me.batch_id, me.run)) is False:
                 reason = (
                     "can never be decided by this run (it aborted, lost the batch to a newer writer, "

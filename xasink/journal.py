@@ -34,6 +34,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
+from typing import cast
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -283,6 +284,28 @@ class Journal(JournalTables):
             c.sink_id == sink_id, c.batch_id.in_(sorted(batch_ids))
         )
         return {(int(b), str(r)): ClaimState(bool(s), g, t) for b, r, s, g, t in conn.execute(q)}
+
+    def settle_view(
+        self, conn: Connection, sink_id: str, batch_id: int, run: str
+    ) -> tuple[BatchRecord | None, ClaimState | None] | None:
+        """In one round trip, under the sink lock: the batch's decision and ``run``'s claim of it (what
+        :meth:`get` and :meth:`claim_states` read for a task's late check); None if the log has no identity row."""
+        b, c, lg = self.batches.c, self.claims.c, self.logs.c
+        cols = [col for col in self.batches.c if col.name not in ("compacted", "target")]
+        joined = self.logs.outerjoin(self.batches, sa.and_(b.sink_id == sink_id, b.batch_id == batch_id)).outerjoin(
+            self.claims, sa.and_(c.sink_id == sink_id, c.batch_id == batch_id, c.run == run)
+        )
+        q = sa.select(*cols, c.superseded, c.guard, c.claimed_at).select_from(joined).where(lg.slot == 1)
+        row = cast("sa.Row[tuple[object, ...]] | None", conn.execute(q).first())
+        if row is None:
+            return None
+        record = self._record(row) if row._mapping["sink_id"] is not None else None
+        superseded, guard, claimed_at = row[len(cols)], row[len(cols) + 1], row[len(cols) + 2]
+        claim = None
+        if superseded is not None:
+            assert isinstance(claimed_at, datetime)
+            claim = ClaimState(bool(superseded), str(guard) if guard is not None else None, claimed_at)
+        return record, claim
 
     def end_run(self, conn: Connection, sink_id: str, batch_id: int, run: str) -> None:
         """An aborted run can never decide: mark it superseded, so its late branches roll themselves back."""

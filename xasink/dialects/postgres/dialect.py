@@ -45,6 +45,7 @@ if TYPE_CHECKING:  # rows and types only: the driver's commit path never loads p
     import pyarrow as pa
 
 log = logging.getLogger("xasink.dialects.postgres")
+_SYNCHRONOUS = "xasink_synchronous_commit"  # a control session's pool-record flag: it commits durably by default
 
 
 class PostgresDialect(Dialect):
@@ -59,12 +60,22 @@ class PostgresDialect(Dialect):
             "application_name": self.url.query.get("application_name", "xasink"),
             **_KEEPALIVES,
         }
+        # control transactions flush their commit unless one says otherwise (relaxed_commit); a session's
+        # startup setting outranks the server's file and a reload, so the decision needs no SET of its own
+        ours = "-c synchronous_commit=on"
         timeout_ms = int(self.settings.control_lock_timeout) * 1000
         if timeout_ms:  # a lock wait ends in SQLSTATE 55P03, transient: the step is retried, never hangs
-            ours = f"-c lock_timeout={timeout_ms}"
-            user = self.url.query.get("options")  # the URL's own options come after ours, so they win
-            args["options"] = f"{ours} {user}" if isinstance(user, str) and user else ours
+            ours += f" -c lock_timeout={timeout_ms}"
+        user = self.url.query.get("options")  # the URL's own options come after ours, so they win
+        args["options"] = f"{ours} {user}" if isinstance(user, str) and user else ours
         return args
+
+    def on_connect(self, dbapi_conn: Any, record: Any) -> None:
+        """Whether this control session commits durably by default (the URL's options may say otherwise)."""
+        with dbapi_conn.cursor() as cur:
+            cur.execute("SHOW synchronous_commit")
+            record.info[_SYNCHRONOUS] = str(cur.fetchone()[0]) == "on"
+        dbapi_conn.rollback()
 
     def socket_fd(self, dbapi_conn: Any) -> int | None:
         return int(dbapi_conn.fileno()) if not dbapi_conn.closed else None
@@ -107,8 +118,10 @@ class PostgresDialect(Dialect):
         conn.exec_driver_sql(_driver_sql(f"ROLLBACK PREPARED {_literal(gid)}"))
 
     def durable_commit(self, conn: Connection) -> None:
-        # with synchronous_commit = off a crash right after the decision's COMMIT may lose it
-        conn.exec_driver_sql("SET LOCAL synchronous_commit = on")
+        # with synchronous_commit = off a crash right after the decision's COMMIT may lose it; a session
+        # that started with it on (connect_args) needs no statement for it
+        if not conn.info.get(_SYNCHRONOUS):
+            conn.exec_driver_sql("SET LOCAL synchronous_commit = on")
 
     def relaxed_commit(self, conn: Connection) -> None:
         conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
