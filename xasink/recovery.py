@@ -118,11 +118,9 @@ def recover(c: Coordinator, upto: int | None = None, min_age_s: float = 0.0, run
                 continue
         report.finished_batches.append(record.batch_id)
         log.info("recovery finished decided batch %s of sink %s", record.batch_id, c.sink_id)
-    to_commit: list[Xid] = []
-    with c.journal.locked(c.sink_id) as conn:
-        # it only reads under the lock (its roll-backs run on a connection of their own)
-        c.journal.dialect.relaxed_commit(conn)
-        mine = [
+
+    def of_sink(conn: Connection) -> list[PreparedTxn]:
+        return [
             p
             for p in list_prepared(c.dialect, c.journal, conn)
             if c.journal.owns(p.xid, conn)
@@ -130,6 +128,17 @@ def recover(c: Coordinator, upto: int | None = None, min_age_s: float = 0.0, run
             and p.xid.sink_id == c.sink_id
             and (upto is None or p.xid.batch_id <= upto)
         ]
+
+    # what every batch's plan pays: a look without the lock first (a branch prepared after it is out of
+    # this pass's reach either way); the lock, to judge and finish, only when something of the sink is there
+    with c.journal.dialect.connect(autocommit=True) as conn:
+        if not of_sink(conn):
+            return report
+    to_commit: list[Xid] = []
+    with c.journal.locked(c.sink_id) as conn:
+        # it only reads under the lock (its roll-backs run on a connection of their own)
+        c.journal.dialect.relaxed_commit(conn)
+        mine = of_sink(conn)
         if not mine:  # nothing of this sink is prepared: nothing to date, judge or finish
             return report
         now = c.journal.dialect.server_now(conn)
