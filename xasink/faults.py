@@ -69,6 +69,12 @@ def _matches(spec: str, point: str, partition: int | None, attempt: int | None, 
     return action
 
 
+def armed(point: str) -> bool:
+    """Whether this process's fault spec names ``point`` (driver-side points; tasks read theirs per job)."""
+    spec = os.environ.get(ENV) or ""
+    return any(item.strip().split(":")[0] == point for item in spec.split(","))
+
+
 def fault(point: str, *, partition: int | None = None, attempt: int | None = None, batch: int | None = None) -> None:
     """Kill or raise here if a test asked for it."""
     spec = os.environ.get(ENV)
