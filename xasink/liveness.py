@@ -87,7 +87,7 @@ def spark_driver_process(max_depth: int = 8) -> DriverProcess | None:
 def ensure_keeper(dialect: Dialect, log_id: str, driver: DriverProcess) -> str:
     """The guard of this driver for this log, started on first use; returns its name."""
     name = guard_name(log_id, driver.token)
-    with dialect.connect() as conn:
+    with dialect.connect(autocommit=True) as conn:  # every batch's check: one read, no BEGIN and ROLLBACK
         if dialect.held_session_locks(conn, [name]):
             return name
     config = {
