@@ -31,8 +31,9 @@ def shared_dialect(url: URL, settings: BranchSettings | None = None, pool_size: 
 
     A Spark Python worker runs many tasks one after the other (and the driver's planning and commit
     calls of one batch after another); a dialect kept between them keeps its engine's initialized
-    SQLAlchemy dialect, compiled statements and a few open control connections (checked with a ping on
-    every checkout, so a server restart costs one reconnect).  A new control connection costs a TCP and
+    SQLAlchemy dialect, compiled statements and a few open control connections (a checkout pings one only
+    when its socket says the server closed it, or after a long idle: see :mod:`.pooling`; a server restart
+    costs one reconnect).  A new control connection costs a TCP and
     authentication handshake, several milliseconds on every step of every batch.  Never disposed: the
     connections close with the worker, which Spark stops when it has been idle for a minute.
     """
