@@ -13,7 +13,6 @@ from pyspark.sql import DataFrame, SparkSession
 
 from .. import errors
 from ..coordinator import Coordinator
-from ..dialects import dialect_for
 from ..journal import Journal
 from ..masking import redact, url_secrets
 from ..options import WriteOptions, parse_options
@@ -100,30 +99,27 @@ def write(
     raw["sinkId"] = parsed.sink_id  # a generated id must be the same for the write and the result look-up
     register(df.sparkSession)
     df = shape(df, parsed)
-    dialect = dialect_for(parsed.url)
-    journal = Journal(dialect, parsed.journal_schema, parsed.journal_prefix)
+    # the process's long-lived dialect (its pooled connections serve every write of this URL from here on)
+    journal = Coordinator(parsed, shared=True).journal
     run = new_run_nonce()
+    before = _record(journal, parsed.sink_id, parsed.batch_id)
+    t0 = time.perf_counter()
     try:
-        before = _record(journal, parsed.sink_id, parsed.batch_id)
-        t0 = time.perf_counter()
-        try:
-            opts = {k: str(v) for k, v in raw.items()}
-            df.write.format("xasink").options(**opts, **{RUN_OPTION: run}).mode(mode).save()
-        except Exception as exc:
-            inner = _unwrap(exc)
-            if inner is None and _record(journal, parsed.sink_id, parsed.batch_id) is None:
-                # not ours (a failing UDF, a lost executor...) and the batch is undecided: nothing of it is visible
-                inner = errors.BatchAbortedError(
-                    f"sink {parsed.sink_id} batch {parsed.batch_id} was rolled back, no row of it is visible: "
-                    f"the Spark job failed ({redact(_summary(exc), url_secrets(parsed.url))})"
-                )
-            if inner is None:
-                raise
-            raise inner from exc
-        total = time.perf_counter() - t0
-        after = _record(journal, parsed.sink_id, parsed.batch_id)
-    finally:
-        dialect.dispose()
+        opts = {k: str(v) for k, v in raw.items()}
+        df.write.format("xasink").options(**opts, **{RUN_OPTION: run}).mode(mode).save()
+    except Exception as exc:
+        inner = _unwrap(exc)
+        if inner is None and _record(journal, parsed.sink_id, parsed.batch_id) is None:
+            # not ours (a failing UDF, a lost executor...) and the batch is undecided: nothing of it is visible
+            inner = errors.BatchAbortedError(
+                f"sink {parsed.sink_id} batch {parsed.batch_id} was rolled back, no row of it is visible: "
+                f"the Spark job failed ({redact(_summary(exc), url_secrets(parsed.url))})"
+            )
+        if inner is None:
+            raise
+        raise inner from exc
+    total = time.perf_counter() - t0
+    after = _record(journal, parsed.sink_id, parsed.batch_id)
     if after is None:  # an empty DataFrame decides nothing... unless it had partitions: then it decided []
         return WriteResult(parsed.sink_id, parsed.batch_id, 0, 0, False, {"total": total})
     timings = {"prepare": after.prepare_ms / 1000, "total": total}
@@ -166,7 +162,7 @@ def shape(df: DataFrame, parsed: WriteOptions) -> DataFrame:
 
 
 def _record(journal: Journal, sink_id: str, batch_id: int) -> Any:
-    with journal.dialect.connect() as conn:
+    with journal.dialect.connect(autocommit=True) as conn:  # reads only
         if not journal.exists(conn):
             return None
         return journal.get(conn, sink_id, batch_id)
@@ -182,11 +178,10 @@ def foreach_batch(
     parsed = parse_options(raw).with_mode(mode)  # fail now, not at batch 0
 
     def write_batch(df: DataFrame, batch_id: int) -> WriteResult:
-        coordinator = Coordinator(parsed)
-        try:  # a new or reset checkpoint would have its batches skipped as replays of the old ones
-            check_batch_order(coordinator, batch_id)
-        finally:
-            coordinator.close()
+        # the process's long-lived dialect: a micro-batch does not pay for new connections and their set-up
+        coordinator = Coordinator(parsed, shared=True)
+        # a new or reset checkpoint would have its batches skipped as replays of the old ones
+        check_batch_order(coordinator, batch_id)
         return write(df, url, table, sink_id=sink_id, batch_id=batch_id, mode=mode, **options)
 
     return write_batch
