@@ -15,18 +15,15 @@ from __future__ import annotations
 import json
 import logging
 import random
-import threading
 import time
 import zlib
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from . import recovery
+from . import group_ops, recovery
 from .apply import ApplySpec
 from .applying import apply_decided
 from .dialects import dialect_for, shared_dialect
@@ -40,7 +37,7 @@ from .errors import (
     DecisionUnknownError,
     ForgottenBatchError,
 )
-from .faults import armed, fault
+from .faults import fault
 from .journal import BatchRecord, Journal
 from .masking import redact, url_secrets
 from .options import WriteOptions
@@ -79,23 +76,6 @@ class _Refusal:
     error: Exception | None = None  # BatchIdentityError / ForgottenBatchError
     strangers: list[Xid] = field(default_factory=list)  # branches of another decision log
     log_id: str | None = None  # this log's identity (with strangers)
-
-
-_COMMIT_THREADS: ThreadPoolExecutor | None = None
-_COMMIT_THREADS_LOCK = threading.Lock()
-
-
-def _commit_threads() -> ThreadPoolExecutor:
-    """The process's commit threads: made on first use, kept (idle) for the next batch's commit.
-
-    A lane never waits for another lane or another commit, so coordinators committing at once in one process
-    (threads) only queue for a thread; none can starve another into a deadlock.
-    """
-    global _COMMIT_THREADS
-    with _COMMIT_THREADS_LOCK:
-        if _COMMIT_THREADS is None:
-            _COMMIT_THREADS = ThreadPoolExecutor(32, thread_name_prefix="xasink-commit")
-        return _COMMIT_THREADS
 
 
 class Coordinator:
@@ -521,106 +501,13 @@ class Coordinator:
             )
 
     def _rollback(self, xids: Sequence[Xid]) -> None:
-        if not xids:
-            return
-        with self.dialect.connect(autocommit=True) as xa:
-            for xid in xids:
-                try:
-                    self.dialect.rollback_prepared(xa, xid)
-                    log.info("rolled back branch %s", xid)
-                except sa.exc.DBAPIError as exc:
-                    if self.dialect.classify(exc) != ErrorKind.UNKNOWN_XID:
-                        raise
-                    xa.rollback()
+        group_ops.rollback_branches(self, xids)
 
     def _commit_branches(
         self, xids: Sequence[Xid], first_commit_fault: bool = False, deadline: float | None = None
     ) -> list[Xid]:
-        """COMMIT every decided branch in a small pool; transient errors are retried with backoff until
-        ``deadline`` (time.monotonic; default commitTimeout from now), or ``commitRetries`` times if set."""
-        if not xids:
-            return []
-        t0 = time.monotonic()
-        if deadline is None:
-            deadline = t0 + self.options.commit_timeout
-        local = threading.local()
-        conns: list[Connection] = []
-        lock = threading.Lock()
-        committed: list[Xid] = []
-
-        def connection() -> Connection:
-            conn = getattr(local, "conn", None)
-            if conn is None:
-                conn = local.conn = self.dialect.connect(autocommit=True)
-                with lock:
-                    conns.append(conn)
-            return conn
-
-        def commit_once(xid: Xid) -> None:
-            try:
-                self.dialect.commit_prepared(connection(), xid)
-            except Exception as exc:
-                if not isinstance(exc, ConnectError) and self.dialect.classify(exc) == ErrorKind.UNKNOWN_XID:
-                    log.info("branch %s unknown to the server: committed by an earlier attempt", xid)
-                    return
-                if self._transient(exc):  # the next try starts on a fresh connection
-                    old = getattr(local, "conn", None)
-                    local.conn = None
-                    if old is not None:
-                        try:
-                            old.invalidate()
-                        except Exception:  # noqa: BLE001,S110
-                            pass
-                raise
-
-        def commit_one(xid: Xid) -> None:
-            self._forward(f"commit of {xid}", lambda: commit_once(xid), deadline, self.options.commit_retries)
-            with lock:
-                committed.append(xid)
-                first = len(committed) == 1
-            if first and first_commit_fault:
-                fault("driver.after_first_commit", batch=xid.batch_id)
-
-        def lane(chunk: Sequence[Xid]) -> list[BaseException]:
-            failed: list[BaseException] = []
-            for xid in chunk:
-                try:
-                    commit_one(xid)
-                except Exception as exc:  # noqa: BLE001 - reported below, with the other lanes' failures
-                    failed.append(exc)
-            return failed
-
-        # commitParallelism lanes: the first runs here, the others on threads kept for the process (a new
-        # thread per lane and batch costs a scheduler round on a busy executor, on every batch's commit)
-        errors: list[BaseException] = []
-        pending = list(xids)
-        try:
-            if first_commit_fault and armed("driver.after_first_commit"):  # a test's kill lands between commits
-                errors += lane(pending[:1])
-                pending = pending[1:]
-            workers = max(1, min(self.options.commit_parallelism, len(pending)))
-            lanes = [pending[i::workers] for i in range(workers)]
-            futures = [_commit_threads().submit(lane, chunk) for chunk in lanes[1:]]
-            try:
-                errors += lane(lanes[0])
-            finally:
-                wait(futures)  # no lane may outlive its connections
-            for f in futures:
-                errors += f.result()
-        finally:
-            for conn in conns:
-                conn.close()
-        if errors:
-            batches = sorted({x.batch_id for x in xids})
-            which = f"batch {batches[0]} is" if len(batches) == 1 else f"batches {', '.join(map(str, batches))} are"
-            raise CommitIncompleteError(
-                f"sink {self.sink_id} {which} decided: {len(errors)} of {len(xids)} decided branches could not be "
-                f"committed yet after {time.monotonic() - t0:.0f} s of retries (commitTimeout "
-                f"{self.options.commit_timeout} s; {self._describe(errors[0])}). The decision is durable: the "
-                f"next run of this sink (sinkId '{self.sink_id}') or 'xasink recover' commits the rest; no row is "
-                "lost or doubled. Do not rerun it under another sink id: its rows would be written twice."
-            ) from errors[0]
-        return committed
+        """COMMIT every decided branch (:func:`xasink.group_ops.commit_branches`)."""
+        return group_ops.commit_branches(self, xids, first_commit_fault, deadline)
 
     # -- abort, sweep, recovery (xasink.recovery) -----------------------------------------------------------
     def abort(

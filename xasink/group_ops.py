@@ -1,0 +1,148 @@
+"""Operations on a group of branches: COMMIT every decided branch in lanes, roll back many.
+
+Kept apart from the coordinator's decisions, as Flink keeps its XA group operations apart from its facade:
+the coordinator decides what to finish, these finish it (with its retries and its pool).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
+from typing import TYPE_CHECKING
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from .dialects.base import ErrorKind
+from .errors import CommitIncompleteError, ConnectError
+from .faults import armed, fault
+from .xid import Xid
+
+if TYPE_CHECKING:  # the coordinator imports this module: only its type is needed here
+    from .coordinator import Coordinator
+
+log = logging.getLogger("xasink.coordinator")  # the coordinator's steps: logged under its name
+
+_COMMIT_THREADS: ThreadPoolExecutor | None = None
+_COMMIT_THREADS_LOCK = threading.Lock()
+
+
+def _commit_threads() -> ThreadPoolExecutor:
+    """The process's commit threads: made on first use, kept (idle) for the next batch's commit.
+
+    A lane never waits for another lane or another commit, so coordinators committing at once in one process
+    (threads) only queue for a thread; none can starve another into a deadlock.
+    """
+    global _COMMIT_THREADS
+    with _COMMIT_THREADS_LOCK:
+        if _COMMIT_THREADS is None:
+            _COMMIT_THREADS = ThreadPoolExecutor(32, thread_name_prefix="xasink-commit")
+        return _COMMIT_THREADS
+
+
+def rollback_branches(c: Coordinator, xids: Sequence[Xid]) -> None:
+    """ROLLBACK each branch on one connection; one the server no longer knows is gone already."""
+    if not xids:
+        return
+    with c.dialect.connect(autocommit=True) as xa:
+        for xid in xids:
+            try:
+                c.dialect.rollback_prepared(xa, xid)
+                log.info("rolled back branch %s", xid)
+            except sa.exc.DBAPIError as exc:
+                if c.dialect.classify(exc) != ErrorKind.UNKNOWN_XID:
+                    raise
+                xa.rollback()
+
+
+def commit_branches(
+    c: Coordinator, xids: Sequence[Xid], first_commit_fault: bool = False, deadline: float | None = None
+) -> list[Xid]:
+    """COMMIT every decided branch in a small pool; transient errors are retried with backoff until
+    ``deadline`` (time.monotonic; default commitTimeout from now), or ``commitRetries`` times if set."""
+    if not xids:
+        return []
+    t0 = time.monotonic()
+    if deadline is None:
+        deadline = t0 + c.options.commit_timeout
+    local = threading.local()
+    conns: list[Connection] = []
+    lock = threading.Lock()
+    committed: list[Xid] = []
+
+    def connection() -> Connection:
+        conn = getattr(local, "conn", None)
+        if conn is None:
+            conn = local.conn = c.dialect.connect(autocommit=True)
+            with lock:
+                conns.append(conn)
+        return conn
+
+    def commit_once(xid: Xid) -> None:
+        try:
+            c.dialect.commit_prepared(connection(), xid)
+        except Exception as exc:
+            if not isinstance(exc, ConnectError) and c.dialect.classify(exc) == ErrorKind.UNKNOWN_XID:
+                log.info("branch %s unknown to the server: committed by an earlier attempt", xid)
+                return
+            if c._transient(exc):  # the next try starts on a fresh connection
+                old = getattr(local, "conn", None)
+                local.conn = None
+                if old is not None:
+                    try:
+                        old.invalidate()
+                    except Exception:  # noqa: BLE001,S110
+                        pass
+            raise
+
+    def commit_one(xid: Xid) -> None:
+        c._forward(f"commit of {xid}", lambda: commit_once(xid), deadline, c.options.commit_retries)
+        with lock:
+            committed.append(xid)
+            first = len(committed) == 1
+        if first and first_commit_fault:
+            fault("driver.after_first_commit", batch=xid.batch_id)
+
+    def lane(chunk: Sequence[Xid]) -> list[BaseException]:
+        failed: list[BaseException] = []
+        for xid in chunk:
+            try:
+                commit_one(xid)
+            except Exception as exc:  # noqa: BLE001 - reported below, with the other lanes' failures
+                failed.append(exc)
+        return failed
+
+    # commitParallelism lanes: the first runs here, the others on threads kept for the process (a new
+    # thread per lane and batch costs a scheduler round on a busy executor, on every batch's commit)
+    errors: list[BaseException] = []
+    pending = list(xids)
+    try:
+        if first_commit_fault and armed("driver.after_first_commit"):  # a test's kill lands between commits
+            errors += lane(pending[:1])
+            pending = pending[1:]
+        workers = max(1, min(c.options.commit_parallelism, len(pending)))
+        lanes = [pending[i::workers] for i in range(workers)]
+        futures = [_commit_threads().submit(lane, chunk) for chunk in lanes[1:]]
+        try:
+            errors += lane(lanes[0])
+        finally:
+            wait(futures)  # no lane may outlive its connections
+        for f in futures:
+            errors += f.result()
+    finally:
+        for conn in conns:
+            conn.close()
+    if errors:
+        batches = sorted({x.batch_id for x in xids})
+        which = f"batch {batches[0]} is" if len(batches) == 1 else f"batches {', '.join(map(str, batches))} are"
+        raise CommitIncompleteError(
+            f"sink {c.sink_id} {which} decided: {len(errors)} of {len(xids)} decided branches could not be "
+            f"committed yet after {time.monotonic() - t0:.0f} s of retries (commitTimeout "
+            f"{c.options.commit_timeout} s; {c._describe(errors[0])}). The decision is durable: the "
+            f"next run of this sink (sinkId '{c.sink_id}') or 'xasink recover' commits the rest; no row is "
+            "lost or doubled. Do not rerun it under another sink id: its rows would be written twice."
+        ) from errors[0]
+    return committed
