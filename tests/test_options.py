@@ -120,13 +120,14 @@ def test_libpq_uri_keeps_query_parameters_exactly() -> None:
 
 
 def test_control_connection_options_put_the_urls_own_last() -> None:
-    """The control connection's lock_timeout comes first in libpq's options: the URL's own settings win."""
+    """The control connection's synchronous_commit and lock_timeout come first in libpq's options: the URL's
+    own settings win."""
     o = parse_options({"url": "postgresql://etl@h/d?options=-c%20lock_timeout%3D5s", "dbtable": "t"})
     args = PostgresDialect(o.url, o.branch_settings).connect_args()
-    assert args["options"] == "-c lock_timeout=60000 -c lock_timeout=5s"
+    assert args["options"] == "-c synchronous_commit=on -c lock_timeout=60000 -c lock_timeout=5s"
     assert (args["keepalives"], args["keepalives_idle"]) == (1, 30)
     o = parse_options({"url": "postgresql://etl@h/d", "dbtable": "t", "controlLockTimeout": "0"})
-    assert "options" not in PostgresDialect(o.url, o.branch_settings).connect_args()
+    assert PostgresDialect(o.url, o.branch_settings).connect_args()["options"] == "-c synchronous_commit=on"
 
 
 @pytest.mark.parametrize(
