@@ -96,7 +96,9 @@ class Sink:
         *,
         attempt: int | None = None,
         run: str | None = None,
+        claimed: bool = False,
     ) -> BranchOutcome:
+        """``claimed``: a first attempt of a batch write whose driver claimed the batch (no claim of its own)."""
         if attempt is None:
             self._attempt += 1
             attempt = self._attempt
@@ -108,20 +110,7 @@ class Sink:
             task_attempt_id=attempt,
             run=run or self.run,
             batches=record_batches(ids),
-        )
-
-    def write_claimed(self, batch_id: int, partition: int, ids: range | list[int], run: str) -> BranchOutcome:
-        """A first task attempt of a batch write whose driver claimed the batch (it skips its own claim)."""
-        self._attempt += 1
-        return write_partition(
-            self.options,
-            self.plan,
-            batch_id=batch_id,
-            partition=partition,
-            task_attempt_id=self._attempt,
-            run=run,
-            batches=record_batches(ids),
-            claimed=True,
+            claimed=claimed,
         )
 
     def write_batch(self, batch_id: int, parts: list[range]) -> list[BranchOutcome | None]:
@@ -267,17 +256,17 @@ def test_a_driver_claim_takes_the_batch_over_before_any_task(sink: Sink) -> None
     assert sink.mine() == []
     with pytest.raises(ConcurrentWriterError, match="taken over by a newer writer"):
         sink.write(8, 1, range(10, 20), run=old_run)
-    new = [sink.write_claimed(8, p, range(100 + 10 * p, 110 + 10 * p), new_run) for p in (0, 1)]
+    new = [sink.write(8, p, range(100 + 10 * p, 110 + 10 * p), run=new_run, claimed=True) for p in (0, 1)]
     assert sorted(sink.mine()) == sorted(gids(new))
     # a third writer claims now: the second's next claimed first attempt finds out after its PREPARE
     assert sink.coordinator.claim(8, third_run) is True
     with pytest.raises(LateBranchError, match="can never be decided"):
-        sink.write_claimed(8, 2, range(200, 210), new_run)
+        sink.write(8, 2, range(200, 210), run=new_run, claimed=True)
     with pytest.raises(ConcurrentWriterError):
         sink.coordinator.claim(8, new_run)  # a run taken over cannot claim back
     sink.coordinator.recover(upto=8, run=third_run)
     assert sink.mine() == []
-    third = [sink.write_claimed(8, 0, range(300, 305), third_run)]
+    third = [sink.write(8, 0, range(300, 305), run=third_run, claimed=True)]
     assert sink.coordinator.commit(8, third).rows == 5
     assert sink.coordinator.claim(8, new_run_nonce()) is False  # decided: a replay, nothing claimed
     assert sink.rows() == expected(range(300, 305)) and sink.mine() == []
