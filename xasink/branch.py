@@ -29,7 +29,7 @@ from .options import WriteOptions
 from .phases import phase, worker_started
 from .results import BranchOutcome
 from .schema import conform
-from .targets import forgotten_message, identity_message, same_target, target_identity
+from .targets import forgotten_message, identity_message, same_target, taken_over_message, target_identity
 from .xid import Xid, attempt_token
 
 log = logging.getLogger(__name__)
@@ -82,11 +82,7 @@ def clear_blockers(
         if horizon is not None and me.batch_id <= horizon:
             raise ForgottenBatchError(forgotten_message(me.sink_id, me.batch_id, horizon, journal.sinks.fullname))
         if superseded:
-            raise ConcurrentWriterError(
-                f"sink {me.sink_id} batch {me.batch_id} was taken over by a newer writer with the same sinkId "
-                f"(run {me.run} lost it); this writer's branches are rolled back and it wrote nothing. "
-                "Run one writer per sinkId at a time."
-            )
+            raise ConcurrentWriterError(taken_over_message(me.sink_id, me.batch_id, me.run))
         if superseded is None:  # the run's first task: it takes the batch over (a durable write)
             journal.take_over(conn, me.sink_id, me.batch_id, me.run, guard)
         else:  # the run's claim is there already: this transaction only reads under the lock
@@ -130,12 +126,8 @@ def settle_prepared(dialect: Dialect, journal: Journal, me: Xid) -> None:
     reason = None
     with journal.locked(me.sink_id) as conn:
         journal.dialect.relaxed_commit(conn)  # it only reads (a roll-back runs on a connection of its own)
-        view = journal.settle_view(conn, me.sink_id, me.batch_id, me.run)
-        if view is None:  # no identity row (the log is being made anew): read as a reader of any layout would
-            decision = journal.get(conn, me.sink_id, me.batch_id)
-            claim = journal.claim_states(conn, me.sink_id, {me.batch_id}).get((me.batch_id, me.run))
-        else:
-            decision, claim = view
+        # no identity row: the log was made anew, and holds neither a decision nor a claim of this batch
+        decision, claim = journal.settle_view(conn, me.sink_id, me.batch_id, me.run) or (None, None)
         if decision is not None:
             if me in decision.xids:
                 return

@@ -53,7 +53,7 @@ from .recovery import (  # noqa: F401 - re-exported: callers name them from here
     list_prepared,
 )
 from .results import BranchOutcome, WriteResult
-from .targets import forgotten_message, identity_message, same_target, target_identity
+from .targets import forgotten_message, identity_message, same_target, taken_over_message, target_identity
 from .xid import Xid
 
 log = logging.getLogger(__name__)
@@ -155,10 +155,7 @@ class Coordinator:
             if superseded is None:
                 self.journal.take_over(conn, self.sink_id, batch_id, run, guard)
             elif superseded:
-                raise ConcurrentWriterError(
-                    f"sink {self.sink_id} batch {batch_id} was taken over by a newer writer with the same sinkId "
-                    f"(run {run} lost it); it wrote nothing. Run one writer per sinkId at a time."
-                )
+                raise ConcurrentWriterError(taken_over_message(self.sink_id, batch_id, run))
         return True
 
     def commit(

@@ -79,6 +79,13 @@ def identity_message(sink_id: str, batch_id: int, recorded: str | None, mine: st
     )
 
 
+def taken_over_message(sink_id: str, batch_id: int, run: str) -> str:
+    return (
+        f"sink {sink_id} batch {batch_id} was taken over by a newer writer with the same sinkId (run {run} lost "
+        "it); this writer's branches are rolled back and it wrote nothing. Run one writer per sinkId at a time."
+    )
+
+
 def forgotten_message(sink_id: str, batch_id: int, horizon: int, sinks_table: str) -> str:
     return (
         f"sink {sink_id} batch {batch_id}: the decision log cannot tell whether this batch was committed. The "
