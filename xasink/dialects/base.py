@@ -73,6 +73,11 @@ class TargetPlan:
     # MySQL family: the table is such that loading with REPLACE gives exactly the upsert's rows
     # (MySQLDialect.replace_is_upsert), so the merge needs no staging table
     upsert_by_replace: bool = False
+    # MySQL family: the table has unique indexes besides the key's, where ON DUPLICATE KEY UPDATE would hit
+    # another key's row: the branch updates rows found by the key (through ``upsert_index``, the key's unique
+    # index) and inserts the rest plainly, so any other unique conflict fails the batch
+    upsert_by_update: bool = False
+    upsert_index: str | None = None
     # the shadow table of an overwrite / replaceWhere / change-data write (xasink.apply): this column of each
     # row is the batch id, filled in by the task
     batch_column: str | None = None
