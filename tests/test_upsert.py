@@ -41,7 +41,7 @@ from xasink.faults import InjectedFault
 from xasink.options import parse_options
 from xasink.results import BranchOutcome, WriteResult
 from xasink.schema import plan_target
-from xasink.xid import new_run_nonce
+from xasink.xid import Xid, new_run_nonce
 
 # --------------------------------------------------------------------------- helpers
 
@@ -764,3 +764,40 @@ def test_mariadb_a_case_insensitive_key_matches_as_its_unique_index_does(
     finally:
         with mariadb_connect(mariadb_url) as conn, conn.cursor() as cur:
             cur.execute(f"DROP TABLE IF EXISTS `{t}`")
+
+
+@pytest.mark.mariadb
+@pytest.mark.parametrize("infile", ["true", "false"])
+def test_mariadb_keyed_merges_of_two_live_branches_never_wait_for_each_other(
+    mariadb_url: str, fresh_table_name: str, infile: str
+) -> None:
+    """Two partitions merging at once, both inserting new ids past the table's end: the merge's lookups by the
+    key must take no gap locks (READ COMMITTED), or the second waits for the first until lockTimeout."""
+    t = fresh_table_name
+    with mariadb_connect(mariadb_url) as conn, conn.cursor() as cur:
+        cur.execute(
+            f"CREATE TABLE `{t}` (id INT PRIMARY KEY, email VARCHAR(40) NOT NULL UNIQUE, name VARCHAR(40)) "
+            "ENGINE=InnoDB"
+        )
+        cur.execute(f"INSERT INTO `{t}` VALUES (1, 'a@x', 'A'), (2, 'b@x', 'B'), (3, 'c@x', 'C')")
+    raw = {"url": mariadb_url, "dbtable": t, "upsertKeyColumns": "id", "lockTimeout": 2, "localInfile": infile}
+    options = parse_options(raw)
+    coordinator = Coordinator(options)
+    run, log_id = new_run_nonce(), uuid.uuid4().hex[:10]
+    opened = []
+    try:
+        with coordinator.dialect.connect() as conn:
+            plan = plan_target(coordinator.dialect, conn, options, users([(1, "a", "a")]).schema)
+        assert plan.upsert_by_update
+        for number, part in enumerate([[(1, "a@y", "A2"), (10, "j@x", "J")], [(11, "k@x", "K"), (2, "b@y", "B2")]]):
+            branch = coordinator.dialect.open_branch(Xid(log_id, "gaps", 0, number, f"{number}-{run}"), plan)
+            opened.append(branch)
+            assert branch.load(iter([users(part)])) == 2
+    finally:
+        for branch in opened:
+            branch.rollback()
+        coordinator.close()
+        rest = my_rows(mariadb_url, t)
+        with mariadb_connect(mariadb_url) as conn, conn.cursor() as cur:
+            cur.execute(f"DROP TABLE IF EXISTS `{t}`")
+    assert rest == [(1, "a@x", "A"), (2, "b@x", "B"), (3, "c@x", "C")]
