@@ -41,11 +41,15 @@ class MySQLBranch(BranchSession):
         try:
             # the owner lock names this session as the branch's owner until it has disconnected (see owner_lock)
             self.cursor.execute(
-                "SELECT CONNECTION_ID(), @@local_infile, @@max_allowed_packet, GET_LOCK(%s, 0)", (owner_lock(xid),)
+                "SELECT CONNECTION_ID(), @@local_infile, @@max_allowed_packet, GET_LOCK(%s, 0), @@log_bin, "
+                "@@binlog_format",
+                (owner_lock(xid),),
             )
             row = self.cursor.fetchone()
             assert row is not None
             self.connection_id, server_infile, max_packet = int(row[0]), int(row[1] or 0), int(row[2])
+            # InnoDB refuses to log a READ COMMITTED write as a statement
+            statement_log = int(row[4] or 0) == 1 and str(row[5]).upper() == "STATEMENT"
             lock_wait = int(dialect.settings.lock_timeout) or MAX_LOCK_WAIT
             self.cursor.execute(
                 "SET SESSION sql_mode = %s, time_zone = '+00:00', innodb_lock_wait_timeout = %s",
@@ -65,9 +69,10 @@ class MySQLBranch(BranchSession):
             plan.upsert_by_update or (self.use_load_data and not plan.upsert_by_replace)
         )
         try:
-            if self.staged:
+            if self.staged and not statement_log:
                 # the merge reads the target by the key: under READ COMMITTED those lookups take no gap locks,
-                # so partitions inserting new keys into one gap (ids past the end) never block each other
+                # so partitions inserting new keys into one gap (ids past the end) never block each other (with
+                # a statement binary log they may, until lockTimeout: the error says to repartition)
                 self.cursor.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
             self.cursor.execute(f"XA START {self._xa}")
         except Exception as exc:

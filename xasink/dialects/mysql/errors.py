@@ -60,8 +60,6 @@ BRANCH_HINTS = {
     "(run 'xasink recover'); deduplicate the DataFrame on the table's keys",
     1213: "deadlock with another transaction on the same rows",
     1440: "a branch with this xid exists already: the same task attempt ran twice",
-    1665: "the server logs statements (binlog_format = STATEMENT), which InnoDB refuses under READ COMMITTED, "
-    "the isolation an upsert's merge runs in: SET GLOBAL binlog_format = 'MIXED' (or ROW)",
 }
 UPSERT_CONFLICT_HINT = (
     "a row collides with a row of another key on a unique index other than the upsert key ({keys}): an upsert "
