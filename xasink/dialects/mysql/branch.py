@@ -147,13 +147,25 @@ class MySQLBranch(BranchSession):
         index = f" FORCE INDEX ({quote_ident(self.plan.upsert_index)})" if self.plan.upsert_index else ""
         on = " AND ".join(f"t.{quote_ident(k)} = s.{quote_ident(k)}" for k in keys)
         others = [n for n in names if n not in keys]
+        joined = f"{stage} s STRAIGHT_JOIN {target} t{index} ON {on}"
+        changed = 0
         if others:
             sets = ", ".join(f"t.{quote_ident(n)} = s.{quote_ident(n)}" for n in others)
-            self.cursor.execute(f"UPDATE {stage} s STRAIGHT_JOIN {target} t{index} ON {on} SET {sets}")
+            self.cursor.execute(f"UPDATE {joined} SET {sets}")
+            changed += max(self.cursor.rowcount, 0)  # rows changed (pymysql does not ask for rows found)
         self.cursor.execute(
             f"INSERT INTO {target} ({cols}) SELECT {', '.join(f's.{quote_ident(n)}' for n in names)} FROM {stage} s "
             f"WHERE NOT EXISTS (SELECT 1 FROM {target} t{index} WHERE {on})"
         )
+        changed += max(self.cursor.rowcount, 0)
+        if not changed:
+            # every row was in the table as it is: InnoDB may then count the branch as read-only, and XA COMMIT
+            # answers XA_RBROLLBACK.  Inserting a copy of a matched row (its key conflicts, IGNORE drops it)
+            # makes it a writer without changing a row (ON DUPLICATE KEY UPDATE always attempted an insert too)
+            self.cursor.execute(
+                f"INSERT IGNORE INTO {target} ({cols}) SELECT {', '.join(f't.{quote_ident(n)}' for n in names)} "
+                f"FROM {joined} LIMIT 1"
+            )
         self.cursor.execute(f"DROP TEMPORARY TABLE {stage}")
         return total
 

@@ -118,6 +118,7 @@ def unique_indexes(conn: Connection, plan: TargetPlan) -> list[UniqueIndex]:
         ),
         {"schema": plan.schema, "table": plan.table},
     ).all()
+    conn.rollback()
     out: dict[str, UniqueIndex] = {}
     for name, column, sub_part in found:
         was = out.get(str(name), UniqueIndex(str(name), (), False))
@@ -165,10 +166,11 @@ def upsert_plan(conn: Connection, plan: TargetPlan, target: str) -> TargetPlan:
 
 def replace_is_upsert(conn: Connection, plan: TargetPlan) -> bool:
     """Whether REPLACE leaves exactly the rows ON DUPLICATE KEY UPDATE (every column) would: the upsert key
-    is the table's only unique key (``upsert_plan``), its columns compare byte for byte (a case-insensitive
-    key 'abc' matches the row 'ABC', and REPLACE would rewrite its key to 'abc'), no foreign key refers to
-    the table and it has no triggers (then the server turns each REPLACE of a row into an UPDATE of it, not
-    a DELETE and INSERT), and every column is written (REPLACE would reset the others to their defaults)."""
+    is the table's only unique key (all of its columns, no prefix), its columns compare byte for byte (a
+    case-insensitive key 'abc' matches the row 'ABC', and REPLACE would rewrite its key to 'abc'), no foreign
+    key refers to the table and it has no triggers (then the server turns each REPLACE of a row into an
+    UPDATE of it, not a DELETE and INSERT), and every column is written (REPLACE would reset the others to
+    their defaults)."""
     where = {"schema": plan.schema, "table": plan.table}
     same_table = "TABLE_SCHEMA = COALESCE(:schema, DATABASE()) AND TABLE_NAME = :table"
     columns = conn.execute(
@@ -185,13 +187,14 @@ def replace_is_upsert(conn: Connection, plan: TargetPlan) -> bool:
     ).scalar()
     conn.rollback()
     keys = {k.lower() for k in plan.upsert_keys}
+    only_key = all(set(ix.columns) == keys and not ix.prefix for ix in unique_indexes(conn, plan))
     exact = all(
         collation is None or str(collation).lower().endswith("_bin") or str(collation).lower() == "binary"
         for name, collation in columns
         if str(name).lower() in keys
     )
     return (
-        not plan.upsert_by_update
+        only_key
         and exact
         and not blockers
         and {str(c).lower() for c, _ in columns} == {n.lower() for n in plan.arrow_schema.names}
