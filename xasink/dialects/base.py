@@ -430,6 +430,19 @@ class Dialect(ABC):
     ) -> sa.Insert:
         """INSERT the selected rows, updating the row of an existing key (only when ``sequence`` is not older)."""
 
+    def merge_from_select(
+        self,
+        conn: Connection,
+        target: sa.TableClause,
+        columns: list[str],
+        select: sa.Select[Any],
+        keys: list[str],
+        sequence: str | None,
+    ) -> int:
+        """Upsert the selected rows into the target, touching only rows whose key matches (any other unique
+        conflict is an error), inside the caller's transaction; the rows written as the server counts them."""
+        return max(conn.execute(self.upsert_from_select(target, columns, select, keys, sequence)).rowcount or 0, 0)
+
     def check_table(self, conn: Connection, plan: TargetPlan) -> TargetPlan:
         """Dialect-specific checks of the target table (e.g. storage engine); the plan, refined if need be."""
         return plan
