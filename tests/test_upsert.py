@@ -816,3 +816,23 @@ def test_mariadb_keyed_merges_of_two_live_branches_never_wait_for_each_other(
         with mariadb_connect(mariadb_url) as conn, conn.cursor() as cur:
             cur.execute(f"DROP TABLE IF EXISTS `{t}`")
     assert rest == [(1, "a@x", "A"), (2, "b@x", "B"), (3, "c@x", "C")]
+
+
+@pytest.mark.parametrize(("db", "infile"), _KEY_ONLY_CASES, indirect=["db"])
+def test_equal_keys_in_two_partitions_still_fail_clearly_beside_another_unique_index(db: Target, infile: str) -> None:
+    """The key-only merge waits on the other partition's prepared key like ON CONFLICT / ON DUPLICATE KEY UPDATE
+    do, and the error still says to repartition by the key."""
+    t = db.new_table()
+    db.create_table(t, "id int PRIMARY KEY, email varchar(40) NOT NULL, name varchar(40)")
+    db.execute(f"CREATE UNIQUE INDEX {t}_email ON {db.q(t)} (email)")
+    db.execute(f"INSERT INTO {db.q(t)} VALUES (1, 'alice@x', 'Alice')")
+    extra = {} if db.kind == POSTGRESQL else {"localInfile": infile}
+    for shared in (1, 9):  # a key in the table (updated by both) and a new one (inserted by both)
+        parts = [
+            users([(shared, "p0@x", "p0"), (20, "q0@x", "q0")]),
+            users([(21, "q1@x", "q1"), (shared, "p1@x", "p1")]),
+        ]
+        with pytest.raises(BranchError) as info:
+            write_direct(db.url, t, parts, lockTimeout=1, **extra)
+        assert "partition 1" in str(info.value) and "repartition" in str(info.value).lower(), str(info.value)
+        assert db.rows(t) == [(1, "alice@x", "Alice")]
