@@ -32,6 +32,7 @@ from tests.dbutil import (
     prepared_gids,
     rows,
 )
+from tests.targets import MARIADB, POSTGRESQL, Target, case
 from xasink.branch import write_partition
 from xasink.coordinator import Coordinator
 from xasink.dialects.postgres import PostgresDialect
@@ -40,7 +41,7 @@ from xasink.faults import InjectedFault
 from xasink.options import parse_options
 from xasink.results import BranchOutcome, WriteResult
 from xasink.schema import plan_target
-from xasink.xid import new_run_nonce
+from xasink.xid import Xid, new_run_nonce
 
 # --------------------------------------------------------------------------- helpers
 
@@ -641,3 +642,197 @@ def test_mariadb_every_supported_type_merges_as_append_loads_it(
         with mariadb_connect(mariadb_url) as conn, conn.cursor() as cur:
             for name in (table, appended):
                 cur.execute(f"DROP TABLE IF EXISTS `{name}`")
+
+
+# --------------------------------------------------------------------------- only the key's rows (both databases)
+
+# MariaDB loads an upsert by LOAD DATA (localInfile, the default) or by multi-row INSERT: both paths, and the
+# same case on PostgreSQL (ON CONFLICT on the key) for parity
+_KEY_ONLY_CASES = [case(POSTGRESQL, "default"), case(MARIADB, "true"), case(MARIADB, "false")]
+
+
+def other_key_conflict(db: Target, table: str, parts: list[pa.RecordBatch], infile: str, keys: str = "id") -> str:
+    """Write ``parts`` as an upsert that must fail on a unique index other than the key's: the error's text."""
+    extra = {} if db.kind == POSTGRESQL else {"localInfile": infile}
+    with pytest.raises(BranchError) as info:
+        write_direct(db.url, table, parts, keys=keys, **extra)
+    return str(info.value)
+
+
+def users(names: Sequence[tuple[int, str, str]]) -> pa.RecordBatch:
+    ids, emails, people = zip(*names, strict=True)
+    return pa.RecordBatch.from_arrays(
+        [pa.array(ids, pa.int32()), pa.array(emails), pa.array(people)], names=["id", "email", "name"]
+    )
+
+
+@pytest.mark.parametrize(("db", "infile"), _KEY_ONLY_CASES, indirect=["db"])
+def test_an_upsert_never_overwrites_the_row_of_another_key(db: Target, infile: str) -> None:
+    """(2, 'alice@x') upserted on id collides with id 1's email: the batch fails naming the index, as PostgreSQL
+    does, instead of ON DUPLICATE KEY UPDATE renaming Alice (or REPLACE deleting her); nothing is written."""
+    t = db.new_table()
+    db.create_table(t, "id int PRIMARY KEY, email varchar(40) NOT NULL, name varchar(40)")
+    db.execute(f"CREATE UNIQUE INDEX {t}_email ON {db.q(t)} (email)")
+    db.execute(f"INSERT INTO {db.q(t)} VALUES (1, 'alice@x', 'Alice'), (3, 'carol@x', 'Carol')")
+    before = db.rows(t)
+    fine = users([(3, "carol@x", "Carol 2"), (4, "dave@x", "Dave")])  # a partition that merges cleanly
+    text = other_key_conflict(db, t, [fine, users([(2, "alice@x", "Bob")])], infile)
+    assert f"{t}_email" in text, text  # the index that conflicts
+    assert "partition 1" in text and "nothing of this batch is visible" in text, text
+    assert db.rows(t) == before
+
+
+@pytest.mark.parametrize(("db", "infile"), _KEY_ONLY_CASES, indirect=["db"])
+def test_an_upsert_with_another_unique_index_updates_and_inserts_by_the_key(db: Target, infile: str) -> None:
+    """No conflict on the other index: rows whose id matches are updated (email too), new ids inserted, and the
+    partition's last row of a key wins."""
+    t = db.new_table()
+    db.create_table(t, "id int PRIMARY KEY, email varchar(40) NOT NULL, name varchar(40)")
+    db.execute(f"CREATE UNIQUE INDEX {t}_email ON {db.q(t)} (email)")
+    db.execute(f"INSERT INTO {db.q(t)} VALUES (1, 'alice@x', 'Alice'), (3, 'carol@x', 'Carol')")
+    extra = {} if db.kind == POSTGRESQL else {"localInfile": infile}
+    parts = [
+        [users([(1, "alice@y", "Alice 2"), (4, "dave@x", "Dave")]), users([(1, "alice@z", "Alice 3")])],
+        users([(5, "eve@x", "Eve"), (3, "carol@x", "Carol 2")]),
+    ]
+    merged = [(1, "alice@z", "Alice 3"), (3, "carol@x", "Carol 2"), (4, "dave@x", "Dave"), (5, "eve@x", "Eve")]
+    result = write_direct(db.url, t, parts, **extra)
+    assert result.rows == 5
+    assert db.rows(t) == merged
+    # the same rows again (another batch): the merge changes nothing, and the batch still commits
+    again = write_direct(db.url, t, [users(merged[:2]), users(merged[2:])], **extra)
+    assert (again.rows, again.skipped) == (4, False)
+    assert db.rows(t) == merged
+
+
+@pytest.mark.parametrize(("db", "infile"), _KEY_ONLY_CASES, indirect=["db"])
+def test_an_upsert_that_changes_no_row_still_commits(db: Target, infile: str) -> None:
+    """Every row already in the table as it is (a rerun under a new batch id): nothing changes, and the batch
+    commits.  MariaDB counts such a branch as read-only in this table's shape (no primary key, two unique
+    keys) unless something was written, and XA COMMIT then answers XA_RBROLLBACK."""
+    t = db.new_table()
+    db.create_table(t, "code varchar(20) NOT NULL UNIQUE, email varchar(40) NOT NULL UNIQUE")
+    db.execute(f"INSERT INTO {db.q(t)} VALUES ('a', 'a@x'), ('b', 'b@x')")
+    extra = {} if db.kind == POSTGRESQL else {"localInfile": infile}
+    same = pa.RecordBatch.from_arrays([pa.array(["a", "b"]), pa.array(["a@x", "b@x"])], ["code", "email"])
+    result = write_direct(db.url, t, [same], keys="code", **extra)
+    assert (result.rows, result.skipped) == (2, False)
+    assert db.rows(t) == [("a", "a@x"), ("b", "b@x")]
+
+
+@pytest.mark.parametrize(("db", "infile"), _KEY_ONLY_CASES, indirect=["db"])
+def test_an_upsert_whose_update_collides_on_another_index_fails(db: Target, infile: str) -> None:
+    """Updating id 3's email to Alice's: a conflict on another index while updating fails the batch too."""
+    t = db.new_table()
+    db.create_table(t, "id int PRIMARY KEY, email varchar(40) NOT NULL, name varchar(40)")
+    db.execute(f"CREATE UNIQUE INDEX {t}_email ON {db.q(t)} (email)")
+    db.execute(f"INSERT INTO {db.q(t)} VALUES (1, 'alice@x', 'Alice'), (3, 'carol@x', 'Carol')")
+    before = db.rows(t)
+    text = other_key_conflict(db, t, [users([(3, "alice@x", "Carol?"), (7, "g@x", "G")])], infile)
+    assert f"{t}_email" in text, text
+    assert db.rows(t) == before
+
+
+@pytest.mark.parametrize(("db", "infile"), _KEY_ONLY_CASES, indirect=["db"])
+def test_a_prefix_unique_index_never_merges_two_keys(db: Target, infile: str) -> None:
+    """MariaDB's UNIQUE (code(4)) holds one code per 4-character prefix: 'ABCD-002' is another key than
+    'ABCD-001', so it conflicts (the batch fails naming the index) instead of REPLACE deleting 'ABCD-001' or
+    ON DUPLICATE KEY UPDATE overwriting it.  PostgreSQL's equivalent: a unique index on left(code, 4)."""
+    t = db.new_table()
+    if db.kind == POSTGRESQL:
+        db.create_table(t, "code varchar(20) PRIMARY KEY, name varchar(40)")
+        db.execute(f"CREATE UNIQUE INDEX {t}_code4 ON {db.q(t)} (left(code, 4))")
+    else:
+        db.create_table(t, f"code varchar(20) NOT NULL, name varchar(40), UNIQUE KEY {t}_code4 (code(4))")
+    db.execute(f"INSERT INTO {db.q(t)} VALUES ('ABCD-001', 'first'), ('WXYZ-001', 'w')")
+    before = db.rows(t)
+    codes = pa.RecordBatch.from_arrays(
+        [pa.array(["WXYZ-001", "ABCD-002"]), pa.array(["w2", "second"])], ["code", "name"]
+    )
+    text = other_key_conflict(db, t, [codes], infile, keys="code")
+    assert f"{t}_code4" in text, text
+    assert db.rows(t) == before
+    same = pa.RecordBatch.from_arrays([pa.array(["ABCD-001", "EFGH-001"]), pa.array(["again", "e"])], ["code", "name"])
+    write_direct(db.url, t, [same], keys="code", **({} if db.kind == POSTGRESQL else {"localInfile": infile}))
+    assert db.rows(t) == [("ABCD-001", "again"), ("EFGH-001", "e"), ("WXYZ-001", "w")]
+
+
+@pytest.mark.mariadb
+@pytest.mark.parametrize("infile", ["true", "false"])
+def test_mariadb_a_case_insensitive_key_matches_as_its_unique_index_does(
+    mariadb_url: str, fresh_table_name: str, infile: str
+) -> None:
+    """Under a case-insensitive collation the key's unique index holds one of 'ABC' and 'abc': 'abc' matches the
+    row 'ABC' (as ON CONFLICT matches by the arbiter index's equality), updates its other columns and keeps the
+    stored key as it is, on every load path (REPLACE would rewrite the key to 'abc')."""
+    t = fresh_table_name
+    with mariadb_connect(mariadb_url) as conn, conn.cursor() as cur:
+        cur.execute(
+            f"CREATE TABLE `{t}` (code VARCHAR(20) COLLATE utf8mb4_general_ci PRIMARY KEY, name VARCHAR(40)) "
+            "ENGINE=InnoDB"
+        )
+        cur.execute(f"INSERT INTO `{t}` VALUES ('ABC', 'old'), ('x', 'x')")
+    try:
+        codes = pa.RecordBatch.from_arrays([pa.array(["abc", "Y"]), pa.array(["new", "Y"])], ["code", "name"])
+        write_direct(mariadb_url, t, [codes], keys="code", localInfile=infile)
+        assert my_rows(mariadb_url, t) == [("ABC", "new"), ("x", "x"), ("Y", "Y")]
+    finally:
+        with mariadb_connect(mariadb_url) as conn, conn.cursor() as cur:
+            cur.execute(f"DROP TABLE IF EXISTS `{t}`")
+
+
+@pytest.mark.mariadb
+@pytest.mark.parametrize("infile", ["true", "false"])
+def test_mariadb_keyed_merges_of_two_live_branches_never_wait_for_each_other(
+    mariadb_url: str, fresh_table_name: str, infile: str
+) -> None:
+    """Two partitions merging at once, both inserting new ids past the table's end: the merge's lookups by the
+    key must take no gap locks (READ COMMITTED), or the second waits for the first until lockTimeout."""
+    t = fresh_table_name
+    with mariadb_connect(mariadb_url) as conn, conn.cursor() as cur:
+        cur.execute(
+            f"CREATE TABLE `{t}` (id INT PRIMARY KEY, email VARCHAR(40) NOT NULL UNIQUE, name VARCHAR(40)) "
+            "ENGINE=InnoDB"
+        )
+        cur.execute(f"INSERT INTO `{t}` VALUES (1, 'a@x', 'A'), (2, 'b@x', 'B'), (3, 'c@x', 'C')")
+    raw = {"url": mariadb_url, "dbtable": t, "upsertKeyColumns": "id", "lockTimeout": 2, "localInfile": infile}
+    options = parse_options(raw)
+    coordinator = Coordinator(options)
+    run, log_id = new_run_nonce(), uuid.uuid4().hex[:10]
+    opened = []
+    try:
+        with coordinator.dialect.connect() as conn:
+            plan = plan_target(coordinator.dialect, conn, options, users([(1, "a", "a")]).schema)
+        assert plan.upsert_by_update
+        for number, part in enumerate([[(1, "a@y", "A2"), (10, "j@x", "J")], [(11, "k@x", "K"), (2, "b@y", "B2")]]):
+            branch = coordinator.dialect.open_branch(Xid(log_id, "gaps", 0, number, f"{number}-{run}"), plan)
+            opened.append(branch)
+            assert branch.load(iter([users(part)])) == 2
+    finally:
+        for branch in opened:
+            branch.rollback()
+        coordinator.close()
+        rest = my_rows(mariadb_url, t)
+        with mariadb_connect(mariadb_url) as conn, conn.cursor() as cur:
+            cur.execute(f"DROP TABLE IF EXISTS `{t}`")
+    assert rest == [(1, "a@x", "A"), (2, "b@x", "B"), (3, "c@x", "C")]
+
+
+@pytest.mark.parametrize(("db", "infile"), _KEY_ONLY_CASES, indirect=["db"])
+def test_equal_keys_in_two_partitions_still_fail_clearly_beside_another_unique_index(db: Target, infile: str) -> None:
+    """The key-only merge waits on the other partition's prepared key like ON CONFLICT / ON DUPLICATE KEY UPDATE
+    do, and the error still says to repartition by the key."""
+    t = db.new_table()
+    db.create_table(t, "id int PRIMARY KEY, email varchar(40) NOT NULL, name varchar(40)")
+    db.execute(f"CREATE UNIQUE INDEX {t}_email ON {db.q(t)} (email)")
+    db.execute(f"INSERT INTO {db.q(t)} VALUES (1, 'alice@x', 'Alice')")
+    extra = {} if db.kind == POSTGRESQL else {"localInfile": infile}
+    for shared in (1, 9):  # a key in the table (updated by both) and a new one (inserted by both)
+        parts = [
+            users([(shared, "p0@x", "p0"), (20, "q0@x", "q0")]),
+            users([(21, "q1@x", "q1"), (shared, "p1@x", "p1")]),
+        ]
+        with pytest.raises(BranchError) as info:
+            write_direct(db.url, t, parts, lockTimeout=1, **extra)
+        assert "partition 1" in str(info.value) and "repartition" in str(info.value).lower(), str(info.value)
+        assert db.rows(t) == [(1, "alice@x", "Alice")]

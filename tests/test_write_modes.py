@@ -589,6 +589,26 @@ def test_change_data_apply_keeps_the_newest_change_of_each_key(db: Target, spark
     assert db.rows(table) == [(1, "a8", 8), (2, "b9", 9), (3, "again", 7), (5, "e", 6)]
 
 
+def test_a_change_never_overwrites_the_row_of_another_key(db: Target, spark: SparkSession) -> None:
+    """Change-data apply is an upsert: a change to id 2 carrying id 1's email conflicts on the email index, so
+    the decision is withdrawn and the table keeps its rows, on MariaDB (where ON DUPLICATE KEY UPDATE would
+    rewrite id 1's row) as on PostgreSQL."""
+    table = db.new_table()
+    db.create_table(table, "id int PRIMARY KEY, email varchar(20) NOT NULL, seq bigint")
+    db.execute(f"CREATE UNIQUE INDEX {table}_email ON {db.q(table)} (email)")
+    db.execute(f"INSERT INTO {db.q(table)} VALUES (1, 'alice@x', 1), (3, 'carol@x', 1)")
+    schema = "id int, email string, seq long, deleted boolean"
+    opts = {"upsertKeyColumns": "id", "deleteFlagColumn": "deleted", "sequenceColumn": "seq"}
+    clash = spark.createDataFrame([(3, "carol@y", 2, False), (2, "alice@x", 2, False)], schema)
+    with pytest.raises(ApplyError) as info:
+        xasink.write(clash, db.url, table, sink_id=sink(), batch_id=0, **opts)
+    assert f"{table}_email" in str(info.value), str(info.value)
+    assert db.rows(table) == [(1, "alice@x", 1), (3, "carol@x", 1)]
+    fine = spark.createDataFrame([(3, "carol@y", 2, False), (2, "bob@x", 2, False), (1, None, 2, True)], schema)
+    xasink.write(fine, db.url, table, sink_id=sink(), batch_id=0, **opts)
+    assert db.rows(table) == [(2, "bob@x", 2), (3, "carol@y", 2)]
+
+
 def test_a_late_change_does_not_bring_back_a_deleted_key(db: Target, spark: SparkSession) -> None:
     table = db.new_table()
     db.create_table(table, "id int PRIMARY KEY, name varchar(20), seq bigint")

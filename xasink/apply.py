@@ -276,10 +276,11 @@ def apply_statements(dialect: Dialect, conn: Connection, spec: ApplySpec, batch_
             delete = delete.where(_predicate(spec))
         conn.execute(delete)
         res = conn.execute(sa.insert(target).from_select(names, sa.select(*(shadow.c[c] for c in names)).where(mine)))
+        written = max(res.rowcount or 0, 0)
     else:
-        res = _apply_changes(dialect, conn, spec, target, shadow, mine)
+        written = _apply_changes(dialect, conn, spec, target, shadow, mine)
     dialect.clear_shadow(conn, shadow, mine)
-    return max(res.rowcount or 0, 0)
+    return written
 
 
 def _apply_changes(
@@ -289,7 +290,7 @@ def _apply_changes(
     target: sa.TableClause,
     shadow: sa.TableClause,
     mine: sa.ColumnElement[bool],
-) -> sa.CursorResult[Any]:
+) -> int:
     keys = [shadow.c[k] for k in spec.keys]
     if spec.sequence is None:
         twice = conn.execute(sa.select(*keys).where(mine).group_by(*keys).having(sa.func.count() > 1).limit(1)).first()
@@ -326,8 +327,8 @@ def _apply_changes(
     upserts = sa.select(*(ranked.c[c] for c in spec.columns)).where(last)
     if spec.flag is not None:
         upserts = upserts.where(sa.func.coalesce(ranked.c[spec.flag], False).is_(False))
-    stmt = dialect.upsert_from_select(target, list(spec.columns), upserts, list(spec.keys), spec.sequence)
-    result = conn.execute(stmt)
+    # only rows whose key matches are updated; any other unique conflict fails the apply
+    result = dialect.merge_from_select(conn, target, list(spec.columns), upserts, list(spec.keys), spec.sequence)
     if tomb is not None:  # a key upserted again is alive: its tombstone goes
         alive = sa.exists().where(*(target.c[k] == tomb.c[k] for k in spec.keys))
         changed = sa.exists().where(*(ranked.c[k] == tomb.c[k] for k in spec.keys))  # only this batch's keys

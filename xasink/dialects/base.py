@@ -73,6 +73,11 @@ class TargetPlan:
     # MySQL family: the table is such that loading with REPLACE gives exactly the upsert's rows
     # (MySQLDialect.replace_is_upsert), so the merge needs no staging table
     upsert_by_replace: bool = False
+    # MySQL family: the table has unique indexes besides the key's, where ON DUPLICATE KEY UPDATE would hit
+    # another key's row: the branch updates rows found by the key (through ``upsert_index``, the key's unique
+    # index) and inserts the rest plainly, so any other unique conflict fails the batch
+    upsert_by_update: bool = False
+    upsert_index: str | None = None
     # the shadow table of an overwrite / replaceWhere / change-data write (xasink.apply): this column of each
     # row is the batch id, filled in by the task
     batch_column: str | None = None
@@ -424,6 +429,19 @@ class Dialect(ABC):
         sequence: str | None,
     ) -> sa.Insert:
         """INSERT the selected rows, updating the row of an existing key (only when ``sequence`` is not older)."""
+
+    def merge_from_select(
+        self,
+        conn: Connection,
+        target: sa.TableClause,
+        columns: list[str],
+        select: sa.Select[Any],
+        keys: list[str],
+        sequence: str | None,
+    ) -> int:
+        """Upsert the selected rows into the target, touching only rows whose key matches (any other unique
+        conflict is an error), inside the caller's transaction; the rows written as the server counts them."""
+        return max(conn.execute(self.upsert_from_select(target, columns, select, keys, sequence)).rowcount or 0, 0)
 
     def check_table(self, conn: Connection, plan: TargetPlan) -> TargetPlan:
         """Dialect-specific checks of the target table (e.g. storage engine); the plan, refined if need be."""

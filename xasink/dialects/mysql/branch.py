@@ -1,5 +1,6 @@
 """The executor's branch: one pymysql connection inside XA START .. XA PREPARE, loading by LOAD DATA LOCAL
-(checked: it behaves as IGNORE) or multi-row INSERT, upserting through a staging table or LOAD DATA REPLACE."""
+(checked: it behaves as IGNORE) or multi-row INSERT, upserting through a staging table (UPDATE by the key, then
+a plain INSERT), LOAD DATA REPLACE or ON DUPLICATE KEY UPDATE where the key's index is the only unique one."""
 
 from __future__ import annotations
 
@@ -40,26 +41,43 @@ class MySQLBranch(BranchSession):
         try:
             # the owner lock names this session as the branch's owner until it has disconnected (see owner_lock)
             self.cursor.execute(
-                "SELECT CONNECTION_ID(), @@local_infile, @@max_allowed_packet, GET_LOCK(%s, 0)", (owner_lock(xid),)
+                "SELECT CONNECTION_ID(), @@local_infile, @@max_allowed_packet, GET_LOCK(%s, 0), @@log_bin, "
+                "@@binlog_format",
+                (owner_lock(xid),),
             )
             row = self.cursor.fetchone()
             assert row is not None
             self.connection_id, server_infile, max_packet = int(row[0]), int(row[1] or 0), int(row[2])
+            # InnoDB refuses to log a READ COMMITTED write as a statement
+            statement_log = int(row[4] or 0) == 1 and str(row[5]).upper() == "STATEMENT"
             lock_wait = int(dialect.settings.lock_timeout) or MAX_LOCK_WAIT
             self.cursor.execute(
                 "SET SESSION sql_mode = %s, time_zone = '+00:00', innodb_lock_wait_timeout = %s",
                 (BRANCH_SQL_MODE, lock_wait),
             )
-            self.cursor.execute(f"XA START {self._xa}")
         except Exception as exc:
             self._close()
             raise dialect.branch_error(exc, xid, plan) from None
         self.use_load_data = dialect.settings.local_infile and server_infile == 1
-        # upsert by LOAD DATA into a session-private staging table, merged in one INSERT .. SELECT: MariaDB
-        # allows a temporary table inside an XA branch until XA END (tested); MySQL 8 refuses it in some
-        # configurations (GTID consistency), so there the upsert stays on the multi-row INSERT path
+        # upsert by LOAD DATA into a session-private staging table, then merged: MariaDB allows a temporary
+        # table inside an XA branch until XA END (tested); MySQL 8 refuses it in some configurations (GTID
+        # consistency), so there the upsert stays on the multi-row INSERT path (and preflight refuses a table
+        # whose upsert needs the staging table, see preflight.upsert_plan)
         if plan.upsert_keys:
             self.use_load_data = self.use_load_data and self.is_mariadb
+        self.staged = bool(plan.upsert_keys) and (
+            plan.upsert_by_update or (self.use_load_data and not plan.upsert_by_replace)
+        )
+        try:
+            if self.staged and not statement_log:
+                # the merge reads the target by the key: under READ COMMITTED those lookups take no gap locks,
+                # so partitions inserting new keys into one gap (ids past the end) never block each other (with
+                # a statement binary log they may, until lockTimeout: the error says to repartition)
+                self.cursor.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+            self.cursor.execute(f"XA START {self._xa}")
+        except Exception as exc:
+            self._close()
+            raise dialect.branch_error(exc, xid, plan) from None
         self.cursor.max_stmt_length = max(1 << 20, min(max_packet - 4096, dialect.max_stmt_bytes))
 
     # -- loading --------------------------------------------------------------------------
@@ -67,7 +85,7 @@ class MySQLBranch(BranchSession):
         try:
             if self.use_load_data and self.plan.upsert_by_replace:
                 return self._load_data(self._checked_keys(batches), table_name(self.plan), replace=True)
-            if self.use_load_data and self.plan.upsert_keys:
+            if self.staged:
                 return self._staged_upsert(batches)
             if self.use_load_data:
                 return self._load_data(batches, table_name(self.plan))
@@ -95,31 +113,59 @@ class MySQLBranch(BranchSession):
         return stmt + (f" SET {', '.join(sets)}" if sets else "")
 
     def _staged_upsert(self, batches: Iterator[pa.RecordBatch]) -> int:
-        """LOAD DATA into a staging table, then one INSERT .. SELECT .. ON DUPLICATE KEY UPDATE in load order.
+        """Load into a staging table, then UPDATE the rows whose key matches and INSERT the others.
 
-        Far less client CPU than escaping every value for a multi-row INSERT.  The staging table has the
-        target's column types but no keys (duplicate keys within the partition reach the merge, where the
-        last row wins by the load ordinal) and is dropped before XA END: MariaDB refuses DDL on temporary
-        tables once a branch is prepared.
+        The merge touches only rows whose key matches (the key columns' own equality, which their unique
+        index holds unique), as PostgreSQL's ON CONFLICT on the key does: the INSERT is a plain one, so a
+        row that collides with another row on any other unique index fails the batch with a duplicate-key
+        error naming that index.  (ON DUPLICATE KEY UPDATE and REPLACE would act on whichever index
+        conflicts first: another key's row.)
+
+        The staging table has the target's column types and a unique key on the upsert key: loading it
+        with REPLACE keeps the partition's last row of each key.  It is dropped before XA END: MariaDB
+        refuses DDL on temporary tables once a branch is prepared.  LOAD DATA costs far less client CPU
+        than escaping every value for a multi-row INSERT (used when LOAD DATA is off).
         """
         names = self.plan.arrow_schema.names
-        ordinal = "xasink_ord"
-        while ordinal in {n.lower() for n in names}:  # column names are case-insensitive
-            ordinal += "_"
+        keys = self.plan.upsert_keys
         cols = ", ".join(quote_ident(n) for n in names)
         stage_name = "xasink_stage"
         while stage_name == self.plan.table.lower():  # a temporary table would shadow the target
             stage_name += "_"
         stage = ".".join(quote_ident(p) for p in (self.plan.schema, stage_name) if p)  # beside the target
+        target = table_name(self.plan)
         self.cursor.execute(
-            f"CREATE TEMPORARY TABLE {stage} ({quote_ident(ordinal)} BIGINT AUTO_INCREMENT PRIMARY KEY) ENGINE=InnoDB "
-            f"SELECT {cols} FROM {table_name(self.plan)} LIMIT 0"
+            f"CREATE TEMPORARY TABLE {stage} (UNIQUE KEY ({', '.join(quote_ident(k) for k in keys)})) "
+            f"ENGINE=InnoDB SELECT {cols} FROM {target} LIMIT 0"
         )
-        total = self._load_data(self._checked_keys(batches), stage)
+        if self.use_load_data:
+            total = self._load_data(self._checked_keys(batches), stage, replace=True)
+        else:
+            total = self._insert(batches, self.insert_sql(into=stage, verb="REPLACE"))
+        # the stage drives and the key's index finds the target's rows: only rows whose key matches are read
+        # and locked, whatever the optimizer would guess from the tables' sizes
+        index = f" FORCE INDEX ({quote_ident(self.plan.upsert_index)})" if self.plan.upsert_index else ""
+        on = " AND ".join(f"t.{quote_ident(k)} = s.{quote_ident(k)}" for k in keys)
+        others = [n for n in names if n not in keys]
+        joined = f"{stage} s STRAIGHT_JOIN {target} t{index} ON {on}"
+        changed = 0
+        if others:
+            sets = ", ".join(f"t.{quote_ident(n)} = s.{quote_ident(n)}" for n in others)
+            self.cursor.execute(f"UPDATE {joined} SET {sets}")
+            changed += max(self.cursor.rowcount, 0)  # rows changed (pymysql does not ask for rows found)
         self.cursor.execute(
-            f"INSERT INTO {table_name(self.plan)} ({cols}) SELECT {cols} FROM {stage} ORDER BY {quote_ident(ordinal)} "
-            f"ON DUPLICATE KEY UPDATE {self._updates()}"
+            f"INSERT INTO {target} ({cols}) SELECT {', '.join(f's.{quote_ident(n)}' for n in names)} FROM {stage} s "
+            f"WHERE NOT EXISTS (SELECT 1 FROM {target} t{index} WHERE {on})"
         )
+        changed += max(self.cursor.rowcount, 0)
+        if not changed:
+            # every row was in the table as it is: InnoDB may then count the branch as read-only, and XA COMMIT
+            # answers XA_RBROLLBACK.  Inserting a copy of a matched row (its key conflicts, IGNORE drops it)
+            # makes it a writer without changing a row (ON DUPLICATE KEY UPDATE always attempted an insert too)
+            self.cursor.execute(
+                f"INSERT IGNORE INTO {target} ({cols}) SELECT {', '.join(f't.{quote_ident(n)}' for n in names)} "
+                f"FROM {joined} LIMIT 1"
+            )
         self.cursor.execute(f"DROP TEMPORARY TABLE {stage}")
         return total
 
@@ -175,19 +221,19 @@ class MySQLBranch(BranchSession):
             if warnings or not stored_all:
                 raise self.dialect.load_warning_error(warnings, loaded, expected, self.xid, self.plan)
 
-    def insert_sql(self) -> str:
+    def insert_sql(self, into: str | None = None, verb: str = "INSERT") -> str:
+        """The multi-row statement into the target (an upsert: ON DUPLICATE KEY UPDATE), or ``verb`` into ``into``."""
         names = self.plan.arrow_schema.names
         cols = ", ".join(quote_ident(n) for n in names).replace("%", "%%")
-        stmt = (
-            f"INSERT INTO {table_name(self.plan).replace('%', '%%')} ({cols}) VALUES ({', '.join(['%s'] * len(names))})"
-        )
-        if self.plan.upsert_keys:
+        table = (into or table_name(self.plan)).replace("%", "%%")
+        stmt = f"{verb} INTO {table} ({cols}) VALUES ({', '.join(['%s'] * len(names))})"
+        if self.plan.upsert_keys and into is None:
             stmt += f" ON DUPLICATE KEY UPDATE {self._updates().replace('%', '%%')}"
         return stmt
 
-    def _insert(self, batches: Iterator[pa.RecordBatch]) -> int:
+    def _insert(self, batches: Iterator[pa.RecordBatch], stmt: str | None = None) -> int:
         """Multi-row INSERT: pymysql's executemany packs rows into statements of up to max_stmt_length bytes."""
-        stmt = self.insert_sql()
+        stmt = stmt or self.insert_sql()
         keys = [self.plan.arrow_schema.get_field_index(k) for k in self.plan.upsert_keys]
         step = self.dialect.settings.batch_size
         total = 0

@@ -189,6 +189,32 @@ class MySQLDialect(Dialect):
             updates.append((c, value))
         return stmt.on_duplicate_key_update(updates)
 
+    def merge_from_select(
+        self,
+        conn: Connection,
+        target: sa.TableClause,
+        columns: list[str],
+        select: sa.Select[Any],
+        keys: list[str],
+        sequence: str | None,
+    ) -> int:
+        """UPDATE the rows whose key matches, then a plain INSERT of the other keys: ON DUPLICATE KEY UPDATE
+        would update the row that conflicts on whichever unique index comes first, even another key's, where
+        this fails on any conflict but the key's (as PostgreSQL's ON CONFLICT on the key does)."""
+        src = select.subquery("xasink_src")
+        same_key = sa.and_(*(target.c[k] == src.c[k] for k in keys))
+        written = 0
+        rest = [c for c in columns if c not in keys]
+        if rest:
+            update = sa.update(target).where(same_key).values({target.c[c]: src.c[c] for c in rest})
+            if sequence is not None:  # a change older than the stored row is ignored
+                stored = target.c[sequence]
+                update = update.where(sa.or_(stored.is_(None), stored <= src.c[sequence]))
+            written += max(conn.execute(update).rowcount or 0, 0)
+        new = sa.select(*(src.c[c] for c in columns)).where(~sa.exists().where(same_key))
+        written += max(conn.execute(sa.insert(target).from_select(columns, new)).rowcount or 0, 0)
+        return written
+
     def check_table(self, conn: Connection, plan: TargetPlan) -> TargetPlan:
         return preflight.check_table(self, conn, plan)
 

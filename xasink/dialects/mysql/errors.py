@@ -61,6 +61,11 @@ BRANCH_HINTS = {
     1213: "deadlock with another transaction on the same rows",
     1440: "a branch with this xid exists already: the same task attempt ran twice",
 }
+UPSERT_CONFLICT_HINT = (
+    "a row collides with a row of another key on a unique index other than the upsert key ({keys}): an upsert "
+    "updates only the rows whose key matches and inserts the others, so this is a conflict the rows must not "
+    "have (as PostgreSQL's ON CONFLICT on the key would refuse it). Fix the rows, or drop or change that index"
+)
 UPSERT_LOCK_HINT = (
     "another partition of this batch (or another transaction) holds rows with the same upsert keys ({keys}): a "
     "prepared branch keeps them locked until the batch commits, so rows with equal keys must all be in one "
@@ -93,6 +98,8 @@ def branch_error_for(code: int | None, text: str, xid: Xid, plan: TargetPlan) ->
     hint = BRANCH_HINTS.get(code or 0)
     if plan.upsert_keys and code in (1205, 1213):
         hint = UPSERT_LOCK_HINT.format(keys=", ".join(plan.upsert_keys))
+    if plan.upsert_keys and code == 1062:
+        hint = UPSERT_CONFLICT_HINT.format(keys=", ".join(plan.upsert_keys))
     first = text.splitlines()[0] if text else "unknown error"
     err = branch_failed(xid, plan, first + (f" [{code}]" if code else ""), hint)
     err.errno = code  # type: ignore[attr-defined]

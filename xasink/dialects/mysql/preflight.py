@@ -1,5 +1,5 @@
 """Checks before a batch writes: the server (version, XA settings, durability, privileges) and the table
-(engine, kind, whether LOAD DATA REPLACE is the same merge as an upsert)."""
+(engine, kind, and how an upsert merges so that it touches only the rows whose key matches)."""
 
 from __future__ import annotations
 
@@ -93,27 +93,88 @@ def check_table(dialect: MySQLDialect, conn: Connection, plan: TargetPlan) -> Ta
             f"table {target} uses the {engine} storage engine, which has no XA transactions: rows would "
             f"become visible before the batch commits. Convert it: ALTER TABLE {target} ENGINE=InnoDB"
         )
-    if plan.upsert_keys and replace_is_upsert(conn, plan):
+    if plan.upsert_keys:
+        return upsert_plan(conn, plan, target)
+    return plan
+
+
+@dataclasses.dataclass(frozen=True)
+class UniqueIndex:
+    name: str
+    columns: tuple[str, ...]  # lower case, in index order
+    prefix: bool  # some column is indexed by a prefix only (UNIQUE (code(4)))
+
+    def show(self) -> str:
+        return f"{self.name} ({', '.join(self.columns)}){' (a prefix index)' if self.prefix else ''}"
+
+
+def unique_indexes(conn: Connection, plan: TargetPlan) -> list[UniqueIndex]:
+    """The table's unique indexes, from information_schema."""
+    found = conn.execute(
+        sa.text(
+            "SELECT INDEX_NAME, COLUMN_NAME, SUB_PART FROM information_schema.STATISTICS "
+            "WHERE TABLE_SCHEMA = COALESCE(:schema, DATABASE()) AND TABLE_NAME = :table AND NON_UNIQUE = 0 "
+            "ORDER BY INDEX_NAME = 'PRIMARY' DESC, INDEX_NAME, SEQ_IN_INDEX"
+        ),
+        {"schema": plan.schema, "table": plan.table},
+    ).all()
+    conn.rollback()
+    out: dict[str, UniqueIndex] = {}
+    for name, column, sub_part in found:
+        was = out.get(str(name), UniqueIndex(str(name), (), False))
+        out[str(name)] = UniqueIndex(was.name, (*was.columns, str(column).lower()), was.prefix or sub_part is not None)
+    return list(out.values())
+
+
+def upsert_plan(conn: Connection, plan: TargetPlan, target: str) -> TargetPlan:
+    """How the branch merges, so that it touches only rows whose key matches (as PostgreSQL's ON CONFLICT on the
+    key does) and any other unique conflict fails the batch.
+
+    ON DUPLICATE KEY UPDATE and REPLACE act on whichever unique index conflicts first: safe only when the key's
+    own index (all of its columns, no prefix) is the table's only unique index.  Otherwise the branch updates
+    the rows found by the key and inserts the rest with a plain INSERT (``upsert_by_update``), so a conflict on
+    any other index (a prefix index on the key included: 'ABCD-002' is not the key 'ABCD-001') is a
+    duplicate-key error naming that index.  "The key matches" means the key columns' own equality (their
+    collation), which is also what their unique index holds unique.
+    """
+    indexes = unique_indexes(conn, plan)
+    keys = {k.lower() for k in plan.upsert_keys}
+    own = [ix for ix in indexes if set(ix.columns) == keys and not ix.prefix]
+    others = [ix for ix in indexes if ix not in own]
+    lookup = next(iter(own or [ix for ix in indexes if set(ix.columns) == keys]), None)
+    by_update = bool(others)
+    if by_update and not conn.dialect.is_mariadb:  # type: ignore[attr-defined]
+        # the key-only merge loads a temporary table inside the branch, which MySQL 8 may refuse
+        raise PreflightError(
+            f"option 'upsertKeyColumns' ({', '.join(plan.upsert_keys)}): table {target} has unique index(es) "
+            f"{'; '.join(ix.show() for ix in others)} besides the key's, and on MySQL the upsert (INSERT .. ON "
+            "DUPLICATE KEY UPDATE) would update the row that conflicts on any of them, even one of another key. "
+            "Drop those unique indexes, or upsert on MariaDB, or write with mode('append') into a staging table"
+        )
+    plan = dataclasses.replace(plan, upsert_index=lookup.name if lookup else None, upsert_by_update=by_update)
+    if not by_update and replace_is_upsert(conn, plan):
         log.info("upsert into %s: LOAD DATA REPLACE (the key is the table's only unique key)", target)
         return dataclasses.replace(plan, upsert_by_replace=True)
+    if by_update:
+        log.info(
+            "upsert into %s: UPDATE by the key, then INSERT (the table has other unique indexes: %s)",
+            target,
+            "; ".join(ix.show() for ix in others),
+        )
     return plan
 
 
 def replace_is_upsert(conn: Connection, plan: TargetPlan) -> bool:
     """Whether REPLACE leaves exactly the rows ON DUPLICATE KEY UPDATE (every column) would: the upsert key
-    is the table's only unique key, no foreign key refers to the table and it has no triggers (then the
-    server turns each REPLACE of a row into an UPDATE of it, not a DELETE and INSERT), and every column is
-    written (REPLACE would reset the others to their defaults)."""
+    is the table's only unique key (all of its columns, no prefix), its columns compare byte for byte (a
+    case-insensitive key 'abc' matches the row 'ABC', and REPLACE would rewrite its key to 'abc'), no foreign
+    key refers to the table and it has no triggers (then the server turns each REPLACE of a row into an
+    UPDATE of it, not a DELETE and INSERT), and every column is written (REPLACE would reset the others to
+    their defaults)."""
     where = {"schema": plan.schema, "table": plan.table}
     same_table = "TABLE_SCHEMA = COALESCE(:schema, DATABASE()) AND TABLE_NAME = :table"
-    unique = conn.execute(
-        sa.text(
-            f"SELECT INDEX_NAME, COLUMN_NAME FROM information_schema.STATISTICS WHERE {same_table} AND NON_UNIQUE = 0"
-        ),
-        where,
-    ).all()
     columns = conn.execute(
-        sa.text(f"SELECT COLUMN_NAME FROM information_schema.COLUMNS WHERE {same_table}"), where
+        sa.text(f"SELECT COLUMN_NAME, COLLATION_NAME FROM information_schema.COLUMNS WHERE {same_table}"), where
     ).all()
     blockers = conn.execute(
         sa.text(
@@ -125,11 +186,16 @@ def replace_is_upsert(conn: Connection, plan: TargetPlan) -> bool:
         where,
     ).scalar()
     conn.rollback()
-    indexes = {str(name) for name, _ in unique}
-    key_columns = {str(col).lower() for _, col in unique}
+    keys = {k.lower() for k in plan.upsert_keys}
+    only_key = all(set(ix.columns) == keys and not ix.prefix for ix in unique_indexes(conn, plan))
+    exact = all(
+        collation is None or str(collation).lower().endswith("_bin") or str(collation).lower() == "binary"
+        for name, collation in columns
+        if str(name).lower() in keys
+    )
     return (
-        len(indexes) == 1
-        and key_columns == {k.lower() for k in plan.upsert_keys}
+        only_key
+        and exact
         and not blockers
-        and {str(c).lower() for (c,) in columns} == {n.lower() for n in plan.arrow_schema.names}
+        and {str(c).lower() for c, _ in columns} == {n.lower() for n in plan.arrow_schema.names}
     )
