@@ -13,16 +13,19 @@ import re
 import uuid
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import pytest
 
 from tests.dbutil import with_login
-from tests.targets import MARIADB, POSTGRESQL, Target
+from tests.modes_driver import overwrite_direct, split
+from tests.targets import MARIADB, POSTGRESQL, MariaDBTarget, Target
 from tests.test_batch_identity import Sink, expected
 from tests.test_recover_cli import cli
-from xasink import ddl
+from xasink import admin, ddl
 from xasink.dialects import dialect_for
+from xasink.errors import BatchAbortedError
+from xasink.faults import InjectedFault
 from xasink.journal import Journal
 from xasink.options import parse_url
 from xasink.parts import ensure_parts
@@ -223,3 +226,60 @@ def test_sink_ids_that_differ_only_in_case_are_two_sinks(db: Target) -> None:
     assert db.prepared(upper.sink_id) == []
     assert upper.rows() == expected(range(0, 10))
     assert lower.rows() == expected(range(10, 20))
+
+
+# --------------------------------------------------------------------------- item 9: nothing stored truncated
+
+
+def long_replace_where(ids: range, size: int) -> str:
+    """A replaceWhere over ``ids`` longer than ``size`` bytes (a long IN list of names no row has)."""
+    names = ", ".join(f"'zz{i:07d}'" for i in range(size // 11 + 1))
+    return f"(id BETWEEN {ids.start} AND {ids.stop - 1} OR name IN ({names}))"
+
+
+def test_a_replace_where_the_log_cannot_hold_fails_the_decision(db: Target, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replaceWhere longer than MariaDB's TEXT (64 KiB), on sessions whose sql_mode is not strict (the URL's
+    init_command sets ''; xasink's control sessions must set their own): the decision fails with a clear
+    error, nothing is visible and nothing prepared, instead of a truncated decision that recovery cannot read
+    (it then marked the batch committed without applying it).  PostgreSQL's text holds it: written whole."""
+    table = db.new_table()
+    db.keyed_table(table)
+    db.execute(f"INSERT INTO {db.q(table)} VALUES (1, 'old1'), (2, 'old2'), (500, 'kept')")
+    predicate = long_replace_where(range(0, 100), 70_000)
+    sink_id = f"lw{uuid.uuid4().hex[:10]}"
+    # the driver dies right after deciding: recovery finishes the batch from the log alone
+    monkeypatch.setenv("XASINK_FAULT", "driver.after_decide:raise")
+    if db.kind == POSTGRESQL:
+        url = db.url
+        with pytest.raises(InjectedFault):
+            overwrite_direct(url, table, sink_id, 0, split(0, 10, 2), replaceWhere=predicate)
+        report = admin.recover(url, sink_id=sink_id, older_than_s=0)
+        assert not report.errors, report.errors
+        assert db.rows(table, "id") == [*(row for part in split(0, 10, 2) for row in part), (500, "kept")]
+        assert db.decision(sink_id, 0).state == "committed"  # type: ignore[union-attr]
+    else:
+        assert isinstance(db, MariaDBTarget)
+        url = db.admin_url + "?init_command=" + quote("SET SESSION sql_mode = ''")
+        with pytest.raises(BatchAbortedError, match=r"replaceWhere.*too long for the decision log"):
+            overwrite_direct(url, table, sink_id, 0, split(0, 10, 2), replaceWhere=predicate)
+        report = admin.recover(url, sink_id=sink_id, older_than_s=0)
+        assert not report.errors, report.errors
+        assert db.rows(table, "id") == [(1, "old1"), (2, "old2"), (500, "kept")]
+        assert db.decision(sink_id, 0) is None
+    assert db.prepared(sink_id) == []
+
+
+@pytest.mark.mariadb
+def test_control_sessions_set_their_own_strict_sql_mode(mariadb_url: str) -> None:
+    """Whatever the server's or the URL's sql_mode (here '' by the URL's init_command), xasink's control
+    sessions, pooled and autocommit, run in strict mode: a too long value fails instead of being truncated."""
+    url = mariadb_url + "?init_command=" + quote("SET SESSION sql_mode = ''")
+    dialect = dialect_for(parse_url(url))
+    try:
+        for autocommit in (False, True):
+            with dialect.connect(autocommit=autocommit) as conn:
+                modes = str(conn.exec_driver_sql("SELECT @@SESSION.sql_mode").scalar()).split(",")
+                assert "STRICT_ALL_TABLES" in modes and "NO_AUTO_VALUE_ON_ZERO" in modes, modes
+                assert "ANSI_QUOTES" not in modes and "NO_BACKSLASH_ESCAPES" not in modes
+    finally:
+        dialect.dispose()

@@ -33,6 +33,8 @@ COMMITTED = "committed"
 # (utf8mb4_bin pads with spaces, but no identity the log compares ends in one: sink ids are [A-Za-z0-9_.-],
 # run and log ids hex, targets JSON.)
 BINARY_COLLATION = "utf8mb4_bin"
+# MySQL/MariaDB: the most batches.target (TEXT) holds, in bytes (see JournalTables.target_too_long)
+TARGET_MAX_BYTES = 65_535
 _MYSQL_TABLE: dict[str, Any] = {"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4", "mysql_collate": BINARY_COLLATION}
 
 
@@ -355,6 +357,26 @@ class JournalTables:
                     f"an older xasink): {str(exc.orig).strip().splitlines()[0]}. Run the upgrade statements of "
                     "`xasink ddl mysql`, or grant ALTER."
                 ) from None
+
+    # -- what a decision records --------------------------------------------------
+    def target_too_long(self, conn: Connection, sink_id: str, batch_id: int, target: str) -> str | None:
+        """Why ``batches.target`` cannot hold this batch's target whole (None: it can).
+
+        Recovery finishes a decided batch from that record alone (an overwrite's replaceWhere is in it): a
+        truncated one cannot be read, so a target that does not fit must fail the batch before its decision.
+        MySQL/MariaDB's TEXT holds 65,535 bytes (a session without strict sql_mode would store the first
+        ones silently); PostgreSQL's text holds 1 GB.
+        """
+        size = len(target.encode("utf-8"))
+        if not self._is_mysql(conn) or size <= TARGET_MAX_BYTES:
+            return None
+        what = "what the batch writes, with its replaceWhere," if '"apply"' in target else "what the batch writes"
+        return (
+            f"sink {sink_id} batch {batch_id}: {what} takes {size} bytes as the decision log records it, too long "
+            f"for the decision log: {self.batches.fullname}.target holds {TARGET_MAX_BYTES}, and recovery could "
+            "not finish the batch from a truncated record. The batch was rolled back: nothing of it is visible. "
+            "Shorten the replaceWhere predicate (a range, or a join on a table of keys, instead of a long IN list)."
+        )
 
     # -- identity ---------------------------------------------------------------
     def _read_log_id(self, conn: Connection) -> str | None:
