@@ -17,6 +17,7 @@ from urllib.parse import quote, urlsplit
 
 import pytest
 
+import xasink
 from tests.dbutil import with_login
 from tests.modes_driver import overwrite_direct, split
 from tests.targets import MARIADB, POSTGRESQL, MariaDBTarget, Target
@@ -217,6 +218,11 @@ def test_sink_ids_that_differ_only_in_case_are_two_sinks(db: Target) -> None:
     lower.prepare(8, range(40, 44))
     assert len(db.prepared(upper.sink_id)) == len(db.prepared(lower.sink_id)) == 2
     url = db.url if db.password is None else with_login(db.url, urlsplit(db.url).username or "", db.password)
+    for s in (upper, lower):  # xasink status: each sink's own batch and branches
+        st = xasink.status(url, sink_id=s.sink_id, older_than_s=0)
+        assert [x.sink_id for x in st.sinks] == [s.sink_id]
+        assert [(r["batch_id"], r["state"], r["rows"]) for r in st.sinks[0].recent] == [(7, "committed", 10)]
+        assert st.sinks[0].prepared_branches == 2
     code, out, err = cli("recover", "--url", url, "--sink-id", lower.sink_id, "--older-than", "0s")
     assert code == 0, out + err
     assert db.prepared(lower.sink_id) == []
