@@ -319,11 +319,14 @@ class Coordinator:
                 holder = state.holder
                 taken_over = holder is not None and any(x.run != holder for x in record.xids)
                 if other is None and not missing and not taken_over:
-                    self.dialect.durable_commit(conn)
-                    sent = True
                     target = mine
                     if apply is not None:  # recovery finishes the batch from the log alone
                         target = json.dumps({**json.loads(target), "apply": apply.to_dict()}, sort_keys=True)
+                    too_long = self.journal.target_too_long(conn, self.sink_id, record.batch_id, target)
+                    if too_long is not None:  # never recorded truncated: the commit aborts the batch
+                        return _Refusal(error=BatchAbortedError(too_long))
+                    self.dialect.durable_commit(conn)
+                    sent = True
                     self.journal.insert_decision(conn, record, target)
                 else:
                     doomed = [x for x in record.xids if x in prepared and (other is None or x not in other.xids)]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
@@ -26,6 +27,15 @@ log = logging.getLogger(__name__)
 
 COMMITTING = "committing"
 COMMITTED = "committed"
+
+# MySQL/MariaDB: the log's text columns compare byte for byte, as on PostgreSQL.  The server's default
+# collation (utf8mb4_general_ci and the like) ignores case: sinks "Orders" and "orders" would share one row.
+# (utf8mb4_bin pads with spaces, but no identity the log compares ends in one: sink ids are [A-Za-z0-9_.-],
+# run and log ids hex, targets JSON.)
+BINARY_COLLATION = "utf8mb4_bin"
+# MySQL/MariaDB: the most batches.target (TEXT) holds, in bytes (see JournalTables.target_too_long)
+TARGET_MAX_BYTES = 65_535
+_MYSQL_TABLE: dict[str, Any] = {"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4", "mysql_collate": BINARY_COLLATION}
 
 
 def journal_metadata(
@@ -41,7 +51,7 @@ def journal_metadata(
         # batch ids up to this one may have been forgotten by an older xasink's trim (set when such a log
         # is upgraded): one of them not in the log is refused, never guessed.  NULL: nothing forgotten
         sa.Column("horizon", sa.BigInteger),
-        mysql_engine="InnoDB",  # row locks and transactions (MySQL/MariaDB); ignored elsewhere
+        **_MYSQL_TABLE,  # InnoDB: row locks and transactions; binary collation (MySQL/MariaDB); ignored elsewhere
     )
     batches = sa.Table(
         f"{prefix}batches",
@@ -61,7 +71,7 @@ def journal_metadata(
         sa.Column("compacted", sa.Boolean(create_constraint=False), nullable=False, server_default=sa.false()),
         # what the batch wrote: JSON {"db", "schema", "table"[, "query"]}; NULL in rows of older logs
         sa.Column("target", sa.Text),
-        mysql_engine="InnoDB",
+        **_MYSQL_TABLE,
     )
     claims = sa.Table(
         f"{prefix}claims",
@@ -73,7 +83,7 @@ def journal_metadata(
         sa.Column("claimed_at", sa.DateTime, nullable=False),
         # the session lock a live run's driver holds (xasink.liveness); NULL for runs that keep none
         sa.Column("guard", sa.String(64)),
-        mysql_engine="InnoDB",
+        **_MYSQL_TABLE,
     )
     logs = sa.Table(
         f"{prefix}log",
@@ -81,7 +91,7 @@ def journal_metadata(
         sa.Column("slot", sa.SmallInteger, primary_key=True, autoincrement=False),  # always 1: one row
         sa.Column("log_id", sa.String(10), nullable=False),
         sa.Column("created_at", sa.DateTime, nullable=False),
-        mysql_engine="InnoDB",
+        **_MYSQL_TABLE,
     )
     return sinks, batches, claims, logs
 
@@ -105,7 +115,7 @@ def parts_table(md: sa.MetaData, prefix: str = "xasink_") -> sa.Table:
         sa.Column("rows", sa.BigInteger, nullable=False),
         sa.Column("prepare_ms", sa.Integer, nullable=False),
         sa.Column("committed", sa.Boolean(create_constraint=False), nullable=False),
-        mysql_engine="InnoDB",
+        **_MYSQL_TABLE,
     )
 
 
@@ -119,6 +129,29 @@ def _log_tables(schema: str | None, prefix: str) -> tuple[sa.Table, sa.Table, sa
     """
     sinks, batches, claims, logs = journal_metadata(schema, prefix)
     return sinks, batches, claims, logs, parts_table(sinks.metadata, prefix)
+
+
+@functools.lru_cache(maxsize=64)
+def _ready_query(schema: str | None, prefix: str, mysql: bool) -> sa.Select[tuple[str]]:
+    """The log's id where every table has every column of this layout (a missing one fails the statement)
+    and, on MySQL/MariaDB, every text column compares byte for byte.  Built once: SQLAlchemy's cache key of
+    a statement this size costs more to compute than the statement's round trip."""
+    sinks, batches, claims, logs, _ = _log_tables(schema, prefix)
+    empty = [
+        sa.select(sa.func.count()).select_from(sa.select(*t.c).where(sa.false()).subquery()).scalar_subquery()
+        for t in (sinks, batches, claims)
+    ]
+    query = sa.select(logs.c.log_id).where(logs.c.slot == 1, *(e == 0 for e in empty))
+    if mysql:  # COLLATION() of a column is its declared collation, whatever the value: no row is read
+        query = query.where(
+            *(
+                sa.func.collation(sa.select(c).where(sa.false()).scalar_subquery()) == BINARY_COLLATION
+                for t in (logs, sinks, batches, claims)
+                for c in t.c
+                if isinstance(c.type, sa.String)
+            )
+        )
+    return query
 
 
 class JournalTables:
@@ -144,11 +177,7 @@ class JournalTables:
         What every batch pays: reflecting four tables and their columns costs a dozen catalogue queries.
         A missing table or column fails the statement; then :meth:`ensure` takes the long way.
         """
-        empty = [
-            sa.select(sa.func.count()).select_from(sa.select(*t.c).where(sa.false()).subquery()).scalar_subquery()
-            for t in (self.sinks, self.batches, self.claims)
-        ]
-        query = sa.select(self.logs.c.log_id).where(self.logs.c.slot == 1, *(e == 0 for e in empty))
+        query = _ready_query(self.sinks.schema, self.sinks.name[: -len("sinks")], self._is_mysql(conn))
         try:
             value = conn.execute(query).scalar()
         except sa.exc.DBAPIError:
@@ -233,23 +262,121 @@ class JournalTables:
             ) from None
 
     def upgrade(self, conn: Connection) -> None:
-        """Add what a log made by an older xasink lacks, and mark what its trims may have forgotten.
+        """Bring a log made by any older xasink to this layout: each column and collation is checked on its own
+        (a log may lack any of them: claims.guard, sinks.horizon, batches.compacted and target were added by
+        different versions), so running it again, or after a half-done upgrade, adds only what is missing.
 
         Older versions deleted committed batches whose id was ``journalRetention`` below the sink's highest:
         for a sink with batches, any id below its highest that the log does not hold may have been
-        committed.  Its ``horizon`` records that, so such an id is refused instead of written again.
-        ``batches.target`` is added last: it marks the upgrade as done.
+        committed.  Its ``horizon`` records that, so such an id is refused instead of written again.  The
+        versions that trimmed so are the ones without ``batches.target``, which is therefore added last.
         """
-        if "target" in self._columns(conn, self.batches):
+        have = {t.name: self._columns(conn, t) for t in (self.sinks, self.batches, self.claims, self.logs)}
+        trimmed = "target" not in have[self.batches.name]
+        missing = [(t, c.name) for t in self.tables for c in t.c if c.name not in have[t.name]]
+        collated = self._is_mysql(conn) and bool(self._to_binary(conn))
+        if not missing and not collated:
             return
         log.warning("upgrading the xasink decision log %s to this version's layout", self.batches.fullname)
-        self._add_column(conn, self.sinks, "horizon")
-        s, b = self.sinks.c, self.batches.c
-        highest = sa.select(sa.func.max(b.batch_id) - 1).where(b.sink_id == s.sink_id).scalar_subquery()
-        with conn.begin():
-            conn.execute(self.sinks.update().where(s.horizon.is_(None)).values(horizon=highest))
-        self._add_column(conn, self.batches, "compacted")
+        if trimmed:
+            self._add_column(conn, self.sinks, "horizon")
+            s, b = self.sinks.c, self.batches.c
+            highest = sa.select(sa.func.max(b.batch_id) - 1).where(b.sink_id == s.sink_id).scalar_subquery()
+            with conn.begin():
+                conn.execute(self.sinks.update().where(s.horizon.is_(None)).values(horizon=highest))
+        for table, name in missing:
+            if (table, name) != (self.batches, "target"):
+                self._add_column(conn, table, name)
         self._add_column(conn, self.batches, "target")
+        if self._is_mysql(conn):
+            self._make_binary(conn)
+
+    # -- byte-for-byte comparisons (MySQL/MariaDB) ---------------------------------
+    @staticmethod
+    def _is_mysql(conn: Connection) -> bool:
+        return conn.dialect.name in ("mysql", "mariadb")
+
+    def _collated_otherwise(self, conn: Connection, tables: tuple[sa.Table, ...]) -> sa.Select[Any]:
+        """How many text columns of ``tables`` compare otherwise than byte for byte (information_schema)."""
+        cols = sa.table(
+            "COLUMNS",
+            sa.column("TABLE_SCHEMA"),
+            sa.column("TABLE_NAME"),
+            sa.column("COLLATION_NAME"),
+            schema="information_schema",
+        )
+        schema = self.batches.schema
+        return sa.select(sa.func.count()).where(
+            cols.c.TABLE_SCHEMA == (sa.literal(schema) if schema else sa.func.database()),
+            cols.c.TABLE_NAME.in_([t.name for t in tables]),
+            cols.c.COLLATION_NAME != BINARY_COLLATION,
+        )
+
+    def _to_binary(self, conn: Connection) -> list[sa.Table]:
+        """The log's tables (parts too, if made) whose columns or default collation are not binary."""
+        tabs = sa.table(
+            "TABLES",
+            sa.column("TABLE_SCHEMA"),
+            sa.column("TABLE_NAME"),
+            sa.column("TABLE_COLLATION"),
+            schema="information_schema",
+        )
+        schema = self.batches.schema
+        found: list[sa.Table] = []
+        for table in (*self.tables, self.parts):
+            default = conn.execute(
+                sa.select(tabs.c.TABLE_COLLATION).where(
+                    tabs.c.TABLE_SCHEMA == (sa.literal(schema) if schema else sa.func.database()),
+                    tabs.c.TABLE_NAME == table.name,
+                )
+            ).scalar()
+            if default is None:
+                continue  # not made (parts: no transaction used this log yet)
+            if default != BINARY_COLLATION or conn.execute(self._collated_otherwise(conn, (table,))).scalar():
+                found.append(table)
+        conn.rollback()
+        return found
+
+    def _make_binary(self, conn: Connection) -> None:
+        """ALTER TABLE ... CONVERT TO utf8mb4_bin each table that is not yet: no two ids differing only in case
+        can be in a table made with a case-insensitive key, so the conversion never meets duplicates."""
+        prep = conn.dialect.identifier_preparer
+        for table in self._to_binary(conn):
+            try:
+                with conn.begin():
+                    conn.execute(
+                        sa.text(
+                            f"ALTER TABLE {prep.format_table(table)} CONVERT TO CHARACTER SET utf8mb4 "
+                            f"COLLATE {BINARY_COLLATION}"
+                        )
+                    )
+            except sa.exc.DBAPIError as exc:
+                conn.rollback()
+                raise PreflightError(
+                    f"cannot make the xasink decision log table {table.fullname} compare byte for byte (made by "
+                    f"an older xasink): {str(exc.orig).strip().splitlines()[0]}. Run the upgrade statements of "
+                    "`xasink ddl mysql`, or grant ALTER."
+                ) from None
+
+    # -- what a decision records --------------------------------------------------
+    def target_too_long(self, conn: Connection, sink_id: str, batch_id: int, target: str) -> str | None:
+        """Why ``batches.target`` cannot hold this batch's target whole (None: it can).
+
+        Recovery finishes a decided batch from that record alone (an overwrite's replaceWhere is in it): a
+        truncated one cannot be read, so a target that does not fit must fail the batch before its decision.
+        MySQL/MariaDB's TEXT holds 65,535 bytes (a session without strict sql_mode would store the first
+        ones silently); PostgreSQL's text holds 1 GB.
+        """
+        size = len(target.encode("utf-8"))
+        if not self._is_mysql(conn) or size <= TARGET_MAX_BYTES:
+            return None
+        what = "what the batch writes, with its replaceWhere," if '"apply"' in target else "what the batch writes"
+        return (
+            f"sink {sink_id} batch {batch_id}: {what} takes {size} bytes as the decision log records it, too long "
+            f"for the decision log: {self.batches.fullname}.target holds {TARGET_MAX_BYTES}, and recovery could "
+            "not finish the batch from a truncated record. The batch was rolled back: nothing of it is visible. "
+            "Shorten the replaceWhere predicate (a range, or a join on a table of keys, instead of a long IN list)."
+        )
 
     # -- identity ---------------------------------------------------------------
     def _read_log_id(self, conn: Connection) -> str | None:

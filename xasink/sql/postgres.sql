@@ -9,12 +9,22 @@
 -- and the server needs max_prepared_transactions >= the partitions of one batch (restart to change it).
 
 -- A log made by an older xasink is upgraded by the first writer of this version (it needs ALTER on the
--- log's tables). Where writers may not ALTER, upgrade it by hand, in this order, with no older writer running:
---   ALTER TABLE xasink_sinks ADD COLUMN horizon BIGINT;
+-- log's tables). Where writers may not ALTER, upgrade it by hand, with no older writer running: run this
+-- file (its CREATE TABLE IF NOT EXISTS make the tables an older log lacks), then the statements between
+-- BEGIN UPGRADE and END UPGRADE, in order. Each skips what the log has already, so a log of any earlier
+-- version, or one upgraded halfway, ends up with this layout; running them again changes nothing.
+-- BEGIN UPGRADE
+--   ALTER TABLE xasink_sinks ADD COLUMN IF NOT EXISTS horizon BIGINT;
+--   -- a log without batches.target was made by a version whose trim deleted committed batches: record,
+--   -- per sink, the ids it may have forgotten (refused from now on, see ForgottenBatchError)
 --   UPDATE xasink_sinks SET horizon = (SELECT MAX(batch_id) - 1 FROM xasink_batches b
---       WHERE b.sink_id = xasink_sinks.sink_id) WHERE horizon IS NULL;
---   ALTER TABLE xasink_batches ADD COLUMN compacted BOOLEAN DEFAULT false NOT NULL;
---   ALTER TABLE xasink_batches ADD COLUMN target TEXT;
+--       WHERE b.sink_id = xasink_sinks.sink_id) WHERE horizon IS NULL AND NOT EXISTS (SELECT 1
+--       FROM information_schema.columns WHERE table_schema = current_schema() AND table_name = 'xasink_batches'
+--       AND column_name = 'target');
+--   ALTER TABLE xasink_batches ADD COLUMN IF NOT EXISTS compacted BOOLEAN DEFAULT false NOT NULL;
+--   ALTER TABLE xasink_claims ADD COLUMN IF NOT EXISTS guard VARCHAR(64);
+--   ALTER TABLE xasink_batches ADD COLUMN IF NOT EXISTS target TEXT;
+-- END UPGRADE
 
 -- The log's identity: one row (slot 1), a random log_id drawn by the first writer. Every branch's xid
 -- carries it; this log finishes only branches that carry it. Never change it while branches are prepared.

@@ -28,7 +28,7 @@ from ..base import (
 from . import errors, health, preflight
 from .errors import BranchBusyError
 from .owner import DETACH_TIMEOUT_S, OWNER_WAIT_S, OwnerWatch
-from .sql import SA_DIALECT, errno_of
+from .sql import BRANCH_SQL_MODE, SA_DIALECT, errno_of
 from .xa import ER_XAER_NOTA, foreign_gid, parse_foreign_gid, recovered, xa_literal, xid_literal
 
 if TYPE_CHECKING:  # rows and types only: the driver's commit path never loads pyarrow
@@ -59,13 +59,20 @@ class MySQLDialect(Dialect):
         return conn
 
     def on_connect(self, dbapi_conn: Any, record: Any) -> None:
-        """A control connection: TCP keepalives, and lock waits bounded by controlLockTimeout (error 1205,
+        """A control connection: TCP keepalives; the sql_mode the decision log and the apply step rely on,
+        whatever the server's or the URL's (a value too long for its column fails instead of being stored
+        truncated: a decision recovery could not read); lock waits bounded by controlLockTimeout (error 1205,
         transient: the step is retried) for row locks (InnoDB) and table metadata locks alike."""
         set_keepalive(getattr(dbapi_conn, "_sock", None))
         timeout = int(self.settings.control_lock_timeout)
-        if timeout:
-            with dbapi_conn.cursor() as cur:
-                cur.execute("SET SESSION innodb_lock_wait_timeout = %s, lock_wait_timeout = %s", (timeout, timeout))
+        with dbapi_conn.cursor() as cur:
+            if timeout:
+                cur.execute(
+                    "SET SESSION sql_mode = %s, innodb_lock_wait_timeout = %s, lock_wait_timeout = %s",
+                    (BRANCH_SQL_MODE, timeout, timeout),
+                )
+            else:
+                cur.execute("SET SESSION sql_mode = %s", (BRANCH_SQL_MODE,))
 
     def socket_fd(self, dbapi_conn: Any) -> int | None:
         sock = getattr(dbapi_conn, "_sock", None)

@@ -40,8 +40,9 @@ _share_preferred_tls_context()
 SA_DIALECT = sa_pymysql.dialect()
 _PREPARER = SA_DIALECT.identifier_preparer
 
-# the branch session's sql_mode: bad values fail instead of being truncated; 0 stays 0 in AUTO_INCREMENT
-# columns; and no ANSI_QUOTES / NO_BACKSLASH_ESCAPES, which would change how our statements parse
+# the sql_mode of every session xasink writes with (branches, and control sessions: the decision log, the
+# apply step): bad or too long values fail instead of being truncated; 0 stays 0 in AUTO_INCREMENT columns;
+# and no ANSI_QUOTES / NO_BACKSLASH_ESCAPES, which would change how our statements parse
 BRANCH_SQL_MODE = "STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION,NO_AUTO_VALUE_ON_ZERO"
 MAX_LOCK_WAIT = 1_073_741_824  # innodb_lock_wait_timeout's maximum: "no limit"
 

@@ -1,0 +1,68 @@
+-- xasink decision log for MySQL 8 / MariaDB 10.5+ (the same tables xasink creates on first use).
+-- Generated from xasink.journal.journal_metadata(); tests/test_mysql_dialect.py keeps it in sync.
+-- Run it in the target database when the writing user may not CREATE tables, e.g.
+--   mysql -h HOST -u admin -p shop < sql/mysql.sql
+-- With journalTablePrefix / journalSchema set, rename the tables accordingly.
+-- The writing user needs SELECT, INSERT, UPDATE, DELETE on the four tables, and XA_RECOVER_ADMIN on MySQL 8:
+--   GRANT SELECT, INSERT ON shop.xasink_log TO 'etl'@'%';
+--   GRANT SELECT, INSERT, UPDATE, DELETE ON shop.xasink_sinks TO 'etl'@'%';
+--   GRANT SELECT, INSERT, UPDATE, DELETE ON shop.xasink_batches TO 'etl'@'%';
+--   GRANT SELECT, INSERT, UPDATE, DELETE ON shop.xasink_claims TO 'etl'@'%';
+--   GRANT XA_RECOVER_ADMIN ON *.* TO 'etl'@'%';          -- MySQL 8 only
+
+-- A log made by an older xasink is upgraded by the first writer of this version (it needs ALTER on the
+-- log's tables). Where writers may not ALTER, upgrade it by hand, in this order, with no older writer running:
+--   ALTER TABLE xasink_sinks ADD COLUMN horizon BIGINT;
+--   UPDATE xasink_sinks SET horizon = (SELECT MAX(batch_id) - 1 FROM xasink_batches b
+--       WHERE b.sink_id = xasink_sinks.sink_id) WHERE horizon IS NULL;
+--   ALTER TABLE xasink_batches ADD COLUMN compacted BOOL NOT NULL DEFAULT false;
+--   ALTER TABLE xasink_batches ADD COLUMN target TEXT;
+
+-- The log's identity: one row (slot 1), a random log_id drawn by the first writer. Every branch's xid
+-- carries it; this log finishes only branches that carry it. Never change it while branches are prepared.
+CREATE TABLE IF NOT EXISTS xasink_log (
+    slot SMALLINT NOT NULL,
+    log_id VARCHAR(10) NOT NULL,
+    created_at DATETIME NOT NULL,
+    PRIMARY KEY (slot)
+) ENGINE=InnoDB;
+
+-- One row per sink; its row lock serializes deciding a batch against rolling back undecided branches.
+-- horizon: set when a log made by an older xasink (whose retention deleted batches) is upgraded; batch ids
+-- up to it that the log does not hold are refused (ForgottenBatchError). NULL for a log made by this version.
+CREATE TABLE IF NOT EXISTS xasink_sinks (
+    sink_id VARCHAR(32) NOT NULL,
+    created_at DATETIME NOT NULL,
+    horizon BIGINT,
+    PRIMARY KEY (sink_id)
+) ENGINE=InnoDB;
+
+-- One row per decided (sink, batch), kept forever: state 'committing' (decided) or 'committed', the exact
+-- xid list (emptied, compacted = true, once the batch is older than journalRetention committed batches),
+-- and target: what the batch wrote (JSON: db, schema, table, streaming query id).
+CREATE TABLE IF NOT EXISTS xasink_batches (
+    sink_id VARCHAR(32) NOT NULL,
+    batch_id BIGINT NOT NULL,
+    state VARCHAR(16) NOT NULL,
+    xids LONGTEXT NOT NULL,
+    `rows` BIGINT NOT NULL,
+    branches INTEGER NOT NULL,
+    prepare_ms INTEGER NOT NULL,
+    commit_ms INTEGER,
+    decided_at DATETIME NOT NULL,
+    committed_at DATETIME,
+    compacted BOOL NOT NULL DEFAULT false,
+    target TEXT,
+    PRIMARY KEY (sink_id, batch_id)
+) ENGINE=InnoDB;
+
+-- Which writer runs claimed an undecided (sink, batch), and which one holds it now (superseded = false).
+CREATE TABLE IF NOT EXISTS xasink_claims (
+    sink_id VARCHAR(32) NOT NULL,
+    batch_id BIGINT NOT NULL,
+    run VARCHAR(8) NOT NULL,
+    superseded BOOL NOT NULL,
+    claimed_at DATETIME NOT NULL,
+    guard VARCHAR(64),
+    PRIMARY KEY (sink_id, batch_id, run)
+) ENGINE=InnoDB;

@@ -1,0 +1,53 @@
+-- xasink decision log for MySQL 8 / MariaDB 10.5+ (the same tables xasink creates on first use).
+-- Generated from xasink.journal.journal_metadata(); tests/test_mysql_dialect.py keeps it in sync.
+-- Run it in the target database when the writing user may not CREATE tables, e.g.
+--   mysql -h HOST -u admin -p shop < sql/mysql.sql
+-- With journalTablePrefix / journalSchema set, rename the tables accordingly.
+-- The writing user needs SELECT, INSERT, UPDATE, DELETE on the four tables, and XA_RECOVER_ADMIN on MySQL 8:
+--   GRANT SELECT, INSERT ON shop.xasink_log TO 'etl'@'%';
+--   GRANT SELECT, INSERT, UPDATE, DELETE ON shop.xasink_sinks TO 'etl'@'%';
+--   GRANT SELECT, INSERT, UPDATE, DELETE ON shop.xasink_batches TO 'etl'@'%';
+--   GRANT SELECT, INSERT, UPDATE, DELETE ON shop.xasink_claims TO 'etl'@'%';
+--   GRANT XA_RECOVER_ADMIN ON *.* TO 'etl'@'%';          -- MySQL 8 only
+
+-- The log's identity: one row (slot 1), a random log_id drawn by the first writer. Every branch's xid
+-- carries it; this log finishes only branches that carry it. Never change it while branches are prepared.
+CREATE TABLE IF NOT EXISTS xasink_log (
+    slot SMALLINT NOT NULL,
+    log_id VARCHAR(10) NOT NULL,
+    created_at DATETIME NOT NULL,
+    PRIMARY KEY (slot)
+) ENGINE=InnoDB;
+
+-- One row per sink; its row lock serializes deciding a batch against rolling back undecided branches.
+CREATE TABLE IF NOT EXISTS xasink_sinks (
+    sink_id VARCHAR(32) NOT NULL,
+    created_at DATETIME NOT NULL,
+    PRIMARY KEY (sink_id)
+) ENGINE=InnoDB;
+
+-- One row per decided (sink, batch): state 'committing' (decided) or 'committed', the exact xid list.
+CREATE TABLE IF NOT EXISTS xasink_batches (
+    sink_id VARCHAR(32) NOT NULL,
+    batch_id BIGINT NOT NULL,
+    state VARCHAR(16) NOT NULL,
+    xids LONGTEXT NOT NULL,
+    `rows` BIGINT NOT NULL,
+    branches INTEGER NOT NULL,
+    prepare_ms INTEGER NOT NULL,
+    commit_ms INTEGER,
+    decided_at DATETIME NOT NULL,
+    committed_at DATETIME,
+    PRIMARY KEY (sink_id, batch_id)
+) ENGINE=InnoDB;
+
+-- Which writer runs claimed an undecided (sink, batch), and which one holds it now (superseded = false).
+CREATE TABLE IF NOT EXISTS xasink_claims (
+    sink_id VARCHAR(32) NOT NULL,
+    batch_id BIGINT NOT NULL,
+    run VARCHAR(8) NOT NULL,
+    superseded BOOL NOT NULL,
+    claimed_at DATETIME NOT NULL,
+    guard VARCHAR(64),
+    PRIMARY KEY (sink_id, batch_id, run)
+) ENGINE=InnoDB;
