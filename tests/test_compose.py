@@ -1,4 +1,4 @@
-"""docker-compose.yml starts the servers the README's "Database set-up" describes; no Docker needed.
+"""docker-compose.yml starts the servers docs/operations.md's "Database set-up" describes; no Docker needed.
 
 Every value is read from the compose file and the files it mounts: PostgreSQL with
 ``max_prepared_transactions`` > 0 (and the docs naming the same value), MySQL 8 whose init SQL creates the

@@ -82,6 +82,57 @@ def test_every_option_is_documented() -> None:
     assert missing == []
 
 
+def _python_blocks(text: str) -> list[str]:
+    """The ```python blocks; a fragment that starts with ``.option(...)`` is read as a writer's call chain."""
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    return ["w" + b if b.lstrip().startswith(".") else b for b in blocks]
+
+
+def _example_problems(text: str) -> list[str]:
+    """What is wrong with a page's Python examples: a syntax error, a private or missing ``xasink.`` name,
+    an ``.option(...)`` xasink does not know (Spark's own streaming options aside)."""
+    import xasink
+
+    accepted = {name.lower() for name in KNOWN.values()} | set(_IGNORED) | set(_REJECTED)
+    accepted |= {"checkpointlocation", "queryname"}  # Spark's own, read by Spark beside xasink's
+    bad = []
+    for block in _python_blocks(text):
+        try:
+            tree = ast.parse(block)
+        except SyntaxError as e:
+            bad.append(f"does not parse ({e.msg}, line {e.lineno}): {block.splitlines()[0]!r}")
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "xasink":
+                if node.attr not in xasink.__all__:
+                    bad.append(f"xasink.{node.attr} is not public")
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "option"
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and isinstance(node.args[0].value, str)
+                and node.args[0].value.lower() not in accepted
+            ):
+                bad.append(f"option {node.args[0].value!r} is unknown")
+    return bad
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_python_examples_parse_and_name_real_options_and_functions(doc: Path) -> None:
+    assert _example_problems(doc.read_text(encoding="utf-8")) == [], doc.relative_to(ROOT)
+
+
+def test_the_example_check_catches_what_it_should() -> None:
+    text = "```python\nf(x))\n```\n```python\n.option('sinkID', 1).option('sinkName', 2)\nxasink._x\n```"
+    assert sorted(_example_problems(text)) == [
+        "does not parse (unmatched ')', line 1): 'f(x))'",
+        "option 'sinkName' is unknown",
+        "xasink._x is not public",
+    ]
+
+
 def test_the_link_check_catches_what_it_should(tmp_path: Path) -> None:
     doc = tmp_path / "x.md"
     doc.write_text("[a](../shared/DESIGN.md) [b](https://spark.apache.org) ```\n[c](nowhere.md)\n```")
