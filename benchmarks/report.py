@@ -314,18 +314,6 @@ SECTIONS: list[tuple[str, str, str, list[Column]]] = [
             ("peak - start MB", "peak_over_start_mb"),
         ),
     ),
-    (
-        "strategies",
-        "Upsert inside a prepared PostgreSQL branch: staging table vs unnest",
-        "",
-        _cols(
-            ("method", "method"),
-            ("rows", "rows"),
-            ("median s", "median_s"),
-            ("rows/s", "rows_per_s"),
-            ("runs", lambda x: ", ".join(map(str, x["runs_s"]))),
-        ),
-    ),
 ]
 
 

@@ -2,8 +2,8 @@
 
 Sections (``--sections``): throughput (every contender on the same cached DataFrame, 4 partitions, a warm-up
 round then ``--runs`` measured rounds, interleaved), failure (what a concurrent reader sees when one partition
-fails), coordinator (decide + commit N branches), memory (worker peak RSS at two partition sizes),
-strategies (how to upsert inside a prepared PostgreSQL branch).  Results go to benchmarks/results/<name>.*
+fails), coordinator (decide + commit N branches), and memory (worker peak RSS at two partition sizes).
+Results go to benchmarks/results/<name>.*
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from benchmarks import cpu, data, env, report
 
 log = logging.getLogger("benchmarks")
 
-SECTIONS = ("throughput", "failure", "coordinator", "memory", "strategies")
+SECTIONS = ("throughput", "failure", "coordinator", "memory")
 DEFAULT_SIZES = "100000,1000000,2000000"  # 2M: the size the targets are stated for
 QUICK_SIZES = "20000,100000"
 
@@ -57,7 +57,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--branches", help="coordinator scale branch counts (default 8,64,256; quick 8,64)")
     p.add_argument("--commit-parallelism", default="4,16", help="commitParallelism values for the coordinator scale")
     p.add_argument("--memory-sizes", help="rows per partition for the memory probe (default 250000,1000000)")
-    p.add_argument("--strategy-rows", type=int, help="rows for the upsert strategy comparison (default 1000000)")
     p.add_argument("--mariadb", default="127.0.0.1:3306", help="host:port of the MariaDB server")
     p.add_argument("--out", default=str(Path(__file__).parent / "results"), help="results directory")
     p.add_argument(
@@ -75,7 +74,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.branches = [int(s) for s in (args.branches or ("8,64" if q else "8,64,256")).split(",") if s]
     args.commit_parallelism = [int(s) for s in args.commit_parallelism.split(",") if s]
     args.memory_sizes = [int(s) for s in (args.memory_sizes or ("20000,80000" if q else "250000,1000000")).split(",")]
-    args.strategy_rows = args.strategy_rows or (50_000 if q else 1_000_000)
     args.dbs = [d.strip() for d in args.db.split(",") if d.strip()]
     args.schema_list = [s.strip() for s in args.schemas.split(",") if s.strip()]
     args.section_list = [s.strip() for s in args.sections.split(",") if s.strip()]
@@ -292,7 +290,6 @@ def main(argv: list[str] | None = None) -> int:
         "failure": [],
         "coordinator": [],
         "memory": [],
-        "strategies": [],
         "notes": [],
         "errors": [],
         "_t0": time.perf_counter(),
@@ -361,11 +358,6 @@ def main(argv: list[str] | None = None) -> int:
                     res["errors"].append(f"memory probe on {db.kind}: {exc}")
                     log.exception("memory probe on %s", db.kind)
             save(args, res)
-        if "strategies" in args.section_list and any(d.kind == "postgresql" for d in dbs):
-            from benchmarks.strategies import run_strategies
-
-            pg = next(d for d in dbs if d.kind == "postgresql")
-            res["strategies"] = run_strategies(pg, args.strategy_rows, args.runs)
         save(args, res)
         if spark is not None:
             spark.stop()
