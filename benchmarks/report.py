@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -14,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.env import machine
+
+log = logging.getLogger("benchmarks.report")
 
 SIZE_FOR_TARGETS = 2_000_000
 
@@ -33,7 +36,10 @@ def write(
     outdir = Path(out)
     outdir.mkdir(parents=True, exist_ok=True)
     if charts is not None:
-        res["charts"] = [Path(c).name for c in charts(res, outdir, name)]
+        try:
+            res["charts"] = [Path(c).name for c in charts(res, outdir, name)]
+        except ImportError as exc:  # the bench extra brings matplotlib; the tables do without it
+            log.warning("no charts: %s", exc)
     clean = {k: v for k, v in res.items() if not k.startswith("_")}
     (outdir / f"{name}.json").write_text(json.dumps(clean, indent=1, default=str))
     md = outdir / f"{name}.md"

@@ -52,7 +52,7 @@ SAMPLED_PER_SECOND = 500  # the poller reads about this many rows a second (ever
 POLL_S = 0.05
 FIRST_BATCH_S = 60.0  # the longest wait for a query's first batch with rows
 COLUMNS = (  # name, PostgreSQL type, MariaDB type, Spark SQL over the rate source's (timestamp, value)
-    ("id", "bigint PRIMARY KEY", "BIGINT PRIMARY KEY", "value"),
+    ("id", "bigint", "BIGINT", "value"),  # the primary key
     ("gen_ms", "bigint NOT NULL", "BIGINT NOT NULL", "unix_millis(timestamp)"),
     ("grp", "integer", "INT", "cast(value % 1000 as int)"),
     ("amount", "double precision", "DOUBLE", "cast(value as double) * 0.5"),
