@@ -62,10 +62,7 @@ def seeded(ctx: Ctx) -> None:
     """The target holds the even ids with other values: the upsert updates half the rows and inserts half."""
     data.create_table(ctx.db, ctx.table, ctx.schema)
     ctx.db.execute(f"INSERT INTO {ctx.db.quote(ctx.table)} SELECT * FROM {ctx.db.quote(ctx.seed_table)}")
-    if ctx.db.kind == "postgresql":
-        ctx.db.execute(f"VACUUM ANALYZE {ctx.db.quote(ctx.table)}")
-    else:
-        ctx.db.execute(f"ANALYZE TABLE {ctx.db.quote(ctx.table)}")
+    ctx.db.analyze(ctx.table)
     ctx.db.settle()
 
 
@@ -144,7 +141,8 @@ def run_noop(ctx: Ctx) -> None:
     ctx.df.write.format("bench_noop").mode("append").save()
 
 
-def jdbc_write(df: Any, db: Database, tuned: bool, table: str) -> None:
+def jdbc_writer(df: Any, db: Database, table: str, tuned: bool = True) -> Any:
+    """Spark's JDBC writer for ``table``; tuned: batchsize 10000 and the driver's batched-insert rewrite."""
     url = db.jdbc_url
     writer = df.write.format("jdbc").option("driver", db.jdbc_driver).option("dbtable", table)
     for key, value in db.jdbc_props.items():
@@ -152,7 +150,11 @@ def jdbc_write(df: Any, db: Database, tuned: bool, table: str) -> None:
     if tuned:
         url += "?reWriteBatchedInserts=true" if db.kind == "postgresql" else "?rewriteBatchedStatements=true"
         writer = writer.option("batchsize", "10000")
-    writer.option("url", url).mode("append").save()
+    return writer.option("url", url)
+
+
+def jdbc_write(df: Any, db: Database, tuned: bool, table: str) -> None:
+    jdbc_writer(df, db, table, tuned).mode("append").save()
 
 
 def run_jdbc_default(ctx: Ctx) -> None:

@@ -73,18 +73,7 @@ def frame(spark: Any, schema: str, rows: int, partitions: int = PARTITIONS) -> A
 
 
 def create_table(db: Database, table: str, schema: str, primary_key: bool = True) -> None:
-    cols = SCHEMAS[schema]
-    parts = []
-    for c in cols:
-        typ = c.pg if db.kind == "postgresql" else c.mysql
-        nn = " NOT NULL" if c.name == "id" and primary_key else ""
-        parts.append(f"{db.quote(c.name)} {typ}{nn}")
-    if primary_key:
-        parts.append(f"PRIMARY KEY ({db.quote('id')})")
-    suffix = " ENGINE=InnoDB" if db.kind == "mariadb" else ""
-    db.execute(
-        f"DROP TABLE IF EXISTS {db.quote(table)}", f"CREATE TABLE {db.quote(table)} ({', '.join(parts)}){suffix}"
-    )
+    db.create_table(table, [(c.name, c.pg, c.mysql) for c in SCHEMAS[schema]], key="id" if primary_key else None)
 
 
 def column_names(schema: str) -> list[str]:

@@ -1,4 +1,4 @@
-"""The set-up every section shares: the servers, the Spark session, small database helpers.
+"""The set-up every benchmark shares: the servers, the Spark session, small database helpers, a polling reader.
 
 PostgreSQL is a private :class:`xasink.embedded.EmbeddedPostgres` (fsync off, as for the tests) with room for
 300 prepared transactions; MariaDB is the machine's server at 127.0.0.1:3306 (root, empty password) with a
@@ -13,8 +13,10 @@ import os
 import platform
 import shutil
 import sys
+import threading
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -118,6 +120,20 @@ class Database:
     def drop(self, table: str) -> None:
         self.execute(f"DROP TABLE IF EXISTS {self.quote(table)}")
 
+    def create_table(self, table: str, columns: Sequence[tuple[str, str, str]], key: str | None = "id") -> None:
+        """Drop and create ``table`` from (name, PostgreSQL type, MariaDB type) columns, ``key`` its primary key."""
+        typed = [f"{self.quote(n)} {pg if self.kind == 'postgresql' else my}" for n, pg, my in columns]
+        cols = [f"{c} NOT NULL" if n == key else c for c, (n, _, _) in zip(typed, columns, strict=True)]
+        if key:
+            cols.append(f"PRIMARY KEY ({self.quote(key)})")
+        suffix = " ENGINE=InnoDB" if self.kind == "mariadb" else ""
+        self.drop(table)
+        self.execute(f"CREATE TABLE {self.quote(table)} ({', '.join(cols)}){suffix}")
+
+    def analyze(self, table: str) -> None:
+        """Fresh planner statistics after a bulk load (not timed)."""
+        self.execute(f"{'VACUUM ANALYZE' if self.kind == 'postgresql' else 'ANALYZE TABLE'} {self.quote(table)}")
+
     def settle(self) -> None:
         """Between runs (not timed): flush dirty pages so a checkpoint does not land inside the next run."""
         if self.kind == "postgresql":
@@ -126,8 +142,9 @@ class Database:
     def pg_identifier(self, name: str) -> pgsql.Composable:
         return pgsql.Identifier(name)
 
-    def leftover_prepared(self) -> int:
-        """Prepared branches of the benchmark's sinks (XA RECOVER lists the whole MariaDB server: others' too)."""
+    def prepared(self, sink: str | None = None) -> int:
+        """Prepared branches of ``sink``, or of every benchmark sink: XA RECOVER lists the whole MariaDB server,
+        other jobs' branches too, so only our sink ids count."""
         if not self.xasink_ok:
             return 0
         from xasink.dialects import dialect_for
@@ -139,7 +156,8 @@ class Database:
                 found = dialect.list_prepared(conn)
         finally:
             dialect.dispose()
-        return sum(1 for p in found if p.xid is not None and p.xid.sink_id.startswith(BENCH_SINK_PREFIXES))
+        ours = (sink,) if sink is not None else BENCH_SINK_PREFIXES
+        return sum(1 for p in found if p.xid is not None and p.xid.sink_id.startswith(ours))
 
 
 DURABLE = {"fsync": "on", "synchronous_commit": "on", "full_page_writes": "on"}  # PostgreSQL's defaults
@@ -208,6 +226,41 @@ def mariadb(host: str = "127.0.0.1", port: int = 3306) -> Database | None:
     return db
 
 
+@contextlib.contextmanager
+def databases(
+    kinds: Sequence[str], mariadb_at: str = "127.0.0.1:3306", durable: bool = True, notes: list[str] | None = None
+) -> Iterator[list[Database]]:
+    """The databases asked for: a private PostgreSQL and the machine's MariaDB (a scratch database).
+
+    An unreachable MariaDB, or an xasink dialect that cannot be imported, is a line in ``notes``.  On exit the
+    scratch database is dropped and PostgreSQL stopped.
+    """
+    notes = [] if notes is None else notes
+    dbs: list[Database] = []
+    server = None
+    try:
+        if "postgresql" in kinds:
+            server, pg = start_postgres(durable=durable)
+            dbs.append(pg)
+        if "mariadb" in kinds:
+            host, _, port = mariadb_at.partition(":")
+            maria = mariadb(host, int(port or 3306))
+            if maria is None:
+                notes.append(f"MariaDB at {mariadb_at} not reachable: skipped")
+            else:
+                dbs.append(maria)
+                if maria.note:
+                    notes.append(maria.note)
+        for db in dbs:
+            log.info("%s: %s", db.kind, ", ".join(f"{k}={v}" for k, v in db.settings.items()))
+        yield dbs
+    finally:
+        for db in dbs:
+            drop_scratch(db)
+        if server is not None:
+            server.stop()
+
+
 def drop_scratch(db: Database) -> None:
     if db.kind == "mariadb" and db.database.startswith(MARIADB_DB_PREFIX):
         conn = pymysql.connect(host=db.host, port=db.port, user=db.user, password=db.password, autocommit=True)
@@ -216,19 +269,31 @@ def drop_scratch(db: Database) -> None:
         conn.close()
 
 
-def jars() -> tuple[list[str], list[str]]:
-    """JDBC driver jars present, and notes for the ones missing (their contenders are skipped)."""
-    present, notes = [], []
-    for jar, package in ((PG_JAR, "libpostgresql-jdbc-java"), (MARIADB_JAR, "libmariadb-java")):
-        if jar.exists():
-            present.append(str(jar))
+JARS = {"postgresql": (PG_JAR, "libpostgresql-jdbc-java"), "mariadb": (MARIADB_JAR, "libmariadb-java")}
+
+
+def jar_missing(kind: str) -> str | None:
+    """Why Spark's JDBC writer cannot reach a ``kind`` database here, or None."""
+    jar, package = JARS[kind]
+    return None if jar.exists() else f"{jar} missing (apt-get install {package})"
+
+
+def spark_session(
+    master: str, notes: list[str] | None = None, arrow_batch: int = 10_000, driver_memory: str = "6g"
+) -> Any:
+    """A local Spark session; workers import ``benchmarks`` (our data sources) and xasink from this checkout.
+
+    A missing JDBC jar is a line in ``notes``: the JDBC contenders for that database are skipped.
+    """
+    jar_paths = []
+    for kind, (jar, _) in JARS.items():
+        missing = jar_missing(kind)
+        if missing is None:
+            jar_paths.append(str(jar))
         else:
-            notes.append(f"{jar} missing (apt-get install {package}): Spark JDBC contenders for it skipped")
-    return present, notes
-
-
-def spark_session(master: str, arrow_batch: int, jar_paths: list[str], driver_memory: str = "6g") -> Any:
-    """A local Spark session; workers import ``benchmarks`` (our data sources) and xasink from this checkout."""
+            log.warning("%s: Spark JDBC contenders for it skipped", missing)
+            if notes is not None:
+                notes.append(f"{missing}: Spark JDBC contenders for it skipped")
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     os.environ["TZ"] = "UTC"  # Row-based writers get naive datetimes in the worker's local zone
@@ -281,3 +346,37 @@ def machine() -> dict[str, Any]:
         "psql": shutil.which("psql"),
         "mysql": shutil.which("mysql") or shutil.which("mariadb"),
     }
+
+
+class Poller(threading.Thread):
+    """What a concurrent reader sees: :meth:`poll` runs every ``interval`` s on its own autocommit connection in
+    READ COMMITTED until :meth:`stop`.  A failure of the reader is kept in ``error``, never raised."""
+
+    def __init__(self, db: Database, table: str, interval: float) -> None:
+        super().__init__(name=f"bench-reader-{table}", daemon=True)
+        self.db, self.table, self.interval = db, table, interval
+        self.read_s: list[float] = []  # how long each read took (a blocked reader waits here)
+        self.halt = threading.Event()
+        self.error: str | None = None
+
+    def poll(self, cur: Any) -> None:
+        raise NotImplementedError
+
+    def run(self) -> None:
+        try:
+            with self.db.connect() as conn, conn.cursor() as cur:
+                if self.db.kind == "mariadb":
+                    cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                while not self.halt.is_set():
+                    t0 = time.perf_counter()
+                    self.poll(cur)
+                    self.read_s.append(time.perf_counter() - t0)
+                    self.halt.wait(self.interval)
+        except Exception as exc:  # noqa: BLE001 - reported with the results, not fatal for the benchmark
+            self.error = (str(exc).splitlines() or [type(exc).__name__])[0][:300]
+
+    def stop(self, linger: float = 0.0) -> None:
+        """Stop after ``linger`` more seconds of reading (a few samples of the end state)."""
+        time.sleep(linger)
+        self.halt.set()
+        self.join(30)

@@ -16,54 +16,30 @@ import tempfile
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from benchmarks import contenders as c
 from benchmarks import data
-from benchmarks.env import Database
+from benchmarks.env import Database, Poller
 
 log = logging.getLogger("benchmarks")
 
 SCENARIO_CONTENDERS = ("xasink", "plain-commit", "jdbc-tuned", "upsert-hand", "xasink-upsert")
 
 
-@dataclass
-class Reader:
-    """Polls the table on its own autocommit connection until stopped."""
+class Reader(Poller):
+    """``count(*)`` and ``count(DISTINCT id)`` every ~50 ms, each sample tagged with the scenario's phase."""
 
-    db: Database
-    table: str
-    interval: float = 0.05
-    phase: str = "idle"
-    samples: list[tuple[float, str, int, int]] = field(default_factory=list)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
-    error: str | None = None
+    def __init__(self, db: Database, table: str, interval: float = 0.05) -> None:
+        super().__init__(db, table, interval)
+        self.phase = "idle"
+        self.samples: list[tuple[float, str, int, int]] = []
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="bench-reader", daemon=True)
-        self._thread.start()
-
-    def _loop(self) -> None:
-        q = self.db.quote(self.table)
-        try:
-            with self.db.connect() as conn, conn.cursor() as cur:
-                if self.db.kind == "mariadb":
-                    cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
-                while not self._stop.is_set():
-                    cur.execute(f"SELECT count(*), count(DISTINCT id) FROM {q}")
-                    n, d = cur.fetchone()
-                    self.samples.append((time.perf_counter(), self.phase, int(n), int(d)))
-                    self._stop.wait(self.interval)
-        except Exception as exc:  # noqa: BLE001 - reported, not fatal for the benchmark
-            self.error = str(exc).splitlines()[0]
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(10)
+    def poll(self, cur: Any) -> None:
+        cur.execute(f"SELECT count(*), count(DISTINCT id) FROM {self.db.quote(self.table)}")
+        n, d = cur.fetchone()
+        self.samples.append((time.perf_counter(), self.phase, int(n), int(d)))
 
     def seen(self, phase: str) -> list[tuple[int, int]]:
         return [(n, d) for _, p, n, d in self.samples if p == phase]
@@ -181,7 +157,7 @@ def summarize(
         problems.append(f"{final_n - final_d} duplicate rows after the retry")
     if final_d != size:
         problems.append(f"{final_d} distinct ids after the retry, expected {size}")
-    left = db.leftover_prepared()
+    left = db.prepared()
     if left:
         problems.append(f"{left} prepared transactions left")
     return {

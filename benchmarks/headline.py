@@ -27,16 +27,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks import cli, report
 from benchmarks import env as benv
 
 log = logging.getLogger("benchmarks.headline")
 
-RESULTS = Path(__file__).parent / "results"
-
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.headline", description=__doc__.split("\n\n")[0])
-    p.add_argument("--db", default="postgresql,mariadb", help="postgresql,mariadb")
+    p = cli.parser("benchmarks.headline", __doc__, "headline")
     p.add_argument("--bulk-rows", type=int, default=2_000_000, help="rows of the bulk write (default 2000000)")
     p.add_argument("--bulk-runs", type=int, default=3, help="measured bulk runs per contender (default 3)")
     p.add_argument("--micro-sizes", default="1000,10000", help="rows per micro-batch (default 1000,10000)")
@@ -46,9 +44,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--duration", type=float, default=20.0, help="measured seconds per streaming step (default 20)")
     p.add_argument("--quick", action="store_true", help="harness check: 200k rows, 1k rows a batch, one rate")
     p.add_argument("--parts", default="bulk,micro,stream", help="which harnesses to run (default all three)")
-    p.add_argument("--name", default="headline", help="report name (default headline)")
-    p.add_argument("--out", default=str(RESULTS), help="results directory")
-    args = p.parse_args(argv)
+    args = cli.parse(p, argv)
+    args.name = args.name or "headline"
     if args.quick:
         args.bulk_rows, args.bulk_runs, args.micro_sizes, args.micro_batches = 200_000, 1, "1000", 3
         args.micro_warmup = 2
@@ -58,7 +55,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def commands(args: argparse.Namespace) -> dict[str, list[str]]:
     """Each harness's command line (also printed in the report, so every figure can be reproduced alone)."""
-    out = ["--out", args.out] if Path(args.out).resolve() != RESULTS.resolve() else []
+    out = ["--out", args.out] if Path(args.out).resolve() != cli.RESULTS else []
+    out += ["--mariadb", args.mariadb] if args.mariadb != cli.MARIADB else []
     return {
         "bulk": [
             "benchmarks.run", "--db", args.db, "--schemas", "narrow", "--sizes", str(args.bulk_rows),
@@ -157,7 +155,7 @@ def stream_steps(stream: dict[str, Any]) -> str:
 
 def markdown(args: argparse.Namespace, parts: dict[str, dict[str, Any] | None], took: dict[str, float]) -> str:
     machine = benv.machine()
-    cmd = "python -m benchmarks.headline " + " ".join(sys.argv[1:])
+    cmd = args.command
     lines = [
         f"# Headline figures: {args.name}",
         "",
@@ -176,8 +174,7 @@ def markdown(args: argparse.Namespace, parts: dict[str, dict[str, Any] | None], 
     for res in parts.values():
         if res:
             settings.update(res.get("settings") or res.get("setup", {}).get("databases", {}))
-    for db, s in settings.items():
-        lines.append(f"- {db}: " + ", ".join(f"{k}={v}" for k, v in s.items()))
+    lines += report.settings_lines(settings)
     lines += [
         "",
         "## Targets (benchmarked, never asserted in tests)",
@@ -206,18 +203,19 @@ def markdown(args: argparse.Namespace, parts: dict[str, dict[str, Any] | None], 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    wanted = [p.strip() for p in args.parts.split(",") if p.strip()]
+    cli.logs()
+    wanted = cli.split(args.parts)
     out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     took: dict[str, float] = {}
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # the harnesses' Spark workers run this interpreter
     for part, cmd in commands(args).items():
         if part in wanted:
             took[part] = run_part(part, cmd)
     parts = {part: _load(out, f"{args.name}-{part}") for part in commands(args)}
-    report = markdown(args, parts, took)
-    (out / f"{args.name}.md").write_text(report)
-    print(report)
+    text = markdown(args, parts, took)
+    (out / f"{args.name}.md").write_text(text)
+    print(text)
     return 0
 
 

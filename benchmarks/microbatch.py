@@ -28,7 +28,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from benchmarks import cpu, data
+from benchmarks import cli, cpu, data, report
 from benchmarks import env as benv
 from benchmarks.contenders import jdbc_write
 
@@ -60,7 +60,7 @@ TASK_PHASES = ("task.worker_start", "task.claim", "task.open_wait", "task.load",
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.microbatch", description=__doc__.split("\n\n")[0])
+    p = cli.parser("benchmarks.microbatch", __doc__, "micro-<time>")
     p.add_argument("--sizes", default="1000,10000,100000", help="rows per batch (default 1000,10000,100000)")
     p.add_argument("--batches", type=int, default=15, help="measured batches per contender and size (default 15)")
     p.add_argument(
@@ -69,11 +69,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=WARMUP,
         help=f"unmeasured batches of every contender first (default {WARMUP}: the JVM's JIT settles)",
     )
-    p.add_argument("--db", default="postgresql,mariadb", help="postgresql,mariadb")
-    p.add_argument("--mariadb", default="127.0.0.1:3306", help="host:port of the MariaDB server")
-    p.add_argument("--name", help="results file name (default micro-<time>)")
-    p.add_argument("--out", default=str(Path(__file__).parent / "results"), help="results directory")
-    return p.parse_args(argv)
+    args = cli.parse(p, argv)
+    args.name = args.name or time.strftime("micro-%Y%m%d-%H%M%S")
+    return args
 
 
 def phases_of(records: list[dict[str, Any]], t0: float, t1: float) -> dict[str, float]:
@@ -191,8 +189,7 @@ def summarize(samples: dict[str, list[dict[str, Any]]], size: int) -> dict[str, 
 
 def markdown(res: dict[str, Any]) -> str:
     lines = [f"# Micro-batches: {res['name']}", "", f"Machine: {res['machine']}", ""]
-    for db, settings in res["settings"].items():
-        lines.append(f"- {db}: " + ", ".join(f"{k}={v}" for k, v in settings.items()))
+    lines += report.settings_lines(res["settings"])
     lines += [
         "",
         f"{res['batches']} measured batches per size (after {res['warmup']} warm-up), {PARTITIONS} partitions, "
@@ -236,13 +233,9 @@ def markdown(res: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def chart(res: dict[str, Any], path: Path) -> None:
+def chart(res: dict[str, Any], out: Path, name: str) -> list[str]:
     """One stacked bar per (database, size) for xasink's phases, beside a plain bar for the tuned JDBC writer."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = report.pyplot()
     labels = [label for label, _ in STACK] + ["Spark scheduling, row hand-off, other"]
     fig, ax = plt.subplots(figsize=(max(6, 2.2 * len(res["results"])), 5))
     cmap = plt.get_cmap("tab20")
@@ -265,55 +258,32 @@ def chart(res: dict[str, Any], path: Path) -> None:
     ax.set_ylabel("ms per batch (median)")
     ax.set_title("Micro-batch time: xasink by phase (left) vs tuned JDBC (right)")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return [report.save_fig(fig, out / f"{name}-phases.png")]
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    name = args.name or time.strftime("micro-%Y%m%d-%H%M%S")
+    cli.logs()
     log_path = Path(tempfile.mkdtemp(prefix="xasink-phases-")) / "phases.jsonl"
     os.environ["XASINK_PHASE_LOG"] = str(log_path)  # before Spark starts: every worker inherits it
-    sizes = [int(s) for s in args.sizes.split(",")]
-    dbs, servers = [], []
-    if "postgresql" in args.db:
-        server, pg = benv.start_postgres(durable=True)
-        servers.append(server)
-        dbs.append(pg)
-    if "mariadb" in args.db:
-        host, port = args.mariadb.split(":")
-        maria = benv.mariadb(host, int(port))
-        if maria is not None:
-            dbs.append(maria)
-    jar_paths, notes = benv.jars()
-    for note in notes:
-        log.warning("%s", note)
-    spark = benv.spark_session(f"local[{PARTITIONS}]", 10_000, jar_paths)
     res: dict[str, Any] = {
-        "name": name,
+        "name": args.name,
+        "command": args.command,
         "machine": benv.machine(),
         "batches": args.batches,
         "warmup": args.warmup,
-        "settings": {db.kind: db.settings for db in dbs},
+        "settings": {},
         "results": [],
     }
-    try:
-        for db in dbs:
-            res["results"] += run_db(spark, db, sizes, args.batches, args.warmup, log_path)
-    finally:
-        spark.stop()
-        for db in dbs:
-            benv.drop_scratch(db)
-        for server in servers:
-            server.stop()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{name}.json").write_text(json.dumps(res, indent=1, default=str))
-    (out / f"{name}.md").write_text(markdown(res))
-    chart(res, out / f"{name}-phases.png")
-    print(markdown(res))
+    with benv.databases(args.dbs, args.mariadb) as dbs:
+        res["settings"] = {db.kind: db.settings for db in dbs}
+        spark = benv.spark_session(f"local[{PARTITIONS}]")
+        try:
+            for db in dbs:
+                res["results"] += run_db(spark, db, cli.ints(args.sizes), args.batches, args.warmup, log_path)
+        finally:
+            spark.stop()
+    print(report.write(res, args.out, args.name, markdown, chart).read_text())
     return 0
 
 

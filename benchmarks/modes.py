@@ -30,25 +30,23 @@ Contenders alternate which goes first; ``--warmup`` rounds are not counted; the 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import statistics
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from benchmarks import cli, report
 from benchmarks import env as benv
+from benchmarks.contenders import jdbc_writer
 from benchmarks.failure import Barrier, poisoned_frame
 from benchmarks.microbatch import phases_of, read_log
-from benchmarks.run import progress
 
 log = logging.getLogger("benchmarks.modes")
 
@@ -58,9 +56,14 @@ DAYS = 10  # the table spans ten "days" of contiguous ids
 REPLACED_DAY = 3  # the day replaceWhere replaces: 2026-01-04
 BASE_SEQ, NEW_SEQ = 1, 2  # seq of the loaded rows, of the written ones (the reader tells old from new by it)
 COLUMNS = ("id", "day", "grp", "amount", "label", "seq")
-PG_TYPES = {"id": "bigint", "day": "date", "grp": "integer", "amount": "double precision", "label": "text"}
-MY_TYPES = {"id": "BIGINT", "day": "DATE", "grp": "INT", "amount": "DOUBLE", "label": "VARCHAR(32)"}
-PG_TYPES["seq"], MY_TYPES["seq"] = "bigint", "BIGINT"
+TYPES = (  # name, PostgreSQL type, MariaDB type
+    ("id", "bigint", "BIGINT"),
+    ("day", "date", "DATE"),
+    ("grp", "integer", "INT"),
+    ("amount", "double precision", "DOUBLE"),
+    ("label", "text", "VARCHAR(32)"),
+    ("seq", "bigint", "BIGINT"),
+)
 
 
 # --------------------------------------------------------------------------- data
@@ -124,19 +127,9 @@ def changes_frame(spark: Any, shape: Shape) -> Any:
 
 
 def create_table(db: benv.Database, table: str, keyed: bool = True) -> None:
-    types = PG_TYPES if db.kind == "postgresql" else MY_TYPES
-    cols = [f"{db.quote(c)} {types[c]}{' NOT NULL' if keyed and c == 'id' else ''}" for c in COLUMNS]
+    db.create_table(table, TYPES, key="id" if keyed else None)
     if keyed:
-        cols.append(f"PRIMARY KEY ({db.quote('id')})")
-    suffix = " ENGINE=InnoDB" if db.kind == "mariadb" else ""
-    stmts = [f"DROP TABLE IF EXISTS {db.quote(table)}", f"CREATE TABLE {db.quote(table)} ({', '.join(cols)}){suffix}"]
-    if keyed:
-        stmts.append(f"CREATE INDEX {db.quote(table + '_day')} ON {db.quote(table)} ({db.quote('day')})")
-    db.execute(*stmts)
-
-
-def analyze(db: benv.Database, table: str) -> None:
-    db.execute(f"{'VACUUM ANALYZE' if db.kind == 'postgresql' else 'ANALYZE TABLE'} {db.quote(table)}")
+        db.execute(f"CREATE INDEX {db.quote(table + '_day')} ON {db.quote(table)} ({db.quote('day')})")
 
 
 def load_seed(spark: Any, db: benv.Database, seed: str, rows: int) -> None:
@@ -157,20 +150,11 @@ def reset_target(db: benv.Database, table: str, seed: str) -> None:
     """A fresh keyed target holding the seed's rows (not timed)."""
     create_table(db, table)
     db.execute(f"INSERT INTO {db.quote(table)} SELECT * FROM {db.quote(seed)}")
-    analyze(db, table)
+    db.analyze(table)
     db.settle()
 
 
 # --------------------------------------------------------------------------- the writers
-
-
-def jdbc_writer(df: Any, db: benv.Database, table: str) -> Any:
-    """Spark's JDBC writer, tuned as benchmarks.contenders tunes it (batchsize 10000, rewritten batch inserts)."""
-    url = db.jdbc_url + ("?reWriteBatchedInserts=true" if db.kind == "postgresql" else "?rewriteBatchedStatements=true")
-    writer = df.write.format("jdbc").option("url", url).option("driver", db.jdbc_driver).option("dbtable", table)
-    for key, value in db.jdbc_props.items():
-        writer = writer.option(key, value)
-    return writer.option("batchsize", "10000")
 
 
 def xasink_writer(df: Any, db: benv.Database, table: str, sink: str, batch: int) -> Any:
@@ -369,9 +353,7 @@ def cases(spark: Any, db: benv.Database, shape: Shape, sections: list[str], seed
 
         def hand_prepare(run: int) -> None:
             reset_target(db, cdc_j, seed)
-            types = PG_TYPES if db.kind == "postgresql" else MY_TYPES
-            cols = [f"{db.quote(c)} {types[c]}" for c in COLUMNS] + [f"{db.quote('is_delete')} BOOLEAN"]
-            db.execute(f"DROP TABLE IF EXISTS {db.quote(stage)}", f"CREATE TABLE {db.quote(stage)} ({', '.join(cols)})")
+            db.create_table(stage, [*TYPES, ("is_delete", "BOOLEAN", "BOOLEAN")], key=None)
 
         def cdc_hand(run: int) -> None:  # the body of a user's foreachBatch(batch_df, batch_id)
             step(
@@ -498,48 +480,28 @@ def rounded(xs: list[float]) -> list[float]:
 # --------------------------------------------------------------------------- 4. what a reader sees
 
 
-@dataclass
-class Reader:
-    """Polls count(*) and the count of new rows (seq = NEW_SEQ) on its own autocommit connection."""
+class Reader(benv.Poller):
+    """``count(*)`` and the count of new rows (seq = NEW_SEQ) every 20 ms."""
 
-    db: benv.Database
-    table: str
-    interval: float = 0.02
-    samples: list[tuple[int, int]] = field(default_factory=list)
-    read_s: list[float] = field(default_factory=list)  # how long each read took (a blocked reader waits here)
-    error: str | None = None
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
+    def __init__(self, db: benv.Database, table: str) -> None:
+        super().__init__(db, table, 0.02)
+        self.samples: list[tuple[int, int]] = []
+        self.statement = (
+            f"SELECT count(*), coalesce(sum(CASE WHEN seq = {NEW_SEQ} THEN 1 ELSE 0 END), 0) FROM {db.quote(table)}"
+        )
+
+    def poll(self, cur: Any) -> None:
+        cur.execute(self.statement)
+        total, new = cur.fetchone()
+        self.samples.append((int(total), int(new)))
 
     def __enter__(self) -> Reader:
-        self._thread = threading.Thread(target=self._loop, name="modes-reader", daemon=True)
-        self._thread.start()
+        self.start()
         time.sleep(0.2)
         return self
 
-    def _loop(self) -> None:
-        q = self.db.quote(self.table)
-        try:
-            with self.db.connect() as conn, conn.cursor() as cur:
-                if self.db.kind == "mariadb":
-                    cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
-                while not self._stop.is_set():
-                    t0 = time.perf_counter()
-                    cur.execute(
-                        f"SELECT count(*), coalesce(sum(CASE WHEN seq = {NEW_SEQ} THEN 1 ELSE 0 END), 0) FROM {q}"
-                    )
-                    total, new = cur.fetchone()
-                    self.read_s.append(time.perf_counter() - t0)
-                    self.samples.append((int(total), int(new)))
-                    self._stop.wait(self.interval)
-        except Exception as exc:  # noqa: BLE001 - reported, not fatal
-            self.error = str(exc).splitlines()[0][:200]
-
     def __exit__(self, *exc: object) -> None:
-        time.sleep(0.3)  # a few samples of the end state
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(30)
+        self.stop(linger=0.3)  # a few samples of the end state
 
 
 def reader_view(spark: Any, db: benv.Database, shape: Shape, delay: float) -> list[dict[str, Any]]:
@@ -593,20 +555,6 @@ def reader_view(spark: Any, db: benv.Database, shape: Shape, delay: float) -> li
     return out
 
 
-def mine_prepared(db: benv.Database, sink: str) -> int:
-    """Prepared branches of this sink (XA RECOVER lists the whole MariaDB server: other jobs' branches too)."""
-    from xasink.dialects import dialect_for
-    from xasink.options import parse_url
-
-    dialect = dialect_for(parse_url(db.xasink_url))
-    try:
-        with dialect.connect() as conn:
-            found = dialect.list_prepared(conn)
-    finally:
-        dialect.dispose()
-    return sum(1 for p in found if p.xid is not None and p.xid.sink_id == sink)
-
-
 def view(
     db: benv.Database,
     sink: str,
@@ -640,7 +588,7 @@ def view(
     end_want = (n, 0) if outcome == "fails" else (n, n)
     if (final_total, final_new) != end_want:
         problems.append(f"left {final_total} rows ({final_new} new)")
-    left = mine_prepared(db, sink)
+    left = db.prepared(sink)
     if left:
         problems.append(f"{left} prepared transactions left")
     return {
@@ -693,8 +641,7 @@ def markdown(res: dict[str, Any]) -> str:
         f"{PARTITIONS} partitions.",
         "",
     ]
-    for db, settings in res["setup"]["databases"].items():
-        lines.append(f"- {db}: " + ", ".join(f"{k}={v}" for k, v in settings.items()))
+    lines += report.settings_lines(res["setup"]["databases"])
     lines += ["", *[f"- note: {x}" for x in res["notes"]], ""]
     lines += [
         f"Target: a keyed table (primary key on id, index on day; columns {', '.join(COLUMNS)}) of "
@@ -755,18 +702,15 @@ def markdown(res: dict[str, Any]) -> str:
         lines.append("")
     if res["errors"]:
         lines += ["## Errors", "", *[f"- {e}" for e in res["errors"]], ""]
-    return "\n".join(lines)
+    lines += [f"![chart]({c})" for c in res.get("charts", [])]
+    return "\n".join(lines) + "\n"
 
 
-def chart(res: dict[str, Any], path: Path) -> bool:
+def chart(res: dict[str, Any], out: Path, name: str) -> list[str]:
     rows = res["timed"]
     if not rows:
-        return False
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+        return []
+    plt = report.pyplot()
     groups = list(dict.fromkeys((r["db"], r["section"]) for r in rows))
     names = list(dict.fromkeys(r["contender"] for r in rows))
     width = 0.8 / len(names)
@@ -786,29 +730,19 @@ def chart(res: dict[str, Any], path: Path) -> bool:
     ax.set_ylabel("seconds (median)")
     ax.set_title(f"Write modes, {res['shape']['rows']:,}-row keyed table (label: speed-up vs the non-xasink writer)")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
+    return [report.save_fig(fig, out / f"{name}.png")]
 
 
-def save(res: dict[str, Any], out: Path) -> None:
-    res["setup"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
-    res["elapsed_s"] = round(time.perf_counter() - res["_t0"], 1)
-    out.mkdir(parents=True, exist_ok=True)
-    name = res["name"]
-    clean = {k: v for k, v in res.items() if not k.startswith("_")}
-    (out / f"{name}.json").write_text(json.dumps(clean, indent=1, default=str))
-    if chart(res, out / f"{name}.png"):
-        res["chart"] = f"{name}.png"
-    (out / f"{name}.md").write_text(markdown(res) + (f"\n![chart]({name}.png)\n" if res.get("chart") else ""))
+def save(args: argparse.Namespace, res: dict[str, Any]) -> Path:
+    report.finish(res)
+    return report.write(res, args.out, args.name, markdown, chart)
 
 
 # --------------------------------------------------------------------------- main
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.modes", description=__doc__.split("\n\n")[0])
+    p = cli.parser("benchmarks.modes", __doc__, "modes; quick: modes-quick")
     p.add_argument("--quick", action="store_true", help="20k rows, 4k changes, one run: a harness check")
     p.add_argument("--rows", type=int, help="rows in the table (default 1000000; quick 20000)")
     p.add_argument("--changes", type=int, help="rows in the change batch (default 200000; quick 4000)")
@@ -817,11 +751,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--reader-rows", type=int, help="table rows in the reader section (default --rows)")
     p.add_argument("--failure-delay", type=float, help="seconds before the failing partition raises (1; quick 0.5)")
     p.add_argument("--sections", default=",".join(SECTIONS), help=",".join(SECTIONS))
-    p.add_argument("--db", default="postgresql,mariadb", help="postgresql,mariadb")
-    p.add_argument("--mariadb", default="127.0.0.1:3306", help="host:port of the MariaDB server")
-    p.add_argument("--name", help="results file name (default modes; quick: modes-quick)")
-    p.add_argument("--out", default=str(Path(__file__).parent / "results"), help="results directory")
-    args = p.parse_args(argv)
+    args = cli.parse(p, argv)
     q = args.quick
     args.rows = args.rows or (20_000 if q else 1_000_000)
     args.changes = args.changes or (4_000 if q else 200_000)
@@ -830,7 +760,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.reader_rows = args.reader_rows or args.rows
     args.failure_delay = args.failure_delay if args.failure_delay is not None else (0.5 if q else 1.0)
     args.name = args.name or ("modes-quick" if q else "modes")
-    args.section_list = [s.strip() for s in args.sections.split(",") if s.strip()]
+    args.section_list = cli.split(args.sections)
     for bad in set(args.section_list) - set(SECTIONS):
         p.error(f"unknown section {bad!r}")
     return args
@@ -838,86 +768,50 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"
-    )
-    for noisy in ("py4j", "xasink", "urllib3"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    cli.logs()
     shape = Shape(args.rows, args.changes)
-    res: dict[str, Any] = {
-        "name": args.name,
-        "command": "python -m benchmarks.modes " + " ".join(sys.argv[1:] if argv is None else argv),
-        "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "setup": {"machine": benv.machine(), "databases": {}},
-        "shape": {"rows": shape.rows, "changes": shape.changes, "cdc_updates_inserts_deletes": shape.cdc_counts},
-        "runs": args.runs,
-        "warmup": args.warmup,
-        "reader_rows": args.reader_rows,
-        "failure_delay": args.failure_delay,
-        "timed": [],
-        "reader": [],
-        "notes": [],
-        "errors": [],
-        "_t0": time.perf_counter(),
-    }
-    if args.quick:
-        res["notes"].append("--quick: small sizes, one run, to check the harness; do not quote these figures")
-    if os.getloadavg()[0] > (os.cpu_count() or 1):
-        res["notes"].append(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs at start: noisy timings")
-    jar_paths, jar_notes = benv.jars()
-    res["notes"] += jar_notes
+    res = report.start(
+        args,
+        shape={"rows": shape.rows, "changes": shape.changes, "cdc_updates_inserts_deletes": shape.cdc_counts},
+        runs=args.runs,
+        warmup=args.warmup,
+        reader_rows=args.reader_rows,
+        failure_delay=args.failure_delay,
+        timed=[],
+        reader=[],
+    )
     log_path = Path(tempfile.mkdtemp(prefix="xasink-phases-")) / "phases.jsonl"
     os.environ["XASINK_PHASE_LOG"] = str(log_path)  # before Spark starts: every worker inherits it
-    dbs: list[benv.Database] = []
-    servers = []
-    scratch: list[benv.Database] = []
-    try:
-        if "postgresql" in args.db:
-            server, pg = benv.start_postgres(durable=True)
-            servers.append(server)
-            dbs.append(pg)
-        if "mariadb" in args.db:
-            host, _, port = args.mariadb.partition(":")
-            maria = benv.mariadb(host, int(port or 3306))
-            if maria is None:
-                res["notes"].append(f"MariaDB at {args.mariadb} not reachable: skipped")
-            else:
-                dbs.append(maria)
-        scratch = list(dbs)
-        for db in dbs:
-            res["setup"]["databases"][db.kind] = db.settings
-            if not db.xasink_ok:
-                res["errors"].append(db.note)
-        dbs = [d for d in dbs if d.xasink_ok]
-        spark = benv.spark_session(f"local[{PARTITIONS}]", 10_000, jar_paths)
+    with benv.databases(args.dbs, args.mariadb, notes=res["notes"]) as every:
+        res["setup"]["databases"] = {db.kind: db.settings for db in every}
+        res["errors"] += [db.note for db in every if not db.xasink_ok]
+        dbs = [d for d in every if d.xasink_ok]
+        spark = benv.spark_session(f"local[{PARTITIONS}]", res["notes"])
         import pyspark
 
         res["setup"]["spark"] = pyspark.__version__
         timed = [s for s in args.section_list if s != "reader"]
         per_db = len(timed) * 2 * (args.runs + args.warmup) + 6 * ("reader" in args.section_list)
         total = len(dbs) * per_db + ("overwrite" in timed) * (args.runs + args.warmup)  # + xasink truncate=true
-        with progress(total, "modes") as bar:
-            for db in dbs:
-                try:
-                    if timed:
-                        res["timed"] += timed_sections(spark, db, shape, timed, args.runs, args.warmup, bar, log_path)
-                    if "reader" in args.section_list:
-                        rshape = Shape(args.reader_rows, args.changes)
-                        got = reader_view(spark, db, rshape, args.failure_delay)
-                        res["reader"] += got
-                        bar.update(len(got))
-                except Exception as exc:  # noqa: BLE001 - recorded; the other database still runs
-                    res["errors"].append(f"{db.kind}: {str(exc).splitlines()[0][:300]}")
-                    log.exception("%s", db.kind)
-                save(res, Path(args.out))  # partial results survive an interrupted run
-        spark.stop()
-    finally:
-        for db in scratch:
-            benv.drop_scratch(db)
-        for server in servers:
-            server.stop()
-    save(res, Path(args.out))
-    print(markdown(res))
+        try:
+            with cli.progress(total, "modes") as bar:
+                for db in dbs:
+                    try:
+                        if timed:
+                            res["timed"] += timed_sections(
+                                spark, db, shape, timed, args.runs, args.warmup, bar, log_path
+                            )
+                        if "reader" in args.section_list:
+                            got = reader_view(spark, db, Shape(args.reader_rows, args.changes), args.failure_delay)
+                            res["reader"] += got
+                            bar.update(len(got))
+                    except Exception as exc:  # noqa: BLE001 - recorded; the other database still runs
+                        res["errors"].append(f"{db.kind}: {str(exc).splitlines()[0][:300]}")
+                        log.exception("%s", db.kind)
+                    save(args, res)  # partial results survive an interrupted run
+        finally:
+            spark.stop()
+    print(save(args, res).read_text())
     return 1 if res["errors"] else 0
 
 

@@ -1,13 +1,107 @@
-"""Results as JSON, a markdown page and PNG charts (matplotlib, headless)."""
+"""Results as JSON, a markdown page and PNG charts (matplotlib, headless).
+
+:func:`write` saves every benchmark's report the same way; the rest is ``benchmarks.run``'s report.
+"""
 
 from __future__ import annotations
 
 import json
+import logging
+import os
+import time
 from collections.abc import Callable
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from benchmarks.env import machine
+
+log = logging.getLogger("benchmarks.report")
+
 SIZE_FOR_TARGETS = 2_000_000
+
+
+def write(
+    res: dict[str, Any],
+    out: str | Path,
+    name: str,
+    markdown: Callable[[dict[str, Any]], str],
+    charts: Callable[[dict[str, Any], Path, str], list[str]] | None = None,
+) -> Path:
+    """``<name>.json`` (every key but the ``_`` ones), the charts, then ``<name>.md``; the markdown's path.
+
+    The charts' file names are kept in ``res["charts"]`` before the markdown is written, so it can show them.
+    Called again after each part of a long run, so an interrupted run still leaves a report.
+    """
+    outdir = Path(out)
+    outdir.mkdir(parents=True, exist_ok=True)
+    if charts is not None:
+        try:
+            res["charts"] = [Path(c).name for c in charts(res, outdir, name)]
+        except ImportError as exc:  # the bench extra brings matplotlib; the tables do without it
+            log.warning("no charts: %s", exc)
+    clean = {k: v for k, v in res.items() if not k.startswith("_")}
+    (outdir / f"{name}.json").write_text(json.dumps(clean, indent=1, default=str))
+    md = outdir / f"{name}.md"
+    md.write_text(markdown(res))
+    return md
+
+
+def start(args: Any, **fields: Any) -> dict[str, Any]:
+    """A run's results as they begin: its name and command line, the machine, notes on what makes it noisy.
+
+    ``setup.databases`` and ``notes`` fill in as the servers start; ``_t0`` (not saved) times the run.
+    """
+    res: dict[str, Any] = {
+        "name": args.name,
+        "command": args.command,
+        "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "setup": {"machine": machine(), "databases": {}},
+        **fields,
+        "notes": [],
+        "errors": [],
+        "_t0": time.perf_counter(),
+    }
+    if getattr(args, "quick", False):
+        res["notes"].append("--quick: small sizes and one run, to check the harness; do not quote these figures")
+    if os.getloadavg()[0] > (os.cpu_count() or 1):
+        res["notes"].append(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs at start: noisy timings")
+    return res
+
+
+def finish(res: dict[str, Any]) -> None:
+    """The load average at the end and the time taken so far (a partial save calls it too)."""
+    res["setup"]["load_average_at_end"] = load_average()
+    res["elapsed_s"] = round(time.perf_counter() - res["_t0"], 1)
+
+
+def load_average() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def settings_lines(databases: dict[str, dict[str, Any]]) -> list[str]:
+    """One markdown line per database with the server settings it ran with."""
+    return [f"- {db}: " + ", ".join(f"{k}={v}" for k, v in settings.items()) for db, settings in databases.items()]
+
+
+def pyplot() -> Any:
+    """matplotlib's pyplot, headless."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_fig(fig: Any, path: Path) -> str:
+    """A finished matplotlib figure as a PNG; its path."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)
 
 
 def _fmt_size(n: int) -> str:
@@ -314,18 +408,6 @@ SECTIONS: list[tuple[str, str, str, list[Column]]] = [
             ("peak - start MB", "peak_over_start_mb"),
         ),
     ),
-    (
-        "strategies",
-        "Upsert inside a prepared PostgreSQL branch: staging table vs unnest",
-        "",
-        _cols(
-            ("method", "method"),
-            ("rows", "rows"),
-            ("median s", "median_s"),
-            ("rows/s", "rows_per_s"),
-            ("runs", lambda x: ", ".join(map(str, x["runs_s"]))),
-        ),
-    ),
 ]
 
 
@@ -345,8 +427,7 @@ def markdown(res: dict[str, Any]) -> str:
         f"Arrow batches of {sp['arrow_batch']} rows; {res['setup']['runs']} measured runs per contender "
         f"after {res['setup']['warmup']} warm-up run(s); medians reported."
     )
-    for db, settings in res["setup"]["databases"].items():
-        out.append(f"- {db}: " + ", ".join(f"{k}={v}" for k, v in settings.items()))
+    out += settings_lines(res["setup"]["databases"])
     for note in res.get("notes", []):
         out.append(f"- Note: {note}")
     out.append("")
@@ -385,11 +466,7 @@ def markdown(res: dict[str, Any]) -> str:
 
 
 def charts(res: dict[str, Any], outdir: Path, name: str) -> list[str]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     paths = []
     thr = [r for r in res.get("throughput", []) if r.get("rows_per_s")]
     groups = sorted({(r["db"], r["schema"]) for r in thr})
@@ -411,11 +488,7 @@ def charts(res: dict[str, Any], outdir: Path, name: str) -> list[str]:
             ax.set_ylabel("thousand rows/s")
             ax.set_title(f"Throughput, {db}, {schema} schema (median)")
             ax.legend(fontsize=7, ncol=4)
-        fig.tight_layout()
-        p = outdir / f"{name}-throughput.png"
-        fig.savefig(p, dpi=110)
-        plt.close(fig)
-        paths.append(str(p))
+        paths.append(save_fig(fig, outdir / f"{name}-throughput.png"))
     rat = [r for r in res.get("ratios", []) if r.get("price_of_xa_pct") is not None]
     if rat:
         fig, ax = plt.subplots(figsize=(9, 3.5))
@@ -427,11 +500,7 @@ def charts(res: dict[str, Any], outdir: Path, name: str) -> list[str]:
         ax.set_title("Price of XA: the same data path with PREPARE + decision log vs plain COMMIT")
         ax.tick_params(axis="x", labelrotation=30, labelsize=8)
         ax.legend()
-        fig.tight_layout()
-        p = outdir / f"{name}-xa-overhead.png"
-        fig.savefig(p, dpi=110)
-        plt.close(fig)
-        paths.append(str(p))
+        paths.append(save_fig(fig, outdir / f"{name}-xa-overhead.png"))
     coord = res.get("coordinator", [])
     if coord:
         fig, ax = plt.subplots(figsize=(6, 3.5))
@@ -443,22 +512,8 @@ def charts(res: dict[str, Any], outdir: Path, name: str) -> list[str]:
         ax.set_ylabel("decide + commit, s")
         ax.set_title("Coordinator scale")
         ax.legend()
-        fig.tight_layout()
-        p = outdir / f"{name}-coordinator.png"
-        fig.savefig(p, dpi=110)
-        plt.close(fig)
-        paths.append(str(p))
+        paths.append(save_fig(fig, outdir / f"{name}-coordinator.png"))
     return paths
-
-
-def save(res: dict[str, Any], outdir: Path, name: str) -> tuple[Path, Path]:
-    outdir.mkdir(parents=True, exist_ok=True)
-    res["charts"] = charts(res, outdir, name)
-    js = outdir / f"{name}.json"
-    js.write_text(json.dumps(res, indent=2, default=str))
-    md = outdir / f"{name}.md"
-    md.write_text(markdown(res))
-    return js, md
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -470,8 +525,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("json", nargs="+", type=Path, help="a results file written by python -m benchmarks.run")
     for path in p.parse_args(argv).json:
         res = derive(json.loads(path.read_text()))
-        js, md = save(res, path.parent, path.stem)
-        print(f"{js}, {md}")
+        print(write(res, path.parent, path.stem, markdown, charts))
     return 0
 
 

@@ -2,14 +2,13 @@
 
 Sections (``--sections``): throughput (every contender on the same cached DataFrame, 4 partitions, a warm-up
 round then ``--runs`` measured rounds, interleaved), failure (what a concurrent reader sees when one partition
-fails), coordinator (decide + commit N branches), memory (worker peak RSS at two partition sizes),
-strategies (how to upsert inside a prepared PostgreSQL branch).  Results go to benchmarks/results/<name>.*
+fails), coordinator (decide + commit N branches), and memory (worker peak RSS at two partition sizes).
+Results go to benchmarks/results/<name>.*
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import logging
 import os
@@ -19,27 +18,25 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Iterator
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from benchmarks import cli, cpu, data, env, report
 from benchmarks import contenders as cmod
-from benchmarks import cpu, data, env, report
 
 log = logging.getLogger("benchmarks")
 
-SECTIONS = ("throughput", "failure", "coordinator", "memory", "strategies")
+SECTIONS = ("throughput", "failure", "coordinator", "memory")
 DEFAULT_SIZES = "100000,1000000,2000000"  # 2M: the size the targets are stated for
 QUICK_SIZES = "20000,100000"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.splitlines()[0])
+    p = cli.parser("benchmarks.run", __doc__, "quick or full, plus a time stamp")
     p.add_argument(
         "--sizes", help=f"rows per DataFrame, comma-separated (default {DEFAULT_SIZES}; quick {QUICK_SIZES})"
     )
-    p.add_argument("--db", default="postgresql,mariadb", help="postgresql,mariadb")
     p.add_argument("--schemas", default="narrow,wide", help="narrow,wide")
     p.add_argument("--wide-max", type=int, default=1_000_000, help="largest size run with the wide schema (1000000)")
     p.add_argument("--runs", type=int, help="measured runs per contender (default 3; quick 1)")
@@ -47,7 +44,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="small sizes, one run: to check the harness, not to quote")
     p.add_argument("--sections", default=",".join(SECTIONS), help=",".join(SECTIONS))
     p.add_argument("--contenders", default=",".join(cmod.BY_NAME), help="subset of " + ",".join(cmod.BY_NAME))
-    p.add_argument("--name", help="results file name (default: quick or full, plus a time stamp)")
     p.add_argument("--master", default="local[4]", help="Spark master (default local[4]: one core per partition)")
     p.add_argument("--arrow-batch", type=int, default=10_000, help="spark.sql.execution.arrow.maxRecordsPerBatch")
     p.add_argument("--failure-size", type=int, help="rows in the failure scenario (default 200000; quick 20000)")
@@ -57,9 +53,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--branches", help="coordinator scale branch counts (default 8,64,256; quick 8,64)")
     p.add_argument("--commit-parallelism", default="4,16", help="commitParallelism values for the coordinator scale")
     p.add_argument("--memory-sizes", help="rows per partition for the memory probe (default 250000,1000000)")
-    p.add_argument("--strategy-rows", type=int, help="rows for the upsert strategy comparison (default 1000000)")
-    p.add_argument("--mariadb", default="127.0.0.1:3306", help="host:port of the MariaDB server")
-    p.add_argument("--out", default=str(Path(__file__).parent / "results"), help="results directory")
     p.add_argument(
         "--no-durable",
         dest="durable",
@@ -67,41 +60,34 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="run PostgreSQL with fsync/synchronous_commit off (faster, not what users run; never for headlines)",
     )
     p.add_argument("-v", "--verbose", action="store_true")
-    args = p.parse_args(argv)
+    args = cli.parse(p, argv)
     q = args.quick
-    args.sizes = [int(s) for s in (args.sizes or (QUICK_SIZES if q else DEFAULT_SIZES)).split(",") if s]
+    args.sizes = cli.ints(args.sizes or (QUICK_SIZES if q else DEFAULT_SIZES))
     args.runs = args.runs or (1 if q else 3)
     args.failure_size = args.failure_size or (20_000 if q else 200_000)
-    args.branches = [int(s) for s in (args.branches or ("8,64" if q else "8,64,256")).split(",") if s]
-    args.commit_parallelism = [int(s) for s in args.commit_parallelism.split(",") if s]
-    args.memory_sizes = [int(s) for s in (args.memory_sizes or ("20000,80000" if q else "250000,1000000")).split(",")]
-    args.strategy_rows = args.strategy_rows or (50_000 if q else 1_000_000)
-    args.dbs = [d.strip() for d in args.db.split(",") if d.strip()]
-    args.schema_list = [s.strip() for s in args.schemas.split(",") if s.strip()]
-    args.section_list = [s.strip() for s in args.sections.split(",") if s.strip()]
-    args.contender_list = [c.strip() for c in args.contenders.split(",") if c.strip()]
+    args.branches = cli.ints(args.branches or ("8,64" if q else "8,64,256"))
+    args.commit_parallelism = cli.ints(args.commit_parallelism)
+    args.memory_sizes = cli.ints(args.memory_sizes or ("20000,80000" if q else "250000,1000000"))
+    args.schema_list = cli.split(args.schemas)
+    args.section_list = cli.split(args.sections)
+    args.contender_list = cli.split(args.contenders)
     stamp = datetime.now().strftime("%Y%m%d-%H%M")
     args.name = args.name or f"{'quick' if q else 'full'}-{stamp}"
     for bad in set(args.section_list) - set(SECTIONS):
         p.error(f"unknown section {bad!r}")
     for bad in set(args.contender_list) - set(cmod.BY_NAME):
         p.error(f"unknown contender {bad!r}")
-    for bad in set(args.dbs) - {"postgresql", "mariadb"}:
-        p.error(f"unknown database {bad!r}")
     for bad in set(args.schema_list) - set(data.SCHEMAS):
         p.error(f"unknown schema {bad!r}")
     return args
 
 
-def available(contender: cmod.Contender, db: env.Database, jar_paths: list[str]) -> str | None:
+def available(contender: cmod.Contender, db: env.Database) -> str | None:
     """None when the contender can run against db, else why not."""
     if contender.needs == "xasink" and not db.xasink_ok:
         return db.note or "xasink dialect unavailable"
     if contender.needs == "jdbc":
-        jar = env.PG_JAR if db.kind == "postgresql" else env.MARIADB_JAR
-        if str(jar) not in jar_paths:
-            package = "libpostgresql-jdbc-java" if db.kind == "postgresql" else "libmariadb-java"
-            return f"{jar} missing (apt-get install {package})"
+        return env.jar_missing(db.kind)
     if contender.needs == "csv":
         client = "psql" if db.kind == "postgresql" else "mysql"
         if shutil.which(client) is None:
@@ -109,22 +95,19 @@ def available(contender: cmod.Contender, db: env.Database, jar_paths: list[str])
     return None
 
 
-def throughput(
-    args: argparse.Namespace, spark: Any, dbs: list[env.Database], jar_paths: list[str], work: Path, res: dict[str, Any]
-) -> None:
+def throughput(args: argparse.Namespace, spark: Any, dbs: list[env.Database], work: Path, res: dict[str, Any]) -> None:
     results: list[dict[str, Any]] = res["throughput"]
     chosen = [cmod.BY_NAME[n] for n in args.contender_list]
     rounds = args.warmup + args.runs
     cells = [(s, n) for s in args.schema_list for n in args.sizes if not (s == "wide" and n > args.wide_max)]
-    with progress(len(cells) * len(dbs) * len(chosen) * rounds, "throughput runs") as bar:
-        _throughput(args, spark, dbs, jar_paths, work, res, results, chosen, bar)
+    with cli.progress(len(cells) * len(dbs) * len(chosen) * rounds, "throughput runs") as bar:
+        _throughput(args, spark, dbs, work, res, results, chosen, bar)
 
 
 def _throughput(
     args: argparse.Namespace,
     spark: Any,
     dbs: list[env.Database],
-    jar_paths: list[str],
     work: Path,
     res: dict[str, Any],
     results: list[dict[str, Any]],
@@ -145,7 +128,7 @@ def _throughput(
                 for db in dbs:
                     ready = []
                     for c in chosen:
-                        why = available(c, db, jar_paths)
+                        why = available(c, db)
                         if why:
                             bar.update(args.warmup + args.runs)
                             results.append(
@@ -234,7 +217,7 @@ def _throughput(
                         results.append(entry)
                         db.drop(f"t_{c.name.replace('-', '_')}")
                     db.drop(seed)
-                    left = db.leftover_prepared()
+                    left = db.prepared()
                     if left:
                         res["errors"].append(f"{db.kind}: {left} prepared transactions left after {schema} {size}")
             finally:
@@ -243,140 +226,78 @@ def _throughput(
             save(args, res)  # partial results survive an interrupted run
 
 
-@contextlib.contextmanager
-def progress(total: int, what: str) -> Iterator[Any]:
-    """A progress bar on a terminal (tqdm; log lines print above it), nothing otherwise or without tqdm."""
-    try:
-        from tqdm import tqdm
-        from tqdm.contrib.logging import logging_redirect_tqdm
-    except ImportError:  # the bench extra brings tqdm; without it the log lines still tell the progress
-        yield _NoBar()
-        return
-    with logging_redirect_tqdm(), tqdm(total=total, desc=what, unit="run", disable=not sys.stderr.isatty()) as bar:
-        yield bar
-
-
-class _NoBar:
-    def update(self, n: int = 1) -> None:
-        pass
-
-    def set_postfix_str(self, s: str = "", refresh: bool = True) -> None:
-        pass
-
-
 def save(args: argparse.Namespace, res: dict[str, Any]) -> None:
     report.derive(res)
-    res["setup"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
-    res["elapsed_s"] = round(time.perf_counter() - res["_t0"], 1)
-    clean = {k: v for k, v in res.items() if not k.startswith("_")}
-    js, md = report.save(clean, Path(args.out), args.name)
-    res["charts"] = clean.get("charts", [])
-    log.info("results: %s, %s", js, md)
+    report.finish(res)
+    log.info("results: %s", report.write(res, args.out, args.name, report.markdown, report.charts))
+
+
+def per_db(res: dict[str, Any], key: str, what: str, dbs: list[env.Database], fn: Any) -> None:
+    """``fn(db)``'s records under ``res[key]`` for every database; a failure is an error line, the next runs."""
+    for db in dbs:
+        try:
+            res[key] += fn(db)
+        except Exception as exc:  # noqa: BLE001 - one database failing must not end the run
+            res["errors"].append(f"{what} on {db.kind}: {exc}")
+            log.exception("%s on %s", what, db.kind)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(message)s",
-        datefmt="%H:%M:%S",
-    )
-    for noisy in ("py4j", "xasink", "urllib3"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-    res: dict[str, Any] = {
-        "name": args.name,
-        "command": "python -m benchmarks.run " + " ".join(sys.argv[1:] if argv is None else argv),
-        "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "setup": {"machine": env.machine(), "runs": args.runs, "warmup": args.warmup, "databases": {}},
-        "throughput": [],
-        "failure": [],
-        "coordinator": [],
-        "memory": [],
-        "strategies": [],
-        "notes": [],
-        "errors": [],
-        "_t0": time.perf_counter(),
-    }
-    if args.quick:
-        res["notes"].append("--quick: small sizes and one run, to check the harness; do not quote these figures")
-    if os.getloadavg()[0] > (os.cpu_count() or 1):
-        res["notes"].append(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs at start: noisy timings")
-    jar_paths, jar_notes = env.jars()
-    res["notes"] += jar_notes
-    server = None
-    dbs: list[env.Database] = []
+    cli.logs(args.verbose)
+    res = report.start(args, throughput=[], failure=[], coordinator=[], memory=[])
+    res["setup"] |= {"runs": args.runs, "warmup": args.warmup}
     work = Path(tempfile.mkdtemp(prefix="xasink-bench-"))
     os.chmod(work, 0o755)
     try:
-        if "postgresql" in args.dbs:
-            server, pg = env.start_postgres(max_prepared=300, durable=args.durable)
-            dbs.append(pg)
-            res["setup"]["databases"]["postgresql"] = pg.settings
-        if "mariadb" in args.dbs:
-            host, _, port = args.mariadb.partition(":")
-            my = env.mariadb(host, int(port or 3306))
-            if my is None:
-                res["notes"].append(f"MariaDB at {args.mariadb} not reachable: MariaDB contenders skipped")
-            else:
-                dbs.append(my)
-                res["setup"]["databases"]["mariadb"] = my.settings
-                if my.note:
-                    res["notes"].append(my.note)
-        needs_spark = any(s in args.section_list for s in ("throughput", "failure", "memory"))
-        spark = env.spark_session(args.master, args.arrow_batch, jar_paths) if needs_spark else None
-        import pyspark
+        with env.databases(args.dbs, args.mariadb, args.durable, res["notes"]) as dbs:
+            res["setup"]["databases"] = {db.kind: db.settings for db in dbs}
+            needs_spark = any(s in args.section_list for s in ("throughput", "failure", "memory"))
+            spark = env.spark_session(args.master, res["notes"], args.arrow_batch) if needs_spark else None
+            import pyspark
 
-        res["setup"]["spark"] = {
-            "version": pyspark.__version__,
-            "master": args.master,
-            "partitions": data.PARTITIONS,
-            "arrow_batch": args.arrow_batch,
-        }
-        if "throughput" in args.section_list:
-            throughput(args, spark, dbs, jar_paths, work, res)
-        if "failure" in args.section_list:
-            from benchmarks.failure import SCENARIO_CONTENDERS, run_scenario
-
-            for db in dbs:
-                names = [n for n in SCENARIO_CONTENDERS if available(cmod.BY_NAME[n], db, jar_paths) is None]
-                try:
-                    res["failure"] += run_scenario(spark, db, args.failure_size, names, args.failure_delay)
-                except Exception as exc:  # noqa: BLE001
-                    res["errors"].append(f"failure scenario on {db.kind}: {exc}")
-                    log.exception("failure scenario on %s", db.kind)
-            save(args, res)
-        if "coordinator" in args.section_list and any(d.kind == "postgresql" for d in dbs):
-            from benchmarks.scale import run_scale
-
-            pg = next(d for d in dbs if d.kind == "postgresql")
-            res["coordinator"] = run_scale(pg, args.branches, args.runs, args.commit_parallelism)
-            save(args, res)
-        if "memory" in args.section_list:
-            from benchmarks.memory import run_memory
-
-            for db in dbs:
-                try:
-                    res["memory"] += run_memory(spark, db, args.memory_sizes)
-                except Exception as exc:  # noqa: BLE001
-                    res["errors"].append(f"memory probe on {db.kind}: {exc}")
-                    log.exception("memory probe on %s", db.kind)
-            save(args, res)
-        if "strategies" in args.section_list and any(d.kind == "postgresql" for d in dbs):
-            from benchmarks.strategies import run_strategies
-
-            pg = next(d for d in dbs if d.kind == "postgresql")
-            res["strategies"] = run_strategies(pg, args.strategy_rows, args.runs)
-        save(args, res)
-        if spark is not None:
-            spark.stop()
+            res["setup"]["spark"] = {
+                "version": pyspark.__version__,
+                "master": args.master,
+                "partitions": data.PARTITIONS,
+                "arrow_batch": args.arrow_batch,
+            }
+            try:
+                run_sections(args, spark, dbs, work, res)
+            finally:
+                if spark is not None:
+                    spark.stop()
     finally:
-        if server is not None:
-            server.stop()
-        for db in dbs:
-            env.drop_scratch(db)
         shutil.rmtree(work, ignore_errors=True)
     print(Path(args.out) / f"{args.name}.md")
     return 0
+
+
+def run_sections(
+    args: argparse.Namespace, spark: Any, dbs: list[env.Database], work: Path, res: dict[str, Any]
+) -> None:
+    if "throughput" in args.section_list:
+        throughput(args, spark, dbs, work, res)
+    if "failure" in args.section_list:
+        from benchmarks.failure import SCENARIO_CONTENDERS, run_scenario
+
+        def scenario(db: env.Database) -> list[dict[str, Any]]:
+            names = [n for n in SCENARIO_CONTENDERS if available(cmod.BY_NAME[n], db) is None]
+            return run_scenario(spark, db, args.failure_size, names, args.failure_delay)
+
+        per_db(res, "failure", "failure scenario", dbs, scenario)
+        save(args, res)
+    pg = next((d for d in dbs if d.kind == "postgresql"), None)
+    if "coordinator" in args.section_list and pg is not None:
+        from benchmarks.scale import run_scale
+
+        res["coordinator"] = run_scale(pg, args.branches, args.runs, args.commit_parallelism)
+        save(args, res)
+    if "memory" in args.section_list:
+        from benchmarks.memory import run_memory
+
+        per_db(res, "memory", "memory probe", dbs, lambda db: run_memory(spark, db, args.memory_sizes))
+    save(args, res)
 
 
 if __name__ == "__main__":

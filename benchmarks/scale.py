@@ -80,7 +80,7 @@ def run_scale(db: Database, counts: list[int], runs: int, parallelism: list[int]
                     "sweep_s": round(statistics.median(sweep), 4),
                     "all_runs_s": [round(t, 4) for t in totals],
                     "prepare_all_branches_s": round(statistics.median(prepare), 3),
-                    "prepared_left": db.leftover_prepared(),
+                    "prepared_left": db.prepared(),
                 }
             )
     db.drop(table)

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -58,6 +59,25 @@ def record(stats_dir: str | None, payload: dict[str, Any]) -> None:
     if stats_dir:
         path = Path(stats_dir) / f"{payload.get('partition', 'x')}-{os.getpid()}-{uuid.uuid4().hex[:6]}.json"
         path.write_text(json.dumps(payload))
+
+
+@contextlib.contextmanager
+def probe(stats_dir: str | None, writer: str) -> Iterator[dict[str, Any]]:
+    """One task's figures: the caller sets ``rows`` in the yielded dict; peak RSS and time are measured here."""
+    ctx = TaskContext.get()
+    reset = reset_peak_rss()
+    rss0 = _status_kb("VmRSS")
+    t0 = time.perf_counter()
+    figures: dict[str, Any] = {"writer": writer, "partition": ctx.partitionId() if ctx else 0, "rows": 0}
+    yield figures
+    figures |= {
+        "seconds": time.perf_counter() - t0,
+        "rss_start_kb": rss0,
+        "peak_rss_kb": _status_kb("VmHWM"),
+        "peak_reset": reset,
+        "pid": os.getpid(),
+    }
+    record(stats_dir, figures)
 
 
 def _split_options(options: Any) -> tuple[dict[str, str], str | None]:
@@ -146,27 +166,9 @@ class NoopWriter(DataSourceArrowWriter):
         self.stats_dir = stats_dir
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> CountMessage:
-        ctx = TaskContext.get()
-        reset = reset_peak_rss()
-        rss0 = _status_kb("VmRSS")
-        t0 = time.perf_counter()
-        rows = 0
-        for batch in iterator:
-            rows += batch.num_rows
-        record(
-            self.stats_dir,
-            {
-                "writer": "noop",
-                "partition": ctx.partitionId() if ctx else 0,
-                "rows": rows,
-                "seconds": time.perf_counter() - t0,
-                "rss_start_kb": rss0,
-                "peak_rss_kb": _status_kb("VmHWM"),
-                "peak_reset": reset,
-                "pid": os.getpid(),
-            },
-        )
-        return CountMessage(rows)
+        with probe(self.stats_dir, "noop") as figures:
+            figures["rows"] = sum(batch.num_rows for batch in iterator)
+        return CountMessage(figures["rows"])
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         pass
@@ -194,24 +196,9 @@ class RssWriter(XasinkBatchWriter):
         self.stats_dir = stats_dir
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> XasinkCommitMessage:
-        ctx = TaskContext.get()
-        reset = reset_peak_rss()
-        rss0 = _status_kb("VmRSS")
-        t0 = time.perf_counter()
-        message = super().write(iterator)
-        record(
-            self.stats_dir,
-            {
-                "writer": "xasink-upsert" if self.plan.target.upsert_keys else "xasink",
-                "partition": ctx.partitionId() if ctx else 0,
-                "rows": message.outcome.rows,
-                "seconds": time.perf_counter() - t0,
-                "rss_start_kb": rss0,
-                "peak_rss_kb": _status_kb("VmHWM"),
-                "peak_reset": reset,
-                "pid": os.getpid(),
-            },
-        )
+        with probe(self.stats_dir, "xasink-upsert" if self.plan.target.upsert_keys else "xasink") as figures:
+            message = super().write(iterator)
+            figures["rows"] = message.outcome.rows
         return message
 
 

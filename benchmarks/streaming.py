@@ -28,22 +28,19 @@ sustained rate.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import math
-import os
 import shutil
 import statistics
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from benchmarks import cli, report
 from benchmarks import env as benv
 from benchmarks.contenders import jdbc_write
 
@@ -55,7 +52,7 @@ SAMPLED_PER_SECOND = 500  # the poller reads about this many rows a second (ever
 POLL_S = 0.05
 FIRST_BATCH_S = 60.0  # the longest wait for a query's first batch with rows
 COLUMNS = (  # name, PostgreSQL type, MariaDB type, Spark SQL over the rate source's (timestamp, value)
-    ("id", "bigint PRIMARY KEY", "BIGINT PRIMARY KEY", "value"),
+    ("id", "bigint", "BIGINT", "value"),  # the primary key
     ("gen_ms", "bigint NOT NULL", "BIGINT NOT NULL", "unix_millis(timestamp)"),
     ("grp", "integer", "INT", "cast(value % 1000 as int)"),
     ("amount", "double precision", "DOUBLE", "cast(value as double) * 0.5"),
@@ -64,7 +61,7 @@ COLUMNS = (  # name, PostgreSQL type, MariaDB type, Spark SQL over the rate sour
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.streaming", description=__doc__.split("\n\n")[0])
+    p = cli.parser("benchmarks.streaming", __doc__, "stream-<time> / stream-quick-<time>")
     p.add_argument("--rates", default="1000,5000,20000,50000", help="rows/s steps (default 1000,5000,20000,50000)")
     p.add_argument("--warmup", type=float, default=8.0, help="seconds not counted at the start of each step")
     p.add_argument("--duration", type=float, default=30.0, help="measured seconds per step (default 30)")
@@ -72,17 +69,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--trigger", type=float, default=1.0, help="processing-time trigger interval, seconds")
     p.add_argument("--stop-behind", action="store_true", help="skip a writer's higher rates once it falls behind")
     p.add_argument("--contenders", default=",".join(CONTENDERS), help=",".join(CONTENDERS))
-    p.add_argument("--db", default="postgresql,mariadb", help="postgresql,mariadb")
-    p.add_argument("--mariadb", default="127.0.0.1:3306", help="host:port of the MariaDB server")
     p.add_argument(
         "--quick", action="store_true", help="harness check: 2000 rows/s, 3 s warm-up, 8 s window (under 3 minutes)"
     )
     p.add_argument("--report", metavar="JSON", help="only write the markdown and chart again from a results file")
-    p.add_argument("--name", help="results file name (default stream-<time> / stream-quick-<time>)")
-    p.add_argument("--out", default=str(Path(__file__).parent / "results"), help="results directory")
-    args = p.parse_args(argv)
+    args = cli.parse(p, argv)
     if args.quick:
         args.rates, args.warmup, args.duration, args.drain = "2000", 3.0, 8.0, 6.0
+    args.name = args.name or time.strftime("stream-quick-%Y%m%d-%H%M%S" if args.quick else "stream-%Y%m%d-%H%M%S")
+    args.contender_list = cli.split(args.contenders)
+    for bad in set(args.contender_list) - set(CONTENDERS):
+        p.error(f"unknown contender {bad!r}: choose from {CONTENDERS}")
     return args
 
 
@@ -91,51 +88,33 @@ def sample_stride(rate: int) -> int:
     return s if s % 2 else s + 1  # the rate source deals ids round-robin to the partitions: an odd stride hits both
 
 
-def create_table(db: benv.Database, table: str) -> None:
-    cols = ", ".join(f"{db.quote(n)} {pg if db.kind == 'postgresql' else my}" for n, pg, my, _ in COLUMNS)
-    db.drop(table)
-    db.execute(f"CREATE TABLE {db.quote(table)} ({cols})")
-
-
-class Poller(threading.Thread):
+class Sampler(benv.Poller):
     """Records, for every S-th id, the server time of the first poll that sees it (its visibility's upper bound)."""
 
     def __init__(self, db: benv.Database, table: str, stride: int) -> None:
-        super().__init__(daemon=True)
-        self.db, self.table, self.stride = db, table, stride
+        super().__init__(db, table, POLL_S)
+        self.stride = stride
         self.seen: dict[int, tuple[int, float]] = {}  # id -> (gen_ms, visible_ms)
         self.watermark = -stride  # every sampled id up to it has been seen
         self.polls: list[float] = []  # wall seconds between polls (the resolution)
-        self.halt = threading.Event()
-        self.error: BaseException | None = None
-
-    def statement(self) -> str:
-        t, s = self.db.quote(self.table), self.stride
+        self.last = time.monotonic()
         now = (
             "CAST(extract(epoch FROM statement_timestamp()) * 1000 AS double precision)"
-            if self.db.kind == "postgresql"
+            if db.kind == "postgresql"
             else "UNIX_TIMESTAMP(NOW(6)) * 1000"
         )
-        return f"SELECT id, gen_ms, {now} FROM {t} WHERE id > %s AND mod(id, {s}) = 0"
+        self.statement = f"SELECT id, gen_ms, {now} FROM {db.quote(table)} WHERE id > %s AND mod(id, {stride}) = 0"
 
-    def run(self) -> None:
-        try:
-            with self.db.connect() as conn, conn.cursor() as cur:
-                statement = self.statement()
-                last = time.monotonic()
-                while not self.halt.is_set():
-                    cur.execute(statement, (self.watermark,))
-                    for ident, gen_ms, now_ms in cur.fetchall():
-                        if ident not in self.seen:
-                            self.seen[int(ident)] = (int(gen_ms), float(now_ms))
-                    while self.watermark + self.stride in self.seen:
-                        self.watermark += self.stride
-                    t = time.monotonic()
-                    self.polls.append(t - last)
-                    last = t
-                    self.halt.wait(POLL_S)
-        except BaseException as exc:  # noqa: BLE001 - reported by the step
-            self.error = exc
+    def poll(self, cur: Any) -> None:
+        cur.execute(self.statement, (self.watermark,))
+        for ident, gen_ms, now_ms in cur.fetchall():
+            if ident not in self.seen:
+                self.seen[int(ident)] = (int(gen_ms), float(now_ms))
+        while self.watermark + self.stride in self.seen:
+            self.watermark += self.stride
+        t = time.monotonic()
+        self.polls.append(t - self.last)
+        self.last = t
 
     def gen_of_watermark(self) -> int | None:
         got = self.seen.get(self.watermark)
@@ -162,21 +141,11 @@ def pct(values: list[float], q: float) -> float | None:
 
 def prepared_of(db: benv.Database, sink: str, settle_s: float = 10.0) -> int:
     """This step's prepared branches still there ``settle_s`` after the stop (a batch stopped mid-way is rolled back
-    by its abort; other sinks on the shared server, other helpers' too, are not counted)."""
-    from xasink.dialects import dialect_for
-    from xasink.options import parse_url
-
-    dialect = dialect_for(parse_url(db.xasink_url))
+    by its abort)."""
     deadline = time.monotonic() + settle_s
-    try:
-        while True:
-            with dialect.connect() as conn:
-                mine = [p for p in dialect.list_prepared(conn) if p.xid is not None and p.xid.sink_id == sink]
-            if not mine or time.monotonic() > deadline:
-                return len(mine)
-            time.sleep(0.5)
-    finally:
-        dialect.dispose()
+    while (left := db.prepared(sink)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return left
 
 
 def rounded(x: float | None) -> float | None:
@@ -223,9 +192,9 @@ def run_step(spark: Any, db: benv.Database, name: str, rate: int, args: argparse
     table = f"st_{short}_{rate}"
     sink = f"b-st-{db.kind[:2]}-{short}-{rate}-{int(time.time()) % 100000}"
     ck = str(work / f"ck-{db.kind}-{short}-{rate}")
-    create_table(db, table)
+    db.create_table(table, [(n, pg, my) for n, pg, my, _ in COLUMNS])
     stride = sample_stride(rate)
-    poller = Poller(db, table, stride)
+    poller = Sampler(db, table, stride)
     poller.start()
     w0 = w1 = time.time() * 1000
     query = start_query(spark, name, db, rate, table, sink, ck, args.trigger)
@@ -256,8 +225,7 @@ def run_step(spark: Any, db: benv.Database, name: str, rate: int, args: argparse
         log.error("%s %s %s rows/s: %s", db.kind, name, rate, error)
     stop_ms = time.time() * 1000
     stop_query(query)
-    poller.halt.set()
-    poller.join(5)
+    poller.stop()
     events = progress_events(query)
     shutil.rmtree(ck, ignore_errors=True)
     leftover = prepared_of(db, sink)
@@ -265,8 +233,8 @@ def run_step(spark: Any, db: benv.Database, name: str, rate: int, args: argparse
         log.error("%s: %d prepared branches left %ds after stopping %s: recovering them", db.kind, leftover, 10, sink)
         from xasink import admin
 
-        report = admin.recover(db.xasink_url, sink_id=sink, older_than_s=0)  # the query is stopped: nothing is live
-        log.error("recovery of %s: %s", sink, [(e.gid, e.action, e.outcome) for e in report.entries])
+        done = admin.recover(db.xasink_url, sink_id=sink, older_than_s=0)  # the query is stopped: nothing is live
+        log.error("recovery of %s: %s", sink, [(e.gid, e.action, e.outcome) for e in done.entries])
 
     window = [e for e in events if w0 <= event_ms(e) <= w1 and e.get("numInputRows", 0) > 0]
     durations = [float(e["durationMs"]["triggerExecution"]) for e in window]
@@ -331,23 +299,6 @@ def run_step(spark: Any, db: benv.Database, name: str, rate: int, args: argparse
     return res
 
 
-@contextlib.contextmanager
-def progress(total: int) -> Iterator[Any]:
-    try:
-        from tqdm import tqdm
-        from tqdm.contrib.logging import logging_redirect_tqdm
-    except ImportError:
-        from benchmarks.run import _NoBar
-
-        yield _NoBar()
-        return
-    with (
-        logging_redirect_tqdm(),
-        tqdm(total=total, desc="streaming", unit="step", disable=not sys.stderr.isatty()) as bar,
-    ):
-        yield bar
-
-
 def run_db(
     spark: Any, db: benv.Database, rates: list[int], names: list[str], args: argparse.Namespace, bar: Any
 ) -> list[dict]:
@@ -394,9 +345,8 @@ def markdown(res: dict[str, Any]) -> str:
         f"Machine: {m['cpus']} cores ({m['cpu_model']}), {m['memory_gb']} GB; load average at start "
         f"{m['load_average_at_start']}, at end {res.get('load_average_at_end')}.",
         "",
+        *report.settings_lines(res["settings"]),
     ]
-    for db, settings in res["settings"].items():
-        lines.append(f"- {db}: " + ", ".join(f"{k}={v}" for k, v in settings.items()))
     lines += [
         "",
         f"Rate source, {PARTITIONS} partitions, Spark local[{PARTITIONS}], processing-time trigger "
@@ -447,12 +397,8 @@ def markdown(res: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def chart(res: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def chart(res: dict[str, Any], out: Path, name: str) -> list[str]:
+    plt = report.pyplot()
     dbs = list(res["settings"])
     fig, axes = plt.subplots(2, len(dbs), figsize=(5.5 * len(dbs), 7), squeeze=False)
     for j, db in enumerate(dbs):
@@ -479,78 +425,43 @@ def chart(res: dict[str, Any], path: Path) -> None:
                 ax.set_title(f"{db}: {label}")
         axes[1][j].axhline(res["trigger_s"] * 1000, color="grey", lw=0.8, ls=":")
         axes[0][j].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return [report.save_fig(fig, out / f"{name}-latency.png")]
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("py4j").setLevel(logging.WARNING)  # one line per foreachBatch callback otherwise
-    logging.getLogger("xasink").setLevel(logging.WARNING)  # one line per committed batch otherwise
+    cli.logs()
     if args.report:
         done: dict[str, Any] = json.loads(Path(args.report).read_text())
         base = Path(args.report).with_suffix("")
-        base.with_suffix(".md").write_text(markdown(done))
-        chart(done, base.parent / f"{base.name}-latency.png")
-        print(markdown(done))
+        print(report.write(done, base.parent, base.name, markdown, chart).read_text())
         return 0
-    name = args.name or time.strftime("stream-quick-%Y%m%d-%H%M%S" if args.quick else "stream-%Y%m%d-%H%M%S")
-    rates = [int(s) for s in args.rates.split(",")]
-    names = [n for n in args.contenders.split(",") if n]
-    unknown = set(names) - set(CONTENDERS)
-    if unknown:
-        raise SystemExit(f"unknown contenders {sorted(unknown)}: choose from {CONTENDERS}")
-    machine = benv.machine()
-    dbs, servers = [], []
-    try:
-        if "postgresql" in args.db:
-            server, pg = benv.start_postgres(durable=True)
-            servers.append(server)
-            dbs.append(pg)
-        if "mariadb" in args.db:
-            host, port = args.mariadb.split(":")
-            maria = benv.mariadb(host, int(port))
-            if maria is not None:
-                dbs.append(maria)
-        for db in dbs:
-            log.info("%s: %s", db.kind, ", ".join(f"{k}={v}" for k, v in db.settings.items()))
-        jar_paths, notes = benv.jars()
-        for note in notes:
-            log.warning("%s", note)
-        spark = benv.spark_session(f"local[{PARTITIONS}]", 10_000, jar_paths, driver_memory="3g")
+    rates = cli.ints(args.rates)
+    names = args.contender_list
+    res: dict[str, Any] = {
+        "name": args.name,
+        "command": args.command,
+        "machine": benv.machine(),
+        "trigger_s": args.trigger,
+        "warmup_s": args.warmup,
+        "duration_s": args.duration,
+        "drain_s": args.drain,
+        "contenders": names,
+        "settings": {},
+        "results": [],
+    }
+    with benv.databases(args.dbs, args.mariadb) as dbs:
+        res["settings"] = {db.kind: db.settings for db in dbs}
+        spark = benv.spark_session(f"local[{PARTITIONS}]", driver_memory="3g")
         spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "1000")
-        res: dict[str, Any] = {
-            "name": name,
-            "command": "python -m benchmarks.streaming " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "machine": machine,
-            "trigger_s": args.trigger,
-            "warmup_s": args.warmup,
-            "duration_s": args.duration,
-            "drain_s": args.drain,
-            "contenders": names,
-            "settings": {db.kind: db.settings for db in dbs},
-            "results": [],
-        }
         try:
-            with progress(len(dbs) * len(rates) * len(names)) as bar:
+            with cli.progress(len(dbs) * len(rates) * len(names), "streaming", unit="step") as bar:
                 for db in dbs:
                     res["results"] += run_db(spark, db, rates, names, args, bar)
         finally:
             spark.stop()
-    finally:
-        for db in dbs:
-            benv.drop_scratch(db)
-        for server in servers:
-            server.stop()
-    res["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{name}.json").write_text(json.dumps(res, indent=1, default=str))
-    (out / f"{name}.md").write_text(markdown(res))
-    chart(res, out / f"{name}-latency.png")
-    print(markdown(res))
+    res["load_average_at_end"] = report.load_average()
+    print(report.write(res, args.out, args.name, markdown, chart).read_text())
     return 0
 
 
