@@ -292,10 +292,12 @@ class Journal(JournalTables):
         :meth:`get` and :meth:`claim_states` read for a task's late check); None if the log has no identity row."""
         b, c, lg = self.batches.c, self.claims.c, self.logs.c
         cols = [col for col in self.batches.c if col.name not in ("compacted", "target")]
-        joined = self.logs.outerjoin(self.batches, sa.and_(b.sink_id == sink_id, b.batch_id == batch_id)).outerjoin(
-            self.claims, sa.and_(c.sink_id == sink_id, c.batch_id == batch_id, c.run == run)
-        )
-        q = sa.select(*cols, c.superseded, c.guard, c.claimed_at).select_from(joined).where(lg.slot == 1)
+        # the claim's columns as scalar subqueries on its key, not a second outer join: SQLAlchemy's MySQL
+        # compiler lints a nested join as a cartesian product and prints an SAWarning on every late check
+        mine = c.sink_id == sink_id, c.batch_id == batch_id, c.run == run
+        claim_cols = [sa.select(col).where(*mine).scalar_subquery() for col in (c.superseded, c.guard, c.claimed_at)]
+        joined = self.logs.outerjoin(self.batches, sa.and_(b.sink_id == sink_id, b.batch_id == batch_id))
+        q = sa.select(*cols, *claim_cols).select_from(joined).where(lg.slot == 1)
         row = cast("sa.Row[tuple[object, ...]] | None", conn.execute(q).first())
         if row is None:
             return None
