@@ -100,24 +100,22 @@ def recover(c: Coordinator, upto: int | None = None, min_age_s: float = 0.0, run
     report = RecoveryReport()
     with c.journal.dialect.connect(autocommit=True) as conn:  # reads only
         pending = [r for r in c.journal.pending(conn, c.sink_id) if upto is None or r.batch_id <= upto]
-    for record in pending:
-        if _finish_parts(c, record, report):
-            continue  # a multi-target batch: only this database's parts are finished here
-        if c.journal.dialect is not c.dialect:
-            continue  # a single table's batch of the log's own database: finished from there
-        report.committed += c._commit_branches(record.xids)
-        with c.journal.dialect.connect() as conn:
-            spec = ApplySpec.from_target(c.journal.recorded_target(conn, c.sink_id, record.batch_id))
-            if spec is None:
-                c.journal.mark_committed(conn, c.sink_id, record.batch_id, None)
-        if spec is not None:
-            try:
-                apply_decided(c, record.batch_id, spec, None, time.monotonic() + c.options.commit_timeout)
-            except ApplyError as exc:
-                log.warning("recovery could not apply batch %s of sink %s: %s", record.batch_id, c.sink_id, exc)
-                continue
-        report.finished_batches.append(record.batch_id)
-        log.info("recovery finished decided batch %s of sink %s", record.batch_id, c.sink_id)
+    # first roll back what can never commit (and commit what is decided and still prepared): an apply of a
+    # decided batch must never wait on an orphan's locks that this very pass would release afterwards
+    to_commit = _roll_back_doomed(c, report, upto, min_age_s, run)
+    listed = {x for r in pending for x in r.xids}  # committed with their batch, next
+    rest = [x for x in to_commit if x not in listed]
+    if rest:
+        report.committed += c._commit_branches(rest)
+    _finish_pending(c, report, pending)
+    return report
+
+
+def _roll_back_doomed(
+    c: Coordinator, report: RecoveryReport, upto: int | None, min_age_s: float, run: str | None
+) -> list[Xid]:
+    """Judge every prepared branch of the sink under its lock (:func:`branch_action`) and roll back those that
+    can never commit; the decided ones found prepared are returned, to commit."""
 
     def of_sink(conn: Connection) -> list[PreparedTxn]:
         return [
@@ -133,14 +131,14 @@ def recover(c: Coordinator, upto: int | None = None, min_age_s: float = 0.0, run
     # this pass's reach either way); the lock, to judge and finish, only when something of the sink is there
     with c.journal.dialect.connect(autocommit=True) as conn:
         if not of_sink(conn):
-            return report
+            return []
     to_commit: list[Xid] = []
     with c.journal.locked(c.sink_id) as conn:
         # it only reads under the lock (its roll-backs run on a connection of their own)
         c.journal.dialect.relaxed_commit(conn)
         mine = of_sink(conn)
         if not mine:  # nothing of this sink is prepared: nothing to date, judge or finish
-            return report
+            return []
         now = c.journal.dialect.server_now(conn)
         decided = c.journal.get_many(conn, c.sink_id, {p.xid.batch_id for p in mine if p.xid})
         holder = c.journal.holder(conn, c.sink_id, upto) if run is not None and upto is not None else None
@@ -163,9 +161,29 @@ def recover(c: Coordinator, upto: int | None = None, min_age_s: float = 0.0, run
                 doomed.append(p.xid)
         c._rollback(doomed)
         report.rolled_back += doomed
-    if to_commit:
-        report.committed += c._commit_branches(to_commit)
-    return report
+    return to_commit
+
+
+def _finish_pending(c: Coordinator, report: RecoveryReport, pending: list[BatchRecord]) -> None:
+    """Finish each decided batch (commit its listed branches, apply or mark it), oldest first."""
+    for record in pending:
+        if _finish_parts(c, record, report):
+            continue  # a multi-target batch: only this database's parts are finished here
+        if c.journal.dialect is not c.dialect:
+            continue  # a single table's batch of the log's own database: finished from there
+        report.committed += c._commit_branches(record.xids)
+        with c.journal.dialect.connect() as conn:
+            spec = ApplySpec.from_target(c.journal.recorded_target(conn, c.sink_id, record.batch_id))
+            if spec is None:
+                c.journal.mark_committed(conn, c.sink_id, record.batch_id, None)
+        if spec is not None:
+            try:
+                apply_decided(c, record.batch_id, spec, None, time.monotonic() + c.options.commit_timeout)
+            except ApplyError as exc:
+                log.warning("recovery could not apply batch %s of sink %s: %s", record.batch_id, c.sink_id, exc)
+                continue
+        report.finished_batches.append(record.batch_id)
+        log.info("recovery finished decided batch %s of sink %s", record.batch_id, c.sink_id)
 
 
 def _finish_parts(c: Coordinator, record: BatchRecord, report: RecoveryReport) -> bool:

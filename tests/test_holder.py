@@ -1,0 +1,143 @@
+"""Only the holder decides, a decided batch is finished forward, recovery rolls back orphans first.
+
+Without Spark: two writers of one (sink, batch) run the data source's own steps (its planning ``_prepare``,
+the driver's claim, ``write_partition`` as a task, ``Coordinator.commit`` as the driver's commit) in the
+order a test needs, so the older writer is held just before its decision while the newer one takes the
+batch over and prepares.  Each test runs on PostgreSQL and MariaDB and checks the exact rows, the
+decision log, and (the ``db`` fixture) that nothing is left prepared.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from pyspark.sql.types import IntegerType, StringType, StructField, StructType
+
+from tests.targets import Target
+from xasink.branch import write_partition
+from xasink.coordinator import Coordinator
+from xasink.errors import ConcurrentWriterError
+from xasink.liveness import InProcessGuard
+from xasink.options import WriteOptions, parse_options
+from xasink.results import BranchOutcome, WriteResult
+from xasink.spark.datasource import WritePlan, _prepare
+from xasink.xid import new_run_nonce
+
+STRUCT = StructType([StructField("id", IntegerType(), False), StructField("name", StringType(), True)])
+ARROW = pa.schema([pa.field("id", pa.int32(), nullable=False), ("name", pa.string())])
+
+
+def named(ids: range | list[int]) -> list[tuple[int, str]]:
+    return [(i, f"n{i}") for i in ids]
+
+
+class Writer:
+    """One writer run of a sink's batch, step by step as the data source drives it (no Spark)."""
+
+    def __init__(self, db: Target, table: str, sink_id: str, batch_id: int, mode: str, guard: str) -> None:
+        raw: dict[str, Any] = {"url": db.url, "dbtable": table, "sinkId": sink_id, "batchId": batch_id}
+        if db.password is not None:
+            raw["password"] = db.password
+        self.options: WriteOptions = parse_options(raw).with_mode(mode)
+        self.batch_id = batch_id
+        self.run = new_run_nonce()
+        self.plan: WritePlan = _prepare(self.options, STRUCT, 2)
+        self.coordinator = Coordinator(self.options)
+        self.guard = guard  # this process's run guard (one per process and log): both writers live
+        self.outcomes: list[BranchOutcome | None] = []
+
+    def claim(self) -> None:
+        """What the data source's writer() does before the tasks start: take the batch over for this run."""
+        assert self.coordinator.claim(self.batch_id, self.run, self.guard)
+        self.coordinator.recover(upto=self.batch_id, run=self.run)
+
+    def prepare(self, partitions: list[list[tuple[int, str]]]) -> None:
+        """The tasks: one branch per non-empty partition (an empty one opens none), first attempts."""
+        for p, chunk in enumerate(partitions):
+            batch = pa.RecordBatch.from_pydict({"id": [r[0] for r in chunk], "name": [r[1] for r in chunk]}, ARROW)
+            self.outcomes.append(
+                write_partition(
+                    self.options,
+                    self.plan.target,
+                    batch_id=self.batch_id,
+                    partition=p,
+                    task_attempt_id=p,
+                    run=self.run,
+                    batches=[batch] if chunk else [],
+                    log_id=self.plan.log_id,
+                    guard=self.guard,
+                    claimed=True,
+                )
+            )
+
+    def commit(self) -> WriteResult:
+        return self.coordinator.commit(self.batch_id, self.outcomes, apply=self.plan.apply)
+
+    def close(self) -> None:
+        self.coordinator.close()
+
+
+@pytest.fixture
+def sink(db: Target) -> tuple[Target, str, str]:
+    table = db.new_table()
+    db.keyed_table(table)
+    return db, table, f"h{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def writers(sink: tuple[Target, str, str]) -> Iterator[Callable[[int, str], Writer]]:
+    """Writers of the sink's table, sharing this process's run guard; closed at the end."""
+    db, table, sink_id = sink
+    made: list[Writer] = []
+    guard: list[InProcessGuard] = []
+    probe = Coordinator(parse_options({"url": db.url, "dbtable": table, "password": db.password}))
+
+    def make(batch_id: int, mode: str) -> Writer:
+        if not guard:
+            probe.preflight()
+            guard.append(InProcessGuard(probe.dialect, probe.journal.log_id()))
+        made.append(Writer(db, table, sink_id, batch_id, mode, guard[0].name))
+        return made[-1]
+
+    yield make
+    for w in made:
+        w.close()
+    for g in guard:
+        g.close()
+    probe.close()
+
+
+def rows(db: Target, table: str) -> list[tuple[int, str]]:
+    return [(int(i), str(n)) for i, n in db.rows(table, "id")]
+
+
+@pytest.mark.parametrize("mode", ["overwrite", "append"])
+def test_a_taken_over_run_with_no_rows_does_not_decide(
+    sink: tuple[Target, str, str], writers: Callable[[int, str], Writer], mode: str
+) -> None:
+    """W1 (all partitions empty) is held before its decision; W2 takes the batch over and prepares 10 rows.
+    W1's commit must fail and change nothing (an empty xid list proves nothing about who holds the batch);
+    W2's commit then writes its 10 rows."""
+    db, table, sink_id = sink
+    db.execute(f"INSERT INTO {db.q(table)} (id, name) VALUES (100, 'old')")
+    w1, w2 = writers(7, mode), writers(7, mode)
+    w1.claim()
+    w1.prepare([[], []])  # every partition empty: no branch, no xid
+    w2.claim()  # a newer writer of the same sink and batch takes it over ...
+    w2.prepare([named(range(0, 5)), named(range(5, 10))])  # ... and prepares
+    with pytest.raises(ConcurrentWriterError):
+        w1.commit()  # W1 goes on: it lost its claim, so it decides nothing
+    assert db.decision(sink_id, 7) is None
+    assert len(db.prepared(sink_id)) == 2  # W2's branches untouched
+    assert rows(db, table) == [(100, "old")]
+    result = w2.commit()
+    assert (result.rows, result.skipped) == (10, False)
+    expected = named(range(10)) + ([(100, "old")] if mode == "append" else [])
+    assert rows(db, table) == sorted(expected)
+    decided = db.decision(sink_id, 7)
+    assert decided is not None and decided.state == "committed" and len(decided.xids) == 2
+    assert db.prepared(sink_id) == []
