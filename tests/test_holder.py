@@ -20,11 +20,14 @@ from pyspark.sql.types import IntegerType, StringType, StructField, StructType
 from tests.targets import Target
 from xasink.branch import write_partition
 from xasink.coordinator import Coordinator
-from xasink.errors import ConcurrentWriterError
+from xasink.errors import BatchAbortedError, ConcurrentWriterError
 from xasink.liveness import InProcessGuard
+from xasink.multi import MultiCoordinator
 from xasink.options import WriteOptions, parse_options
 from xasink.results import BranchOutcome, WriteResult
+from xasink.schema import plan_target
 from xasink.spark.datasource import WritePlan, _prepare
+from xasink.spark.txwrite import TxWrite, record_tx_part
 from xasink.xid import new_run_nonce
 
 STRUCT = StructType([StructField("id", IntegerType(), False), StructField("name", StringType(), True)])
@@ -141,3 +144,54 @@ def test_a_taken_over_run_with_no_rows_does_not_decide(
     decided = db.decision(sink_id, 7)
     assert decided is not None and decided.state == "committed" and len(decided.xids) == 2
     assert db.prepared(sink_id) == []
+
+
+def test_a_transaction_whose_decision_was_lost_does_not_take_a_newer_empty_decision_for_its_own(
+    sink: tuple[Target, str, str],
+) -> None:
+    """A multi-target transaction's decision COMMIT is lost; meanwhile a newer writer took the transaction over
+    and decided it with no write.  Settling by reading the log must not take that empty decision (whose runs
+    are a subset of any) for its own: the old run commits nothing, and its branch is rolled back."""
+    db, table, sink_id = sink
+    raw: dict[str, Any] = {"url": db.url, "dbtable": table, "sinkId": sink_id, "batchId": 3}
+    if db.password is not None:
+        raw["password"] = db.password
+    opts = parse_options(raw)
+    old = MultiCoordinator(sink_id, 3, opts)
+    try:
+        target = old.before_write(opts, 1)
+        with target.coordinator.dialect.connect() as conn:
+            plan = plan_target(target.coordinator.dialect, conn, opts, ARROW)
+            conn.commit()
+        chunk = named(range(5))
+        batch = pa.RecordBatch.from_pydict({"id": [r[0] for r in chunk], "name": [r[1] for r in chunk]}, ARROW)
+        outcome = write_partition(
+            opts,
+            plan,
+            batch_id=3,
+            partition=0,
+            task_attempt_id=1,
+            run=old.run,
+            batches=[batch],
+            log_id=old.log_id,
+            guard=old.guard.name,
+            journal_url=old.dialect.url,
+        )
+        record_tx_part(opts, TxWrite(old.dialect.url, 0, old.guard.name), old.run, [outcome])
+        assert len(db.prepared(sink_id)) == 1
+        newer = MultiCoordinator(sink_id, 3, opts)  # takes the transaction over ...
+        try:
+            newer.commit(set())  # ... and decides it with no write at all
+        finally:
+            newer.close()
+        decided = db.decision(sink_id, 3)
+        assert decided is not None and decided.xids == []
+        # the old run's decision COMMIT was lost: it settles by reading the log again
+        with pytest.raises((ConcurrentWriterError, BatchAbortedError)):
+            old._settle(ConnectionError("the decision's COMMIT got no reply"))
+    finally:
+        old.close()
+    assert rows(db, table) == []
+    assert db.prepared(sink_id) == []
+    decided = db.decision(sink_id, 3)
+    assert decided is not None and decided.xids == []
