@@ -12,15 +12,18 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
+from urllib.parse import quote
 
 import pyarrow as pa
 import pytest
 from pyspark.sql.types import IntegerType, StringType, StructField, StructType
 
-from tests.targets import Target
+from tests.targets import MariaDBTarget, Target
+from xasink import cli
 from xasink.branch import write_partition
 from xasink.coordinator import Coordinator
 from xasink.errors import BatchAbortedError, ConcurrentWriterError
+from xasink.faults import InjectedFault
 from xasink.liveness import InProcessGuard
 from xasink.multi import MultiCoordinator
 from xasink.options import WriteOptions, parse_options
@@ -32,6 +35,7 @@ from xasink.xid import new_run_nonce
 
 STRUCT = StructType([StructField("id", IntegerType(), False), StructField("name", StringType(), True)])
 ARROW = pa.schema([pa.field("id", pa.int32(), nullable=False), ("name", pa.string())])
+RETRY = ["--retry-for", "3s"]  # recover's retry budget for what blocks it
 
 
 def named(ids: range | list[int]) -> list[tuple[int, str]]:
@@ -195,3 +199,53 @@ def test_a_transaction_whose_decision_was_lost_does_not_take_a_newer_empty_decis
     assert db.prepared(sink_id) == []
     decided = db.decision(sink_id, 3)
     assert decided is not None and decided.xids == []
+
+
+def with_statement_timeout(db: Target, seconds: int) -> str:
+    """The test database's URL, for sessions whose statements the server cancels after ``seconds``."""
+    if isinstance(db, MariaDBTarget):  # its SQLAlchemy URL: a JDBC one carries no driver settings
+        sep = "&" if "?" in db.admin_url else "?"
+        return db.admin_url + sep + "init_command=" + quote(f"SET SESSION max_statement_time = {seconds}")
+    sep = "&" if "?" in db.url else "?"
+    return db.url + sep + "options=" + quote(f"-c statement_timeout={seconds * 1000}")
+
+
+def test_recovery_blocked_by_a_statement_timeout_keeps_the_decided_batch_and_says_so(
+    sink: tuple[Target, str, str],
+    writers: Callable[[int, str], Writer],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """An overwrite batch is decided and committed into the shadow; its driver dies before the apply.  The
+    operator's ``xasink recover`` runs with a statement timeout while an application transaction holds a row
+    of the table: its apply is cancelled.  That says nothing about the rows: the decision stays, recover exits
+    1 naming the batch and what blocked it, and a later recover finishes it forward with the new rows."""
+    db, table, sink_id = sink
+    db.execute(f"INSERT INTO {db.q(table)} (id, name) VALUES (100, 'old')")
+    w = writers(4, "overwrite")
+    w.claim()
+    w.prepare([named(range(0, 3)), named(range(3, 6))])
+    monkeypatch.setenv("XASINK_FAULT", "driver.after_commits:raise")  # the driver dies before the apply
+    with pytest.raises(InjectedFault):
+        w.commit()
+    monkeypatch.delenv("XASINK_FAULT")
+    assert db.prepared(sink_id) == []  # committed into the shadow
+    with db.connect() as app:  # an application's transaction holds a row of the table
+        with app.cursor() as cur:
+            cur.execute("BEGIN")  # (the MariaDB helper's connections autocommit)
+            cur.execute(f"UPDATE {db.q(table)} SET name = 'app' WHERE id = 100")
+        code = cli.main(["recover", "--url", with_statement_timeout(db, 1), "--sink-id", sink_id, *RETRY])
+        app.rollback()
+    out = capsys.readouterr()
+    assert code == 1, out
+    assert f"sink {sink_id} batch 4" in out.out + out.err, out
+    decided = db.decision(sink_id, 4)
+    assert decided is not None and decided.state == "committing"  # still decided: only forward
+    assert rows(db, table) == [(100, "old")]
+    code = cli.main(["recover", "--url", db.url, "--sink-id", sink_id])  # nothing blocks it any more
+    out = capsys.readouterr()
+    assert code == 0, out
+    assert rows(db, table) == named(range(6))
+    decided = db.decision(sink_id, 4)
+    assert decided is not None and decided.state == "committed"
+    assert db.prepared(sink_id) == []

@@ -262,7 +262,13 @@ class Coordinator:
         log.info(
             "sink %s batch %s was already decided: finishing it, writing nothing new", self.sink_id, existing.batch_id
         )
-        self.recover(upto=existing.batch_id)
+        report = self.recover(upto=existing.batch_id)
+        if existing.batch_id in report.unfinished:  # "skipped" would say its rows are there: they are not yet
+            raise CommitIncompleteError(
+                f"sink {self.sink_id} batch {existing.batch_id} is decided, but finishing it failed "
+                f"({report.unfinished[existing.batch_id]}); it stays decided: the next run of this sink or "
+                "'xasink recover' finishes it; no row is lost or doubled"
+            )
         return WriteResult(
             self.sink_id, existing.batch_id, existing.rows, existing.branches, True, {"total": time.perf_counter() - t0}
         )

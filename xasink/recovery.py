@@ -18,12 +18,13 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from .apply import ApplySpec
 from .applying import apply_decided
 from .dialects.base import Dialect, PreparedTxn
-from .errors import ApplyError
+from .errors import ApplyError, CommitIncompleteError, ConnectError
 from .journal import BatchRecord, Journal
 from .liveness import runs_alive
 from .parts import decided_parts, mark_parts_committed, server_identity
@@ -42,9 +43,11 @@ class RecoveryReport:
     committed: list[Xid] = field(default_factory=list)
     rolled_back: list[Xid] = field(default_factory=list)
     finished_batches: list[int] = field(default_factory=list)
+    # decided batches this pass could not finish yet, and what blocked each (they stay decided: only forward)
+    unfinished: dict[int, str] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
-        return bool(self.committed or self.rolled_back or self.finished_batches)
+        return bool(self.committed or self.rolled_back or self.finished_batches or self.unfinished)
 
 
 COMMIT = "commit"  # listed in its batch's decision
@@ -165,25 +168,42 @@ def _roll_back_doomed(
 
 
 def _finish_pending(c: Coordinator, report: RecoveryReport, pending: list[BatchRecord]) -> None:
-    """Finish each decided batch (commit its listed branches, apply or mark it), oldest first."""
+    """Finish each decided batch (commit its listed branches, apply or mark it), oldest first.
+
+    Only forward: a batch that cannot be finished now (a timeout, a lock, a read-only server...) stays
+    decided and goes into ``report.unfinished`` with what blocked it; the others are still finished.  A batch
+    withdrawn for its rows (:class:`ApplyError`) is never swallowed: the first is raised once the others ran.
+    """
+    withdrawn: list[ApplyError] = []
     for record in pending:
-        if _finish_parts(c, record, report):
-            continue  # a multi-target batch: only this database's parts are finished here
-        if c.journal.dialect is not c.dialect:
-            continue  # a single table's batch of the log's own database: finished from there
-        report.committed += c._commit_branches(record.xids)
-        with c.journal.dialect.connect() as conn:
-            spec = ApplySpec.from_target(c.journal.recorded_target(conn, c.sink_id, record.batch_id))
-            if spec is None:
-                c.journal.mark_committed(conn, c.sink_id, record.batch_id, None)
-        if spec is not None:
-            try:
+        try:
+            if _finish_parts(c, record, report):
+                continue  # a multi-target batch: only this database's parts are finished here
+            if c.journal.dialect is not c.dialect:
+                continue  # a single table's batch of the log's own database: finished from there
+            report.committed += c._commit_branches(record.xids)
+            with c.journal.dialect.connect() as conn:
+                spec = ApplySpec.from_target(c.journal.recorded_target(conn, c.sink_id, record.batch_id))
+                if spec is None:
+                    c.journal.mark_committed(conn, c.sink_id, record.batch_id, None)
+            if spec is not None:
                 apply_decided(c, record.batch_id, spec, None, time.monotonic() + c.options.commit_timeout)
-            except ApplyError as exc:
-                log.warning("recovery could not apply batch %s of sink %s: %s", record.batch_id, c.sink_id, exc)
-                continue
+        except ApplyError as exc:
+            withdrawn.append(exc)
+            continue
+        except (CommitIncompleteError, ConnectError, sa.exc.DBAPIError) as exc:  # not about the rows: reported
+            report.unfinished[record.batch_id] = c._describe(exc)
+            log.warning(
+                "recovery could not finish decided batch %s of sink %s yet (%s); it stays decided",
+                record.batch_id,
+                c.sink_id,
+                report.unfinished[record.batch_id],
+            )
+            continue
         report.finished_batches.append(record.batch_id)
         log.info("recovery finished decided batch %s of sink %s", record.batch_id, c.sink_id)
+    if withdrawn:
+        raise withdrawn[0]
 
 
 def _finish_parts(c: Coordinator, record: BatchRecord, report: RecoveryReport) -> bool:
