@@ -56,6 +56,7 @@ class Writer:
         self.coordinator = Coordinator(self.options)
         self.guard = guard  # this process's run guard (one per process and log): both writers live
         self.outcomes: list[BranchOutcome | None] = []
+        self.attempts = 0  # task attempt ids, unique per run (an attempt's xid names it)
 
     def claim(self) -> None:
         """What the data source's writer() does before the tasks start: take the batch over for this run."""
@@ -65,6 +66,7 @@ class Writer:
     def prepare(self, partitions: list[list[tuple[int, str]]]) -> None:
         """The tasks: one branch per non-empty partition (an empty one opens none), first attempts."""
         for p, chunk in enumerate(partitions):
+            self.attempts += 1
             batch = pa.RecordBatch.from_pydict({"id": [r[0] for r in chunk], "name": [r[1] for r in chunk]}, ARROW)
             self.outcomes.append(
                 write_partition(
@@ -72,7 +74,7 @@ class Writer:
                     self.plan.target,
                     batch_id=self.batch_id,
                     partition=p,
-                    task_attempt_id=p,
+                    task_attempt_id=self.attempts,
                     run=self.run,
                     batches=[batch] if chunk else [],
                     log_id=self.plan.log_id,
@@ -248,4 +250,36 @@ def test_recovery_blocked_by_a_statement_timeout_keeps_the_decided_batch_and_say
     assert rows(db, table) == named(range(6))
     decided = db.decision(sink_id, 4)
     assert decided is not None and decided.state == "committed"
+    assert db.prepared(sink_id) == []
+
+
+def test_recovery_rolls_back_an_orphan_before_the_apply_that_would_wait_on_it(
+    sink: tuple[Target, str, str],
+    writers: Callable[[int, str], Writer],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """An overwrite batch is decided without a speculative copy of one partition (an orphan, still prepared
+    with rows in the shadow), and its driver dies before any COMMIT.  Recovery rolls the orphan back before
+    it applies the batch: on MariaDB the apply's read of the shadow would wait on the orphan's locks."""
+    db, table, sink_id = sink
+    db.execute(f"INSERT INTO {db.q(table)} (id, name) VALUES (100, 'old')")
+    w = writers(5, "overwrite")
+    w.claim()
+    w.prepare([named(range(0, 3)), named(range(3, 6))])
+    decided = list(w.outcomes)
+    w.outcomes.clear()
+    w.prepare([named(range(0, 3))])  # another attempt of partition 0, prepared too: never listed
+    assert len(db.prepared(sink_id)) == 3
+    w.outcomes[:] = decided
+    monkeypatch.setenv("XASINK_FAULT", "driver.after_decide:raise")  # decided, then the driver dies
+    with pytest.raises(InjectedFault):
+        w.commit()
+    monkeypatch.delenv("XASINK_FAULT")
+    code = cli.main(["recover", "--url", db.url, "--sink-id", sink_id, *RETRY])
+    out = capsys.readouterr()
+    assert code == 0, out
+    assert rows(db, table) == named(range(6))
+    found = db.decision(sink_id, 5)
+    assert found is not None and found.state == "committed" and len(found.xids) == 2
     assert db.prepared(sink_id) == []
