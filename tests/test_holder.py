@@ -16,12 +16,15 @@ from urllib.parse import quote
 
 import pyarrow as pa
 import pytest
+import sqlalchemy as sa
 from pyspark.sql.types import IntegerType, StringType, StructField, StructType
 
 from tests.targets import MariaDBTarget, Target
 from xasink import cli
 from xasink.branch import write_partition
 from xasink.coordinator import Coordinator
+from xasink.dialects import dialect_for
+from xasink.dialects.base import Dialect, ErrorKind
 from xasink.errors import BatchAbortedError, ConcurrentWriterError
 from xasink.faults import InjectedFault
 from xasink.liveness import InProcessGuard
@@ -283,3 +286,47 @@ def test_recovery_rolls_back_an_orphan_before_the_apply_that_would_wait_on_it(
     found = db.decision(sink_id, 5)
     assert found is not None and found.state == "committed" and len(found.xids) == 2
     assert db.prepared(sink_id) == []
+
+
+def server_error(dialect: Dialect, *statements: str) -> sa.exc.DBAPIError:
+    """The error the server answers the last of ``statements`` with, run in one session and transaction."""
+    with dialect.connect() as conn:
+        try:
+            for statement in statements:
+                conn.exec_driver_sql(statement)
+        except sa.exc.DBAPIError as exc:
+            conn.rollback()
+            return exc
+    raise AssertionError(f"no error from {statements[-1]!r}")
+
+
+def test_the_dialect_tells_wrong_rows_from_not_finished(db: Target) -> None:
+    """Only an error about the rows may withdraw a decided batch; a cancelled statement, a read-only
+    transaction or a missing table say nothing about them (real errors of the server, classified by the
+    dialect)."""
+    table = db.new_table()
+    db.keyed_table(table)
+    db.execute(f"INSERT INTO {db.q(table)} (id, name) VALUES (1, 'a')")
+    dialect = dialect_for(parse_options({"url": db.url, "dbtable": table, "password": db.password}).url)
+    t = db.q(table)
+    try:
+        rows_wrong = [
+            server_error(dialect, f"INSERT INTO {t} (id, name) VALUES (1, 'again')"),  # duplicate key
+            server_error(dialect, f"INSERT INTO {t} (id, name) VALUES (NULL, 'x')"),  # NOT NULL (the key)
+        ]
+        if db.kind == "postgresql":
+            not_finished = [
+                server_error(dialect, "SET statement_timeout = 50", "SELECT pg_sleep(2)"),
+                server_error(dialect, "SET TRANSACTION READ ONLY", f"DELETE FROM {t}"),
+            ]
+        else:
+            not_finished = [
+                server_error(dialect, "SET SESSION max_statement_time = 0.05", f"SELECT SLEEP(2) FROM {t}"),
+                server_error(dialect, "START TRANSACTION READ ONLY", f"DELETE FROM {t}"),
+            ]
+        assert [dialect.classify(e) for e in rows_wrong] == [ErrorKind.ROWS] * 2, rows_wrong
+        assert [dialect.classify(e) for e in not_finished] == [ErrorKind.TRANSIENT] * 2, not_finished
+        missing = server_error(dialect, "SELECT * FROM xasink_no_such_table_here")
+        assert dialect.classify(missing) == ErrorKind.FATAL  # not about the rows: never withdraws either
+    finally:
+        dialect.dispose()
