@@ -25,7 +25,7 @@ from xasink.branch import write_partition
 from xasink.coordinator import Coordinator
 from xasink.dialects import dialect_for
 from xasink.dialects.base import Dialect, ErrorKind
-from xasink.errors import BatchAbortedError, ConcurrentWriterError
+from xasink.errors import BatchAbortedError, CommitIncompleteError, ConcurrentWriterError
 from xasink.faults import InjectedFault
 from xasink.liveness import InProcessGuard
 from xasink.multi import MultiCoordinator
@@ -48,8 +48,10 @@ def named(ids: range | list[int]) -> list[tuple[int, str]]:
 class Writer:
     """One writer run of a sink's batch, step by step as the data source drives it (no Spark)."""
 
-    def __init__(self, db: Target, table: str, sink_id: str, batch_id: int, mode: str, guard: str) -> None:
-        raw: dict[str, Any] = {"url": db.url, "dbtable": table, "sinkId": sink_id, "batchId": batch_id}
+    def __init__(
+        self, db: Target, table: str, sink_id: str, batch_id: int, mode: str, guard: str, **extra: Any
+    ) -> None:
+        raw: dict[str, Any] = {"url": db.url, "dbtable": table, "sinkId": sink_id, "batchId": batch_id, **extra}
         if db.password is not None:
             raw["password"] = db.password
         self.options: WriteOptions = parse_options(raw).with_mode(mode)
@@ -101,18 +103,18 @@ def sink(db: Target) -> tuple[Target, str, str]:
 
 
 @pytest.fixture
-def writers(sink: tuple[Target, str, str]) -> Iterator[Callable[[int, str], Writer]]:
+def writers(sink: tuple[Target, str, str]) -> Iterator[Callable[..., Writer]]:
     """Writers of the sink's table, sharing this process's run guard; closed at the end."""
     db, table, sink_id = sink
     made: list[Writer] = []
     guard: list[InProcessGuard] = []
     probe = Coordinator(parse_options({"url": db.url, "dbtable": table, "password": db.password}))
 
-    def make(batch_id: int, mode: str) -> Writer:
+    def make(batch_id: int, mode: str, **extra: Any) -> Writer:
         if not guard:
             probe.preflight()
             guard.append(InProcessGuard(probe.dialect, probe.journal.log_id()))
-        made.append(Writer(db, table, sink_id, batch_id, mode, guard[0].name))
+        made.append(Writer(db, table, sink_id, batch_id, mode, guard[0].name, **extra))
         return made[-1]
 
     yield make
@@ -129,7 +131,7 @@ def rows(db: Target, table: str) -> list[tuple[int, str]]:
 
 @pytest.mark.parametrize("mode", ["overwrite", "append"])
 def test_a_taken_over_run_with_no_rows_does_not_decide(
-    sink: tuple[Target, str, str], writers: Callable[[int, str], Writer], mode: str
+    sink: tuple[Target, str, str], writers: Callable[..., Writer], mode: str
 ) -> None:
     """W1 (all partitions empty) is held before its decision; W2 takes the batch over and prepares 10 rows.
     W1's commit must fail and change nothing (an empty xid list proves nothing about who holds the batch);
@@ -217,7 +219,7 @@ def with_statement_timeout(db: Target, seconds: int) -> str:
 
 def test_recovery_blocked_by_a_statement_timeout_keeps_the_decided_batch_and_says_so(
     sink: tuple[Target, str, str],
-    writers: Callable[[int, str], Writer],
+    writers: Callable[..., Writer],
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -258,7 +260,7 @@ def test_recovery_blocked_by_a_statement_timeout_keeps_the_decided_batch_and_say
 
 def test_recovery_rolls_back_an_orphan_before_the_apply_that_would_wait_on_it(
     sink: tuple[Target, str, str],
-    writers: Callable[[int, str], Writer],
+    writers: Callable[..., Writer],
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -330,3 +332,31 @@ def test_the_dialect_tells_wrong_rows_from_not_finished(db: Target) -> None:
         assert dialect.classify(missing) == ErrorKind.FATAL  # not about the rows: never withdraws either
     finally:
         dialect.dispose()
+
+
+def test_sparks_abort_after_an_incomplete_apply_keeps_the_decided_batch(
+    sink: tuple[Target, str, str], writers: Callable[..., Writer]
+) -> None:
+    """The driver's apply is cancelled by its statement timeout until commitTimeout passes (an application
+    holds a row of the table): CommitIncompleteError.  Spark then calls abort: it must not withdraw the
+    decided batch either.  Once the lock is gone, recovery finishes it forward with the new rows."""
+    db, table, sink_id = sink
+    db.execute(f"INSERT INTO {db.q(table)} (id, name) VALUES (100, 'old')")
+    w = writers(6, "overwrite", url=with_statement_timeout(db, 1), commitTimeout=2)
+    w.claim()
+    w.prepare([named(range(0, 3)), named(range(3, 6))])
+    with db.connect() as app:  # an application's transaction holds a row of the table
+        with app.cursor() as cur:
+            cur.execute("BEGIN")  # (the MariaDB helper's connections autocommit)
+            cur.execute(f"UPDATE {db.q(table)} SET name = 'app' WHERE id = 100")
+        with pytest.raises(CommitIncompleteError, match="batch 6 is decided"):
+            w.commit()
+        report = w.coordinator.abort(6, w.outcomes, run=w.run)  # what Spark does after a failed commit
+        app.rollback()
+    assert 6 in report.unfinished
+    decided = db.decision(sink_id, 6)
+    assert decided is not None and decided.state == "committing"
+    assert rows(db, table) == [(100, "old")]
+    assert w.coordinator.recover().finished_batches == [6]
+    assert rows(db, table) == named(range(6))
+    assert db.prepared(sink_id) == []
