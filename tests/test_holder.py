@@ -9,6 +9,8 @@ decision log, and (the ``db`` fixture) that nothing is left prepared.
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -302,10 +304,38 @@ def server_error(dialect: Dialect, *statements: str) -> sa.exc.DBAPIError:
     raise AssertionError(f"no error from {statements[-1]!r}")
 
 
+def cancelled_error(dialect: Dialect, db: Target, table: str) -> sa.exc.DBAPIError:
+    """The error of a statement waiting on a row lock that an operator cancels (pg_cancel_backend, KILL QUERY)."""
+    t = db.q(table)
+    found: list[BaseException] = []
+    with db.connect() as holder, dialect.connect() as conn:
+        me = conn.exec_driver_sql("SELECT pg_backend_pid()" if db.kind == "postgresql" else "SELECT CONNECTION_ID()")
+        pid = int(me.scalar_one())
+
+        def wait() -> None:
+            try:
+                conn.exec_driver_sql(f"UPDATE {t} SET name = 'waiting' WHERE id = 1")
+            except sa.exc.DBAPIError as exc:
+                found.append(exc)
+
+        with holder.cursor() as cur:
+            cur.execute("BEGIN")  # (the MariaDB helper's connections autocommit)
+            cur.execute(f"UPDATE {t} SET name = 'held' WHERE id = 1")
+            waiter = threading.Thread(target=wait)
+            waiter.start()
+            time.sleep(0.5)
+            cur.execute(f"SELECT pg_cancel_backend({pid})" if db.kind == "postgresql" else f"KILL QUERY {pid}")
+            waiter.join(10)
+        holder.rollback()
+        conn.rollback()
+    assert found and isinstance(found[0], sa.exc.DBAPIError), found
+    return found[0]
+
+
 def test_the_dialect_tells_wrong_rows_from_not_finished(db: Target) -> None:
-    """Only an error about the rows may withdraw a decided batch; a cancelled statement, a read-only
-    transaction or a missing table say nothing about them (real errors of the server, classified by the
-    dialect)."""
+    """Only an error about the rows may withdraw a decided batch; a statement timeout, a read-only
+    transaction, an operator's cancel or a missing table say nothing about them (real errors of the
+    server, classified by the dialect)."""
     table = db.new_table()
     db.keyed_table(table)
     db.execute(f"INSERT INTO {db.q(table)} (id, name) VALUES (1, 'a')")
@@ -327,7 +357,8 @@ def test_the_dialect_tells_wrong_rows_from_not_finished(db: Target) -> None:
                 server_error(dialect, "START TRANSACTION READ ONLY", f"DELETE FROM {t}"),
             ]
         assert [dialect.classify(e) for e in rows_wrong] == [ErrorKind.ROWS] * 2, rows_wrong
-        assert [dialect.classify(e) for e in not_finished] == [ErrorKind.TRANSIENT] * 2, not_finished
+        not_finished.append(cancelled_error(dialect, db, table))
+        assert [dialect.classify(e) for e in not_finished] == [ErrorKind.TRANSIENT] * 3, not_finished
         missing = server_error(dialect, "SELECT * FROM xasink_no_such_table_here")
         assert dialect.classify(missing) == ErrorKind.FATAL  # not about the rows: never withdraws either
     finally:
