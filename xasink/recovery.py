@@ -1,9 +1,11 @@
 """Recovery: finish what a sink's decision log says, and roll back what can never commit.
 
-A pass reads the log first and prepared branches second: decided batches are committed (and applied, for a
-write mode with an apply step) from the log alone, whatever crashed; an undecided branch is rolled back only
-under the sink's row lock, the same lock a decision takes, so a batch is never decided with a branch this pass
-rolled back (DESIGN invariant 4).  :func:`branch_action` is the one rule for a prepared branch, shared with
+A pass reads the log's pending batches first, then judges the prepared branches under the sink's row lock
+(the same lock a decision takes, so a batch is never decided with a branch this pass rolled back: DESIGN
+invariant 4) and rolls back those that can never commit, and only then finishes the decided batches from the
+log alone (commit, then apply or mark), whatever crashed: an apply never waits on an orphan's locks.  A decided
+batch is only finished forward; one that cannot be finished now is reported in ``unfinished``.
+:func:`branch_action` is the one rule for a prepared branch, shared with
 ``xasink recover``'s dry run (:mod:`xasink.admin`), so what is shown is what is done.
 
 The pass runs through a :class:`~xasink.coordinator.Coordinator`: its connection pool, and the same commit
@@ -110,7 +112,13 @@ def recover(c: Coordinator, upto: int | None = None, min_age_s: float = 0.0, run
     rest = [x for x in to_commit if x not in listed]
     if rest:
         report.committed += c._commit_branches(rest)
-    _finish_pending(c, report, pending)
+    try:
+        _finish_pending(c, report, pending)
+    finally:  # a decided branch found prepared here that its batch's finish did not reach is committed still
+        done = set(report.committed)
+        left = [x for x in to_commit if x in listed and x not in done and x.batch_id not in report.unfinished]
+        if left:
+            report.committed += c._commit_branches(left)
     return report
 
 
