@@ -163,7 +163,7 @@ def test_commit_makes_exactly_the_rows_visible(sink: Sink) -> None:
     parts = [range(0, 10), range(10, 25), range(25, 26)]
     outcomes = sink.write_batch(0, parts)
     outcomes.append(sink.write(0, 3, []))  # an empty partition opens no branch
-    assert outcomes[3] == BranchOutcome(3, None)
+    assert outcomes[3] == BranchOutcome(3, None, run=sink.run)
     assert [o.rows for o in outcomes if o] == [10, 15, 1, 0]
     assert sorted(sink.mine()) == gids(outcomes)
     assert all(Xid.parse(g) is not None for g in gids(outcomes))

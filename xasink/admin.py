@@ -66,6 +66,8 @@ class RecoverReport:
     older_than_s: float
     entries: list[PreparedEntry] = field(default_factory=list)
     finished_batches: dict[str, list[int]] = field(default_factory=dict)
+    # decided batches that could not be finished yet, per sink: batch -> what blocked it (they stay decided)
+    unfinished: dict[str, dict[int, str]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     acted: bool = False  # False for a dry run, and when planning found errors (then nothing was changed)
 
@@ -84,7 +86,7 @@ class RecoverReport:
     def exit_code(self) -> int:
         if self.errors:
             return 2
-        return 1 if self.stale() else 0
+        return 1 if self.stale() or self.unfinished else 0
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -206,6 +208,7 @@ def recover(
     journal_prefix: str = "xasink_",
     rollback_foreign: tuple[str, ...] | list[str] = (),
     journal_url: str | None = None,
+    retry_s: float | None = None,
 ) -> RecoverReport:
     """List every prepared transaction, plan what recovery does with each, and (unless ``dry_run``) do it.
 
@@ -214,9 +217,14 @@ def recover(
     mistake must not half-run.  Problems while acting are reported per sink; the other sinks still run.
     With ``journal_url``, the branches in ``url``'s database are judged by the decision log in that other
     database (a multi-target transaction's): only branches carrying that log's id are touched.
+    ``retry_s`` bounds how long a step that is not finished yet (a lock, a timeout) is retried (default
+    commitTimeout's, 300 s); a decided batch still not finished then is reported in ``unfinished`` (exit 1).
     """
     _check_threshold(older_than_s)
     base = _base_options(url, journal_schema, journal_prefix)
+    if retry_s is not None:
+        _check_threshold(retry_s)
+        base = replace(base, commit_timeout=int(retry_s))
     report = RecoverReport(_masked(base), dry_run, older_than_s)
     dialect = _dialect(base)
     journal = _journal(dialect, journal_url, journal_schema, journal_prefix)
@@ -291,6 +299,9 @@ def _act(
             result = _coordinator(dialect, base, sink, journal).recover(min_age_s=older_than_s)
             if result.finished_batches:
                 report.finished_batches[sink] = result.finished_batches
+            if result.unfinished:
+                secrets = url_secrets(base.url)
+                report.unfinished[sink] = {b: redact(why, secrets) for b, why in result.unfinished.items()}
         except Exception as exc:  # noqa: BLE001 - reported per sink; the others still run
             report.errors.append(f"sink {sink}: {_redacted(exc, base)}")
     for e in report.entries:

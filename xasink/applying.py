@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import sqlalchemy as sa
 
 from .apply import ApplySpec, apply_statements, withdraw
+from .dialects.base import ErrorKind
 from .errors import ApplyError, CommitIncompleteError
 
 if TYPE_CHECKING:  # the coordinator imports this module: only its type is needed here
@@ -25,8 +26,11 @@ def apply_decided(c: Coordinator, batch_id: int, spec: ApplySpec, commit_ms: int
     """Replace the target's rows from the shadow and mark the batch committed, in one local transaction.
 
     Transient errors are retried like the commits (the branches are committed into the shadow, so the
-    batch is only ever finished, by this run or by recovery).  An error no retry fixes withdraws the
-    decision (:class:`ApplyError`): the target keeps its rows.
+    batch is only ever finished, by this run or by recovery).  Only a proven property of the rows (a
+    constraint of the table they violate, a row outside replaceWhere: the dialect's ``ErrorKind.ROWS``, or
+    the apply's own :class:`ApplyError`) withdraws the decision: the target keeps its rows.  Anything else
+    (a timeout, a cancellation, a read-only or full server, a missing privilege) leaves the batch decided:
+    :class:`CommitIncompleteError`, naming the batch and what blocked it; a later run or recover finishes it.
     """
     dialect = c.journal.dialect
 
@@ -61,16 +65,17 @@ def apply_decided(c: Coordinator, batch_id: int, spec: ApplySpec, commit_ms: int
         withdraw_decision(c, batch_id, spec, str(exc))
         raise
     except Exception as exc:
-        if c._transient(exc):
+        if not isinstance(exc, sa.exc.DBAPIError):
+            raise  # not the server's answer: nothing proves the rows wrong, the batch stays decided
+        if dialect.classify(exc) != ErrorKind.ROWS:
+            # not about the rows: the batch stays decided and is only ever finished forward
+            within = f"within commitTimeout ({c.options.commit_timeout} s: " if c._transient(exc) else "("
             raise CommitIncompleteError(
                 f"sink {c.sink_id} batch {batch_id} is decided and its rows are loaded, but the step that "
-                f"makes them visible ({spec.describe()}) failed within commitTimeout "
-                f"({c.options.commit_timeout} s: {c._describe(exc)}); the table still holds its old rows. "
-                f"The next run of this sink (sinkId '{c.sink_id}') or 'xasink recover' finishes it; no row "
-                "is lost or doubled."
+                f"makes them visible ({spec.describe()}) failed {within}{c._describe(exc)}); the table still "
+                f"holds its old rows. The next run of this sink (sinkId '{c.sink_id}') or 'xasink recover' "
+                "finishes it once that is fixed; no row is lost or doubled."
             ) from exc
-        if not isinstance(exc, sa.exc.DBAPIError):
-            raise
         reason = c._describe(exc)
         withdraw_decision(c, batch_id, spec, reason)
         raise ApplyError(

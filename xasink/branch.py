@@ -270,7 +270,7 @@ def write_partition(
     rest = _non_empty(batches)
     first = next(rest, None)
     if first is None:
-        return BranchOutcome(partition, None, query=query)
+        return BranchOutcome(partition, None, query=query, run=run)
     dialect = shared_dialect(options.url, options.branch_settings)  # kept for the worker's next task
     dialect.enable_spare()  # the next task's branch connection is made while this one finishes
     tx = journal_url is not None
@@ -285,10 +285,10 @@ def write_partition(
         if isinstance(claimed_here, Clearance):  # a replay, or a sibling's branch adopted: drain, write nothing
             rows = first.num_rows + sum(b.num_rows for b in rest)  # so Spark sees the partition consumed
             if claimed_here.decided:
-                return BranchOutcome(partition, None, skipped=True, query=query)
+                return BranchOutcome(partition, None, skipped=True, query=query, run=run)
             assert claimed_here.sibling is not None
             return BranchOutcome(
-                partition, claimed_here.sibling.gid, rows, seconds=time.perf_counter() - start, query=query
+                partition, claimed_here.sibling.gid, rows, seconds=time.perf_counter() - start, query=query, run=run
             )
         session = claimed_here
     try:
@@ -306,4 +306,4 @@ def write_partition(
     seconds = time.perf_counter() - start
     log.info("prepared branch %s: %d rows in %.3fs", xid, rows, seconds)
     fault("task.after_prepare", partition=partition, attempt=attempt_number, batch=batch_id)
-    return BranchOutcome(partition, xid.gid, rows, seconds=seconds, query=query)
+    return BranchOutcome(partition, xid.gid, rows, seconds=seconds, query=query, run=run)

@@ -1,7 +1,8 @@
 """The ``xasink`` command: recover, status, ddl, demo.
 
 ``recover`` exits 0 when nothing of ours older than the threshold is left prepared (or in doubt), 1 when
-something is, 2 on an error.  ``status`` exits as a Nagios plugin (see docs/monitoring.md): 0 OK, 1 WARNING
+something is or a decided batch could not be finished yet (named, with what blocked it), 2 on an error.
+``status`` exits as a Nagios plugin (see docs/monitoring.md): 0 OK, 1 WARNING
 (a warn threshold, or anything in doubt or prepared for ``--older-than``), 2 CRITICAL, 3 UNKNOWN (cannot
 connect, cannot read, bad arguments).
 """
@@ -124,6 +125,13 @@ def _print_recover(report: admin.RecoverReport) -> None:
         print()
     for sink, batches in report.finished_batches.items():
         print(f"finished decided batches of sink {sink}: {batches}")
+    for sink, blocked in report.unfinished.items():
+        for batch, why in blocked.items():
+            print(
+                f"not finished: sink {sink} batch {batch} is decided but could not be finished yet ({why}); it "
+                "stays decided: run recover again once that is fixed",
+                file=sys.stderr,
+            )
     for err in report.errors:
         print(f"error: {err}", file=sys.stderr)
     ours = [e for e in report.entries if e.ours]
@@ -335,6 +343,12 @@ def build_parser() -> argparse.ArgumentParser:
     common(r)
     r.add_argument("--dry-run", action="store_true", help="list and plan, change nothing")
     r.add_argument(
+        "--retry-for",
+        default=None,
+        help="retry a step that is blocked (a lock, a timeout) for this long (e.g. 30s; default 5m), then "
+        "report its decided batch as not finished (exit 1)",
+    )
+    r.add_argument(
         "--rollback-foreign",
         action="append",
         default=[],
@@ -388,6 +402,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 journal_prefix=args.journal_prefix,
                 rollback_foreign=tuple(args.rollback_foreign),
                 journal_url=args.journal_url,
+                retry_s=admin.parse_duration(args.retry_for) if args.retry_for is not None else None,
             )
             print(json.dumps(report.to_dict(), indent=2, default=str)) if args.json else _print_recover(report)
             return report.exit_code

@@ -54,7 +54,7 @@ from .recovery import (  # noqa: F401 - re-exported: callers name them from here
 )
 from .results import BranchOutcome, WriteResult
 from .targets import forgotten_message, identity_message, same_target, taken_over_message, target_identity
-from .xid import Xid
+from .xid import Xid, new_run_nonce
 
 log = logging.getLogger(__name__)
 
@@ -164,9 +164,12 @@ class Coordinator:
         outcomes: Sequence[BranchOutcome | None],
         query: str | None = None,
         apply: ApplySpec | None = None,
+        run: str | None = None,
     ) -> WriteResult:
         """Decide and commit a batch whose tasks all reported; finish it instead if it was decided before.
 
+        ``run`` is the writer run deciding (else the run its tasks report): it decides only while it holds
+        the batch's claim, whatever its branches (none at all, when every partition was empty).
         ``query`` is the streaming query's id (else the tasks' reports name it): recorded with the target.
         ``apply``: the branches loaded a shadow table (overwrite, replaceWhere, change-data apply); once they
         are committed, one local transaction replaces the target's rows from it and marks the batch.
@@ -180,6 +183,7 @@ class Coordinator:
         prepare_s = max((o.seconds for o in done), default=0.0)
         ids = {"sink": self.sink_id, "batch": batch_id}
         xids = [o.xid for o in done if o.xid is not None]
+        run = run or next((o.run for o in done if o.run), None) or next((x.run for x in xids), None)
         rows = sum(o.rows for o in done if o.gid)
         skipped = any(o.skipped for o in done)
         if not skipped:  # (a replay's tasks all skip: the point is reached by batches about to be decided)
@@ -191,7 +195,7 @@ class Coordinator:
         # one transaction under the sink lock checks the batch (a replay, another target's batch, a batch the
         # log forgot, branches of another log, tasks that saw a decision) and records the decision
         with phase("commit.decide", **ids):
-            verdict = self._decide(record, query, apply, checks=True, skipped=skipped)
+            verdict = self._decide(record, query, apply, checks=True, skipped=skipped, run=run)
         if verdict is not None:
             return self._refused(verdict, record, outcomes, t0)
         # after the decision, only forward: commit and mark through transient errors until commitTimeout
@@ -258,7 +262,13 @@ class Coordinator:
         log.info(
             "sink %s batch %s was already decided: finishing it, writing nothing new", self.sink_id, existing.batch_id
         )
-        self.recover(upto=existing.batch_id)
+        report = self.recover(upto=existing.batch_id)
+        if existing.batch_id in report.unfinished:  # "skipped" would say its rows are there: they are not yet
+            raise CommitIncompleteError(
+                f"sink {self.sink_id} batch {existing.batch_id} is decided, but finishing it failed "
+                f"({report.unfinished[existing.batch_id]}); it stays decided: the next run of this sink or "
+                "'xasink recover' finishes it; no row is lost or doubled"
+            )
         return WriteResult(
             self.sink_id, existing.batch_id, existing.rows, existing.branches, True, {"total": time.perf_counter() - t0}
         )
@@ -270,11 +280,13 @@ class Coordinator:
         apply: ApplySpec | None = None,
         checks: bool = False,
         skipped: bool = False,
+        run: str | None = None,
     ) -> _Refusal | None:
         """Record the decision under the sink lock, after checking every listed branch is still prepared.
 
-        The decision is recorded only if no decision exists, every listed branch is still prepared, and the
-        batch's holder is the run of the listed branches; else the listed branches are rolled back and
+        The decision is recorded (by :meth:`Journal.record_decision`, the one place that does) only if no
+        decision exists, ``run`` (default: the run of the listed branches) holds the batch's claim, every
+        listed branch is that run's and is still prepared; else the listed branches are rolled back and
         :class:`ConcurrentWriterError` raised.  With ``checks`` (the commit), the same transaction first
         checks what :meth:`check_batch` checks before a write (a decided batch is a replay of the same
         target, or refused for another; an undecided one at or below an old log's horizon is refused), that
@@ -285,9 +297,10 @@ class Coordinator:
         fate unknown to us: :meth:`_settle_decision` reads the log again instead of guessing.
         """
         sent = False
+        run = run or next((x.run for x in record.xids), None) or new_run_nonce()
         try:
             with self.journal.locked_sink(self.sink_id) as (conn, horizon):
-                state = self.journal.decision_state(conn, self.sink_id, record.batch_id)
+                state = self.journal.decision_state(conn, self.sink_id, record.batch_id, run)
                 mine = self.target(conn, query)
                 other = state.decision
                 if checks and other is not None:  # decided: a replay of the same target, or another target's
@@ -316,8 +329,8 @@ class Coordinator:
                     for x in prepared
                 )
                 missing = [x for x in record.xids if x not in prepared]
-                holder = state.holder
-                taken_over = holder is not None and any(x.run != holder for x in record.xids)
+                # checked whatever the list holds: an empty list proves nothing about who holds the batch
+                taken_over = not state.holds() or any(x.run != run for x in record.xids)
                 if other is None and not missing and not taken_over:
                     target = mine
                     if apply is not None:  # recovery finishes the batch from the log alone
@@ -325,16 +338,15 @@ class Coordinator:
                     too_long = self.journal.target_too_long(conn, self.sink_id, record.batch_id, target)
                     if too_long is not None:  # never recorded truncated: the commit aborts the batch
                         return _Refusal(error=BatchAbortedError(too_long))
-                    self.dialect.durable_commit(conn)
+                    self.journal.record_decision(conn, state, record, run, target)
                     sent = True
-                    self.journal.insert_decision(conn, record, target)
                 else:
                     doomed = [x for x in record.xids if x in prepared and (other is None or x not in other.xids)]
                     self._rollback(doomed)
         except Exception as exc:  # leaving locked() sends the decision's COMMIT: a failure there is ambiguous
             if not sent:
                 raise
-            self._settle_decision(record, exc)
+            self._settle_decision(record, exc, run)
             return None
         if sent:
             log.info(
@@ -362,13 +374,14 @@ class Coordinator:
             "nothing of this batch is visible, run it again"
         )
 
-    def _settle_decision(self, record: BatchRecord, cause: Exception) -> None:
+    def _settle_decision(self, record: BatchRecord, cause: Exception, run: str) -> None:
         """The decision was sent but not confirmed: read the log again and follow it, never guess.
 
         The re-read takes the sink lock, which the broken session held: by the time it is granted that
-        session's transaction has ended one way or the other, so the log's answer is final.  Decided with our
-        exact list: go on committing.  Not decided: roll back the batch's branches under the same lock (so
-        it can never be decided later) and raise :class:`BatchAbortedError`.
+        session's transaction has ended one way or the other, so the log's answer is final.  Decided by this
+        run (:meth:`Journal.decided_by`) with our exact list: go on committing.  Not decided: roll back the
+        batch's branches under the same lock (so it can never be decided later) and raise
+        :class:`BatchAbortedError`.
         """
         batch = record.batch_id
         log.warning(
@@ -378,18 +391,23 @@ class Coordinator:
             self._describe(cause),
         )
 
-        def reread() -> BatchRecord | None:
+        def reread() -> tuple[BatchRecord | None, bool]:
+            """(the batch's decision, whether it is this run's with our exact list), our losers rolled back."""
             with self.journal.locked(self.sink_id) as conn:
                 found = self.journal.get(conn, self.sink_id, batch)
-                if found is None or set(found.xids) != set(record.xids):
+                mine = self.journal.decided_by(conn, self.sink_id, batch, run) if found is not None else None
+                ours = mine is not None and set(mine.xids) == set(record.xids)
+                if not ours:
                     prepared = {p.xid for p in list_prepared(self.dialect, self.journal, conn) if p.xid is not None}
                     kept = set(found.xids) if found is not None else set()
                     self._rollback([x for x in record.xids if x in prepared and x not in kept])
-                return found
+                return found, ours
 
         deadline = time.monotonic() + self.options.commit_timeout
         try:
-            found = self._forward(f"re-reading the decision of sink {self.sink_id} batch {batch}", reread, deadline)
+            found, ours = self._forward(
+                f"re-reading the decision of sink {self.sink_id} batch {batch}", reread, deadline
+            )
         except Exception as exc:
             if not self._transient(exc):
                 raise
@@ -407,7 +425,7 @@ class Coordinator:
                 "the decision log shows it was not recorded: the batch's branches were rolled back and nothing "
                 "of it is visible; run it again"
             ) from cause
-        if set(found.xids) != set(record.xids):
+        if not ours:
             raise ConcurrentWriterError(
                 f"sink {self.sink_id} batch {batch}: the connection broke while the decision was committed, and "
                 "the decision log shows another writer's decision for it; this attempt's branches were rolled "
@@ -530,7 +548,8 @@ class Coordinator:
         """
         log.warning("aborting sink %s batch %s", self.sink_id, batch_id)
         if run is None:
-            run = next((o.xid.run for o in outcomes if o is not None and o.xid is not None), None)
+            named = (o.run or (o.xid.run if o.xid else None) for o in outcomes if o is not None)
+            run = next((r for r in named if r), None)
         with self.journal.locked(self.sink_id) as conn:
             ending = {run} if run is not None else set()
             if run is None and guard is not None:

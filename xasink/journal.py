@@ -40,7 +40,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from .dialects.base import Dialect
-from .errors import JournalError, PreflightError
+from .errors import ConcurrentWriterError, JournalError, PreflightError
 from .journal_tables import (  # noqa: F401 - re-exported: callers name them from here
     COMMITTED,
     COMMITTING,
@@ -54,6 +54,7 @@ from .targets import (  # noqa: F401 - re-exported: callers name them from here
     identity_message,
     same_target,
     session_target,
+    taken_over_message,
     target_identity,
 )
 from .xid import Xid, valid_log_id
@@ -85,6 +86,14 @@ class DecisionState:
     decision: BatchRecord | None  # the batch's decision, if any
     target: str | None  # what the decided batch wrote, as recorded (None: not decided, or an older log)
     holder: str | None  # the run holding the batch (None: no claim, or trimmed)
+    mine: bool | None = None  # the asking run's claim: True superseded, False held, None no claim
+
+    def holds(self) -> bool:
+        """Whether the run it was read for may decide the undecided batch: it holds the claim, or it has none
+        and takes the batch over as it decides, as its first task would have (a run whose tasks were all empty
+        never claimed; a run new to a batch supersedes the others).  A run that was taken over (or aborted)
+        never may, whatever its xid list holds: an empty list proves nothing."""
+        return self.decision is None and self.mine is not True
 
 
 @dataclass(frozen=True)
@@ -331,10 +340,10 @@ class Journal(JournalTables):
         row = conn.execute(sa.select(b.target).where(b.sink_id == sink_id, b.batch_id == batch_id)).first()
         return (False, None) if row is None else (True, row[0])
 
-    def decision_state(self, conn: Connection, sink_id: str, batch_id: int) -> DecisionState:
+    def decision_state(self, conn: Connection, sink_id: str, batch_id: int, run: str | None = None) -> DecisionState:
         """In one round trip, under the sink lock: the log's identity, the batch's decision with its recorded
-        target, and the run holding the batch (what :meth:`log_id`, :meth:`get`, :meth:`target_of` and
-        :meth:`holder` read)."""
+        target, the run holding the batch, and ``run``'s own claim (what :meth:`log_id`, :meth:`get`,
+        :meth:`target_of`, :meth:`holder` and :meth:`claim_view` read)."""
         b, c, lg = self.batches.c, self.claims.c, self.logs.c
         holder = (
             sa.select(c.run)
@@ -342,8 +351,13 @@ class Journal(JournalTables):
             .limit(1)
             .scalar_subquery()
         )
+        mine = (
+            sa.select(c.superseded)
+            .where(c.sink_id == sink_id, c.batch_id == batch_id, c.run == (run or ""))
+            .scalar_subquery()
+        )
         q = (
-            sa.select(lg.log_id, holder.label("xasink_holder"), *self.batches.c)
+            sa.select(lg.log_id, holder.label("xasink_holder"), mine.label("xasink_mine"), *self.batches.c)
             .select_from(self.logs.outerjoin(self.batches, sa.and_(b.sink_id == sink_id, b.batch_id == batch_id)))
             .where(lg.slot == 1)
         )
@@ -357,7 +371,43 @@ class Journal(JournalTables):
         m = row._mapping
         record = self._record(row) if m["sink_id"] is not None else None
         target = m["target"] if record is not None else None
-        return DecisionState(str(row[0]), record, target, m["xasink_holder"])
+        superseded = m["xasink_mine"]
+        return DecisionState(
+            str(row[0]), record, target, m["xasink_holder"], bool(superseded) if superseded is not None else None
+        )
+
+    def record_decision(
+        self, conn: Connection, state: DecisionState, record: BatchRecord, run: str, target: str | None
+    ) -> None:
+        """The one place a decision is recorded, for a single table and a multi-target transaction alike.
+
+        ``conn`` holds the sink lock (:meth:`locked_sink`) and ``state`` was read in its transaction by
+        :meth:`decision_state` for ``run``.  Only the run holding the batch's claim decides (DESIGN invariant
+        8): the xid list is what is committed, never evidence of who may commit.  A run with no claim (its
+        tasks were all empty) takes the batch over in the same transaction.  Raises
+        :class:`ConcurrentWriterError` and changes nothing when ``run`` may not decide.  The caller sends the
+        COMMIT (leaving the lock); a failure there is settled by :meth:`decided_by`.
+        """
+        if state.decision is not None:
+            raise ConcurrentWriterError(
+                f"sink {record.sink_id} batch {record.batch_id} was decided by another writer first; this "
+                "attempt decided nothing"
+            )
+        if not state.holds():
+            raise ConcurrentWriterError(taken_over_message(record.sink_id, record.batch_id, run))
+        if state.mine is None:
+            self.take_over(conn, record.sink_id, record.batch_id, run)
+        self.dialect.durable_commit(conn)
+        self.insert_decision(conn, record, target)
+
+    def decided_by(self, conn: Connection, sink_id: str, batch_id: int, run: str) -> BatchRecord | None:
+        """Under the sink lock, after a decision's COMMIT failed: the batch's decision if ``run`` recorded it,
+        else None.  Nobody takes a decided batch over, so the run still holds its claim exactly when its
+        own decision went through; a decision whose runs merely include ``run``'s (an empty one) is not it."""
+        state = self.decision_state(conn, sink_id, batch_id, run)
+        if state.decision is not None and state.mine is False:
+            return state.decision
+        return None
 
     def horizon(self, conn: Connection, sink_id: str) -> int | None:
         """Batch ids up to this one that the log does not hold may have been committed (an old log's trim)."""

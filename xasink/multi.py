@@ -223,8 +223,7 @@ class MultiCoordinator:
         """Under the log's sink lock: record the one decision if this run holds the batch, every write recorded
         its part and every part's branches are still prepared in their databases; else say why not."""
         with self.journal.locked(self.sink_id) as conn:
-            other = self.journal.get(conn, self.sink_id, self.batch_id)
-            holder = self.journal.holder(conn, self.sink_id, self.batch_id)
+            state = self.journal.decision_state(conn, self.sink_id, self.batch_id, self.run)
             parts = read_parts(conn, self.journal, self.sink_id, self.batch_id, self.run)
             missing_parts = expected_parts - {p.part for p in parts}
             missing: list[Xid] = []
@@ -233,9 +232,9 @@ class MultiCoordinator:
                 with db.coordinator.dialect.connect() as tconn:
                     prepared = {p.xid for p in db.coordinator.dialect.list_prepared(tconn)}
                 missing += [x for p in parts if p.server == server for x in p.xids if x not in prepared]
-            if other is not None:
+            if state.decision is not None:
                 return False, parts, "another writer decided it first"
-            if holder != self.run:
+            if state.mine is not False:  # this run claimed the transaction when it began: it must hold it still
                 return False, parts, "a newer writer with the same sink_id took it over"
             if missing_parts:
                 return False, parts, f"writes {sorted(missing_parts)} recorded no branches"
@@ -256,9 +255,8 @@ class MultiCoordinator:
                 len(xids),
                 max((p.prepare_ms for p in parts), default=0),
             )
-            self.dialect.durable_commit(conn)
+            self.journal.record_decision(conn, state, record, self.run, multi_target(parts))
             self._sent = True
-            self.journal.insert_decision(conn, record, multi_target(parts))
         return True, parts, ""
 
     def _settle(self, cause: Exception) -> list[Part]:
@@ -272,7 +270,7 @@ class MultiCoordinator:
         )
         try:
             with self.journal.locked(self.sink_id) as conn:
-                found = self.journal.get(conn, self.sink_id, self.batch_id)
+                found = self.journal.decided_by(conn, self.sink_id, self.batch_id, self.run)
                 parts = read_parts(conn, self.journal, self.sink_id, self.batch_id, self.run)
         except Exception as exc:
             raise DecisionUnknownError(
@@ -281,12 +279,15 @@ class MultiCoordinator:
                 "batch_id, or run 'xasink recover' on each database (with --journal-url where the log is "
                 "elsewhere): either finishes it if it was decided and rolls it back if not"
             ) from exc
-        if found is not None and {x.run for x in found.xids} <= {self.run}:
+        # this run's own decision (it still holds its claim), with exactly the branches of its parts: never
+        # one whose runs merely include this run's (an empty decision of a newer writer has no runs at all)
+        if found is not None and set(found.xids) == {x for p in parts for x in p.xids}:
             return parts
         self.abort()
         raise BatchAbortedError(
             f"sink {self.sink_id} transaction {self.batch_id}: the connection broke while the decision was "
-            "committed, and the log shows it was not recorded; every branch was rolled back"
+            "committed, and the log shows this run's decision was not recorded (none, or another writer's); "
+            "every branch of this run was rolled back"
         ) from cause
 
     def abort(self) -> None:

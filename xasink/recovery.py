@@ -1,9 +1,11 @@
 """Recovery: finish what a sink's decision log says, and roll back what can never commit.
 
-A pass reads the log first and prepared branches second: decided batches are committed (and applied, for a
-write mode with an apply step) from the log alone, whatever crashed; an undecided branch is rolled back only
-under the sink's row lock, the same lock a decision takes, so a batch is never decided with a branch this pass
-rolled back (DESIGN invariant 4).  :func:`branch_action` is the one rule for a prepared branch, shared with
+A pass reads the log's pending batches first, then judges the prepared branches under the sink's row lock
+(the same lock a decision takes, so a batch is never decided with a branch this pass rolled back: DESIGN
+invariant 4) and rolls back those that can never commit, and only then finishes the decided batches from the
+log alone (commit, then apply or mark), whatever crashed: an apply never waits on an orphan's locks.  A decided
+batch is only finished forward; one that cannot be finished now is reported in ``unfinished``.
+:func:`branch_action` is the one rule for a prepared branch, shared with
 ``xasink recover``'s dry run (:mod:`xasink.admin`), so what is shown is what is done.
 
 The pass runs through a :class:`~xasink.coordinator.Coordinator`: its connection pool, and the same commit
@@ -18,12 +20,13 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from .apply import ApplySpec
 from .applying import apply_decided
 from .dialects.base import Dialect, PreparedTxn
-from .errors import ApplyError
+from .errors import ApplyError, CommitIncompleteError, ConnectError
 from .journal import BatchRecord, Journal
 from .liveness import runs_alive
 from .parts import decided_parts, mark_parts_committed, server_identity
@@ -42,9 +45,11 @@ class RecoveryReport:
     committed: list[Xid] = field(default_factory=list)
     rolled_back: list[Xid] = field(default_factory=list)
     finished_batches: list[int] = field(default_factory=list)
+    # decided batches this pass could not finish yet, and what blocked each (they stay decided: only forward)
+    unfinished: dict[int, str] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
-        return bool(self.committed or self.rolled_back or self.finished_batches)
+        return bool(self.committed or self.rolled_back or self.finished_batches or self.unfinished)
 
 
 COMMIT = "commit"  # listed in its batch's decision
@@ -100,24 +105,28 @@ def recover(c: Coordinator, upto: int | None = None, min_age_s: float = 0.0, run
     report = RecoveryReport()
     with c.journal.dialect.connect(autocommit=True) as conn:  # reads only
         pending = [r for r in c.journal.pending(conn, c.sink_id) if upto is None or r.batch_id <= upto]
-    for record in pending:
-        if _finish_parts(c, record, report):
-            continue  # a multi-target batch: only this database's parts are finished here
-        if c.journal.dialect is not c.dialect:
-            continue  # a single table's batch of the log's own database: finished from there
-        report.committed += c._commit_branches(record.xids)
-        with c.journal.dialect.connect() as conn:
-            spec = ApplySpec.from_target(c.journal.recorded_target(conn, c.sink_id, record.batch_id))
-            if spec is None:
-                c.journal.mark_committed(conn, c.sink_id, record.batch_id, None)
-        if spec is not None:
-            try:
-                apply_decided(c, record.batch_id, spec, None, time.monotonic() + c.options.commit_timeout)
-            except ApplyError as exc:
-                log.warning("recovery could not apply batch %s of sink %s: %s", record.batch_id, c.sink_id, exc)
-                continue
-        report.finished_batches.append(record.batch_id)
-        log.info("recovery finished decided batch %s of sink %s", record.batch_id, c.sink_id)
+    # first roll back what can never commit (and commit what is decided and still prepared): an apply of a
+    # decided batch must never wait on an orphan's locks that this very pass would release afterwards
+    to_commit = _roll_back_doomed(c, report, upto, min_age_s, run)
+    listed = {x for r in pending for x in r.xids}  # committed with their batch, next
+    rest = [x for x in to_commit if x not in listed]
+    if rest:
+        report.committed += c._commit_branches(rest)
+    try:
+        _finish_pending(c, report, pending)
+    finally:  # a decided branch found prepared here that its batch's finish did not reach is committed still
+        done = set(report.committed)
+        left = [x for x in to_commit if x in listed and x not in done and x.batch_id not in report.unfinished]
+        if left:
+            report.committed += c._commit_branches(left)
+    return report
+
+
+def _roll_back_doomed(
+    c: Coordinator, report: RecoveryReport, upto: int | None, min_age_s: float, run: str | None
+) -> list[Xid]:
+    """Judge every prepared branch of the sink under its lock (:func:`branch_action`) and roll back those that
+    can never commit; the decided ones found prepared are returned, to commit."""
 
     def of_sink(conn: Connection) -> list[PreparedTxn]:
         return [
@@ -133,14 +142,14 @@ def recover(c: Coordinator, upto: int | None = None, min_age_s: float = 0.0, run
     # this pass's reach either way); the lock, to judge and finish, only when something of the sink is there
     with c.journal.dialect.connect(autocommit=True) as conn:
         if not of_sink(conn):
-            return report
+            return []
     to_commit: list[Xid] = []
     with c.journal.locked(c.sink_id) as conn:
         # it only reads under the lock (its roll-backs run on a connection of their own)
         c.journal.dialect.relaxed_commit(conn)
         mine = of_sink(conn)
         if not mine:  # nothing of this sink is prepared: nothing to date, judge or finish
-            return report
+            return []
         now = c.journal.dialect.server_now(conn)
         decided = c.journal.get_many(conn, c.sink_id, {p.xid.batch_id for p in mine if p.xid})
         holder = c.journal.holder(conn, c.sink_id, upto) if run is not None and upto is not None else None
@@ -163,9 +172,46 @@ def recover(c: Coordinator, upto: int | None = None, min_age_s: float = 0.0, run
                 doomed.append(p.xid)
         c._rollback(doomed)
         report.rolled_back += doomed
-    if to_commit:
-        report.committed += c._commit_branches(to_commit)
-    return report
+    return to_commit
+
+
+def _finish_pending(c: Coordinator, report: RecoveryReport, pending: list[BatchRecord]) -> None:
+    """Finish each decided batch (commit its listed branches, apply or mark it), oldest first.
+
+    Only forward: a batch that cannot be finished now (a timeout, a lock, a read-only server...) stays
+    decided and goes into ``report.unfinished`` with what blocked it; the others are still finished.  A batch
+    withdrawn for its rows (:class:`ApplyError`) is never swallowed: the first is raised once the others ran.
+    """
+    withdrawn: list[ApplyError] = []
+    for record in pending:
+        try:
+            if _finish_parts(c, record, report):
+                continue  # a multi-target batch: only this database's parts are finished here
+            if c.journal.dialect is not c.dialect:
+                continue  # a single table's batch of the log's own database: finished from there
+            report.committed += c._commit_branches(record.xids)
+            with c.journal.dialect.connect() as conn:
+                spec = ApplySpec.from_target(c.journal.recorded_target(conn, c.sink_id, record.batch_id))
+                if spec is None:
+                    c.journal.mark_committed(conn, c.sink_id, record.batch_id, None)
+            if spec is not None:
+                apply_decided(c, record.batch_id, spec, None, time.monotonic() + c.options.commit_timeout)
+        except ApplyError as exc:
+            withdrawn.append(exc)
+            continue
+        except (CommitIncompleteError, ConnectError, sa.exc.DBAPIError) as exc:  # not about the rows: reported
+            report.unfinished[record.batch_id] = c._describe(exc)
+            log.warning(
+                "recovery could not finish decided batch %s of sink %s yet (%s); it stays decided",
+                record.batch_id,
+                c.sink_id,
+                report.unfinished[record.batch_id],
+            )
+            continue
+        report.finished_batches.append(record.batch_id)
+        log.info("recovery finished decided batch %s of sink %s", record.batch_id, c.sink_id)
+    if withdrawn:
+        raise withdrawn[0]
 
 
 def _finish_parts(c: Coordinator, record: BatchRecord, report: RecoveryReport) -> bool:

@@ -17,6 +17,7 @@ class BranchOutcome:
     skipped: bool = False  # the batch was already decided: nothing written
     seconds: float = 0.0  # load + prepare time in the task
     query: str | None = None  # the streaming query's id, when the task runs in one (recorded with the batch)
+    run: str | None = None  # the writer run of the task: the one that may decide the batch, even with no branch
 
     @property
     def xid(self) -> Xid | None:

@@ -33,9 +33,18 @@ log = logging.getLogger(__name__)
 
 
 class ErrorKind(enum.Enum):
-    TRANSIENT = "transient"  # retry (only ever outside a branch)
+    """What an error says about a batch, decided by the dialect from the error's class and nowhere else.
+
+    Only ``ROWS`` may withdraw a decided batch (while none of its rows is visible); ``TRANSIENT`` and
+    ``FATAL`` both mean "not finished yet" (the batch stays decided, a later run or recover finishes it);
+    ``UNKNOWN_XID`` is settled by reading again, never assumed.
+    """
+
+    ROWS = "rows"  # the rows are wrong: a constraint of the table they violate, a value the column cannot hold
+    TRANSIENT = "transient"  # not finished, worth retrying: a lost connection, a lock or statement timeout, a
+    # cancelled statement, a read-only, full or restarting server (only ever retried outside a branch)
     UNKNOWN_XID = "unknown_xid"  # the server no longer knows the branch
-    FATAL = "fatal"
+    FATAL = "fatal"  # not finished, and no retry of this step helps (a missing privilege, a bug): say so
 
 
 @dataclass(frozen=True)

@@ -202,7 +202,7 @@ class XasinkBatchWriter(DataSourceArrowWriter):
         coordinator = Coordinator(self.options, shared=True)
         try:  # the coordinator logs the batch's figures
             with phase("commit.call", sink=self.options.sink_id, batch=self.options.batch_id):
-                coordinator.commit(self.options.batch_id, _outcomes(messages), apply=self.plan.apply)
+                coordinator.commit(self.options.batch_id, _outcomes(messages), apply=self.plan.apply, run=self.run)
         finally:
             coordinator.close()
 

@@ -30,7 +30,18 @@ TRANSIENT_CODES = {
     2013,  # lost connection during query
     2055,  # lost connection (SSL)
     4031,  # MySQL: disconnected by the server (idle timeout)
+    1969,  # MariaDB: max_statement_time exceeded
+    3024,  # MySQL: max_execution_time exceeded
+    1317,  # query interrupted (KILL QUERY)
+    1290,  # the server runs with --read-only (or another option that forbids the statement)
+    1792,  # a read-only transaction
+    1836,  # read-only mode
+    1021,  # disk full
+    1114,  # the table is full
+    *(1037, 1038, 1041),  # out of memory
 }
+# the rows are wrong: a constraint of the table they violate, or a value its column cannot hold
+ROWS_CODES = {1062, 1586, 1048, 1263, 1364, 1406, 1264, 1366, 1265, 1292, 1452, 1451, 1216, 1217, 3819, 4025, 1690}
 PRIVILEGE_CODES = {1227, 1044, 1142}
 
 # error (or LOAD DATA warning) codes a branch can fail with, and what the user should do about them
@@ -83,6 +94,8 @@ def classify(exc: BaseException) -> ErrorKind:
         return ErrorKind.UNKNOWN_XID
     if isinstance(exc, BranchBusyError) or code in TRANSIENT_CODES:
         return ErrorKind.TRANSIENT
+    if code in ROWS_CODES:
+        return ErrorKind.ROWS
     if isinstance(exc, sa.exc.DBAPIError) and exc.connection_invalidated:
         return ErrorKind.TRANSIENT
     orig = getattr(exc, "orig", exc)

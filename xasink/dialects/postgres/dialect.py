@@ -31,6 +31,7 @@ from .sql import (
     _ADBC_DB_OPTIONS,
     _BRANCH_HINTS,
     _KEEPALIVES,
+    _ROWS_CLASSES,
     _SA_DIALECT,
     _TRANSIENT_STATES,
     _UNKNOWN_XID_STATE,
@@ -171,6 +172,8 @@ class PostgresDialect(Dialect):
             return ErrorKind.UNKNOWN_XID
         if state in _TRANSIENT_STATES or (state or "").startswith("08"):
             return ErrorKind.TRANSIENT
+        if state is not None and state.startswith(_ROWS_CLASSES):
+            return ErrorKind.ROWS
         if state == "55000" and "is busy" in str(exc):  # another session is finishing the same gid right now
             return ErrorKind.TRANSIENT
         if isinstance(exc, sa.exc.DBAPIError) and exc.connection_invalidated:

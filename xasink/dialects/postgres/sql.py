@@ -28,7 +28,15 @@ _KEEPALIVES = {
     "keepalives_interval": KEEPALIVE_INTERVAL_S,
     "keepalives_count": KEEPALIVE_COUNT,
 }
-_TRANSIENT_STATES = {"40001", "40P01", "55P03", "57P01", "57P02", "57P03", "53300", "58000", "58030"}
+_TRANSIENT_STATES = {
+    *("40001", "40P01", "55P03", "57P01", "57P02", "57P03", "53300", "58000", "58030"),
+    "57014",  # query_canceled: statement_timeout, pg_cancel_backend
+    "25006",  # read_only_sql_transaction: a standby, or default_transaction_read_only
+    *("53000", "53100", "53200", "53400"),  # insufficient resources: a full disk, out of memory, a limit
+    *("25P03", "57P05"),  # idle (in transaction) session timeout
+}
+# the rows are wrong: integrity constraint violations (23) and values the columns cannot hold (22)
+_ROWS_CLASSES = ("22", "23")
 _UNKNOWN_XID_STATE = "42704"
 
 # SQLSTATEs a branch can fail with, and what the user should do about them
