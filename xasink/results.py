@@ -17,6 +17,7 @@ class BranchOutcome:
     skipped: bool = False  # the batch was already decided: nothing written
     seconds: float = 0.0  # load + prepare time in the task
     query: str | None = None  # the streaming query's id, when the task runs in one (recorded with the batch)
+    warnings: tuple[str, ...] = ()  # what the task logged at WARNING or above: the driver reports it (notices)
 
     @property
     def xid(self) -> Xid | None:
@@ -33,13 +34,17 @@ class WriteResult:
     branches: int
     skipped: bool = False
     timings: dict[str, float] = field(default_factory=dict)
+    # what the user must know though the batch committed (a durability risk of the server, retries after the
+    # decision, a sweep that failed): also shown as XasinkWarning and logged in the caller's process
+    warnings: tuple[str, ...] = ()
 
     def __str__(self) -> str:
         what = (
             "skipped (already committed)" if self.skipped else f"committed {self.rows} rows in {self.branches} branches"
         )
         times = ", ".join(f"{k} {v:.3f}s" for k, v in self.timings.items())
-        return f"sink {self.sink_id} batch {self.batch_id}: {what}" + (f" ({times})" if times else "")
+        warned = f"; {len(self.warnings)} warnings" if self.warnings else ""
+        return f"sink {self.sink_id} batch {self.batch_id}: {what}" + (f" ({times})" if times else "") + warned
 
 
 @dataclass(frozen=True)
