@@ -51,8 +51,12 @@ def reap(tag: str, grace_s: float = 60.0) -> list[int]:
     return left
 
 
-def run_until_exit(cmd: list[str], env: dict[str, str], log: Path, timeout_s: float = 300) -> int:
+def run_until_exit(
+    cmd: list[str], env: dict[str, str], log: Path, timeout_s: float = 300, stderr: Path | None = None
+) -> int:
     """Run ``cmd`` in a process group of its own, output to ``log``, until it exits or a fault point kills it.
+
+    With ``stderr``, standard error goes there instead of into ``log`` (what a user reads on a terminal).
 
     Returns its exit status (``-SIGKILL`` when killed) once it and every process it started are gone;
     fails if one of them outlives it.  ``XASINK_FAULT_PGID`` is not inherited: the driver sets its own.
@@ -60,14 +64,14 @@ def run_until_exit(cmd: list[str], env: dict[str, str], log: Path, timeout_s: fl
     tag = uuid.uuid4().hex
     env = {**env, TAG_ENV: tag}
     env.pop("XASINK_FAULT_PGID", None)
-    with log.open("wb") as out:
+    with log.open("wb") as out, stderr.open("wb") if stderr is not None else out as err:
         proc = subprocess.Popen(
             cmd,
             cwd=ROOT,
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=out,
-            stderr=subprocess.STDOUT,
+            stderr=err if stderr is not None else subprocess.STDOUT,
             start_new_session=True,
         )
         try:

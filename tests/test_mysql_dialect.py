@@ -18,6 +18,7 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import re
+import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -49,6 +50,7 @@ from xasink.dialects.mysql import (
     MySQLDialect,
     encode_tsv,
     foreign_gid,
+    owner_lock,
     parse_foreign_gid,
     parse_recover_row,
     xid_literal,
@@ -274,6 +276,32 @@ def test_a_branch_still_attached_to_its_writer_is_busy_not_unknown(mariadb_url: 
         assert dialect.classify(gone.value) == ErrorKind.UNKNOWN_XID
     dialect.dispose()
     assert sql(mariadb_url, "SELECT COUNT(*) FROM busy_scratch") == [(0,)]
+
+
+def test_a_session_given_up_on_is_still_waited_for_as_a_new_branch_owner(mariadb_url: str) -> None:
+    """What await_owner gave up on is remembered per branch owner lock, never by session id alone.
+
+    After a server restart session ids start again from 1: a new branch's owner may get the id of a session
+    given up on before, and skipping it would send XA COMMIT while it still disconnects (an OK answer with
+    the branch left prepared).  Here one live session plays both: given up on as the owner of one branch,
+    then the owner of another, which must be waited for.
+    """
+    opts = options(mariadb_url, "unused")
+    dialect = MySQLDialect(opts.url)
+    run = new_run_nonce()
+    first, second = (Xid("0a0b0c0d0e", opts.sink_id, b, 0, f"1-{run}") for b in (0, 1))
+    try:
+        with mariadb_connect(mariadb_url) as owner, owner.cursor() as cur:
+            cur.execute("SELECT GET_LOCK(%s, 0)", (owner_lock(first),))
+            with dialect.connect(autocommit=True) as conn:
+                dialect.await_owner(conn, first, timeout_s=0.0)  # gives up on the owner at once
+                cur.execute("SELECT RELEASE_LOCK(%s), GET_LOCK(%s, 0)", (owner_lock(first), owner_lock(second)))
+                started = time.monotonic()
+                dialect.await_owner(conn, second, timeout_s=1.0)
+                waited = time.monotonic() - started
+        assert waited >= 1.0  # the new owner is waited for until the bound, not skipped
+    finally:
+        dialect.dispose()
 
 
 # --------------------------------------------------------------------------- exact round trip

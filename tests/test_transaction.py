@@ -17,7 +17,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 import xasink
 from tests.targets import MARIADB, POSTGRESQL, Target, make_target
-from xasink import admin
+from xasink import admin, liveness
 
 pytestmark = [pytest.mark.spark, pytest.mark.mariadb]
 
@@ -224,6 +224,29 @@ def test_a_database_restarted_between_prepare_and_commit(spark, pg_server, pgt, 
         before = sorted(pgt.prepared(sink))
         pg_server.restart()  # prepared branches survive; every connection to it is gone
         assert sorted(pgt.prepared(sink)) == before
+    assert rows(pgt, orders) == expect(0, 10) and rows(pgt, lines) == expect(100, 120)
+    assert rows(maria, events) == expect(100, 104)
+    assert_clean(sink, pgt, maria)
+
+
+def test_the_run_guard_is_taken_again_after_the_log_database_restarts(  # type: ignore[no-untyped-def]
+    spark, pg_server, pgt, maria, sink, monkeypatch
+):
+    """A restart of the log's database drops the transaction's guard; once the grace period is over (here at
+    once) a free guard means a dead run, so the next write's pre-flight recovery would roll back the earlier
+    writes' branches unless the transaction took its guard again."""
+    if pg_server is None:
+        pytest.skip("restarts the database: needs the embedded server, not XASINK_TEST_PG_URL")
+    monkeypatch.setattr(liveness, "RESTART_GRACE_S", 0.0)
+    orders, lines, events = three_tables(pgt, maria)
+    with xasink.transaction(sink_id=sink, batch_id=12, journal_url=pgt.url) as tx:
+        tx.write(frame(spark, 0, 10), pgt.url, orders)
+        tx.write(frame(spark, 100, 104), maria.url, events)
+        before = sorted(pgt.prepared(sink))
+        pg_server.restart()  # the guard's session is gone; prepared branches survive
+        assert sorted(pgt.prepared(sink)) == before
+        tx.write(frame(spark, 100, 120), pgt.url, lines)  # its pre-flight recovers the sink in PostgreSQL
+        assert set(before) <= set(pgt.prepared(sink))
     assert rows(pgt, orders) == expect(0, 10) and rows(pgt, lines) == expect(100, 120)
     assert rows(maria, events) == expect(100, 104)
     assert_clean(sink, pgt, maria)

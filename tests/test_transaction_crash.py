@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -119,4 +121,60 @@ def test_killed_transaction_is_all_or_nothing_after_recovery_of_each_database(
     else:
         assert table_rows(pgt, orders) == [] and table_rows(pgt, lines) == [] and table_rows(maria, events) == []
         assert log_db.execute("SELECT count(*) FROM xasink_batches WHERE sink_id = %s", sink) == [(0,)]
+    assert pgt.prepared(sink) == [] and maria.prepared(sink) == []
+
+
+def test_two_databases_recovered_at_once_mark_the_transaction_committed(
+    pgt: Target, maria: Target, tmp_path: Path
+) -> None:
+    """Recoveries of the two databases of one decided transaction, side by side: whichever marks its part
+    last must see the other's mark and mark the batch committed, or it stays in doubt forever.
+
+    The test holds the log's part rows locked until both recoveries have read the parts and wait (on those
+    rows, or on the sink lock a serialized mark takes), then lets them go together.
+    """
+    orders, lines, events = pgt.new_table(), pgt.new_table(), maria.new_table()
+    for t, name in ((pgt, orders), (pgt, lines), (maria, events)):
+        t.keyed_table(name)
+    sink = f"txc{uuid.uuid4().hex[:8]}"
+    log = tmp_path / "driver.log"
+    code = run_driver([pgt.url, maria.url, orders, lines, events, sink, str(BATCH), "pg"], "driver.after_decide", log)
+    assert code == -signal.SIGKILL, log.read_text(errors="replace")[-3000:]
+    assert pgt.execute("SELECT state FROM xasink_batches WHERE sink_id = %s", sink) == [("committing",)]
+
+    errors: list[BaseException] = []
+
+    def recover(url: str, journal_url: str | None) -> None:
+        try:
+            report = admin.recover(url, sink_id=sink, older_than_s=0, journal_url=journal_url)
+            assert report.errors == [], report.errors
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            errors.append(exc)
+
+    waiting = (
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+        "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+    )
+    with pgt.connect() as holder, holder.cursor() as cur:
+        holder.autocommit = False
+        cur.execute("SELECT 1 FROM xasink_parts WHERE sink_id = %s FOR UPDATE", (sink,))
+        threads = [
+            threading.Thread(target=recover, args=(pgt.url, None)),
+            threading.Thread(target=recover, args=(maria.url, pgt.url)),
+        ]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 60
+        while pgt.execute(waiting) != [(2,)] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert pgt.execute(waiting) == [(2,)]  # both read the parts and now wait to mark theirs
+        holder.commit()
+    for t in threads:
+        t.join(120)
+    assert errors == []
+    assert table_rows(pgt, orders) == expect(0, 10) and table_rows(pgt, lines) == expect(100, 120)
+    assert table_rows(maria, events) == expect(200, 205)
+    assert pgt.execute("SELECT committed FROM xasink_parts WHERE sink_id = %s", sink) == [(True,)] * 3
+    assert pgt.execute("SELECT state FROM xasink_batches WHERE sink_id = %s", sink) == [("committed",)]
+    assert xasink_status(pgt.url, sink_id=sink).sinks[0].in_doubt_batches == []
     assert pgt.prepared(sink) == [] and maria.prepared(sink) == []

@@ -23,6 +23,7 @@ from .errors import (
     OptionError,
     PreflightError,
     XasinkError,
+    XasinkWarning,
 )
 from .results import TransactionResult, WriteResult
 from .status import status
@@ -66,6 +67,7 @@ __all__ = [
     "TransactionResult",
     "WriteResult",
     "XasinkError",
+    "XasinkWarning",
     "foreach_batch",
     "foreach_batch_multi",
     "recover",

@@ -75,3 +75,9 @@ class BatchIdentityError(XasinkError):
 class ForgottenBatchError(BatchIdentityError):
     """The decision log can no longer tell whether this (sinkId, batchId) was committed (a log trimmed by an
     older xasink): writing could double its rows and skipping could lose them, so xasink refuses."""
+
+
+class XasinkWarning(UserWarning):
+    """Something the user must know though the write succeeded: a durability risk, retries after the decision,
+    a batch left for recovery.  Shown by Python's ``warnings`` in the user's process and kept in
+    :attr:`xasink.WriteResult.warnings`."""

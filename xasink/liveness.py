@@ -23,6 +23,8 @@ import select
 import socket
 import subprocess
 import sys
+import threading
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -36,6 +38,7 @@ log = logging.getLogger(__name__)
 
 RESTART_GRACE_S = 30.0  # after a server (re)start, keepers take their guards again within seconds
 KEEPER_START_TIMEOUT_S = 60.0
+GUARD_PING_S = 2.0  # how often an in-process guard checks its session is still there
 
 
 def guard_name(log_id: str, driver: str) -> str:
@@ -122,20 +125,83 @@ def ensure_keeper(dialect: Dialect, log_id: str, driver: DriverProcess) -> str:
 
 
 class InProcessGuard:
-    """A guard held by this very process: Spark-free writers (tests, tools) that coordinate themselves."""
+    """A guard held by this very process: Spark-free writers (tests, tools) and multi-target transactions.
 
-    def __init__(self, dialect: Dialect, log_id: str) -> None:
+    A database restart (or a killed session) drops the lock while the run goes on; after the restart grace a
+    free guard means a dead run, whose branches any sweep rolls back.  So the lock is taken again: by a
+    watcher thread that pings its session every ``watch_s``, and by :meth:`ensure`, which a writer calls
+    before each step that relies on its branches being left alone.
+    """
+
+    def __init__(self, dialect: Dialect, log_id: str, suffix: str | None = None, watch_s: float = GUARD_PING_S) -> None:
         me = _stat(os.getpid())
-        self.name = guard_name(log_id, DriverProcess(os.getpid(), me[1] if me else 0).token)
+        token = DriverProcess(os.getpid(), me[1] if me else 0).token
+        self.name = guard_name(log_id, token if suffix is None else f"{token}.{suffix}")
+        self._dialect = dialect
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
         self._conn: Connection | None = dialect.connect(autocommit=True)
         if not dialect.try_session_lock(self._conn, self.name):
             self.close()
             raise PreflightError(f"run guard {self.name} is held by another session")
+        self._watch_s = watch_s
+        self._watcher = threading.Thread(target=self._watch, name=f"xasink-guard-{self.name}", daemon=True)
+        self._watcher.start()
+
+    def ensure(self, timeout_s: float = RESTART_GRACE_S) -> None:
+        """Hold the lock now: ping its session; after a lost one, connect and take the lock again.
+
+        Raises :class:`PreflightError` when the lock cannot be held again within ``timeout_s``.
+        """
+        with self._lock:
+            if self._closed.is_set():
+                return
+            if self._conn is not None:
+                try:
+                    self._conn.exec_driver_sql("SELECT 1")
+                    return
+                except Exception:  # noqa: BLE001 - a lost session: taken again below
+                    self._drop()
+            deadline = time.monotonic() + timeout_s
+            while True:
+                try:
+                    conn = self._dialect.connect(autocommit=True)
+                    if self._dialect.try_session_lock(conn, self.name):
+                        self._conn = conn
+                        log.warning("run guard %s was lost (a database restart?) and is held again", self.name)
+                        return
+                    conn.close()  # the old session's lock is still being released
+                    why = "held by another session"
+                except Exception as exc:  # noqa: BLE001 - the server is still coming back
+                    why = type(exc).__name__
+                if time.monotonic() > deadline:
+                    raise PreflightError(
+                        f"run guard {self.name} was lost and could not be taken again within {timeout_s:.0f}s "
+                        f"({why}) on {self._dialect.where()}: this run's branches are no longer protected"
+                    )
+                time.sleep(0.5)
+
+    def _drop(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.invalidate()
+            except Exception:  # noqa: BLE001,S110 - the session is gone either way
+                pass
+            self._conn = None
+
+    def _watch(self) -> None:
+        while not self._closed.wait(self._watch_s):
+            try:
+                self.ensure()
+            except Exception as exc:  # noqa: BLE001 - said here; the next ensure() by the writer raises
+                log.warning("run guard %s: %s", self.name, exc)
 
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        self._closed.set()
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
 
 
 def runs_alive(

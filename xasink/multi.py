@@ -13,16 +13,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
 from dataclasses import replace
 
-from sqlalchemy.engine import Connection
-
 from .coordinator import Coordinator
 from .dialects import dialect_for
-from .dialects.base import Dialect
 from .errors import (
     BatchAbortedError,
     BatchIdentityError,
@@ -30,35 +26,16 @@ from .errors import (
     DecisionUnknownError,
     ForgottenBatchError,
     OptionError,
-    PreflightError,
 )
 from .faults import fault
 from .journal import BatchRecord, Journal
-from .liveness import DriverProcess, _stat, guard_name
+from .liveness import InProcessGuard
 from .options import WriteOptions
 from .parts import Part, ensure_parts, mark_parts_committed, multi_target, read_parts, recorded_targets, server_identity
 from .targets import describe_target, forgotten_message, target_identity
 from .xid import Xid, new_run_nonce
 
 log = logging.getLogger(__name__)
-
-
-class _Guard:
-    """The transaction's own session lock on the log's database: its branches are alive while it is held."""
-
-    def __init__(self, dialect: Dialect, log_id: str, run: str) -> None:
-        me = _stat(os.getpid())
-        token = DriverProcess(os.getpid(), me[1] if me else 0).token
-        self.name = guard_name(log_id, f"{token}.{run}")
-        self._conn: Connection | None = dialect.connect(autocommit=True)
-        if not dialect.try_session_lock(self._conn, self.name):
-            self.close()
-            raise PreflightError(f"run guard {self.name} is held by another session")
-
-    def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
 
 
 class TargetDb:
@@ -92,7 +69,7 @@ class MultiCoordinator:
         self.journal.ensure()
         ensure_parts(self.journal)
         self.log_id = self.journal.log_id()
-        self.guard = _Guard(self.dialect, self.log_id, self.run)
+        self.guard = InProcessGuard(self.dialect, self.log_id, self.run)
         try:
             self._claim()
         except BaseException:
@@ -163,6 +140,7 @@ class MultiCoordinator:
 
         ``max_prepared_transactions`` must cover every branch the transaction holds in that server at once.
         """
+        self.guard.ensure()  # taken again if the log's database restarted: the recovery below must spare us
         db = self.target(options)
         with self._lock:
             db.branches += branches
@@ -184,6 +162,7 @@ class MultiCoordinator:
     def commit(self, expected_parts: set[int]) -> tuple[list[Part], dict[str, float]]:
         """Decide over every recorded part, then commit each database's branches; only forward after deciding."""
         t0 = time.perf_counter()
+        self.guard.ensure()
         by_server = {db.server: db for db in self.targets.values()}
         self._sent = False
         try:

@@ -133,6 +133,30 @@ def mark_parts_committed(conn: Connection, journal: Journal, parts: list[Part]) 
             )
 
 
+def mark_parts_done(
+    conn: Connection, journal: Journal, sink_id: str, batch_id: int, xids: tuple[Xid, ...], done: list[Part]
+) -> bool:
+    """Mark ``done`` committed and say whether every part of the decision now is, in the caller's transaction.
+
+    The caller holds the sink's lock (:meth:`Journal.locked`): two recoveries of two databases of one
+    transaction then mark one after the other, and the later one reads the earlier one's mark, so whichever
+    finishes last learns the batch is done.
+    """
+    p = journal.parts.c
+    for part in done:
+        conn.execute(
+            journal.parts.update()
+            .where(p.sink_id == part.sink_id, p.batch_id == part.batch_id, p.run == part.run, p.part == part.part)
+            .values(committed=True)
+        )
+    runs = {x.run for x in xids}
+    # a locking read: the newest committed marks, on PostgreSQL and InnoDB (REPEATABLE READ) alike
+    marks = conn.execute(
+        sa.select(p.run, p.committed).where(p.sink_id == sink_id, p.batch_id == batch_id).with_for_update()
+    )
+    return all(bool(committed) for run, committed in marks if run in runs)
+
+
 def multi_target(parts: list[Part]) -> str:
     """The decision log's record of what a multi-target batch wrote: every part's database and table."""
     targets = []

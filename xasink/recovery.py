@@ -29,7 +29,7 @@ from .dialects.base import Dialect, PreparedTxn
 from .errors import ApplyError, CommitIncompleteError, ConnectError
 from .journal import BatchRecord, Journal
 from .liveness import runs_alive
-from .parts import decided_parts, mark_parts_committed, server_identity
+from .parts import decided_parts, mark_parts_done, server_identity
 from .xid import Xid
 
 if TYPE_CHECKING:  # the coordinator imports this module: only its type is needed here
@@ -218,7 +218,8 @@ def _finish_parts(c: Coordinator, record: BatchRecord, report: RecoveryReport) -
     """Finish this database's parts of a decided multi-target batch; False for a single-target batch.
 
     Each part's branches are committed through this database only when the part was written here
-    (its server identity); the batch is marked committed once every part is.
+    (its server identity); the batch is marked committed once every part is, by whichever recovery marks
+    the last part: marking and reading every part's mark run under the sink's lock.
     """
     with c.dialect.connect() as conn:
         here = server_identity(conn)
@@ -229,9 +230,10 @@ def _finish_parts(c: Coordinator, record: BatchRecord, report: RecoveryReport) -
     mine = [p for p in parts if p.server == here and not p.committed]
     for part in mine:
         report.committed += c._commit_branches(part.xids)
-    with c.journal.dialect.connect() as conn:
-        mark_parts_committed(conn, c.journal, mine)
-        if all(p.committed or p in mine for p in parts):
+    with c.journal.locked(c.sink_id) as conn:
+        done = mark_parts_done(conn, c.journal, c.sink_id, record.batch_id, record.xids, mine)
+    if done:
+        with c.journal.dialect.connect() as conn:
             c.journal.mark_committed(conn, c.sink_id, record.batch_id, None)
             report.finished_batches.append(record.batch_id)
             log.info("recovery finished decided multi-target batch %s of sink %s", record.batch_id, c.sink_id)

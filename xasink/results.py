@@ -18,6 +18,7 @@ class BranchOutcome:
     seconds: float = 0.0  # load + prepare time in the task
     query: str | None = None  # the streaming query's id, when the task runs in one (recorded with the batch)
     run: str | None = None  # the writer run of the task: the one that may decide the batch, even with no branch
+    warnings: tuple[str, ...] = ()  # what the task logged at WARNING or above: the driver reports it (notices)
 
     @property
     def xid(self) -> Xid | None:
@@ -34,13 +35,17 @@ class WriteResult:
     branches: int
     skipped: bool = False
     timings: dict[str, float] = field(default_factory=dict)
+    # what the user must know though the batch committed (a durability risk of the server, retries after the
+    # decision, a sweep that failed): also shown as XasinkWarning and logged in the caller's process
+    warnings: tuple[str, ...] = ()
 
     def __str__(self) -> str:
         what = (
             "skipped (already committed)" if self.skipped else f"committed {self.rows} rows in {self.branches} branches"
         )
         times = ", ".join(f"{k} {v:.3f}s" for k, v in self.timings.items())
-        return f"sink {self.sink_id} batch {self.batch_id}: {what}" + (f" ({times})" if times else "")
+        warned = f"; {len(self.warnings)} warnings" if self.warnings else ""
+        return f"sink {self.sink_id} batch {self.batch_id}: {what}" + (f" ({times})" if times else "") + warned
 
 
 @dataclass(frozen=True)

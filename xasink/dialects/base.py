@@ -189,7 +189,7 @@ def set_keepalive(sock: Any) -> None:
 
 
 # (dialect, host:port, setting, value) already warned about in this process: once per run, not per batch
-_DURABILITY_WARNED: set[tuple[str, str, str, str]] = set()
+_DURABILITY_WARNED: set[tuple[str, str, str]] = set()
 
 
 @dataclass(frozen=True)
@@ -333,6 +333,15 @@ class Dialect(ABC):
         """The server's settings under which a crash can lose what PREPARE or the decision wrote."""
         return []
 
+    def durability_warnings(self, conn: Connection) -> list[str]:
+        """What :meth:`warn_durability` says about this server, every time it is asked (a write's result)."""
+        server = f"{self.url.host or 'localhost'}:{self.url.port or self.default_port}"
+        return [
+            f"{self.name} at {server} has {risk.setting} = {risk.value}: a server crash can lose prepared branches "
+            f"of a decided batch, so rows can be lost despite exactly-once writes. Set {risk.fix}"
+            for risk in self.durability_risks(conn)
+        ]
+
     def warn_durability(self, conn: Connection) -> None:
         """Warn (once per process and server) about settings that let a server crash lose prepared branches.
 
@@ -341,20 +350,12 @@ class Dialect(ABC):
         operator may accept the risk (a test server), and the setting is the server's, not the job's.
         """
         server = f"{self.url.host or 'localhost'}:{self.url.port or self.default_port}"
-        for risk in self.durability_risks(conn):
-            key = (self.name, server, risk.setting, risk.value)
+        for text in self.durability_warnings(conn):
+            key = (self.name, server, text)
             if key in _DURABILITY_WARNED:
                 continue
             _DURABILITY_WARNED.add(key)
-            log.warning(
-                "%s at %s has %s = %s: a server crash can lose prepared branches of a decided batch, so rows "
-                "can be lost despite exactly-once writes. Set %s",
-                self.name,
-                server,
-                risk.setting,
-                risk.value,
-                risk.fix,
-            )
+            log.warning("%s", text)
 
     # -- tables --------------------------------------------------------------
     @abstractmethod

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
+import tempfile
 import time
 import weakref
 from collections.abc import Callable
@@ -11,7 +13,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
-from .. import errors
+from .. import errors, notices
 from ..coordinator import Coordinator
 from ..journal import Journal
 from ..masking import redact, url_secrets
@@ -103,11 +105,16 @@ def write(
     journal = Coordinator(parsed, shared=True).journal
     run = new_run_nonce()
     before = _record(journal, parsed.sink_id, parsed.batch_id)
+    with journal.dialect.connect(autocommit=True) as conn:  # said with every write's result, not once a process
+        warned = journal.dialect.durability_warnings(conn)
+    fd, path = tempfile.mkstemp(prefix="xasink-notices-", suffix=".jsonl")  # the workers' warnings (notices)
+    os.close(fd)
     t0 = time.perf_counter()
     try:
         opts = {k: str(v) for k, v in raw.items()}
-        df.write.format("xasink").options(**opts, **{RUN_OPTION: run}).mode(mode).save()
+        df.write.format("xasink").options(**opts, **{RUN_OPTION: run, notices.NOTICES_OPTION: path}).mode(mode).save()
     except Exception as exc:
+        notices.tell(dict.fromkeys(warned + notices.load(path)))
         inner = _unwrap(exc)
         if inner is None and _record(journal, parsed.sink_id, parsed.batch_id) is None:
             # not ours (a failing UDF, a lost executor...) and the batch is undecided: nothing of it is visible
@@ -118,17 +125,21 @@ def write(
         if inner is None:
             raise
         raise inner from exc
+    finally:
+        told = list(dict.fromkeys(warned + notices.load(path)))
+        os.unlink(path)
+    notices.tell(told)
     total = time.perf_counter() - t0
     after = _record(journal, parsed.sink_id, parsed.batch_id)
     if after is None:  # an empty DataFrame decides nothing... unless it had partitions: then it decided []
-        return WriteResult(parsed.sink_id, parsed.batch_id, 0, 0, False, {"total": total})
+        return WriteResult(parsed.sink_id, parsed.batch_id, 0, 0, False, {"total": total}, tuple(told))
     timings = {"prepare": after.prepare_ms / 1000, "total": total}
     if after.commit_ms is not None:
         timings["commit"] = after.commit_ms / 1000
     # another writer of the same (sink, batch) may have decided it while we ran: then we wrote nothing either
     theirs = any(x.run != run for x in after.xids)
     result = WriteResult(
-        parsed.sink_id, parsed.batch_id, after.rows, after.branches, before is not None or theirs, timings
+        parsed.sink_id, parsed.batch_id, after.rows, after.branches, before is not None or theirs, timings, tuple(told)
     )
     log.info("%s", result)
     return result

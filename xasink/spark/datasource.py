@@ -13,6 +13,7 @@ import logging
 import re
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -26,7 +27,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from .. import faults
+from .. import faults, notices
 from ..apply import ApplySpec, check_predicate, ensure_shadow, shadow_plan, spec_for
 from ..coordinator import Coordinator
 from ..dialects.base import TargetPlan
@@ -150,8 +151,6 @@ def _write_task(
     iterator: Iterator[pa.RecordBatch],
     tx: TxWrite | None = None,
 ) -> XasinkCommitMessage:
-    from ..branch import write_partition  # the rows' path: not imported by the planning and commit workers
-
     ctx = TaskContext.get()
     assert ctx is not None, "xasink writers run inside Spark tasks"
     partition = ctx.partitionId()
@@ -160,7 +159,26 @@ def _write_task(
             f"option 'numPartitions': the DataFrame has more than {options.num_partitions} partitions; "
             f"call df.coalesce({options.num_partitions}) before writing, or use xasink.write(), which coalesces"
         )
-    outcome = write_partition(
+    with notices.captured() as warned:
+        outcome = _write_partition(options, plan, run, batch_id, iterator, tx, ctx)
+    if warned:  # the task's log is nobody's to read: the driver reports them (xasink.notices)
+        outcome = replace(outcome, warnings=tuple(f"partition {partition}: {w}" for w in warned))
+    return XasinkCommitMessage(outcome)
+
+
+def _write_partition(
+    options: WriteOptions,
+    plan: WritePlan,
+    run: str,
+    batch_id: int,
+    iterator: Iterator[pa.RecordBatch],
+    tx: TxWrite | None,
+    ctx: TaskContext,
+) -> BranchOutcome:
+    from ..branch import write_partition  # the rows' path: not imported by the planning and commit workers
+
+    partition = ctx.partitionId()
+    return write_partition(
         options,
         plan.target,
         batch_id=batch_id,
@@ -175,21 +193,52 @@ def _write_task(
         journal_url=tx.journal_url if tx is not None else None,
         claimed=plan.claimed,
     )
-    return XasinkCommitMessage(outcome)
 
 
 def _outcomes(messages: list[WriterCommitMessage | None]) -> list[BranchOutcome | None]:
     return [m.outcome if isinstance(m, XasinkCommitMessage) else None for m in messages]
 
 
+@contextmanager
+def _told(path: str | None) -> Iterator[None]:
+    """Run a driver-side step so that its warnings reach the user: into the notices file of ``xasink.write``
+    (the user's process reports them), else to this worker's stderr, which Spark copies to the driver's."""
+    if path is None:
+        _worker_logging(logging.WARNING)
+    quiet = _worker_handler if path is not None else None  # set up by an earlier write in this reused worker
+    level = quiet.level if quiet is not None else logging.NOTSET
+    if quiet is not None:
+        quiet.setLevel(logging.CRITICAL + 1)  # the user's process reports them: not twice
+    with notices.captured() as warned:
+        try:
+            yield
+        finally:
+            notices.save(path, warned)
+            if quiet is not None:
+                quiet.setLevel(level)
+
+
+def _tell_tasks(outcomes: list[BranchOutcome | None]) -> None:
+    """Log what the tasks warned about, here on the driver side (inside :func:`_told`)."""
+    for outcome in outcomes:
+        for text in outcome.warnings if outcome is not None else ():
+            log.warning("%s", text)
+
+
 class XasinkBatchWriter(DataSourceArrowWriter):
     def __init__(
-        self, options: WriteOptions, plan: WritePlan, run: str | None = None, tx: TxWrite | None = None
+        self,
+        options: WriteOptions,
+        plan: WritePlan,
+        run: str | None = None,
+        tx: TxWrite | None = None,
+        notices_path: str | None = None,
     ) -> None:
         self.options = options
         self.plan = plan
         self.run = run or new_run_nonce()
         self.tx = tx
+        self.notices = notices_path  # xasink.write's file for warnings (xasink.notices); None: to stderr
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> XasinkCommitMessage:
         return _write_task(self.options, self.plan, self.run, self.options.batch_id, iterator, self.tx)
@@ -198,23 +247,27 @@ class XasinkBatchWriter(DataSourceArrowWriter):
         if self.tx is not None:  # inside xasink.transaction(): record the part, the transaction decides
             record_tx_part(self.options, self.tx, self.run, _outcomes(messages))
             return
-        worker_started("driver", sink=self.options.sink_id, batch=self.options.batch_id)
-        coordinator = Coordinator(self.options, shared=True)
-        try:  # the coordinator logs the batch's figures
-            with phase("commit.call", sink=self.options.sink_id, batch=self.options.batch_id):
-                coordinator.commit(self.options.batch_id, _outcomes(messages), apply=self.plan.apply, run=self.run)
-        finally:
-            coordinator.close()
+        with _told(self.notices):
+            _tell_tasks(_outcomes(messages))
+            worker_started("driver", sink=self.options.sink_id, batch=self.options.batch_id)
+            coordinator = Coordinator(self.options, shared=True)
+            try:  # the coordinator logs the batch's figures
+                with phase("commit.call", sink=self.options.sink_id, batch=self.options.batch_id):
+                    coordinator.commit(self.options.batch_id, _outcomes(messages), apply=self.plan.apply, run=self.run)
+            finally:
+                coordinator.close()
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         if self.tx is not None:
             abort_tx_write(self.options, self.tx, self.run, _outcomes(messages))
             return
-        coordinator = Coordinator(self.options, shared=True)
-        try:
-            coordinator.abort(self.options.batch_id, _outcomes(messages), settle_s=ABORT_SETTLE_S, run=self.run)
-        finally:
-            coordinator.close()
+        with _told(self.notices):
+            _tell_tasks(_outcomes(messages))
+            coordinator = Coordinator(self.options, shared=True)
+            try:
+                coordinator.abort(self.options.batch_id, _outcomes(messages), settle_s=ABORT_SETTLE_S, run=self.run)
+            finally:
+                coordinator.close()
 
 
 _worker_handler: logging.Handler | None = None
@@ -330,7 +383,6 @@ class XasinkStreamWriter(DataSourceStreamArrowWriter):
         return self.__dict__.copy()
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> XasinkCommitMessage:
-        _worker_logging(logging.WARNING)
         ctx = TaskContext.get()
         raw = ctx.getLocalProperty(STREAM_BATCH_PROPERTY) if ctx is not None else None
         if raw is None:
@@ -340,6 +392,7 @@ class XasinkStreamWriter(DataSourceStreamArrowWriter):
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803 - Spark's name
         """Decide and commit (the coordinator logs the batch's figures at INFO and keeps them in the journal)."""
         _worker_logging(logging.INFO)
+        _tell_tasks(_outcomes(messages))  # the tasks' warnings travel with their messages
         worker_started("driver", sink=self.options.sink_id, batch=batchId)
         # only a write mode's apply step needs the plan here (its shadow table); an append commits by its xids
         apply = self.plan.apply if self.options.applies_at_commit else None
@@ -395,19 +448,21 @@ class XasinkDataSource(DataSource):
             if run is None:
                 raise OptionError(f"option '{TX_URL_OPTION}' is internal to xasink.transaction()")
             return XasinkBatchWriter(options, prepare_tx_write(options, schema, tx), run, tx)
-        plan = _prepare(options, schema, options.num_partitions)
-        run = self._run() or new_run_nonce()
-        coordinator = Coordinator(options, shared=True)
-        try:
-            with phase("plan.recover", sink=options.sink_id, batch=options.batch_id):
-                coordinator.check_batch(options.batch_id)  # another target's batch, or one the log forgot: refuse now
-                # take the batch over here, once, instead of in every task; then finish what earlier runs
-                # decided and roll back their branches of this batch (superseded now, so dead to recovery)
-                claimed = coordinator.claim(options.batch_id, run, plan.guard)
-                coordinator.recover(upto=options.batch_id, run=run)
-        finally:
-            coordinator.close()
-        return XasinkBatchWriter(options, replace(plan, claimed=claimed), run)
+        path = self.options.get(notices.NOTICES_OPTION)
+        with _told(path):
+            plan = _prepare(options, schema, options.num_partitions)
+            run = self._run() or new_run_nonce()
+            coordinator = Coordinator(options, shared=True)
+            try:
+                with phase("plan.recover", sink=options.sink_id, batch=options.batch_id):
+                    coordinator.check_batch(options.batch_id)  # another target's batch, or one the log forgot
+                    # take the batch over here, once, instead of in every task; then finish what earlier runs
+                    # decided and roll back their branches of this batch (superseded now, so dead to recovery)
+                    claimed = coordinator.claim(options.batch_id, run, plan.guard)
+                    coordinator.recover(upto=options.batch_id, run=run)
+            finally:
+                coordinator.close()
+        return XasinkBatchWriter(options, replace(plan, claimed=claimed), run, notices_path=path)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> XasinkStreamWriter:  # noqa: N802 - Spark's name
         _worker_logging(logging.INFO)

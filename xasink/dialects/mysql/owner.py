@@ -36,16 +36,19 @@ OWNER_WAIT_S = 5.0  # longest wait for a branch's owner to finish disconnecting 
 # A transaction whose session is gone and that INNODB_TRX still shows in LOCK WAIT is not disconnecting: MariaDB
 # 10.11 leaves that state (and the thread id) on a branch that waited for a row lock before it prepared, long
 # after its owner left (tests/test_late_branch.py, the blocked upsert copy); a live waiter is in PROCESSLIST.
+# Each row names the session and what it is disconnecting with: the branch's owner lock, or its InnoDB
+# transaction id (never reused, not even across a restart, unlike the session id).
 _DISCONNECTING_SQL = (
-    "SELECT ID FROM information_schema.PROCESSLIST WHERE ID = IS_USED_LOCK(%(lock)s) UNION "
-    "SELECT t.trx_mysql_thread_id FROM information_schema.INNODB_TRX t WHERE t.trx_mysql_thread_id <> 0 "
+    "SELECT ID, %(lock)s FROM information_schema.PROCESSLIST WHERE ID = IS_USED_LOCK(%(lock)s) UNION "
+    "SELECT t.trx_mysql_thread_id, CAST(t.trx_id AS CHAR) FROM information_schema.INNODB_TRX t "
+    "WHERE t.trx_mysql_thread_id <> 0 "
     "AND t.trx_state NOT IN ('ROLLING BACK', 'LOCK WAIT') "
     "AND (t.trx_mysql_thread_id = IS_USED_LOCK(%(lock)s) OR NOT EXISTS "
     "(SELECT 1 FROM information_schema.PROCESSLIST p WHERE p.ID = t.trx_mysql_thread_id "
     "AND p.COMMAND NOT IN ('Killed', 'Quit')))"
 )
 _DISCONNECTING_SQL_NO_TRX = (  # without the PROCESS privilege (INNODB_TRX is not readable)
-    "SELECT ID FROM information_schema.PROCESSLIST WHERE ID = IS_USED_LOCK(%(lock)s)"
+    "SELECT ID, %(lock)s FROM information_schema.PROCESSLIST WHERE ID = IS_USED_LOCK(%(lock)s)"
 )
 
 
@@ -55,7 +58,9 @@ class OwnerWatch:
     def __init__(self, raw_connect: Callable[[], Any]) -> None:
         self._raw_connect = raw_connect
         self._trx_visible = True  # whether this user may read INNODB_TRX (the PROCESS privilege)
-        self._stuck: frozenset[int] = frozenset()  # sessions await_owner gave up on
+        # (session, owner lock or InnoDB transaction id) await_owner gave up on: never the session id alone,
+        # which a server restart hands out again from 1 (a new branch's live owner must not be skipped)
+        self._stuck: frozenset[tuple[int, str]] = frozenset()
 
     def wait_detached(self, connection_id: int, timeout_s: float = DETACH_TIMEOUT_S) -> None:
         """Return once session ``connection_id`` (a branch's, after PREPARE and disconnect) has left PROCESSLIST.
@@ -84,9 +89,6 @@ class OwnerWatch:
         finally:
             conn.close()
 
-    _trx_visible = True  # whether this user may read INNODB_TRX (the PROCESS privilege)
-    _stuck: frozenset[int] = frozenset()  # sessions await_owner gave up on (per dialect, i.e. per engine)
-
     @staticmethod
     def _listed(cur: Any, connection_id: int) -> bool:
         cur.execute("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = %s", (connection_id,))
@@ -109,7 +111,8 @@ class OwnerWatch:
         while True:
             query = _DISCONNECTING_SQL if self._trx_visible else _DISCONNECTING_SQL_NO_TRX
             try:
-                pending = {int(r[0]) for r in conn.exec_driver_sql(query, {"lock": lock})} - self._stuck
+                found = {(int(r[0]), str(r[1])) for r in conn.exec_driver_sql(query, {"lock": lock})}
+                pending = found - self._stuck
             except sa.exc.DBAPIError as exc:
                 if not self._trx_visible or errno_of(exc) not in PRIVILEGE_CODES:
                     raise
@@ -121,7 +124,12 @@ class OwnerWatch:
                 # a session that takes this long (a hung writer, another application's huge disconnect) is
                 # not waited for again: the next branches would each wait as long for nothing
                 self._stuck = self._stuck | pending
-                log.debug("%s: sessions %s still disconnecting after %.0fs; going on", xid, sorted(pending), timeout_s)
+                log.debug(
+                    "%s: sessions %s still disconnecting after %.0fs; going on",
+                    xid,
+                    sorted({session for session, _ in pending}),
+                    timeout_s,
+                )
                 return
             time.sleep(max(delay, TRX_POLL_S) if self._trx_visible else delay)  # INNODB_TRX: see TRX_POLL_S
             delay = min(delay * 2, 0.05)

@@ -1,0 +1,52 @@
+"""A user's plain PySpark script, for tests/test_user_warnings.py to read its standard error.
+
+    python tests/plain_driver.py URL FORMAT_TABLE WRITE_TABLE
+
+Writes ids 0..9 with ``df.write.format("xasink")`` into FORMAT_TABLE, then with ``xasink.write`` into
+WRITE_TABLE, and prints the second's ``WriteResult.warnings`` as ``WARNINGS <json>`` on standard output.
+Like a user's script it sets up no logging: whatever xasink has to say must reach standard error by itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+
+def main(argv: list[str]) -> int:
+    url, format_table, write_table = argv
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+
+    from pyspark.sql import SparkSession
+
+    import xasink
+    from tests.jvm import driver_java_options
+
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("xasink-plain-driver")
+        .config("spark.ui.enabled", "false")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.extraJavaOptions", driver_java_options())  # tests/jvm.py: starts sooner
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    xasink.register(spark)
+    df = spark.range(0, 10, 1, 2).selectExpr("cast(id as int) as id", "concat('n', id) as name")
+    df.write.format("xasink").option("url", url).option("dbtable", format_table).mode("append").save()
+    print("FORMAT DONE", flush=True)
+    result = xasink.write(df, url, write_table)
+    print("WARNINGS " + json.dumps(list(result.warnings)), flush=True)
+    spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,90 @@
+"""Warnings that must reach the user's process, not only the Spark Python worker that met them.
+
+The data source's planning, tasks and commit run in Python workers the JVM starts, whose logging nobody
+reads.  What the user must know (a server setting that can lose prepared rows, retries after the decision,
+a batch left decided for recovery, a fault point) is captured where it happens: a task returns its
+warnings with its commit message, the driver-side worker logs them with its own, and hands them all to the
+user's process through a file on the driver's machine named by an internal option (``xasink.write``),
+which reports them with Python's ``warnings`` and in :class:`~xasink.results.WriteResult`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import warnings
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+
+from .errors import XasinkWarning
+
+log = logging.getLogger("xasink")
+
+NOTICES_OPTION = "xasink.notices"  # internal option: the file the driver-side workers append warnings to
+
+
+class _Collector(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.lines.append(record.getMessage())
+        except Exception:  # noqa: BLE001 - a bad format string must not fail the write
+            self.lines.append(str(record.msg))
+
+
+@contextmanager
+def captured() -> Iterator[list[str]]:
+    """The messages of xasink's WARNING and ERROR records while the block runs, in order."""
+    xlog = logging.getLogger("xasink")
+    collector = _Collector()
+    level = xlog.level
+    if level == logging.NOTSET or level > logging.WARNING:
+        xlog.setLevel(logging.WARNING)
+    xlog.addHandler(collector)
+    try:
+        yield collector.lines
+    finally:
+        xlog.removeHandler(collector)
+        xlog.setLevel(level)
+
+
+def save(path: str | None, lines: Iterable[str]) -> None:
+    """Append ``lines`` to the notices file (one JSON string a line); nothing without a file."""
+    lines = list(lines)
+    if path is None or not lines:
+        return
+    try:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write("".join(json.dumps(line) + "\n" for line in lines))
+    except OSError as exc:  # a remote driver (Spark Connect): the worker's own log keeps them
+        log.debug("cannot hand warnings to the user's process through %s: %s", path, exc)
+
+
+def load(path: str) -> list[str]:
+    """The warnings the workers saved, each once, in order."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            found = [json.loads(line) for line in f if line.strip()]
+    except (OSError, ValueError):
+        return []
+    return list(dict.fromkeys(str(x) for x in found))
+
+
+def _logging_set_up() -> bool:
+    """Whether the user's process set up logging that shows xasink's records (a handler that is not a null one)."""
+    loggers = (logging.getLogger("xasink"), logging.getLogger())
+    return any(not isinstance(h, logging.NullHandler) for lg in loggers for h in lg.handlers)
+
+
+def tell(lines: Iterable[str]) -> None:
+    """Report warnings in the user's process: in its log when it set logging up, else as :class:`XasinkWarning`
+    (Python shows those on standard error, each text once per place, unless the user filters them)."""
+    logged = _logging_set_up()
+    for line in lines:
+        if logged:
+            log.warning("%s", line)
+        else:
+            warnings.warn(line, XasinkWarning, stacklevel=3)
