@@ -14,7 +14,8 @@ constraints the runs' answers impose:
 - "skipped": the run is not in the set, and its batch has a run in the set;
 - an error that says nothing of the run is visible (a ``BatchAbortedError``, a failure before the
   decision): not in the set; "decided, recovery will finish it" (``CommitIncompleteError``): in it;
-- killed, or any other error: either;
+- killed by its fault at a point after the decision: in the set (a decided batch is finished forward);
+- killed elsewhere, or any other error: either;
 - a run in the set was applied after it started, and after every run told "written" that answered
   before it started;
 - a run whose claim was superseded (another run of its batch took the batch over after it claimed and
@@ -47,6 +48,7 @@ DRIVER_POINTS = (
     "driver.after_commits",
     "driver.after_mark",
 )
+AFTER_DECISION = ("driver.after_decide", "driver.after_first_commit", "driver.after_commits", "driver.after_mark")
 COMMIT_TIMEOUT_S = 8  # commitTimeout of every writer
 LOCK_TIMEOUT_S = 4  # lockTimeout and controlLockTimeout of every writer
 MARGIN_S = 25.0  # "no process waits past commitTimeout plus a margin" (2 shared CPUs, several sessions)
@@ -112,7 +114,7 @@ def _split(rng: random.Random, rows: list[Row]) -> list[list[Row]]:
 
 
 def _rows(rng: random.Random, mode: str, index: int, label: str, seqs: list[int]) -> list[Row]:
-    if rng.random() < 0.15:
+    if rng.random() < 0.2:
         return []  # every partition empty
     if mode == "append":
         return [(1000 * (index + 1) + i, label) for i in range(rng.randint(1, 6))]
@@ -164,7 +166,7 @@ def draw(seed: int, mode: str | None = None) -> Schedule:
         start += rng.choice((0.0, 0.1, 0.3, 0.7, 1.2))
     recovers = [
         Recover(round(rng.uniform(0.0, start + 1.0), 2), rng.choice((None, 1, 5, 20, 100)))
-        for _ in range(rng.choice((0, 0, 1, 1, 2)))
+        for _ in range(rng.choice((0, 1, 1, 2, 2)))
     ]
     return Schedule(seed, mode, writers, recovers)
 
@@ -328,7 +330,11 @@ def explain(schedule: Schedule, told: dict[str, Told], table: list[Row], child: 
     """An ordered set of runs whose rows give exactly ``table`` (and ``child``, unless None) under every
     constraint, or None."""
     mode, writers = schedule.mode, schedule.writers
-    must = {w.label for w in writers if told[w.label].membership() is True}
+    must = {
+        w.label
+        for w in writers
+        if told[w.label].membership() is True or (decided_when_killed(w, told[w.label]) and can_commit(mode, w))
+    }
     never = {w.label for w in writers if told[w.label].membership() is False or not can_commit(mode, w)}
     free = [w for w in writers if w.label not in must and w.label not in never]
     fixed = [w for w in writers if w.label in must]
@@ -348,6 +354,12 @@ def explain(schedule: Schedule, told: dict[str, Told], table: list[Row], child: 
                 if rows == sorted(table) and (child is None or children == sorted(child)):
                     return [w.label for w in order]
     return None
+
+
+def decided_when_killed(w: Writer, t: Told) -> bool:
+    """Killed by its fault at a point after the decision (only that fault kills it): the batch is decided, so it
+    must be finished forward (docs/protocol.md), by whatever recovery comes next."""
+    return t.outcome == "killed" and bool(w.fault) and w.fault.startswith(AFTER_DECISION) and ":kill" in w.fault
 
 
 def _ordered(order: tuple[Writer, ...], told: dict[str, Told]) -> bool:

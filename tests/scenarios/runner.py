@@ -145,6 +145,7 @@ class Runner:
         ended: dict[str, float] = {}
         hung: set[str] = set()
         recovers: list[tuple[Any, float]] = []
+        stuck = 0  # recover runs killed past RECOVER_LIMIT_S
         t0 = time.monotonic()
         while (
             pending or any(p.is_alive() for p, _, _ in writers.values()) or any(r.poll() is None for r, _ in recovers)
@@ -181,6 +182,7 @@ class Runner:
             for rproc, started in recovers:
                 if rproc.poll() is None and time.monotonic() - started > RECOVER_LIMIT_S:
                     rproc.kill()
+                    stuck += 1
             time.sleep(0.02)
         for label, (proc, _, _) in writers.items():
             proc.join()
@@ -196,6 +198,8 @@ class Runner:
         violations = model.check(schedule, told, rows, prepared, sibling_ok, child_rows, final_rc)
         if final_rc is None:
             violations.append(f"the final `xasink recover` ran past {RECOVER_LIMIT_S}s and was killed")
+        if stuck:
+            violations.append(f"{stuck} `xasink recover` run(s) during the schedule ran past {RECOVER_LIMIT_S}s")
         logs = {}
         if violations:
             for f in sorted(here.glob("*.log")):
