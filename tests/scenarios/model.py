@@ -136,11 +136,11 @@ def _fault(rng: random.Random, partitions: list[list[Row]]) -> str | None:
     roll = rng.random()
     if roll < 0.35:
         return None
-    if roll < 0.6:  # a pause: the run stays alive but slow at that point
-        point = rng.choice(TASK_POINTS + DRIVER_POINTS)
-        action = f"sleep={rng.choice((0.3, 0.8, 1.5))}"
-    elif roll < 0.9:
-        point, action = rng.choice(TASK_POINTS + DRIVER_POINTS), "kill"
+    if roll < 0.6:  # a pause: the run stays alive but slow at that point (most often just before its decision)
+        point = rng.choice(TASK_POINTS + DRIVER_POINTS + ("driver.before_decide",) * 3)
+        action = f"sleep={rng.choice((0.3, 0.8, 1.5, 2.5))}"
+    elif roll < 0.9:  # a crash, most often right after the decision
+        point, action = rng.choice(TASK_POINTS + DRIVER_POINTS + AFTER_DECISION), "kill"
     else:  # a task fails; with a=0 only its first attempt, so the retry may succeed
         point, action = rng.choice(TASK_POINTS), "raise" + rng.choice(("", ":a=0"))
     if point.startswith("task."):
@@ -165,7 +165,7 @@ def draw(seed: int, mode: str | None = None) -> Schedule:
         writers.append(Writer(label, rng.choice(batches), partitions, _fault(rng, partitions), round(start, 2)))
         start += rng.choice((0.0, 0.1, 0.3, 0.7, 1.2))
     recovers = [
-        Recover(round(rng.uniform(0.0, start + 1.0), 2), rng.choice((None, 1, 5, 20, 100)))
+        Recover(round(rng.uniform(0.5, start + 3.0), 2), rng.choice((None, 1, 5, 20, 100)))
         for _ in range(rng.choice((0, 1, 1, 2, 2)))
     ]
     return Schedule(seed, mode, writers, recovers)
