@@ -147,43 +147,54 @@ class Runner:
         recovers: list[tuple[Any, float]] = []
         stuck = 0  # recover runs killed past RECOVER_LIMIT_S
         t0 = time.monotonic()
-        while (
-            pending or any(p.is_alive() for p, _, _ in writers.values()) or any(r.poll() is None for r, _ in recovers)
-        ):
-            now = time.monotonic()
-            while pending and pending[0][0] <= now - t0:
-                _, item = pending.pop(0)
-                if isinstance(item, Writer):
-                    save_mode, options = self._options(schedule, item, table, sink)
-                    spec = {
-                        "options": options,
-                        "save_mode": save_mode,
-                        "fault": item.fault,
-                        "partitions": [[list(r) for r in p] for p in item.partitions],
-                    }
-                    proc = ctx.Process(
-                        target=writer_main,
-                        args=(spec, str(here / f"{item.label}.jsonl"), str(here / f"{item.label}.log")),
-                        daemon=True,
-                    )
-                    proc.start()
-                    limit = model.COMMIT_TIMEOUT_S + 3 * model.LOCK_TIMEOUT_S + item.pause() + model.MARGIN_S
-                    writers[item.label] = (proc, time.monotonic(), limit)
-                else:
-                    recovers.append((self._recover(item.statement_timeout_ms, sink, here), time.monotonic()))
-            for label, (proc, started, limit) in writers.items():
-                if label in ended:
-                    continue
-                if not proc.is_alive():
-                    ended[label] = time.monotonic()
-                elif time.monotonic() - started > limit:
-                    hung.add(label)
+        try:
+            while (
+                pending
+                or any(p.is_alive() for p, _, _ in writers.values())
+                or any(r.poll() is None for r, _ in recovers)
+            ):
+                now = time.monotonic()
+                while pending and pending[0][0] <= now - t0:
+                    _, item = pending.pop(0)
+                    if isinstance(item, Writer):
+                        save_mode, options = self._options(schedule, item, table, sink)
+                        spec = {
+                            "options": options,
+                            "save_mode": save_mode,
+                            "fault": item.fault,
+                            "partitions": [[list(r) for r in p] for p in item.partitions],
+                        }
+                        proc = ctx.Process(
+                            target=writer_main,
+                            args=(spec, str(here / f"{item.label}.jsonl"), str(here / f"{item.label}.log")),
+                            daemon=True,
+                        )
+                        proc.start()
+                        limit = model.COMMIT_TIMEOUT_S + 3 * model.LOCK_TIMEOUT_S + item.pause() + model.MARGIN_S
+                        writers[item.label] = (proc, time.monotonic(), limit)
+                    else:
+                        recovers.append((self._recover(item.statement_timeout_ms, sink, here), time.monotonic()))
+                for label, (proc, started, limit) in writers.items():
+                    if label in ended:
+                        continue
+                    if not proc.is_alive():
+                        ended[label] = time.monotonic()
+                    elif time.monotonic() - started > limit:
+                        hung.add(label)
+                        proc.kill()
+                for rproc, started in recovers:
+                    if rproc.poll() is None and time.monotonic() - started > RECOVER_LIMIT_S:
+                        rproc.kill()
+                        stuck += 1
+                time.sleep(0.02)
+        except BaseException:  # the runner itself failed (or was interrupted): stop what it started
+            for proc, _, _ in writers.values():
+                if proc.is_alive():
                     proc.kill()
-            for rproc, started in recovers:
-                if rproc.poll() is None and time.monotonic() - started > RECOVER_LIMIT_S:
+            for rproc, _ in recovers:
+                if rproc.poll() is None:
                     rproc.kill()
-                    stuck += 1
-            time.sleep(0.02)
+            raise
         for label, (proc, _, _) in writers.items():
             proc.join()
             ended.setdefault(label, time.monotonic())
@@ -200,6 +211,11 @@ class Runner:
             violations.append(f"the final `xasink recover` ran past {RECOVER_LIMIT_S}s and was killed")
         if stuck:
             violations.append(f"{stuck} `xasink recover` run(s) during the schedule ran past {RECOVER_LIMIT_S}s")
+        for gid in prepared:  # reported above; rolled back so later schedules do not wait on their locks
+            try:
+                self.db.rollback_ours(gid)
+            except Exception:  # finished concurrently
+                pass
         logs = {}
         if violations:
             for f in sorted(here.glob("*.log")):
