@@ -4,11 +4,13 @@ Each schedule (tests/scenarios/model.py) runs two to four writers of one sink at
 (tests/scenarios/driver.py), with pauses and SIGKILLs at protocol points and ``xasink recover`` runs,
 then a final recover; the oracle checks that what every run was told is true of the table.
 
-- CI: the fixed seeds :data:`CI_SEEDS` per database (every write mode, and the schedules that found the
-  bugs listed in tests/scenarios/FOUND.md); ``XASINK_SCENARIO_COUNT=N`` runs seeds
-  ``XASINK_SCENARIO_BASE`` (default 0) .. +N instead.
+- CI: the fixed seeds :data:`CI_SEEDS` per database (every write mode; ``XASINK_SCENARIO_COUNT=N`` runs
+  seeds ``XASINK_SCENARIO_BASE`` (default 0) .. +N instead), and the schedules kept in
+  tests/scenarios/found.json because they found the bugs of tests/scenarios/FOUND.md
+  (``XASINK_SCENARIO_FOUND=<name>`` runs one).
 - ``soak``: ``XASINK_SCENARIO_LONG`` (default 1000) schedules per database from ``XASINK_SCENARIO_BASE``.
-- Replay: ``XASINK_SCENARIO_SEED=<seed>`` runs that one schedule (both tests, each database).
+- Replay: ``XASINK_SCENARIO_SEED=<seed>`` runs that one schedule (each database).  The schedule is the
+  same; the interleaving of real processes is not, so a race may need a few runs to show again.
 
 A violation fails the test with each failing schedule, what its runs were told, what the oracle saw and
 the seed to replay it; ``XASINK_SCENARIO_REPORT=<file>`` also appends them there as JSON lines.
@@ -44,11 +46,22 @@ def seeds(count_env: str, default: int | None) -> list[int]:
     return list(range(base, base + count)) if count else list(CI_SEEDS)
 
 
-def run_schedules(db: Target, tmp_path: Path, chosen: list[int]) -> None:
+FOUND = Path(__file__).parent / "scenarios" / "found.json"
+
+
+def found_schedules() -> list[model.Schedule]:
+    """The kept schedules that found bugs (tests/scenarios/FOUND.md), or the one XASINK_SCENARIO_FOUND names."""
+    kept = [model.Schedule.from_dict({**k["schedule"], "name": k["name"]}) for k in json.loads(FOUND.read_text())]
+    one = os.environ.get("XASINK_SCENARIO_FOUND")
+    return [s for s in kept if s.name == one] if one else kept
+
+
+def run_schedules(db: Target, tmp_path: Path, chosen: list[int] | list[model.Schedule]) -> None:
     runner = Runner(db, tmp_path)
     failed: list[Outcome] = []
-    for seed in chosen:
-        outcome = runner.run(model.draw(seed))
+    for item in chosen:
+        schedule = item if isinstance(item, model.Schedule) else model.draw(item)
+        outcome = runner.run(schedule)
         if outcome.violations:
             failed.append(outcome)
             report = os.environ.get("XASINK_SCENARIO_REPORT")
@@ -56,7 +69,8 @@ def run_schedules(db: Target, tmp_path: Path, chosen: list[int]) -> None:
                 with open(report, "a") as out:
                     entry = {
                         "db": db.id,
-                        "seed": seed,
+                        "seed": schedule.seed,
+                        "name": schedule.name,
                         "schedule": outcome.schedule.describe(),
                         "violations": outcome.violations,
                         "report": outcome.report(),
@@ -71,6 +85,12 @@ def run_schedules(db: Target, tmp_path: Path, chosen: list[int]) -> None:
 def test_scenarios(db: Target, tmp_path: Path) -> None:
     """A short fixed set of schedules (every write mode), as CI runs it."""
     run_schedules(db, tmp_path, seeds("XASINK_SCENARIO_COUNT", None))
+
+
+@KNOWN_BUGS
+def test_scenarios_found(db: Target, tmp_path: Path) -> None:
+    """The schedules kept because they found bugs (tests/scenarios/found.json), exactly as drawn then."""
+    run_schedules(db, tmp_path, found_schedules())
 
 
 @pytest.mark.soak

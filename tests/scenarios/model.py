@@ -86,12 +86,29 @@ class Schedule:
     mode: str
     writers: list[Writer]
     recovers: list[Recover] = field(default_factory=list)
+    name: str = ""  # a kept schedule's name (tests/scenarios/found.json); drawn ones have none
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Schedule:
+        """A schedule written by :meth:`to_json` (tests/scenarios/found.json keeps those that found bugs)."""
+        writers = [
+            Writer(w["label"], w["batch"], [[tuple(r) for r in p] for p in w["partitions"]], w["fault"], w["start"])
+            for w in d["writers"]
+        ]
+        recovers = [Recover(r["start"], r["statement_timeout_ms"]) for r in d.get("recovers", [])]
+        return cls(d["seed"], d["mode"], writers, recovers, d.get("name", ""))
+
+    def replay(self) -> str:
+        """How to run this schedule again."""
+        if self.name:
+            return f"XASINK_SCENARIO_FOUND={self.name} pytest tests/test_scenarios.py -k found"
+        return f"XASINK_SCENARIO_SEED={self.seed} pytest tests/test_scenarios.py -k 'test_scenarios and not long'"
+
     def describe(self) -> str:
-        lines = [f"seed {self.seed}: mode {self.mode}"]
+        lines = [f"{self.name or 'seed ' + str(self.seed)}: mode {self.mode}"]
         for w in self.writers:
             parts = " | ".join(
                 ",".join(str(r[0]) + ("-" if len(r) > 2 and r[3] else "") for r in p) or "-" for p in w.partitions
@@ -300,13 +317,15 @@ def check(
             found.append(f"{label} told 'written' though a row is outside replaceWhere")
         if t.outcome != "written" or t.claimed_at is None or t.committing_at is None:
             continue
+        # the decision comes after the commit began, and after a pause the schedule put just before it
+        decides = t.committing_at + (w.pause() if (w.fault or "").startswith("driver.before_decide") else 0.0)
         for other_label, o in told.items():
             if other_label == label or by_label[other_label].batch != w.batch or o.claimed_at is None:
                 continue
-            if t.claimed_at < o.claimed_at < t.committing_at:
+            if t.claimed_at < o.claimed_at < decides:
                 found.append(
                     f"{label} told 'written' though {other_label} took batch {w.batch} over "
-                    f"{t.committing_at - o.claimed_at:.3f}s before {label} began its commit"
+                    f"{decides - o.claimed_at:.3f}s before {label} could decide"
                 )
     if explain(schedule, told, table, child) is None and explain(schedule, told, table, None) is not None:
         found.append(

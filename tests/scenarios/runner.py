@@ -64,7 +64,7 @@ class Outcome:
             lines.append(f"  {label}: {t.outcome} {t.phase} {error} {t.message[:300]}")
         lines.append(f"  final table: {self.table}")
         lines += [f"  VIOLATION: {v}" for v in self.violations]
-        lines.append(f"  replay: XASINK_SCENARIO_SEED={self.schedule.seed}")
+        lines.append(f"  replay: {self.schedule.replay()}")
         return "\n".join(lines)
 
 
