@@ -98,3 +98,80 @@ def test_scenarios_found(db: Target, tmp_path: Path) -> None:
 def test_scenarios_long(db: Target, tmp_path: Path) -> None:
     """At least 1,000 schedules per database (``XASINK_SCENARIO_LONG``), outside CI."""
     run_schedules(db, tmp_path, seeds("XASINK_SCENARIO_LONG", 1000))
+
+
+# --------------------------------------------------------------------------- the oracle itself (no database)
+
+INIT = model.initial_rows("upsert")
+CHILD = model.child_rows()
+
+
+def upsert_schedule(*writers: tuple[str, int, list[int]]) -> model.Schedule:
+    return model.Schedule(
+        0,
+        "upsert",
+        [model.Writer(label, batch, [[(k, label) for k in keys]], None, 0.0) for label, batch, keys in writers],
+    )
+
+
+def with_keys(base: list[tuple], **names: str) -> list[tuple]:
+    rows = {r[0]: r for r in base}
+    for key, name in names.items():
+        rows[int(key[1:])] = (int(key[1:]), name)
+    return sorted(rows.values())
+
+
+def test_oracle_accepts_a_serial_history() -> None:
+    s = upsert_schedule(("w0", 1, [1]), ("w1", 2, [1]))
+    told = {"w0": model.Told("written", 0, 1), "w1": model.Told("written", 2, 3)}
+    assert model.check(s, told, with_keys(INIT, k1="w1"), [], True, CHILD, 0) == []
+
+
+def test_oracle_rejects_an_order_the_answers_forbid() -> None:
+    """w0 answered 'written' before w1 started, so w1's row must be the one left."""
+    s = upsert_schedule(("w0", 1, [1]), ("w1", 2, [1]))
+    told = {"w0": model.Told("written", 0, 1), "w1": model.Told("written", 2, 3)}
+    assert model.check(s, told, with_keys(INIT, k1="w0"), [], True, CHILD, 0)
+
+
+def test_oracle_rejects_two_written_runs_of_one_batch_and_a_half_batch() -> None:
+    s = upsert_schedule(("w0", 1, [1, 7]), ("w1", 1, [2]))
+    told = {"w0": model.Told("written", 0, 1), "w1": model.Told("written", 0, 1)}
+    assert any("2 runs told 'written'" in v for v in model.check(s, told, INIT, [], True, CHILD, 0))
+    killed = {"w0": model.Told("killed", 0, 1), "w1": model.Told("error", 0, 1, phase="tasks")}
+    assert model.check(s, killed, with_keys(INIT, k7="w0"), [], True, CHILD, 0)  # w0's key 1 missing
+
+
+def test_oracle_rejects_a_skipped_batch_without_rows_and_a_taken_over_writer() -> None:
+    s = upsert_schedule(("w0", 1, [7]), ("w1", 1, [8]))
+    told = {"w0": model.Told("skipped", 0, 1), "w1": model.Told("error", 0, 1, error="BatchAbortedError")}
+    assert model.check(s, told, INIT, [], True, CHILD, 0)
+    taken = {
+        "w0": model.Told("written", 0, 3, claimed_at=0.5, committing_at=2.0),
+        "w1": model.Told("error", 0, 3, error="ConcurrentWriterError BatchAbortedError", claimed_at=1.0),
+    }
+    assert any("took batch 1 over" in v for v in model.check(s, taken, with_keys(INIT, k7="w0"), [], True, CHILD, 0))
+
+
+def test_oracle_rejects_a_deleted_key_back_with_an_older_sequence() -> None:
+    s = model.Schedule(
+        0,
+        "changes",
+        [
+            model.Writer("w0", 1, [[(1, "w0", 50, True)]], None, 0.0),
+            model.Writer("w1", 2, [[(1, "w1", 40, False)]], None, 0.0),
+        ],
+    )
+    told = {"w0": model.Told("written", 0, 1), "w1": model.Told("written", 0, 1)}
+    gone = [r for r in model.initial_rows("changes") if r[0] != 1]
+    child = [c for c in CHILD if c[1] != 1]
+    assert model.check(s, told, gone, [], True, child, 0) == []
+    assert model.check(s, told, sorted([*gone, (1, "w1", 40)]), [], True, child, 0)
+
+
+def test_oracle_rejects_lost_child_rows_of_kept_keys() -> None:
+    s = model.Schedule(0, "overwrite", [model.Writer("w0", 1, [[(1, "w0"), (3, "w0"), (5, "w0")]], None, 0.0)])
+    told = {"w0": model.Told("written", 0, 1)}
+    table = [(1, "w0"), (3, "w0"), (5, "w0")]
+    assert model.check(s, told, table, [], True, CHILD, 0) == []
+    assert any("child table" in v for v in model.check(s, told, table, [], True, [], 0))

@@ -367,7 +367,7 @@ def explain(schedule: Schedule, told: dict[str, Told], table: list[Row], child: 
                 continue
             orders = itertools.permutations(members) if mode != "append" else [tuple(members)]
             for order in orders:
-                if not _ordered(order, told):
+                if not _ordered(order, told, writers):
                     continue
                 rows, children = expected_state(mode, list(order))
                 if rows == sorted(table) and (child is None or children == sorted(child)):
@@ -381,11 +381,18 @@ def decided_when_killed(w: Writer, t: Told) -> bool:
     return t.outcome == "killed" and bool(w.fault) and w.fault.startswith(AFTER_DECISION) and ":kill" in w.fault
 
 
-def _ordered(order: tuple[Writer, ...], told: dict[str, Told]) -> bool:
-    """A run told 'written' that answered before another run started comes before it."""
+def _ordered(order: tuple[Writer, ...], told: dict[str, Told], writers: list[Writer]) -> bool:
+    """A run told 'written' that answered before another run started comes before it; so does the committed
+    run of a batch another run was told 'skipped' for (the skipped run finished the batch before answering)."""
+    answered: dict[str, float] = {}  # committed run -> when its rows were known to be in the table
+    for w in writers:
+        t = told[w.label]
+        if t.outcome in ("written", "skipped"):
+            for m in order:
+                if m.batch == w.batch:
+                    answered[m.label] = min(answered.get(m.label, t.ended), t.ended)
     for i, a in enumerate(order):
         for b in order[i + 1 :]:
-            tb, ta = told[b.label], told[a.label]
-            if tb.outcome == "written" and tb.ended < ta.started:
+            if b.label in answered and answered[b.label] < told[a.label].started:
                 return False
     return True
