@@ -28,9 +28,9 @@ from tests.scenarios import model
 from tests.scenarios.runner import Outcome, Runner, env_int
 from tests.targets import Target
 
-# seed % 5 picks the mode (append, upsert, overwrite, replaceWhere, changes); 2, 13 and 32 show bug 1 of
-# FOUND.md (child rows cascaded by an overwrite / replaceWhere) on both databases
-CI_SEEDS = (0, 1, 2, 4, 9, 13, 16, 32)
+# seed % 5 picks the mode (append, upsert, overwrite, replaceWhere, changes); 2 and 13 show bug 1 of
+# FOUND.md (child rows cascaded by an overwrite / replaceWhere) on both databases; about 5-10 s each
+CI_SEEDS = (0, 1, 2, 4, 9, 13)
 # the CI run fails on the current code: the bugs it finds are being fixed on other branches (FOUND.md)
 KNOWN_BUGS = pytest.mark.xfail(
     strict=False,
