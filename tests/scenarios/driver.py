@@ -1,0 +1,180 @@
+"""One writer of a scenario, without Spark: what a Spark job's driver and tasks do, in one process.
+
+:func:`writer_main` runs in a process of its own (forked by the runner's fork server, which imported
+xasink once, so a writer starts in milliseconds): it plans the write as the data source's ``writer()``
+does (server checks, the table's plan, the shadow table of an apply mode, the run guard, the batch's
+check, the driver's claim, recovery of earlier runs), writes each partition with ``write_partition`` as a
+task does (a failed task is retried once as attempt 1, as Spark retries it; a second failure aborts the
+batch), then commits with ``Coordinator.commit`` (or aborts).  The fault comes from ``XASINK_FAULT``, so a
+fault point ``kill`` takes this process down at that protocol point, ``sleep=`` pauses it there.
+
+It appends JSON lines to its result file: ``{"event": "claimed", "t": ...}`` once its claim took the
+batch over, ``{"event": "committing", "t": ...}`` as it begins the commit, and last its outcome
+(``written`` / ``skipped`` / ``error`` with the exception's classes, message and the phase it failed in).
+``t`` is ``time.monotonic()``, which all processes of the machine share.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from typing import Any
+
+import pyarrow as pa
+
+from xasink.apply import check_predicate, ensure_shadow, shadow_plan, spec_for
+from xasink.branch import write_partition
+from xasink.cli import main as cli_main
+from xasink.coordinator import Coordinator
+from xasink.liveness import InProcessGuard
+from xasink.options import parse_options
+from xasink.results import BranchOutcome, WriteResult
+from xasink.schema import plan_target
+from xasink.xid import new_run_nonce
+
+FLAG = "is_delete"  # the change-data delete flag's column (not written to the table)
+
+
+def arrow_schema(change_data: bool) -> pa.Schema:
+    fields = [pa.field("id", pa.int32(), nullable=False), pa.field("name", pa.string())]
+    if change_data:
+        fields += [pa.field("seq", pa.int64()), pa.field(FLAG, pa.bool_())]
+    return pa.schema(fields)
+
+
+def record_batch(rows: list[list[Any]], schema: pa.Schema) -> pa.RecordBatch:
+    columns = list(zip(*rows, strict=True)) if rows else [()] * len(schema)
+    arrays = [pa.array(list(c), type=f.type) for c, f in zip(columns, schema, strict=True)]
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _warm_up() -> None:
+    """What a writer would otherwise load on first use (pyarrow's kernels, the SQLAlchemy drivers), done once in
+    the fork server that imports this module: each forked writer starts with it loaded."""
+    import pyarrow.compute as pc
+    import sqlalchemy.dialects.mysql.pymysql  # noqa: F401
+    import sqlalchemy.dialects.postgresql.psycopg2  # noqa: F401
+
+    batch = record_batch([[1, "a", 2, False]], arrow_schema(True))
+    pc.cast(batch.column(0), pa.int64())
+
+
+_warm_up()
+
+
+class _Phase:
+    name = "plan"
+
+
+def write(spec: dict[str, Any], emit: Any, phase: _Phase) -> WriteResult:
+    """The write of one batch, as the data source's batch writer runs it (xasink/spark/datasource.py)."""
+    opts = parse_options(spec["options"]).with_mode(spec["save_mode"])
+    source = arrow_schema(opts.change_data)
+    table_source = pa.schema([f for f in source if f.name != FLAG])
+    partitions: list[list[list[Any]]] = spec["partitions"]
+    coordinator = Coordinator(opts)
+    guard: InProcessGuard | None = None
+    say = logging.getLogger(__name__).info
+    say("writer started: batch %s, %d partitions, fault %s", opts.batch_id, len(partitions), spec.get("fault"))
+    try:
+        coordinator.preflight(len(partitions))
+        with coordinator.dialect.connect() as conn:
+            target = plan_target(coordinator.dialect, conn, opts, table_source)
+        log_id = coordinator.journal.log_id()
+        guard = InProcessGuard(coordinator.dialect, log_id)  # this process is the run's driver
+        apply = None
+        if opts.applies_at_commit:
+            with coordinator.dialect.connect() as conn:
+                apply = spec_for(opts, target, log_id)
+                check_predicate(conn, apply)
+                ensure_shadow(coordinator.dialect, conn, apply)
+            target = shadow_plan(target, apply, FLAG if opts.delete_flag_column else None)
+        run = new_run_nonce()
+        batch_id = opts.batch_id
+        say("planned: run %s", run)
+        coordinator.check_batch(batch_id)
+        claimed = coordinator.claim(batch_id, run, guard.name)
+        if claimed:
+            emit(event="claimed", t=time.monotonic())
+        say("claimed: %s", claimed)
+        coordinator.recover(upto=batch_id, run=run)
+        say("recovered earlier runs")
+        phase.name = "tasks"
+        outcomes: list[BranchOutcome | None] = []
+        for p, rows in enumerate(partitions):
+            batches = [record_batch(rows, source)] if rows else []
+            for attempt in (0, 1):
+                try:
+                    outcome = write_partition(
+                        opts,
+                        target,
+                        batch_id=batch_id,
+                        partition=p,
+                        task_attempt_id=p + 100 * attempt,
+                        attempt_number=attempt,
+                        run=run,
+                        batches=batches,
+                        log_id=log_id,
+                        guard=guard.name,
+                        claimed=claimed,
+                    )
+                    break
+                except Exception:
+                    if attempt == 1:  # Spark gives up on the task: the job aborts
+                        coordinator.abort(batch_id, [*outcomes, None], run=run)
+                        raise
+                    logging.getLogger(__name__).warning("task %d failed, retrying it", p, exc_info=True)
+            outcomes.append(outcome)
+        phase.name = "commit"
+        emit(event="committing", t=time.monotonic())
+        return coordinator.commit(batch_id, outcomes, apply=apply)
+    finally:
+        if guard is not None:
+            guard.close()
+        coordinator.close()
+
+
+def _output_to(log_path: str) -> None:
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+
+
+def recover_main(argv: list[str], log_path: str) -> None:
+    """The body of an ``xasink recover`` process: the console script's entry point, output to ``log_path``."""
+    _output_to(log_path)
+    rc = cli_main(argv)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
+
+
+def writer_main(spec: dict[str, Any], result_path: str, log_path: str) -> None:
+    """The body of a writer process: output to ``log_path``, events and outcome to ``result_path``."""
+    _output_to(log_path)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
+    os.environ.pop("XASINK_FAULT", None)
+    if spec.get("fault"):
+        os.environ["XASINK_FAULT"] = spec["fault"]
+
+    def emit(**fields: Any) -> None:
+        with open(result_path, "a") as out:
+            out.write(json.dumps(fields) + "\n")
+
+    phase = _Phase()
+    emit(event="started", t=time.monotonic())
+    try:
+        result = write(spec, emit, phase)
+        emit(outcome="skipped" if result.skipped else "written", rows=result.rows, t=time.monotonic())
+    except Exception as exc:
+        logging.getLogger(__name__).warning("writer failed", exc_info=True)
+        classes = [c.__name__ for c in type(exc).__mro__]
+        emit(outcome="error", error=" ".join(classes), message=str(exc), phase=phase.name, t=time.monotonic())
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # done: the outcome is told.  Leave at once, as a Spark worker may: waiting for the threads xasink keeps
+    # for the process (commit lanes, the spare connection) to wind down costs seconds per writer
+    os._exit(0)
