@@ -27,7 +27,7 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 
 import xasink
-from tests.modes_driver import OPTIONS_ENV, overwrite_direct, split
+from tests.modes_driver import OPTIONS_ENV, batch_direct, overwrite_direct, prepare_stray_branch, split
 from tests.targets import MARIADB, POSTGRESQL, Target, case
 from xasink import admin
 from xasink.errors import ApplyError, BatchAbortedError, CommitIncompleteError, OptionError, PreflightError
@@ -52,11 +52,15 @@ def fill(db: Target, table: str, rows: list[tuple[int, str]]) -> None:
         cur.executemany(f"INSERT INTO {db.q(table)} (id, name) VALUES (%s, %s)", rows)
 
 
+def shadow_tables_query(db: Target) -> str:
+    """The names of the tables of the current schema LIKE the one parameter."""
+    here = "current_schema()" if db.kind == POSTGRESQL else "DATABASE()"
+    return f"SELECT table_name FROM information_schema.tables WHERE table_schema = {here} AND table_name LIKE %s"
+
+
 def shadow_rows(db: Target) -> int:
     """Rows in every shadow table of the database (empty between batches)."""
-    here = "current_schema()" if db.kind == POSTGRESQL else "DATABASE()"
-    query = f"SELECT table_name FROM information_schema.tables WHERE table_schema = {here} AND table_name LIKE %s"
-    names = [r[0] for r in db.execute(query, "xasink\\_sh\\_%")]
+    names = [r[0] for r in db.execute(shadow_tables_query(db), "xasink\\_sh\\_%")]
     return sum(int(db.execute(f"SELECT count(*) FROM {db.q(n)}")[0][0]) for n in names)
 
 
@@ -431,6 +435,40 @@ def test_a_recovery_racing_the_driver_applies_the_batch_once(db: Target, monkeyp
     assert shadow_rows(db) == 0
 
 
+def test_an_apply_reads_only_its_decided_branches_and_never_waits_on_another_runs(
+    db: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 27: a branch of another run of the same batch, prepared into the shadow and never decided, while
+    the decided run applies (held after its commits): the apply does not wait on it (MariaDB: an INSERT ..
+    SELECT or DELETE scanning the shadow locked its rows) and applies only its own branches' rows; recovery
+    then rolls the stray branch back."""
+    table = db.new_table()
+    db.keyed_table(table)
+    fill(db, table, named(range(10), "o"))
+    monkeypatch.setenv("XASINK_FAULT", "driver.after_commits:sleep=3")
+    s = sink()
+    opts = {"controlLockTimeout": 2, "commitTimeout": 8}  # a wait on the stray's rows fails the write
+    with ThreadPoolExecutor(1) as pool:
+        job = pool.submit(overwrite_direct, db.url, table, s, 0, split(100, 20, 2), **opts)
+        deadline = time.monotonic() + 60
+        while db.decision(s, 0) is None or db.prepared(s):
+            assert time.monotonic() < deadline and not job.done(), "the driver never reached its commits"
+            time.sleep(0.05)
+        stray = prepare_stray_branch(db.url, table, s, 0, [(500, "stray"), (101, "stray")], **opts)
+        assert len(db.prepared(s)) == 1, stray  # prepared before the apply starts
+        assert not job.done()
+        result = job.result(timeout=60)
+    assert result.rows == 20
+    assert db.rows(table) == named(range(100, 120))
+    assert db.decision(s, 0).state == "committed"  # type: ignore[union-attr]
+    assert db.prepared(s) == [stray] if db.kind == POSTGRESQL else len(db.prepared(s)) == 1  # left to its run
+    report = admin.recover(db.url, sink_id=s, older_than_s=0)  # the stray's run is gone: it can never commit
+    assert not report.errors, report.errors
+    assert db.prepared(s) == []
+    assert db.rows(table) == named(range(100, 120))
+    assert shadow_rows(db) == 0
+
+
 def test_two_sinks_overwriting_one_table_at_once_leave_one_batch(db: Target) -> None:
     """Two overwrites of the same table from two sinks at the same time: applied one after the other, the
     table ends with exactly one batch's rows (no mix, no deadlock).  Both are the first writers of a new
@@ -607,6 +645,45 @@ def test_a_late_change_does_not_bring_back_a_deleted_key(db: Target, spark: Spar
     # key 2 is alive again: an older delete of it is ignored, an older update too
     xasink.write(spark.createDataFrame([(2, None, 9, True)], schema), db.url, table, sink_id=s, batch_id=3, **opts)
     assert db.rows(table) == [(2, "back", 10), (3, "c", 1)]
+
+
+def test_two_change_data_applies_of_one_sink_at_once_equal_one_after_the_other(
+    db: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 27: batch 7 deletes key 1 at sequence 10; batch 8 (a backfill of the same sink) upserts key 1 at
+    sequence 5 and applies while batch 7's apply is held before its commit.  The applies are serialized by
+    the sink and target's apply lock, so the result is that of one after the other (in either order): key 1
+    stays deleted and its tombstone stays."""
+    table = db.new_table()
+    db.create_table(table, "id int PRIMARY KEY, name varchar(20), seq bigint")
+    s = sink()
+    columns = {"id": "int", "name": "string", "seq": "long", "deleted": "boolean"}
+    opts = {"upsertKeyColumns": "id", "deleteFlagColumn": "deleted", "sequenceColumn": "seq"}
+    batch_direct(db.url, table, s, 6, columns, [[(1, "a", 1, False), (2, "b", 1, False)]], "append", **opts)
+    monkeypatch.setenv("XASINK_FAULT", "driver.apply_statements:b=7:sleep=3")
+    with ThreadPoolExecutor(1) as pool:
+        seven = pool.submit(batch_direct, db.url, table, s, 7, columns, [[(1, None, 10, True)]], "append", **opts)
+        deadline = time.monotonic() + 60
+        while db.decision(s, 7) is None or db.prepared(s):
+            assert time.monotonic() < deadline and not seven.done(), "batch 7 never reached its apply"
+            time.sleep(0.05)
+        time.sleep(0.5)  # batch 7's apply has deleted key 1 and holds at the fault point
+        assert not seven.done()
+        late = [[(1, "back", 5, False)], [(2, "b8", 6, False)]]
+        eight = {"url": db.url, "table": table, "sink_id": s, "batch_id": 8, "columns": columns}
+        eight.update(partitions=late, mode="append", options=opts)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("XASINK_FAULT")}
+        driver = str(Path(__file__).resolve().parent / "modes_driver.py")
+        out = subprocess.run(  # another driver process: a process holds one run guard per decision log
+            [sys.executable, driver, "batch", json.dumps(eight)], env=env, capture_output=True, timeout=120
+        )
+        assert out.returncode == 0, out.stderr.decode(errors="replace")[-3000:]
+        seven.result(timeout=60)
+    assert db.rows(table) == [(2, "b8", 6)]
+    (tombstones,) = [n for (n,) in db.execute(shadow_tables_query(db), "xasink\\_tb\\_%")]
+    assert db.rows(tombstones) == [(1, 10)]
+    assert [db.decision(s, b).state for b in (6, 7, 8)] == ["committed"] * 3  # type: ignore[union-attr]
+    assert db.prepared(s) == [] and shadow_rows(db) == 0
 
 
 def test_complete_mode_keeps_the_table_equal_to_the_aggregate(db: Target, spark: SparkSession, tmp_path: Path) -> None:

@@ -18,22 +18,26 @@ of the target, a batch row outside replaceWhere) withdraws the decision: the tar
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import zlib
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from .dialects.base import Dialect, TargetPlan
+from .dialects.base import SHADOW_INDEX_SUFFIX, Dialect, TargetPlan
 from .errors import ApplyError, PreflightError
+from .faults import fault
 from .options import TableName, WriteOptions
 
 log = logging.getLogger(__name__)
 
 BATCH_COLUMN = "xasink_batch_"  # the shadow's column tagging each row with its batch id
+BRANCH_COLUMN = "xasink_branch_"  # ... and with its branch (the xid's bqual): an apply reads only its decided ones
 OVERWRITE = "overwrite"
 REPLACE_WHERE = "replaceWhere"
 CHANGES = "changes"
@@ -136,7 +140,14 @@ def _shadow_table(spec: ApplySpec, types: dict[str, Any] | None = None) -> sa.Ta
     if spec.flag is not None:
         cols.append(col(spec.flag, sa.Boolean()))
     cols.append(sa.Column(BATCH_COLUMN, sa.BigInteger(), nullable=False, autoincrement=False))
+    cols.append(sa.Column(BRANCH_COLUMN, sa.String(64), nullable=False))
     return sa.Table(spec.shadow, sa.MetaData(schema=spec.schema), *cols)
+
+
+def apply_lock_name(spec: ApplySpec) -> str:
+    """The lock serializing the applies of one sink (its shadow names the log and the sink) and target."""
+    key = hashlib.blake2b(f"{spec.shadow}|{spec.schema or ''}|{spec.table}".encode(), digest_size=8).hexdigest()
+    return f"xasink.apply.{key}"
 
 
 def check_predicate(conn: Connection, spec: ApplySpec) -> None:
@@ -177,20 +188,22 @@ def ensure_shadow(dialect: Dialect, conn: Connection, spec: ApplySpec) -> None:
                         "table as it was, or drop the shadow table if that batch must be given up"
                     )
                 want.drop(conn)
-            _create(dialect, conn, want)
+            _create(dialect, conn, want, dialect.index_shadow)
     else:
         conn.rollback()
-        _create(dialect, conn, want)
+        _create(dialect, conn, want, dialect.index_shadow)
     if spec.tombstones is not None:
         _create(dialect, conn, _tombstone_table(spec, types))
 
 
-def _create(dialect: Dialect, conn: Connection, want: sa.Table) -> None:
+def _create(dialect: Dialect, conn: Connection, want: sa.Table, index: bool = False) -> None:
     md = sa.MetaData(schema=want.schema)
     cols = (
         sa.Column(c.name, c.type, nullable=c.nullable, primary_key=c.primary_key, autoincrement=False) for c in want.c
     )
     table = sa.Table(want.name, md, *cols, **dialect.table_kwargs())
+    if index:  # the apply finds its branches' rows without scanning (and locking) another run's
+        sa.Index(want.name + SHADOW_INDEX_SUFFIX, table.c[BATCH_COLUMN], table.c[BRANCH_COLUMN])
     try:
         with conn.begin():
             table.create(conn, checkfirst=True)
@@ -226,6 +239,8 @@ def shadow_plan(plan: TargetPlan, spec: ApplySpec, flag_source: str | None) -> T
         sources.append(flag_source or spec.flag)
     fields.append(pa.field(BATCH_COLUMN, pa.int64(), nullable=False))
     sources.append(BATCH_COLUMN)
+    fields.append(pa.field(BRANCH_COLUMN, pa.string(), nullable=False))
+    sources.append(BRANCH_COLUMN)
     required = spec.keys + ((spec.sequence,) if spec.sequence else ())
     return TargetPlan(
         plan.schema,
@@ -233,6 +248,7 @@ def shadow_plan(plan: TargetPlan, spec: ApplySpec, flag_source: str | None) -> T
         pa.schema(fields),
         tuple(sources),
         batch_column=BATCH_COLUMN,
+        branch_column=BRANCH_COLUMN,
         required=required,
     )
 
@@ -248,13 +264,21 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def apply_statements(dialect: Dialect, conn: Connection, spec: ApplySpec, batch_id: int) -> int:
-    """Replace the target's rows from the shadow's batch, inside the caller's transaction; rows written."""
+def _of_branches(shadow: sa.FromClause, batch_id: int, branches: Sequence[str]) -> sa.ColumnElement[bool]:
+    """The shadow's rows of the decided branches: never another run's (prepared, or rolled back later)."""
+    return sa.and_(shadow.c[BATCH_COLUMN] == batch_id, shadow.c[BRANCH_COLUMN].in_(sorted(branches)))
+
+
+def apply_statements(
+    dialect: Dialect, conn: Connection, spec: ApplySpec, batch_id: int, branches: Sequence[str]
+) -> int:
+    """Replace the target's rows from the rows of the shadow's decided ``branches`` (their bquals), inside the
+    caller's transaction; rows written."""
     names = list(spec.columns)
     target = sa.table(spec.table, *(sa.column(c) for c in names), schema=spec.schema)
-    shadow_cols = names + ([spec.flag] if spec.flag else []) + [BATCH_COLUMN]
+    shadow_cols = names + ([spec.flag] if spec.flag else []) + [BATCH_COLUMN, BRANCH_COLUMN]
     shadow = sa.table(spec.shadow, *(sa.column(c) for c in shadow_cols), schema=spec.schema)
-    mine = shadow.c[BATCH_COLUMN] == batch_id
+    mine = _of_branches(shadow, batch_id, branches)
     if spec.kind in (OVERWRITE, REPLACE_WHERE):
         if spec.kind == REPLACE_WHERE and spec.check_predicate:
             # the shadow under the target's name: a condition naming its columns as table.column reads the batch
@@ -262,7 +286,7 @@ def apply_statements(dialect: Dialect, conn: Connection, spec: ApplySpec, batch_
             outside = conn.execute(
                 sa.select(sa.func.count())
                 .select_from(batch)
-                .where(batch.c[BATCH_COLUMN] == batch_id, ~sa.func.coalesce(_predicate(spec), False))
+                .where(_of_branches(batch, batch_id, branches), ~sa.func.coalesce(_predicate(spec), False))
             ).scalar()
             if outside:
                 raise ApplyError(
@@ -278,6 +302,7 @@ def apply_statements(dialect: Dialect, conn: Connection, spec: ApplySpec, batch_
         res = conn.execute(sa.insert(target).from_select(names, sa.select(*(shadow.c[c] for c in names)).where(mine)))
     else:
         res = _apply_changes(dialect, conn, spec, target, shadow, mine)
+    fault("driver.apply_statements", batch=batch_id)
     dialect.clear_shadow(conn, shadow, mine)
     return max(res.rowcount or 0, 0)
 
@@ -335,10 +360,10 @@ def _apply_changes(
     return result
 
 
-def withdraw(conn: Connection, spec: ApplySpec, batch_id: int) -> None:
-    """Empty the shadow of a batch whose decision is withdrawn (its apply can never succeed)."""
-    shadow = sa.table(spec.shadow, sa.column(BATCH_COLUMN), schema=spec.schema)
-    conn.execute(sa.delete(shadow).where(shadow.c[BATCH_COLUMN] == batch_id))
+def withdraw(dialect: Dialect, conn: Connection, spec: ApplySpec, batch_id: int, branches: Sequence[str]) -> None:
+    """Delete the rows of a batch whose decision is withdrawn (its apply can never succeed) from the shadow."""
+    shadow = sa.table(spec.shadow, sa.column(BATCH_COLUMN), sa.column(BRANCH_COLUMN), schema=spec.schema)
+    dialect.clear_shadow(conn, shadow, _of_branches(shadow, batch_id, branches))
 
 
 def table_name(spec: ApplySpec) -> TableName:
