@@ -30,9 +30,11 @@ import xasink
 from tests.modes_driver import OPTIONS_ENV, batch_direct, overwrite_direct, prepare_stray_branch, split
 from tests.targets import MARIADB, POSTGRESQL, Target, case
 from xasink import admin
+from xasink.apply import tombstone_name
 from xasink.errors import ApplyError, BatchAbortedError, CommitIncompleteError, OptionError, PreflightError
 from xasink.faults import LOCAL_PROPERTY
 from xasink.options import parse_options
+from xasink.xid import Xid
 
 
 def sink() -> str:
@@ -52,15 +54,11 @@ def fill(db: Target, table: str, rows: list[tuple[int, str]]) -> None:
         cur.executemany(f"INSERT INTO {db.q(table)} (id, name) VALUES (%s, %s)", rows)
 
 
-def shadow_tables_query(db: Target) -> str:
-    """The names of the tables of the current schema LIKE the one parameter."""
-    here = "current_schema()" if db.kind == POSTGRESQL else "DATABASE()"
-    return f"SELECT table_name FROM information_schema.tables WHERE table_schema = {here} AND table_name LIKE %s"
-
-
 def shadow_rows(db: Target) -> int:
     """Rows in every shadow table of the database (empty between batches)."""
-    names = [r[0] for r in db.execute(shadow_tables_query(db), "xasink\\_sh\\_%")]
+    here = "current_schema()" if db.kind == POSTGRESQL else "DATABASE()"
+    query = f"SELECT table_name FROM information_schema.tables WHERE table_schema = {here} AND table_name LIKE %s"
+    names = [r[0] for r in db.execute(query, "xasink\\_sh\\_%")]
     return sum(int(db.execute(f"SELECT count(*) FROM {db.q(n)}")[0][0]) for n in names)
 
 
@@ -680,8 +678,10 @@ def test_two_change_data_applies_of_one_sink_at_once_equal_one_after_the_other(
         assert out.returncode == 0, out.stderr.decode(errors="replace")[-3000:]
         seven.result(timeout=60)
     assert db.rows(table) == [(2, "b8", 6)]
-    (tombstones,) = [n for (n,) in db.execute(shadow_tables_query(db), "xasink\\_tb\\_%")]
-    assert db.rows(tombstones) == [(1, 10)]
+    decided = db.decision(s, 8)
+    assert decided is not None and decided.xids
+    log_id = Xid.parse(decided.xids[0]).log_id  # type: ignore[union-attr]
+    assert db.rows(tombstone_name("xasink_", log_id, s)) == [(1, 10)]
     assert [db.decision(s, b).state for b in (6, 7, 8)] == ["committed"] * 3  # type: ignore[union-attr]
     assert db.prepared(s) == [] and shadow_rows(db) == 0
 
