@@ -272,6 +272,61 @@ def test_overwrite_of_a_table_other_tables_refer_to(db: Target, spark: SparkSess
     db.drop_table(child)  # before its parent: MariaDB refuses to drop a referenced table
 
 
+@pytest.mark.parametrize("action", ["CASCADE", "SET NULL", "NO ACTION"])
+def test_an_overwrite_changes_no_other_table(db: Target, action: str) -> None:
+    """Issue 27: a table another table refers to ``ON DELETE <action>``.  An overwrite with exactly the same
+    keys leaves the referencing table as it was (it emptied it with CASCADE, nulled it with SET NULL, and
+    failed with NO ACTION); one that drops keys changes the referencing rows of those keys only, exactly as
+    the user's own DELETE of them would (NO ACTION: the overwrite fails, and nothing changes)."""
+    parent, child = db.new_table(), db.new_table()
+    db.keyed_table(parent)
+    fill(db, parent, named(range(200), "o"))
+    db.create_table(child, f"id int PRIMARY KEY, parent int REFERENCES {db.q(parent)} (id) ON DELETE {action}")
+    db.execute(f"INSERT INTO {db.q(child)} (id, parent) SELECT id + 1000, id FROM {db.q(parent)}")
+    children = db.rows(child)
+    assert len(children) == 200
+    s = sink()
+    try:
+        overwrite_direct(db.url, parent, s, 0, split(0, 200, 3))  # the same keys, new names
+        assert db.rows(parent) == named(range(200))
+        assert db.rows(child) == children
+        moved = split(50, 200, 3)  # keys 0..49 are gone, 200..249 are new
+        if action == "NO ACTION":
+            with pytest.raises(ApplyError, match="foreign key|constraint"):
+                overwrite_direct(db.url, parent, s, 1, moved)
+            assert db.rows(parent) == named(range(200))
+            assert db.rows(child) == children
+        else:
+            overwrite_direct(db.url, parent, s, 1, moved)
+            assert db.rows(parent) == named(range(50, 250))
+            if action == "CASCADE":
+                assert db.rows(child) == [c for c in children if c[1] >= 50]
+            else:
+                assert db.rows(child) == [(c[0], None if c[1] < 50 else c[1]) for c in children]
+        assert shadow_rows(db) == 0 and db.prepared(s) == []
+    finally:
+        db.drop_table(child)  # before its parent: MariaDB refuses to drop a referenced table
+
+
+def test_an_overwrite_of_a_referenced_table_without_a_primary_key_is_refused(db: Target) -> None:
+    """Rows of a table without a primary key cannot be replaced in place: refused before anything is written,
+    naming the referencing table."""
+    parent, child = db.new_table(), db.new_table()
+    db.create_table(parent, "id int NOT NULL UNIQUE, name varchar(20)")
+    fill(db, parent, named(range(10), "o"))
+    db.create_table(child, f"id int PRIMARY KEY, parent int REFERENCES {db.q(parent)} (id) ON DELETE CASCADE")
+    db.execute(f"INSERT INTO {db.q(child)} (id, parent) SELECT id, id FROM {db.q(parent)}")
+    s = sink()
+    try:
+        with pytest.raises(PreflightError, match=f"{child}.*primary key"):
+            overwrite_direct(db.url, parent, s, 0, split(0, 10, 2))
+        assert db.rows(parent) == named(range(10), "o")
+        assert db.rows(child) == [(i, i) for i in range(10)]
+        assert db.decision(s, 0) is None and db.prepared(s) == []
+    finally:
+        db.drop_table(child)
+
+
 def test_write_modes_are_refused_inside_a_transaction(db: Target, spark: SparkSession) -> None:
     table = db.new_table()
     db.keyed_table(table)

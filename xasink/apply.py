@@ -194,6 +194,9 @@ def ensure_shadow(dialect: Dialect, conn: Connection, spec: ApplySpec) -> None:
         _create(dialect, conn, want, dialect.index_shadow)
     if spec.tombstones is not None:
         _create(dialect, conn, _tombstone_table(spec, types))
+    if spec.kind in (OVERWRITE, REPLACE_WHERE):
+        in_place_keys(dialect, conn, spec)  # a table others refer to is replaced in place, or refused here
+        conn.rollback()
 
 
 def _create(dialect: Dialect, conn: Connection, want: sa.Table, index: bool = False) -> None:
@@ -269,6 +272,80 @@ def _of_branches(shadow: sa.FromClause, batch_id: int, branches: Sequence[str]) 
     return sa.and_(shadow.c[BATCH_COLUMN] == batch_id, shadow.c[BRANCH_COLUMN].in_(sorted(branches)))
 
 
+def in_place_keys(dialect: Dialect, conn: Connection, spec: ApplySpec) -> tuple[str, ...] | None:
+    """The primary key by which an overwrite replaces the rows of a table other tables refer to, in place (None:
+    nobody refers to it, DELETE + INSERT).  Deleting every row would cascade into, null or fail on the
+    referencing rows, and an overwrite changes no other table; in place, only the rows whose keys are gone
+    are deleted, with exactly the effect the user's own DELETE of them would have.  A referenced table
+    without a primary key cannot be replaced in place: :class:`PreflightError` naming the referencing tables."""
+    referencing = dialect.referencing_tables(conn, spec.schema, spec.table)
+    if not referencing:
+        return None
+    keys = tuple(sa.inspect(conn).get_pk_constraint(spec.table, schema=spec.schema).get("constrained_columns") or ())
+    where = f"{spec.schema}.{spec.table}" if spec.schema else spec.table
+    if not keys:
+        raise PreflightError(
+            f"cannot overwrite {where}: table {', '.join(referencing)} refers to it by a foreign key, and without "
+            "a primary key its rows cannot be replaced in place (deleting them all would change or fail on "
+            "the referencing rows). Give the table a primary key, or drop the foreign key"
+        )
+    missing = [k for k in keys if k not in spec.columns]
+    if missing:
+        raise PreflightError(
+            f"cannot overwrite {where}: table {', '.join(referencing)} refers to it by a foreign key, so its rows "
+            f"are replaced in place by the primary key, but the DataFrame has no column {', '.join(missing)}"
+        )
+    return keys
+
+
+def _replace_in_place(
+    dialect: Dialect,
+    conn: Connection,
+    spec: ApplySpec,
+    keys: tuple[str, ...],
+    target: sa.TableClause,
+    shadow: sa.TableClause,
+    mine: sa.ColumnElement[bool],
+) -> int:
+    """Delete the rows (in the replaced scope) whose keys are gone, update the rows whose keys stay, insert the
+    new keys: the referencing tables see only the deletes of the gone keys.  Rows written."""
+    names = list(spec.columns)
+    twice = conn.execute(
+        sa.select(*(shadow.c[k] for k in keys))
+        .where(mine)
+        .group_by(*(shadow.c[k] for k in keys))
+        .having(sa.func.count() > 1)
+        .limit(1)
+    ).first()
+    if twice is not None:  # (DELETE + INSERT fails on it as a duplicate key: so does this)
+        raise ApplyError(f"key ({', '.join(map(str, twice))}) appears more than once in the batch")
+    same_key = sa.and_(*(target.c[k] == shadow.c[k] for k in keys))
+    scope: sa.ColumnElement[bool] = sa.true()
+    if spec.kind == REPLACE_WHERE:
+        scope = _predicate(spec)
+        # a batch key held by a row outside the condition: DELETE + INSERT fails on it as a duplicate key
+        outside = conn.execute(
+            sa.select(*(target.c[k] for k in keys))
+            .where(~sa.func.coalesce(scope, False), sa.exists().where(same_key, mine))
+            .limit(1)
+        ).first()
+        if outside is not None:
+            raise ApplyError(
+                f"key ({', '.join(map(str, outside))}) of the batch belongs to a row that does not match "
+                f"replaceWhere ({spec.predicate!r}): it would be there twice"
+            )
+    batch_keys = sa.select(*(shadow.c[k] for k in keys)).where(mine)
+    conn.execute(dialect.delete_missing(target, list(keys), batch_keys, scope))
+    written = 0
+    rest = [c for c in names if c not in keys]
+    if rest:
+        update = sa.update(target).values({c: shadow.c[c] for c in rest}).where(same_key, mine)
+        written += max(conn.execute(update).rowcount or 0, 0)
+    new = sa.select(*(shadow.c[c] for c in names)).where(mine, ~sa.exists().where(same_key))
+    written += max(conn.execute(sa.insert(target).from_select(names, new)).rowcount or 0, 0)
+    return written
+
+
 def apply_statements(
     dialect: Dialect, conn: Connection, spec: ApplySpec, batch_id: int, branches: Sequence[str]
 ) -> int:
@@ -295,6 +372,15 @@ def apply_statements(
                     "same condition, or set replaceWhereCheck=false to write them anyway"
                 )
         dialect.lock_for_overwrite(conn, spec.schema, spec.table)
+        try:
+            keys = in_place_keys(dialect, conn, spec)
+        except PreflightError as exc:  # a foreign key made since the write was planned: nothing is visible
+            raise ApplyError(str(exc)) from None
+        if keys is not None:
+            written = _replace_in_place(dialect, conn, spec, keys, target, shadow, mine)
+            fault("driver.apply_statements", batch=batch_id)
+            dialect.clear_shadow(conn, shadow, mine)
+            return written
         delete = sa.delete(target)
         if spec.kind == REPLACE_WHERE:
             delete = delete.where(_predicate(spec))
