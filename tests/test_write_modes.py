@@ -308,6 +308,27 @@ def test_an_overwrite_changes_no_other_table(db: Target, action: str) -> None:
         db.drop_table(child)  # before its parent: MariaDB refuses to drop a referenced table
 
 
+def test_replace_where_of_a_referenced_table_deletes_only_the_gone_keys_it_matches(db: Target) -> None:
+    """replaceWhere on a table another refers to ``ON DELETE CASCADE``: replaced in place within the rows the
+    condition matches; only the matching rows whose keys are gone are deleted (and their referencing rows)."""
+    parent, child = db.new_table(), db.new_table()
+    db.keyed_table(parent)
+    old = [(i, f"a{i}") for i in range(10)] + [(i, f"b{i}") for i in range(10, 20)]
+    fill(db, parent, old)
+    db.create_table(child, f"id int PRIMARY KEY, parent int REFERENCES {db.q(parent)} (id) ON DELETE CASCADE")
+    db.execute(f"INSERT INTO {db.q(child)} (id, parent) SELECT id + 100, id FROM {db.q(parent)}")
+    children = db.rows(child)
+    s = sink()
+    try:
+        batch = [named(range(5, 10)), named(range(20, 25))]
+        overwrite_direct(db.url, parent, s, 0, batch, replaceWhere="name LIKE 'a%' OR name LIKE 'n%'")
+        assert db.rows(parent) == named(range(5, 10)) + old[10:] + named(range(20, 25))
+        assert db.rows(child) == [c for c in children if c[1] >= 5]
+        assert shadow_rows(db) == 0 and db.prepared(s) == []
+    finally:
+        db.drop_table(child)
+
+
 def test_an_overwrite_of_a_referenced_table_without_a_primary_key_is_refused(db: Target) -> None:
     """Rows of a table without a primary key cannot be replaced in place: refused before anything is written,
     naming the referencing table."""

@@ -334,8 +334,8 @@ def _replace_in_place(
                 f"key ({', '.join(map(str, outside))}) of the batch belongs to a row that does not match "
                 f"replaceWhere ({spec.predicate!r}): it would be there twice"
             )
-    batch_keys = sa.select(*(shadow.c[k] for k in keys)).where(mine)
-    conn.execute(dialect.delete_missing(target, list(keys), batch_keys, scope))
+    batch_keys = sa.select(*(shadow.c[k].label(f"xasink_key{i}_") for i, k in enumerate(keys))).where(mine)
+    dialect.delete_missing(conn, target, list(keys), batch_keys, scope)
     written = 0
     rest = [c for c in names if c not in keys]
     if rest:

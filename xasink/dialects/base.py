@@ -424,12 +424,18 @@ class Dialect(ABC):
         """The other tables whose foreign keys reference ``table`` (a self-reference is not listed)."""
 
     def delete_missing(
-        self, target: sa.TableClause, keys: list[str], batch: sa.Select[Any], scope: sa.ColumnElement[bool]
-    ) -> sa.Delete:
-        """DELETE the target's rows in ``scope`` whose key is not among the keys ``batch`` selects."""
-        rows = batch.subquery("kept")
-        same = sa.and_(*(rows.c[k] == target.c[k] for k in keys))
-        return sa.delete(target).where(scope, ~sa.exists().where(same))
+        self,
+        conn: Connection,
+        target: sa.TableClause,
+        keys: list[str],
+        batch: sa.Select[Any],
+        scope: sa.ColumnElement[bool],
+    ) -> None:
+        """DELETE the target's rows in ``scope`` whose key is not among the keys ``batch`` selects (one column
+        per key, in order, named apart from the target's columns so ``scope`` reads only the target's)."""
+        kept = batch.subquery("xasink_kept_")
+        same = sa.and_(*(col == target.c[k] for col, k in zip(kept.c, keys, strict=True)))
+        conn.execute(sa.delete(target).where(scope, ~sa.exists().where(same)))
 
     def lock_for_overwrite(self, conn: Connection, schema: str | None, table: str) -> None:  # noqa: B027
         """Keep other writers out of the table while its rows are replaced (readers are never blocked)."""
