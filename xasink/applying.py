@@ -96,9 +96,12 @@ def _unlock(dialect: Dialect, conn: Connection, lock: str) -> None:
     try:
         dialect.unlock_apply(conn, lock)
         conn.commit()
-    except sa.exc.DBAPIError as exc:
+    except sa.exc.SQLAlchemyError as exc:  # never hides the apply's own error
         log.debug("apply lock %s not released (%s): its session ends with the connection", lock, exc)
-        conn.invalidate()
+        try:
+            conn.invalidate()
+        except sa.exc.SQLAlchemyError:
+            pass
 
 
 def withdraw_decision(c: Coordinator, batch_id: int, spec: ApplySpec, reason: str) -> None:
