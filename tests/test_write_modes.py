@@ -727,14 +727,16 @@ def test_two_change_data_applies_of_one_sink_at_once_equal_one_after_the_other(
     """Issue 27: batch 7 deletes key 1 at sequence 10; batch 8 (a backfill of the same sink) upserts key 1 at
     sequence 5 and applies while batch 7's apply is held before its commit.  The applies are serialized by
     the sink and target's apply lock, so the result is that of one after the other (in either order): key 1
-    stays deleted and its tombstone stays."""
+    stays deleted and its tombstone stays.  (Batch 7 is held 10 s: batch 8 is a new driver process, which
+    must reach its apply meanwhile; without the lock the test fails on PostgreSQL, where batch 8's upsert
+    waits on the delete.  InnoDB's locking read of the tombstone made MariaDB wait already.)"""
     table = db.new_table()
     db.create_table(table, "id int PRIMARY KEY, name varchar(20), seq bigint")
     s = sink()
     columns = {"id": "int", "name": "string", "seq": "long", "deleted": "boolean"}
     opts = {"upsertKeyColumns": "id", "deleteFlagColumn": "deleted", "sequenceColumn": "seq"}
     batch_direct(db.url, table, s, 6, columns, [[(1, "a", 1, False), (2, "b", 1, False)]], "append", **opts)
-    monkeypatch.setenv("XASINK_FAULT", "driver.apply_statements:b=7:sleep=3")
+    monkeypatch.setenv("XASINK_FAULT", "driver.apply_statements:b=7:sleep=10")
     with ThreadPoolExecutor(1) as pool:
         seven = pool.submit(batch_direct, db.url, table, s, 7, columns, [[(1, None, 10, True)]], "append", **opts)
         deadline = time.monotonic() + 60
