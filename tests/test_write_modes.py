@@ -30,9 +30,9 @@ import xasink
 from tests.modes_driver import OPTIONS_ENV, batch_direct, overwrite_direct, prepare_stray_branch, split
 from tests.targets import MARIADB, POSTGRESQL, Target, case
 from xasink import admin
-from xasink.apply import tombstone_name
+from xasink.apply import shadow_name, tombstone_name
 from xasink.errors import ApplyError, BatchAbortedError, CommitIncompleteError, OptionError, PreflightError
-from xasink.faults import LOCAL_PROPERTY
+from xasink.faults import LOCAL_PROPERTY, InjectedFault
 from xasink.options import parse_options
 from xasink.xid import Xid
 
@@ -540,6 +540,30 @@ def test_an_apply_reads_only_its_decided_branches_and_never_waits_on_another_run
     assert not report.errors, report.errors
     assert db.prepared(s) == []
     assert db.rows(table) == named(range(100, 120))
+    assert shadow_rows(db) == 0
+
+
+def test_a_batch_decided_before_shadow_rows_carried_their_branch_is_applied_by_recovery(
+    db: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shadow made by an earlier xasink (no ``xasink_branch_`` column) holding a decided, unapplied batch, as
+    an upgrade can find it: recovery applies the batch's rows as they were written."""
+    table = db.new_table()
+    db.keyed_table(table)
+    fill(db, table, named(range(10), "o"))
+    monkeypatch.setenv("XASINK_FAULT", "driver.after_commits:raise")
+    s = sink()
+    with pytest.raises(InjectedFault):
+        overwrite_direct(db.url, table, s, 0, split(100, 20, 2))
+    decided = db.decision(s, 0)
+    assert decided is not None and decided.state == "committing" and db.prepared(s) == []
+    shadow = shadow_name("xasink_", Xid.parse(decided.xids[0]).log_id, s)  # type: ignore[union-attr]
+    db.execute(f"ALTER TABLE {db.q(shadow)} DROP COLUMN xasink_branch_")  # as an earlier xasink made it
+    assert shadow_rows(db) == 20
+    report = admin.recover(db.url, sink_id=s, older_than_s=0)
+    assert not report.errors, report.errors
+    assert db.rows(table) == named(range(100, 120))
+    assert db.decision(s, 0).state == "committed"  # type: ignore[union-attr]
     assert shadow_rows(db) == 0
 
 

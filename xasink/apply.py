@@ -33,6 +33,7 @@ from .dialects.base import SHADOW_INDEX_SUFFIX, Dialect, TargetPlan
 from .errors import ApplyError, PreflightError
 from .faults import fault
 from .options import TableName, WriteOptions
+from .xid import Xid
 
 log = logging.getLogger(__name__)
 
@@ -267,9 +268,28 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def _of_branches(shadow: sa.FromClause, batch_id: int, branches: Sequence[str]) -> sa.ColumnElement[bool]:
-    """The shadow's rows of the decided branches: never another run's (prepared, or rolled back later)."""
+def _of_branches(shadow: sa.FromClause, batch_id: int, branches: Sequence[str] | None) -> sa.ColumnElement[bool]:
+    """The shadow's rows of the decided branches: never another run's (prepared, or rolled back later).
+    ``branches`` None: a shadow made before rows carried their branch (all the batch's rows)."""
+    if branches is None:
+        return shadow.c[BATCH_COLUMN] == batch_id
     return sa.and_(shadow.c[BATCH_COLUMN] == batch_id, shadow.c[BRANCH_COLUMN].in_(sorted(branches)))
+
+
+def decided_branches(conn: Connection, spec: ApplySpec, xids: Sequence[Xid]) -> list[str] | None:
+    """The shadow's tags of a decision's branches, or None for a shadow made by an earlier xasink, whose rows
+    carry no branch: a batch decided before an upgrade is applied (or withdrawn) as it was written."""
+    have = {c["name"] for c in sa.inspect(conn).get_columns(spec.shadow, schema=spec.schema)}
+    return [x.bqual for x in xids] if BRANCH_COLUMN in have else None
+
+
+def _clear(
+    dialect: Dialect, conn: Connection, shadow: sa.TableClause, mine: sa.ColumnElement[bool], legacy: bool
+) -> None:
+    if legacy:  # (no branch column, no index on it)
+        conn.execute(sa.delete(shadow).where(mine))
+    else:
+        dialect.clear_shadow(conn, shadow, mine)
 
 
 def in_place_keys(dialect: Dialect, conn: Connection, spec: ApplySpec) -> tuple[str, ...] | None:
@@ -347,13 +367,15 @@ def _replace_in_place(
 
 
 def apply_statements(
-    dialect: Dialect, conn: Connection, spec: ApplySpec, batch_id: int, branches: Sequence[str]
+    dialect: Dialect, conn: Connection, spec: ApplySpec, batch_id: int, branches: Sequence[str] | None
 ) -> int:
     """Replace the target's rows from the rows of the shadow's decided ``branches`` (their bquals), inside the
     caller's transaction; rows written."""
     names = list(spec.columns)
     target = sa.table(spec.table, *(sa.column(c) for c in names), schema=spec.schema)
-    shadow_cols = names + ([spec.flag] if spec.flag else []) + [BATCH_COLUMN, BRANCH_COLUMN]
+    shadow_cols = names + ([spec.flag] if spec.flag else []) + [BATCH_COLUMN]
+    if branches is not None:
+        shadow_cols.append(BRANCH_COLUMN)
     shadow = sa.table(spec.shadow, *(sa.column(c) for c in shadow_cols), schema=spec.schema)
     mine = _of_branches(shadow, batch_id, branches)
     if spec.kind in (OVERWRITE, REPLACE_WHERE):
@@ -379,7 +401,7 @@ def apply_statements(
         if keys is not None:
             written = _replace_in_place(dialect, conn, spec, keys, target, shadow, mine)
             fault("driver.apply_statements", batch=batch_id)
-            dialect.clear_shadow(conn, shadow, mine)
+            _clear(dialect, conn, shadow, mine, branches is None)
             return written
         delete = sa.delete(target)
         if spec.kind == REPLACE_WHERE:
@@ -389,7 +411,7 @@ def apply_statements(
     else:
         res = _apply_changes(dialect, conn, spec, target, shadow, mine)
     fault("driver.apply_statements", batch=batch_id)
-    dialect.clear_shadow(conn, shadow, mine)
+    _clear(dialect, conn, shadow, mine, branches is None)
     return max(res.rowcount or 0, 0)
 
 
@@ -446,10 +468,12 @@ def _apply_changes(
     return result
 
 
-def withdraw(dialect: Dialect, conn: Connection, spec: ApplySpec, batch_id: int, branches: Sequence[str]) -> None:
+def withdraw(
+    dialect: Dialect, conn: Connection, spec: ApplySpec, batch_id: int, branches: Sequence[str] | None
+) -> None:
     """Delete the rows of a batch whose decision is withdrawn (its apply can never succeed) from the shadow."""
     shadow = sa.table(spec.shadow, sa.column(BATCH_COLUMN), sa.column(BRANCH_COLUMN), schema=spec.schema)
-    dialect.clear_shadow(conn, shadow, _of_branches(shadow, batch_id, branches))
+    _clear(dialect, conn, shadow, _of_branches(shadow, batch_id, branches), branches is None)
 
 
 def table_name(spec: ApplySpec) -> TableName:

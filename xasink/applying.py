@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from .apply import ApplySpec, apply_lock_name, apply_statements, withdraw
+from .apply import ApplySpec, apply_lock_name, apply_statements, decided_branches, withdraw
 from .dialects.base import Dialect
 from .errors import ApplyError, CommitIncompleteError
 
@@ -47,7 +47,7 @@ def apply_decided(c: Coordinator, batch_id: int, spec: ApplySpec, commit_ms: int
                     conn.rollback()
                     return False
                 dialect.durable_commit(conn)
-                branches = [x.bqual for x in decided.xids]
+                branches = decided_branches(conn, spec, decided.xids)
                 rows = apply_statements(dialect, conn, spec, batch_id, branches)
                 conn.commit()
             except BaseException:
@@ -109,5 +109,5 @@ def withdraw_decision(c: Coordinator, batch_id: int, spec: ApplySpec, reason: st
     with c.journal.locked(c.sink_id) as conn:
         decided = c.journal.get(conn, c.sink_id, batch_id)
         if decided is not None and c.journal.withdraw(conn, c.sink_id, batch_id):
-            withdraw(c.journal.dialect, conn, spec, batch_id, [x.bqual for x in decided.xids])
+            withdraw(c.journal.dialect, conn, spec, batch_id, decided_branches(conn, spec, decided.xids))
     log.warning("sink %s batch %s: decision withdrawn, nothing of it is visible (%s)", c.sink_id, batch_id, reason)
