@@ -92,7 +92,6 @@ class Transaction:
 
         Its rows become visible only when the block ends without error, together with every other write's.
         """
-        parsed = self._parse(url, table, options)
         with self._cond:
             if self._state != "open":
                 raise errors.XasinkError(f"sink {self.sink_id} transaction {self.batch_id} is not open ({self._state})")
@@ -100,7 +99,8 @@ class Transaction:
             self._next_part += 1
             self._inflight += 1
         t0 = time.perf_counter()
-        try:
+        try:  # every failure from here on fails the block, even one the caller catches (an option error too)
+            parsed = self._parse(url, table, options)
             mc = self._coordinator(parsed)
             if mc.replay:
                 mc.check_replay(parsed)
@@ -173,11 +173,23 @@ class Transaction:
             if mc is None:  # no write reached the log: nothing was prepared, nothing to decide
                 if exc_type is None and self._failed is None:
                     self._finish(False, {})
-                else:
-                    self._state = "rolled back"
+                    return
+                self._state = "rolled back"
+                if exc_type is None:  # a write failed before the log was reached and the block swallowed it
+                    raise errors.BatchAbortedError(
+                        f"sink {self.sink_id} transaction {self.batch_id}: a write failed "
+                        f"({type(self._failed).__name__}) before the decision log was reached, so nothing was "
+                        "written"
+                    ) from self._failed
                 return
             if mc.replay:
                 mc.finish_replay()
+                if exc_type is None and self._failed is not None:  # e.g. a write refused as not a replay, caught
+                    self._state = "refused"
+                    raise errors.BatchAbortedError(
+                        f"sink {self.sink_id} transaction {self.batch_id} was committed before, but a write of this "
+                        f"attempt failed ({type(self._failed).__name__}): it is not a plain replay"
+                    ) from self._failed
                 self._finish(True, {})
                 return
             if exc_type is not None or self._failed is not None:
