@@ -74,10 +74,15 @@ class TargetDb:
 class MultiCoordinator:
     """Claims (sink, batch) in the log, tracks the databases written, decides once, commits or aborts."""
 
-    def __init__(self, sink_id: str, batch_id: int, log_options: WriteOptions, stream: bool = False) -> None:
+    def __init__(
+        self, sink_id: str, batch_id: int, log_options: WriteOptions, stream: bool = False, fixed: bool = True
+    ) -> None:
         """``stream``: the batch id is a micro-batch id, so one below the sink's last decided batch means a
-        new or reset checkpoint (its batches would be skipped as replays): refused."""
+        new or reset checkpoint (its batches would be skipped as replays): refused.  ``fixed``: the caller
+        named the log (journal_url); else it is the first write's database, and every other database written
+        is checked for decisions of this sink (:meth:`_check_log_home`)."""
         self.sink_id = sink_id
+        self.fixed = fixed
         self.stream = stream
         self.batch_id = batch_id
         self.log_options = replace(log_options, sink_id=sink_id, batch_id=batch_id)
@@ -92,6 +97,8 @@ class MultiCoordinator:
         self.journal.ensure()
         ensure_parts(self.journal)
         self.log_id = self.journal.log_id()
+        with self.dialect.connect() as conn:
+            self.log_server = server_identity(conn)
         self.guard = _Guard(self.dialect, self.log_id, self.run)
         try:
             self._claim()
@@ -135,8 +142,32 @@ class MultiCoordinator:
                     journal_schema=self.log_options.journal_schema,
                     journal_prefix=self.log_options.journal_prefix,
                 )
-                found = self.targets[key] = TargetDb(opts, self.journal)
+                found = TargetDb(opts, self.journal)
+                if not self.fixed and found.server != self.log_server:
+                    try:
+                        self._check_log_home(found, opts)
+                    except BaseException:
+                        found.coordinator.close()
+                        raise
+                self.targets[key] = found
             return found
+
+    def _check_log_home(self, db: TargetDb, options: WriteOptions) -> None:
+        """Without journal_url the log is the database written first, which the order of writes (threads, a
+        redeploy) may change from one run to the next: a replay would then be decided in a log that never saw
+        the batch, and written twice.  So a sink's log is the one that holds its decisions: a write into
+        another database whose own log holds decisions of this sink is refused (pass journal_url)."""
+        home = Journal(db.coordinator.dialect, self.log_options.journal_schema, self.log_options.journal_prefix)
+        with db.coordinator.dialect.connect(autocommit=True) as conn:  # reads only
+            last = home.last_batch_id(conn, self.sink_id) if home.exists(conn) else None
+        if last is not None:
+            raise OptionError(
+                f"sink {self.sink_id}: its decision log is in database {db.server} (it decided batch {last} there), "
+                f"but this transaction's first write went to {self.log_server} and opened the log there: a replay "
+                "would not be recognized. Pass journal_url (the database holding the sink's log) to "
+                "xasink.transaction / foreach_batch_multi; it is needed whenever the writes span several "
+                "databases and their order may change (threads, a redeploy). Nothing of this batch was written."
+            )
 
     def check_replay(self, options: WriteOptions) -> None:
         """A write of a replayed transaction: its table must be among those the transaction wrote."""

@@ -84,7 +84,9 @@ class Transaction:
                     )
                 else:
                     log_opts = first
-                self._mc = MultiCoordinator(self.sink_id, self.batch_id, log_opts, stream=self._stream)
+                self._mc = MultiCoordinator(
+                    self.sink_id, self.batch_id, log_opts, stream=self._stream, fixed=self.journal_url is not None
+                )
             return self._mc
 
     def write(self, df: DataFrame, url: str, table: str, **options: Any) -> WriteResult:
