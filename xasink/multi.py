@@ -75,14 +75,25 @@ class MultiCoordinator:
     """Claims (sink, batch) in the log, tracks the databases written, decides once, commits or aborts."""
 
     def __init__(
-        self, sink_id: str, batch_id: int, log_options: WriteOptions, stream: bool = False, fixed: bool = True
+        self,
+        sink_id: str,
+        batch_id: int,
+        log_options: WriteOptions,
+        stream: bool = False,
+        fixed: bool = True,
+        query: str | None = None,
+        blind: bool = False,
     ) -> None:
         """``stream``: the batch id is a micro-batch id, so one below the sink's last decided batch means a
         new or reset checkpoint (its batches would be skipped as replays): refused.  ``fixed``: the caller
         named the log (journal_url); else it is the first write's database, and every other database written
-        is checked for decisions of this sink (:meth:`_check_log_home`)."""
+        is checked for decisions of this sink (:meth:`_check_log_home`).  ``query``: the streaming query's id,
+        recorded with the decision; a decided micro-batch of another query, or of one whose id is unknown
+        (``blind``: Spark Connect, where the function cannot learn it), is refused, not skipped."""
         self.sink_id = sink_id
         self.fixed = fixed
+        self.query = query
+        self.blind = blind and query is None
         self.stream = stream
         self.batch_id = batch_id
         self.log_options = replace(log_options, sink_id=sink_id, batch_id=batch_id)
@@ -122,7 +133,10 @@ class MultiCoordinator:
                     "sink_id (or restore its checkpoint)."
                 )
             if decided:
-                self.replay, self.recorded = True, recorded
+                self.recorded = recorded
+                if self.stream:
+                    self._check_query(recorded)
+                self.replay = True
                 return
             horizon = self.journal.horizon(conn, self.sink_id)
             if horizon is not None and self.batch_id <= horizon:
@@ -131,6 +145,25 @@ class MultiCoordinator:
                 )
             if not self.journal.claim(conn, self.sink_id, self.batch_id, self.run, self.guard.name):
                 raise ConcurrentWriterError(f"sink {self.sink_id} batch {self.batch_id}: run {self.run} lost its claim")
+
+    def _check_query(self, recorded: str | None) -> None:
+        """A decided micro-batch is a replay only of the query that decided it (an old record names none)."""
+        try:
+            was = json.loads(recorded).get("query") if recorded else None
+        except (ValueError, AttributeError):
+            was = None
+        if not self.blind and (self.query is None or was is None or was == self.query):
+            return
+        why = (
+            f"by streaming query {was}, and is now written by query {self.query}"
+            if not self.blind
+            else "and this foreachBatch call cannot learn its streaming query's id (Spark Connect): a replay "
+            "cannot be told from another query's batch; pass checkpoint_location to foreach_batch_multi"
+        )
+        raise BatchIdentityError(
+            f"sink {self.sink_id} batch {self.batch_id} was committed as {self._described()} {why}. Nothing of "
+            "this attempt was written. Give each query its own sink_id (or restore its checkpoint)."
+        )
 
     def target(self, options: WriteOptions) -> TargetDb:
         key = options.url.render_as_string(hide_password=False)
@@ -289,7 +322,10 @@ class MultiCoordinator:
             )
             self.dialect.durable_commit(conn)
             self._sent = True
-            self.journal.insert_decision(conn, record, multi_target(parts))
+            target = multi_target(parts)
+            if self.query is not None:
+                target = json.dumps({**json.loads(target), "query": self.query}, sort_keys=True)
+            self.journal.insert_decision(conn, record, target)
         return True, parts, ""
 
     def _settle(self, cause: Exception) -> list[Part]:

@@ -53,6 +53,8 @@ STREAM_QUERY_PROPERTY = "sql.streaming.queryId"
 ABORT_SETTLE_S = 4.0
 # internal option: xasink.write() names the run, so it can tell its own decision from a concurrent writer's
 RUN_OPTION = "xasink.run"
+# internal option: foreach_batch names the streaming query when its tasks cannot (Spark Connect)
+QUERY_OPTION = "xasink.query"
 
 
 def _task_fault_spec() -> str | None:
@@ -149,6 +151,7 @@ def _write_task(
     batch_id: int,
     iterator: Iterator[pa.RecordBatch],
     tx: TxWrite | None = None,
+    query: str | None = None,
 ) -> XasinkCommitMessage:
     from ..branch import write_partition  # the rows' path: not imported by the planning and commit workers
 
@@ -171,7 +174,7 @@ def _write_task(
         batches=iterator,
         log_id=plan.log_id,
         guard=plan.guard,
-        query=ctx.getLocalProperty(STREAM_QUERY_PROPERTY),
+        query=ctx.getLocalProperty(STREAM_QUERY_PROPERTY) or query,
         journal_url=tx.journal_url if tx is not None else None,
         claimed=plan.claimed,
     )
@@ -182,17 +185,44 @@ def _outcomes(messages: list[WriterCommitMessage | None]) -> list[BranchOutcome 
     return [m.outcome if isinstance(m, XasinkCommitMessage) else None for m in messages]
 
 
+def check_not_micro_batch(options: WriteOptions) -> None:
+    """A batch write with a sinkId but no batchId, run inside a streaming micro-batch (the user's own
+    foreachBatch): refused.  Its batch id would be 0 for every micro-batch, and every micro-batch after the
+    first would be skipped as a replay of batch 0.  Only a task learns that it runs in a micro-batch."""
+    ctx = TaskContext.get()
+    if ctx is not None and ctx.getLocalProperty(STREAM_BATCH_PROPERTY) is not None:
+        raise OptionError(
+            f"sink {options.sink_id}: format('xasink') with a sinkId and no batchId runs inside streaming "
+            f"micro-batch {ctx.getLocalProperty(STREAM_BATCH_PROPERTY)} (a foreachBatch function): every "
+            "micro-batch would be batch 0 and all but the first skipped as its replay. Use "
+            "writeStream.foreachBatch(xasink.foreach_batch(url=..., table=..., sink_id=...)), or pass "
+            "batchId=epoch_id. Nothing was written."
+        )
+
+
 class XasinkBatchWriter(DataSourceArrowWriter):
     def __init__(
-        self, options: WriteOptions, plan: WritePlan, run: str | None = None, tx: TxWrite | None = None
+        self,
+        options: WriteOptions,
+        plan: WritePlan,
+        run: str | None = None,
+        tx: TxWrite | None = None,
+        sink_without_batch: bool = False,
+        query: str | None = None,
     ) -> None:
+        """``sink_without_batch``: the caller named a sinkId and no batchId (:func:`check_not_micro_batch`);
+        ``query``: the streaming query foreach_batch names, for tasks that cannot see it (Spark Connect)."""
         self.options = options
         self.plan = plan
         self.run = run or new_run_nonce()
         self.tx = tx
+        self.sink_without_batch = sink_without_batch
+        self.query = query
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> XasinkCommitMessage:
-        return _write_task(self.options, self.plan, self.run, self.options.batch_id, iterator, self.tx)
+        if self.sink_without_batch:
+            check_not_micro_batch(self.options)
+        return _write_task(self.options, self.plan, self.run, self.options.batch_id, iterator, self.tx, self.query)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         if self.tx is not None:  # inside xasink.transaction(): record the part, the transaction decides
@@ -202,7 +232,7 @@ class XasinkBatchWriter(DataSourceArrowWriter):
         coordinator = Coordinator(self.options, shared=True)
         try:  # the coordinator logs the batch's figures
             with phase("commit.call", sink=self.options.sink_id, batch=self.options.batch_id):
-                coordinator.commit(self.options.batch_id, _outcomes(messages), apply=self.plan.apply)
+                coordinator.commit(self.options.batch_id, _outcomes(messages), query=self.query, apply=self.plan.apply)
         finally:
             coordinator.close()
 
@@ -397,17 +427,26 @@ class XasinkDataSource(DataSource):
             return XasinkBatchWriter(options, prepare_tx_write(options, schema, tx), run, tx)
         plan = _prepare(options, schema, options.num_partitions)
         run = self._run() or new_run_nonce()
+        given = {k.lower() for k in self.options}
+        query = self.options.get(QUERY_OPTION)
         coordinator = Coordinator(options, shared=True)
         try:
             with phase("plan.recover", sink=options.sink_id, batch=options.batch_id):
-                coordinator.check_batch(options.batch_id)  # another target's batch, or one the log forgot: refuse now
+                # another target's (or query's) batch, or one the log forgot: refuse now
+                coordinator.check_batch(options.batch_id, query)
                 # take the batch over here, once, instead of in every task; then finish what earlier runs
                 # decided and roll back their branches of this batch (superseded now, so dead to recovery)
                 claimed = coordinator.claim(options.batch_id, run, plan.guard)
                 coordinator.recover(upto=options.batch_id, run=run)
         finally:
             coordinator.close()
-        return XasinkBatchWriter(options, replace(plan, claimed=claimed), run)
+        return XasinkBatchWriter(
+            options,
+            replace(plan, claimed=claimed),
+            run,
+            sink_without_batch="sinkid" in given and "batchid" not in given,
+            query=str(query) if query is not None else None,
+        )
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> XasinkStreamWriter:  # noqa: N802 - Spark's name
         _worker_logging(logging.INFO)

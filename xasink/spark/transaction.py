@@ -27,7 +27,7 @@ from ..multi import MultiCoordinator
 from ..options import WriteOptions, parse_options
 from ..results import TargetResult, TransactionResult, WriteResult
 from ..xid import MAX_BATCH_ID, valid_sink_id
-from .api import _summary, _unwrap, is_connect, register, shape
+from .api import _summary, _unwrap, is_connect, micro_batch_query, register, shape
 from .datasource import RUN_OPTION
 from .txwrite import TX_GUARD_OPTION, TX_PART_OPTION, TX_URL_OPTION
 
@@ -50,6 +50,8 @@ class Transaction:
         self.journal_url = journal_url
         self.result: TransactionResult | None = None
         self._stream = False  # set by foreach_batch_multi: batch ids are micro-batch ids
+        self._query: str | None = None  # set by foreach_batch_multi: the streaming query's id, when known
+        self._blind = False  # set by foreach_batch_multi under Spark Connect: the query's id may be unknowable
         self._cond = threading.Condition()
         self._mc: MultiCoordinator | None = None
         self._next_part = 0
@@ -85,7 +87,13 @@ class Transaction:
                 else:
                     log_opts = first
                 self._mc = MultiCoordinator(
-                    self.sink_id, self.batch_id, log_opts, stream=self._stream, fixed=self.journal_url is not None
+                    self.sink_id,
+                    self.batch_id,
+                    log_opts,
+                    stream=self._stream,
+                    fixed=self.journal_url is not None,
+                    query=self._query,
+                    blind=self._blind,
                 )
             return self._mc
 
@@ -228,12 +236,19 @@ def transaction(sink_id: str, batch_id: int, journal_url: str | None = None, **o
 
 
 def foreach_batch_multi(
-    fn: Callable[[DataFrame, int, Transaction], Any], sink_id: str, journal_url: str | None = None, **options: Any
+    fn: Callable[[DataFrame, int, Transaction], Any],
+    sink_id: str,
+    journal_url: str | None = None,
+    checkpoint_location: str | None = None,
+    **options: Any,
 ) -> Callable[[DataFrame, int], TransactionResult | None]:
     """A ``foreachBatch`` function running ``fn(df, epoch_id, tx)`` in one transaction per micro-batch.
 
-    The micro-batch id is the transaction's batch id: a replayed micro-batch writes nothing anywhere, and
-    a micro-batch id below the sink's last decided one (a new or reset checkpoint) is refused.
+    The micro-batch id is the transaction's batch id and the streaming query's id is recorded with it: a
+    replayed micro-batch of the same query writes nothing anywhere; a micro-batch id below the sink's last
+    decided one (a new or reset checkpoint) and a decided batch of another query are refused.  Under Spark
+    Connect the query's id is read from ``checkpoint_location`` (else a decided batch is refused, since a
+    replay cannot be told from another query's batch).
     """
     if not valid_sink_id(sink_id):
         raise errors.OptionError(f"sink_id {sink_id[:60]!r} is invalid: 1 to 32 of A-Z a-z 0-9 _ . -")
@@ -241,6 +256,8 @@ def foreach_batch_multi(
     def run_batch(df: DataFrame, epoch_id: int) -> TransactionResult | None:
         tx = transaction(sink_id, int(epoch_id), journal_url, **options)
         tx._stream = True
+        tx._query = micro_batch_query(df, checkpoint_location)
+        tx._blind = is_connect(df.sparkSession)
         with tx:
             fn(df, int(epoch_id), tx)
         return tx.result
