@@ -37,7 +37,7 @@ from .journal import BatchRecord, Journal
 from .liveness import DriverProcess, _stat, guard_name
 from .options import WriteOptions
 from .parts import Part, ensure_parts, mark_parts_committed, multi_target, read_parts, recorded_targets, server_identity
-from .targets import describe_target, forgotten_message, target_identity
+from .targets import UNKNOWN_QUERY, describe_target, forgotten_message, target_identity
 from .xid import Xid, new_run_nonce
 
 log = logging.getLogger(__name__)
@@ -323,8 +323,9 @@ class MultiCoordinator:
             self.dialect.durable_commit(conn)
             self._sent = True
             target = multi_target(parts)
-            if self.query is not None:
-                target = json.dumps({**json.loads(target), "query": self.query}, sort_keys=True)
+            if self.query is not None or self.blind:
+                query = self.query or UNKNOWN_QUERY  # unknown matches no query: never taken for a replay later
+                target = json.dumps({**json.loads(target), "query": query}, sort_keys=True)
             self.journal.insert_decision(conn, record, target)
         return True, parts, ""
 

@@ -20,6 +20,7 @@ from ..journal import Journal
 from ..masking import redact, url_secrets
 from ..options import WriteOptions, parse_options
 from ..results import WriteResult
+from ..targets import UNKNOWN_QUERY
 from ..xid import new_run_nonce
 from .datasource import QUERY_OPTION, RUN_OPTION, STREAM_QUERY_PROPERTY, XasinkDataSource, check_batch_order
 
@@ -216,6 +217,14 @@ def unknown_query_message(sink_id: str, batch_id: int) -> str:
     )
 
 
+def _decided(coordinator: Coordinator, batch_id: int) -> bool:
+    """Whether the log holds (sink, batch) as decided (refused if for another target); no log: False."""
+    with coordinator.dialect.connect(autocommit=True) as conn:
+        if not coordinator.journal.exists(conn):
+            return False
+    return coordinator.check_batch(batch_id)
+
+
 def foreach_batch(
     url: str,
     table: str,
@@ -240,9 +249,11 @@ def foreach_batch(
         check_batch_order(coordinator, batch_id)
         query = micro_batch_query(df, checkpoint_location)
         # under Connect, a decided batch whose query cannot be known: a replay or another query's, refused
-        if query is None and is_connect(df.sparkSession) and coordinator.check_batch(batch_id):
+        if query is None and is_connect(df.sparkSession) and _decided(coordinator, batch_id):
             raise errors.BatchIdentityError(unknown_query_message(sink_id, batch_id))
         batch = {"url": url, "dbtable": table, "sinkId": sink_id, "batchId": batch_id, **options}
+        if query is None and is_connect(df.sparkSession):
+            query = UNKNOWN_QUERY  # recorded so: no later write of this batch passes for its replay
         return _write(df, batch, mode, query)
 
     return write_batch
