@@ -535,3 +535,21 @@ def test_foreach_batch_multi_of_another_query_with_the_same_sink_id_is_refused(s
     (stream.input / "part-0000.json").write_text("".join(json.dumps({"id": i}) + "\n" for i in range(1000, 1010)))
     assert "BatchIdentityError" in failure_text(start())
     assert stream.ids() == list(range(ROWS)) and stream.prepared() == []
+
+
+def test_an_abort_rolls_back_even_where_planning_again_would_fail(stream: Stream) -> None:
+    """The abort plans nothing (no server checks, table plan or recovery): here planning again would fail,
+    since numPartitions asks for every prepared-transaction slot of the server and the failed batch holds
+    some, yet the batch's branches are rolled back at once, not left held until the driver exits."""
+    stream.add_files(1)
+    with connect(stream.url) as conn, conn.cursor() as cur:
+        cur.execute("SHOW max_prepared_transactions")
+        limit = int(cur.fetchone()[0])
+    stream.spark.sparkContext.setLocalProperty(LOCAL_PROPERTY, "task.after_prepare:raise:p=1")
+    try:
+        query = stream.writer(stream.frame(), numPartitions=str(limit)).trigger(availableNow=True).start()
+        assert "injected fault at task.after_prepare" in failure_text(query)
+    finally:
+        stream.spark.sparkContext.setLocalProperty(LOCAL_PROPERTY, None)  # type: ignore[arg-type]
+    assert stream.prepared() == []
+    assert stream.ids() == [] and stream.decisions() == {}

@@ -31,7 +31,7 @@ from ..apply import ApplySpec, check_predicate, ensure_shadow, shadow_plan, spec
 from ..coordinator import Coordinator
 from ..dialects.base import TargetPlan
 from ..errors import OptionError, PreflightError
-from ..liveness import ensure_keeper, spark_driver_process
+from ..liveness import ensure_keeper, guard_name, spark_driver_process
 from ..options import WriteOptions, parse_options
 from ..phases import phase, worker_started
 from ..results import BranchOutcome
@@ -386,13 +386,29 @@ class XasinkStreamWriter(DataSourceStreamArrowWriter):
             coordinator.close()
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
-        """A task failed or the query stopped: roll back the batch's branches (a decided batch is finished)."""
+        """A task failed or the query stopped: roll back the batch's branches (a decided batch is finished).
+
+        Without planning: the abort comes in a fresh worker, often during the outage that caused it, and a
+        plan (server checks, the table, recovery) that fails there would roll nothing back.  Only the run
+        guard's name is needed, for a stop whose tasks returned no message; it is derived, not ensured."""
         _worker_logging(logging.INFO)
         coordinator = Coordinator(self.options, shared=True)
         try:
-            coordinator.abort(batchId, _outcomes(messages), settle_s=ABORT_SETTLE_S, guard=self.plan.guard)
+            coordinator.abort(batchId, _outcomes(messages), settle_s=ABORT_SETTLE_S, guard=self._guard(coordinator))
         finally:
             coordinator.close()
+
+    def _guard(self, coordinator: Coordinator) -> str | None:
+        """This driver's run guard for the sink's log (:func:`xasink.liveness.ensure_keeper` names it so)."""
+        if self._plan is not None:
+            return self._plan.guard
+        driver = spark_driver_process()
+        if driver is None:
+            return None
+        try:
+            return guard_name(coordinator.journal.log_id(), driver.token)
+        except Exception:  # noqa: BLE001 - no log, or it cannot be read: the abort says what is wrong
+            return None
 
 
 class XasinkDataSource(DataSource):
