@@ -234,6 +234,7 @@ def shadow_plan(plan: TargetPlan, spec: ApplySpec, flag_source: str | None) -> T
         tuple(sources),
         batch_column=BATCH_COLUMN,
         required=required,
+        server_casts=plan.server_casts,  # the shadow has the target's column types
     )
 
 

@@ -77,6 +77,12 @@ class TargetPlan:
     # row is the batch id, filled in by the task
     batch_column: str | None = None
     required: tuple[str, ...] = ()  # columns that must not be NULL in any row (change-data keys and sequence)
+    # Spark's session time zone (spark.sql.session.timeZone), set in each task: a TimestampNTZType written to a
+    # column that holds an instant is that wall time in this zone, as Spark casts it
+    time_zone: str = "UTC"
+    # columns whose values the server casts to the column's type (a double into numeric, a decimal into an
+    # unconstrained numeric), as it does for Spark's JDBC writer: the PostgreSQL branch inserts them with a cast
+    server_casts: tuple[tuple[str, str], ...] = ()  # (column, SQL type)
 
 
 def branch_failed(xid: Xid, plan: TargetPlan, what: str, hint: str | None = None) -> BranchError:
@@ -424,6 +430,13 @@ class Dialect(ABC):
         sequence: str | None,
     ) -> sa.Insert:
         """INSERT the selected rows, updating the row of an existing key (only when ``sequence`` is not older)."""
+
+    def server_cast(self, column: Any, source: pa.DataType, target: pa.DataType) -> str | None:
+        """The SQL type to cast to on the server when values of ``target`` go into the reflected column, or None.
+
+        Where the server's cast of what Spark's JDBC writer sends differs from any the client can make (its
+        rounding, its display scale), the branch sends the value and lets the server cast it."""
+        return None
 
     def check_table(self, conn: Connection, plan: TargetPlan) -> TargetPlan:
         """Dialect-specific checks of the target table (e.g. storage engine); the plan, refined if need be."""

@@ -47,7 +47,9 @@ class MySQLBranch(BranchSession):
             self.connection_id, server_infile, max_packet = int(row[0]), int(row[1] or 0), int(row[2])
             lock_wait = int(dialect.settings.lock_timeout) or MAX_LOCK_WAIT
             self.cursor.execute(
-                "SET SESSION sql_mode = %s, time_zone = '+00:00', innodb_lock_wait_timeout = %s",
+                # the server's own time zone, as Spark's JDBC writer's session has: a TIMESTAMP column reads
+                # the wall time it is sent (the session zone's, as JDBC sends it) in that zone
+                "SET SESSION sql_mode = %s, time_zone = @@GLOBAL.time_zone, innodb_lock_wait_timeout = %s",
                 (BRANCH_SQL_MODE, lock_wait),
             )
             self.cursor.execute(f"XA START {self._xa}")
