@@ -16,8 +16,8 @@ import struct
 import subprocess
 import sys
 from collections.abc import Iterator
-from datetime import datetime, timezone
-from decimal import Decimal
+from datetime import datetime, timedelta, timezone
+from decimal import Decimal, localcontext
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -25,6 +25,8 @@ from zoneinfo import ZoneInfo
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.targets import MARIADB, POSTGRESQL, Target
 
@@ -279,3 +281,117 @@ def test_decimals_into_double_columns_are_correctly_rounded(
     data = decimals_table()
     jdbc, ours = both_writers(driver, db, DECIMAL_COLUMNS[db.kind], data, tmp_path, upsert=path == "upsert")
     assert differences(jdbc, ours, data.column_names) == []
+
+
+# --------------------------------------------------------------------------- random values, every column
+
+
+def _dst_transition(year: int, spring: bool) -> datetime:
+    """New York's 02:00 wall time of the year's spring or fall clock change (the rules since 1987)."""
+    if year >= 2007:
+        month, nth = (3, 2) if spring else (11, 1)
+    else:
+        month, nth = (4, 1) if spring else (10, -1)
+    if nth > 0:
+        first = datetime(year, month, 1)
+        day = 1 + (6 - first.weekday()) % 7 + 7 * (nth - 1)
+    else:
+        last = datetime(year, month, 31)
+        day = 31 - (last.weekday() + 1) % 7
+    return datetime(year, month, day, 2, 0)
+
+
+near_dst = st.builds(
+    lambda year, spring, seconds, micros: (
+        _dst_transition(year, spring) + timedelta(seconds=seconds, microseconds=micros)
+    ),
+    st.integers(1987, 2037),
+    st.booleans(),
+    st.integers(-2 * 3600, 2 * 3600),
+    st.integers(0, 999_999),
+)
+wall_times = st.one_of(near_dst, st.datetimes(datetime(1971, 1, 2), datetime(2037, 12, 31)))
+CONTROL = [chr(i) for i in range(32)] + ["\x7f", "\x85", "\u2028", "\ufeff"]
+
+
+@st.composite
+def frames(draw: st.DrawFn, kind: str) -> tuple[str, pa.Table]:
+    """(the table's columns, a frame of random rows) for one database."""
+    precision = draw(st.integers(1, 38))
+    scale = draw(st.integers(0, min(precision, 30 if kind == MARIADB else 38)))
+    wide_scale = draw(st.integers(0, min(37 - (precision - scale), 30 if kind == MARIADB else 37)))
+    with localcontext(prec=80):  # the default context's 28 digits would round the bound up
+        bound = Decimal(10) ** (precision - scale) - Decimal(10) ** -scale
+    decimals = st.decimals(-bound, bound, places=scale, allow_nan=False, allow_infinity=False)
+    finite = kind == MARIADB  # MariaDB holds no NaN nor infinity (both writers refuse them)
+    doubles = st.floats(allow_nan=not finite, allow_infinity=not finite)
+    wide_doubles = st.floats(-1e33, 1e33) if kind == MARIADB else doubles
+    alphabet = st.one_of(st.sampled_from(CONTROL), st.characters(codec="utf-8"))
+    texts = st.text(alphabet, max_size=12)
+    if kind == POSTGRESQL:  # text holds no NUL in PostgreSQL (both writers refuse it)
+        texts = texts.map(lambda s: s.replace("\x00", ""))
+    rows = draw(st.integers(1, 8))
+
+    def column(strategy: st.SearchStrategy[Any]) -> list[Any]:
+        return draw(st.lists(st.one_of(st.none(), strategy), min_size=rows, max_size=rows))
+
+    walls = column(wall_times)
+    instants = [None if w is None else w.replace(tzinfo=ZoneInfo(TZ)).astimezone(UTC) for w in column(wall_times)]
+    decimal_values = column(decimals)
+    double_values = column(doubles)
+    data = pa.table(
+        {
+            "id": pa.array(range(rows), pa.int32()),
+            "dec_same": pa.array(decimal_values, pa.decimal128(precision, scale)),
+            "dec_wide": pa.array(decimal_values, pa.decimal128(precision, scale)),
+            "dec_double": pa.array(decimal_values, pa.decimal128(precision, scale)),
+            "d_double": pa.array(double_values, pa.float64()),
+            "d_wide": pa.array(column(wide_doubles), pa.float64()),
+            "d_small": pa.array(column(st.floats(-1e13, 1e13)), pa.float64()),
+            "ts_plain": pa.array(instants, pa.timestamp("us", tz="UTC")),
+            "ts_tz": pa.array(instants, pa.timestamp("us", tz="UTC")),
+            "ntz_plain": pa.array(walls, pa.timestamp("us")),
+            "ntz_tz": pa.array(walls, pa.timestamp("us")),
+            "txt": pa.array(column(texts), pa.string()),
+            "bin": pa.array(column(st.binary(max_size=16)), pa.binary()),
+        }
+    )
+    if kind == POSTGRESQL:
+        columns = (
+            f"id int PRIMARY KEY, dec_same numeric({precision},{scale}), dec_wide numeric, "
+            "dec_double double precision, d_double double precision, d_wide numeric, d_small numeric(20,6), "
+            "ts_plain timestamp(6), ts_tz timestamptz, ntz_plain timestamp(6), ntz_tz timestamptz, txt text, bin bytea"
+        )
+    else:
+        columns = (
+            f"id int PRIMARY KEY, dec_same DECIMAL({precision},{scale}), dec_wide DECIMAL(38,{wide_scale}), "
+            "dec_double DOUBLE, d_double DOUBLE, d_wide DECIMAL(65,30), d_small DECIMAL(20,6), "
+            "ts_plain DATETIME(6), ts_tz TIMESTAMP(6) NULL, ntz_plain DATETIME(6), ntz_tz DATETIME(6), "
+            "txt LONGTEXT, bin LONGBLOB"
+        )
+    return columns, data
+
+
+@pytest.mark.parametrize("path", ["bulk", "upsert"])
+def test_random_values_are_stored_as_spark_jdbc_stores_them(
+    driver: ValuesDriver, db: Target, tmp_path: Path, path: str
+) -> None:
+    @settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+    @given(frames(db.kind))
+    def check(frame: tuple[str, pa.Table]) -> None:
+        columns, data = frame
+        jdbc, ours = both_writers(driver, db, columns, data, tmp_path, upsert=path == "upsert")
+        names = data.column_names
+        walls = data.column("ntz_plain").to_pylist()
+        for row in ours:  # NTZ cells: Spark's semantics (JDBC differs in gaps, overlaps and on MariaDB)
+            for column in ("ntz_plain", "ntz_tz"):
+                assert row[names.index(column)] == spark_semantics(db.kind, column, walls[row[0]]), (row, column)
+        diff = [d for d in differences(jdbc, ours, names) if d[1] not in ("ntz_plain", "ntz_tz")]
+        assert diff == [], (columns, diff)
+
+    check()

@@ -60,7 +60,7 @@ def text_column(arr: pa.Array) -> pa.Array:
     elif pa.types.is_boolean(t):
         out = arr.cast(pa.int8()).cast(pa.large_string())
     elif pa.types.is_timestamp(t):
-        out = arr.cast(pa.timestamp(t.unit)).cast(pa.large_string())  # tz-aware: its UTC wall time
+        out = arr.cast(pa.timestamp(t.unit)).cast(pa.large_string())  # the plan's are wall times (no zone)
     elif pa.types.is_float32(t):
         # the server parses a number as a double: the shortest float32 text can lie beyond the float32
         # range ("3.4028235e+38" > FLT_MAX, refused as out of range); the exact double of the value cannot
@@ -88,7 +88,7 @@ def encode_tsv(batch: pa.RecordBatch) -> pa.Buffer:
 
 
 def python_rows(batch: pa.RecordBatch) -> list[tuple[Any, ...]]:
-    """The batch as Python tuples for pymysql's multi-row INSERT (tz-aware timestamps as UTC wall time)."""
+    """The batch as Python tuples for pymysql's multi-row INSERT (timestamps: the plan's wall times)."""
     columns = []
     for name, col in zip(batch.schema.names, batch.columns, strict=True):
         _check_finite(col, name)

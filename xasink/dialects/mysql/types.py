@@ -33,7 +33,8 @@ def arrow_type(column: Any, source: pa.DataType) -> pa.DataType | None:
         return pa.int16()
     # a number of another kind goes as its own text: the server converts and rounds it, as it does the
     # literal Spark's JDBC writer sends (a decimal's exact digits, a double's shortest digits)
-    if isinstance(t, sa.Numeric) and (pa.types.is_floating(source) or pa.types.is_decimal(source)):
+    numeric = isinstance(t, (sa.Numeric, sa.Float))  # DECIMAL, DOUBLE, FLOAT (Float is no Numeric in SQLAlchemy 2.1)
+    if numeric and (pa.types.is_floating(source) or pa.types.is_decimal(source)):
         return source
     if isinstance(t, mysql.FLOAT):
         return pa.float32()
