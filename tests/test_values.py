@@ -395,3 +395,29 @@ def test_random_values_are_stored_as_spark_jdbc_stores_them(
         assert diff == [], (columns, diff)
 
     check()
+
+
+# --------------------------------------------------------------------------- floats (FloatType)
+
+FLOATS = [0.1, 0.123456789, 1e-40, 3.4028235e38, -2.675, 16777217.0, 1.1754944e-38, 7e-45]
+FLOAT_COLUMNS = {
+    POSTGRESQL: "id int PRIMARY KEY, f_real real, f_double double precision, f_wide numeric",
+    MARIADB: "id int PRIMARY KEY, f_real FLOAT, f_double DOUBLE, f_wide DECIMAL(65,30)",
+}
+
+
+@pytest.mark.parametrize("path", ["bulk", "upsert"])
+def test_floats_are_stored_as_spark_jdbc_stores_them(
+    driver: ValuesDriver, db: Target, tmp_path: Path, path: str
+) -> None:
+    floats = FLOATS
+    if db.kind == MARIADB:  # Spark's JDBC writer sends a float as Float.toString's text, so MariaDB differs:
+        # Float.MAX_VALUE as 3.4028235E38, beyond FLOAT's range (JDBC fails, xasink writes it); and before
+        # Java 19 some floats with more digits than needed (1.17549435E-38; xasink: the shortest, 1.1754944e-38)
+        floats = [f for f in FLOATS if f not in (3.4028235e38, 1.1754944e-38)]
+    values = pa.array(floats + [None], pa.float32())
+    data = pa.table(
+        {"id": pa.array(range(len(values)), pa.int32()), "f_real": values, "f_double": values, "f_wide": values}
+    )
+    jdbc, ours = both_writers(driver, db, FLOAT_COLUMNS[db.kind], data, tmp_path, upsert=path == "upsert")
+    assert differences(jdbc, ours, data.column_names) == []
