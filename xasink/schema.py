@@ -218,18 +218,27 @@ def _conform_column(arr: pa.Array, target: pa.DataType, time_zone: str = "UTC") 
     return arr.cast(target, safe=True)
 
 
+def _labelled_zone(schema: pa.Schema) -> str:
+    """The zone Spark's Arrow batches label a TimestampType with (the session's), or UTC without one."""
+    for f in schema:
+        if pa.types.is_timestamp(f.type) and f.type.tz is not None:
+            return str(f.type.tz)
+    return "UTC"
+
+
 def conform(batch: pa.RecordBatch, plan: TargetPlan, partition: int, batch_id: int = 0) -> pa.RecordBatch:
     """Select and cast a DataFrame batch into the table's exact column types; overflow is an error.
 
     A shadow table's plan (``plan.batch_column``) gets each row tagged with ``batch_id``."""
     arrays = []
+    zone = plan.time_zone or _labelled_zone(batch.schema)
     for name, field in zip(plan.source_names, plan.arrow_schema, strict=True):
         if name == plan.batch_column:
             arrays.append(pa.array([batch_id] * batch.num_rows, pa.int64()))
             continue
         arr = batch.column(name)
         try:
-            arrays.append(_conform_column(arr, field.type, plan.time_zone))
+            arrays.append(_conform_column(arr, field.type, zone))
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
             raise BranchError(
                 f"partition {partition}: column '{name}' does not fit column '{field.name}' "

@@ -78,8 +78,8 @@ class TargetPlan:
     batch_column: str | None = None
     required: tuple[str, ...] = ()  # columns that must not be NULL in any row (change-data keys and sequence)
     # Spark's session time zone (spark.sql.session.timeZone), set in each task: a TimestampNTZType written to a
-    # column that holds an instant is that wall time in this zone, as Spark casts it
-    time_zone: str = "UTC"
+    # column that holds an instant is that wall time in this zone, as Spark casts it (None: not known)
+    time_zone: str | None = None
     # columns whose values the server casts to the column's type (a double into numeric, a decimal into an
     # unconstrained numeric), as it does for Spark's JDBC writer: the PostgreSQL branch inserts them with a cast
     server_casts: tuple[tuple[str, str], ...] = ()  # (column, SQL type)

@@ -145,11 +145,12 @@ def _split_flag(name: str, source: pa.Schema) -> tuple[str, pa.Schema]:
     return found[0].name, pa.schema([f for f in source if f.name != found[0].name])
 
 
-def session_time_zone(ctx: TaskContext) -> str:
+def session_time_zone(ctx: TaskContext) -> str | None:
     """The session time zone of the write, as Spark hands its SQL settings to tasks (a local property).
 
-    A session that never set it runs in the JVM's default zone, which a Python worker cannot see: UTC then."""
-    return ctx.getLocalProperty(SESSION_TIME_ZONE) or "UTC"
+    A session that never set it runs in the JVM's default zone, which a Python worker cannot see: None then
+    (xasink.schema.conform takes the zone Spark labels TimestampType columns with, else UTC)."""
+    return ctx.getLocalProperty(SESSION_TIME_ZONE) or None
 
 
 def _write_task(
