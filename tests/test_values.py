@@ -17,7 +17,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
-from decimal import Decimal, localcontext
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -320,9 +320,9 @@ def frames(draw: st.DrawFn, kind: str) -> tuple[str, pa.Table]:
     precision = draw(st.integers(1, 38))
     scale = draw(st.integers(0, min(precision, 30 if kind == MARIADB else 38)))
     wide_scale = draw(st.integers(0, min(37 - (precision - scale), 30 if kind == MARIADB else 37)))
-    with localcontext(prec=80):  # the default context's 28 digits would round the bound up
-        bound = Decimal(10) ** (precision - scale) - Decimal(10) ** -scale
-    decimals = st.decimals(-bound, bound, places=scale, allow_nan=False, allow_infinity=False)
+    # the unscaled integer, so every value fits decimal(precision, scale) exactly (st.decimals' bounds pass
+    # through a 28-digit context and can overshoot; so would scaleb)
+    decimals = st.integers(-(10**precision) + 1, 10**precision - 1).map(lambda i: Decimal(f"{i}e-{scale}"))
     finite = kind == MARIADB  # MariaDB holds no NaN nor infinity (both writers refuse them)
     doubles = st.floats(allow_nan=not finite, allow_infinity=not finite)
     wide_doubles = st.floats(-1e33, 1e33) if kind == MARIADB else doubles
