@@ -545,7 +545,10 @@ def test_reflected_types_map_to_arrow(mariadb_url: str, table: str) -> None:
         "t": None,
     }
     assert dialect.arrow_type(columns["a"], pa.bool_()) == pa.bool_()  # BOOLEAN is TINYINT(1)
-    assert dialect.arrow_type(columns["p"], aware) == aware  # tz-aware data: written as UTC wall time
+    # tz-aware data: written as its wall time in the session time zone, as Spark's JDBC writer (docs/types.md)
+    assert dialect.arrow_type(columns["p"], aware) == naive
+    assert dialect.arrow_type(columns["i"], pa.float64()) == pa.float64()  # a double's text: the server rounds it
+    assert dialect.arrow_type(columns["h"], pa.decimal128(38, 18)) == pa.decimal128(38, 18)
 
 
 def test_create_table_column_types_use_mysql_names(mariadb_url: str, table: str) -> None:

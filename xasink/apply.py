@@ -254,6 +254,7 @@ def shadow_plan(plan: TargetPlan, spec: ApplySpec, flag_source: str | None) -> T
         batch_column=BATCH_COLUMN,
         branch_column=BRANCH_COLUMN,
         required=required,
+        server_casts=plan.server_casts,  # the shadow has the target's column types
     )
 
 

@@ -95,6 +95,12 @@ class TargetPlan:
     batch_column: str | None = None
     branch_column: str | None = None  # the shadow's column of each row's branch (its xid's bqual), ditto
     required: tuple[str, ...] = ()  # columns that must not be NULL in any row (change-data keys and sequence)
+    # Spark's session time zone (spark.sql.session.timeZone), set in each task: a TimestampNTZType written to a
+    # column that holds an instant is that wall time in this zone, as Spark casts it (None: not known)
+    time_zone: str | None = None
+    # columns whose values the server casts to the column's type (a double into numeric, a decimal into an
+    # unconstrained numeric), as it does for Spark's JDBC writer: the PostgreSQL branch inserts them with a cast
+    server_casts: tuple[tuple[str, str], ...] = ()  # (column, SQL type)
 
 
 def branch_failed(xid: Xid, plan: TargetPlan, what: str, hint: str | None = None) -> BranchError:
@@ -488,6 +494,13 @@ class Dialect(ABC):
         """Upsert the selected rows into the target, touching only rows whose key matches (any other unique
         conflict is an error), inside the caller's transaction; the rows written as the server counts them."""
         return max(conn.execute(self.upsert_from_select(target, columns, select, keys, sequence)).rowcount or 0, 0)
+
+    def server_cast(self, column: Any, source: pa.DataType, target: pa.DataType) -> str | None:
+        """The SQL type to cast to on the server when values of ``target`` go into the reflected column, or None.
+
+        Where the server's cast of what Spark's JDBC writer sends differs from any the client can make (its
+        rounding, its display scale), the branch sends the value and lets the server cast it."""
+        return None
 
     def check_table(self, conn: Connection, plan: TargetPlan) -> TargetPlan:
         """Dialect-specific checks of the target table (e.g. storage engine); the plan, refined if need be."""

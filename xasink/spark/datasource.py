@@ -66,6 +66,9 @@ def _task_fault_spec() -> str | None:
 faults.task_spec_source = _task_fault_spec
 
 
+SESSION_TIME_ZONE = "spark.sql.session.timeZone"
+
+
 @dataclass
 class XasinkCommitMessage(WriterCommitMessage):
     outcome: BranchOutcome
@@ -145,6 +148,14 @@ def _split_flag(name: str, source: pa.Schema) -> tuple[str, pa.Schema]:
     return found[0].name, pa.schema([f for f in source if f.name != found[0].name])
 
 
+def session_time_zone(ctx: TaskContext) -> str | None:
+    """The session time zone of the write, as Spark hands its SQL settings to tasks (a local property).
+
+    A session that never set it runs in the JVM's default zone, which a Python worker cannot see: None then
+    (xasink.schema.conform takes the zone Spark labels TimestampType columns with, else UTC)."""
+    return ctx.getLocalProperty(SESSION_TIME_ZONE) or None
+
+
 def _write_task(
     options: WriteOptions,
     plan: WritePlan,
@@ -184,7 +195,7 @@ def _write_partition(
     partition = ctx.partitionId()
     return write_partition(
         options,
-        plan.target,
+        replace(plan.target, time_zone=session_time_zone(ctx)),
         batch_id=batch_id,
         partition=partition,
         task_attempt_id=ctx.taskAttemptId(),

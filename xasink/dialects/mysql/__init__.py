@@ -18,9 +18,10 @@ Two server facts shape the branch side:
 
 Rows travel as tab-separated text (``\\N`` for NULL; backslash, tab, newline, CR and NUL escaped with a
 backslash), binary columns as hex through ``UNHEX()``; strings, NULLs and bytes round-trip exactly.
-Timestamps with a time zone are written as UTC wall time (the branch session runs with time_zone
-'+00:00', so TIMESTAMP columns get the right instant).  Enabling ``local_infile`` lets the server ask
-the client for a file: branch connections only enable it when the option ``localInfile`` allows it.
+Timestamps are written as Spark's JDBC writer writes them: a TimestampType as its wall time in Spark's
+session time zone, in a branch session that keeps the server's time_zone (docs/types.md).  Enabling
+``local_infile`` lets the server ask the client for a file: branch connections only enable it when the
+option ``localInfile`` allows it.
 
 The package keeps one job per module, as Flink's XA package does: :mod:`.xa` (how an xid is spelled and
 listed), :mod:`.errors` (what a server error means), :mod:`.encoding` (rows as LOAD DATA text),

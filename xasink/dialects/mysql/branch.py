@@ -52,7 +52,9 @@ class MySQLBranch(BranchSession):
             statement_log = int(row[4] or 0) == 1 and str(row[5]).upper() == "STATEMENT"
             lock_wait = int(dialect.settings.lock_timeout) or MAX_LOCK_WAIT
             self.cursor.execute(
-                "SET SESSION sql_mode = %s, time_zone = '+00:00', innodb_lock_wait_timeout = %s",
+                # the server's own time zone, as Spark's JDBC writer's session has: a TIMESTAMP column reads
+                # the wall time it is sent (the session zone's, as JDBC sends it) in that zone
+                "SET SESSION sql_mode = %s, time_zone = @@GLOBAL.time_zone, innodb_lock_wait_timeout = %s",
                 (BRANCH_SQL_MODE, lock_wait),
             )
         except Exception as exc:

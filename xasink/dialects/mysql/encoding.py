@@ -3,6 +3,7 @@ tuples for multi-row INSERT.  Vectorised with pyarrow: the encoding is most of a
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 import numpy as np
@@ -47,6 +48,20 @@ def _check_finite(arr: pa.Array, name: str) -> None:
             )
 
 
+_FLT_MAX = float(np.finfo(np.float32).max)
+
+
+def float32_text(arr: pa.Array) -> pa.Array:
+    """A float's shortest text, as Spark's JDBC writer sends it (Float.toString): a DOUBLE or DECIMAL column gets
+    0.1 for 0.1f, not 0.10000000149011612.  The server reads it as a double (narrowed again for FLOAT), but
+    the shortest text of +-FLT_MAX lies beyond FLT_MAX (refused as out of range): those go as the exact double."""
+    out = arr.cast(pa.large_string())
+    largest = pc.equal(pc.abs(arr), pa.scalar(_FLT_MAX, pa.float32()))
+    if pc.any(largest).as_py():
+        out = pc.if_else(largest, arr.cast(pa.float64()).cast(pa.large_string()), out)
+    return out
+
+
 def text_column(arr: pa.Array) -> pa.Array:
     """One column as LOAD DATA text (large_string, no nulls); binary columns go through :func:`hex_column`."""
     t = arr.type
@@ -60,11 +75,9 @@ def text_column(arr: pa.Array) -> pa.Array:
     elif pa.types.is_boolean(t):
         out = arr.cast(pa.int8()).cast(pa.large_string())
     elif pa.types.is_timestamp(t):
-        out = arr.cast(pa.timestamp(t.unit)).cast(pa.large_string())  # tz-aware: its UTC wall time
+        out = arr.cast(pa.timestamp(t.unit)).cast(pa.large_string())  # the plan's are wall times (no zone)
     elif pa.types.is_float32(t):
-        # the server parses a number as a double: the shortest float32 text can lie beyond the float32
-        # range ("3.4028235e+38" > FLT_MAX, refused as out of range); the exact double of the value cannot
-        out = arr.cast(pa.float64()).cast(pa.large_string())
+        out = float32_text(arr)
     else:
         out = arr.cast(pa.large_string())
     return out.fill_null(_NULL) if out.null_count else out
@@ -88,11 +101,14 @@ def encode_tsv(batch: pa.RecordBatch) -> pa.Buffer:
 
 
 def python_rows(batch: pa.RecordBatch) -> list[tuple[Any, ...]]:
-    """The batch as Python tuples for pymysql's multi-row INSERT (tz-aware timestamps as UTC wall time)."""
+    """The batch as Python tuples for pymysql's multi-row INSERT (timestamps: the plan's wall times)."""
     columns = []
     for name, col in zip(batch.schema.names, batch.columns, strict=True):
         _check_finite(col, name)
         if pa.types.is_timestamp(col.type) and col.type.tz is not None:
             col = col.cast(pa.timestamp(col.type.unit))
+        if pa.types.is_float32(col.type):  # its shortest text, as a decimal literal (see float32_text)
+            columns.append([None if v is None else Decimal(v) for v in float32_text(col).to_pylist()])
+            continue
         columns.append(col.to_pylist())
     return list(zip(*columns, strict=True))

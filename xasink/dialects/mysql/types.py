@@ -31,6 +31,11 @@ def arrow_type(column: Any, source: pa.DataType) -> pa.DataType | None:
         return pa.uint32() if unsigned else pa.int32()
     if isinstance(t, mysql.YEAR):
         return pa.int16()
+    # a number of another kind goes as its own text: the server converts and rounds it, as it does the
+    # literal Spark's JDBC writer sends (a decimal's exact digits, a double's shortest digits)
+    numeric = isinstance(t, (sa.Numeric, sa.Float))  # DECIMAL, DOUBLE, FLOAT (Float is no Numeric in SQLAlchemy 2.1)
+    if numeric and (pa.types.is_floating(source) or pa.types.is_decimal(source)):
+        return source
     if isinstance(t, mysql.FLOAT):
         return pa.float32()
     if isinstance(t, sa.Float):  # DOUBLE, REAL
@@ -42,9 +47,8 @@ def arrow_type(column: Any, source: pa.DataType) -> pa.DataType | None:
         return pa.string()
     if isinstance(t, sa.types._Binary):  # BINARY, VARBINARY, *BLOB
         return pa.binary()
-    if isinstance(t, sa.DateTime):  # DATETIME, TIMESTAMP
-        tz_source = pa.types.is_timestamp(source) and source.tz is not None
-        return pa.timestamp("us", tz="UTC") if tz_source else pa.timestamp("us")
+    if isinstance(t, sa.DateTime):  # DATETIME, TIMESTAMP: as Spark's JDBC writer, an instant's session wall time
+        return pa.timestamp("us")
     if isinstance(t, sa.Date):
         return pa.date32()
     return None
@@ -81,7 +85,7 @@ def sql_type(arrow_type: pa.DataType) -> sa.types.TypeEngine[Any] | None:
     if pa.types.is_date(t):
         return mysql.DATE()
     if pa.types.is_timestamp(t):
-        return mysql.DATETIME(fsp=6)  # a tz-aware timestamp is stored as its UTC wall time
+        return mysql.DATETIME(fsp=6)  # a tz-aware timestamp is stored as its wall time in the session zone
     return None
 
 

@@ -11,7 +11,7 @@ import pyarrow as pa
 from ...errors import BranchError
 from ...xid import Xid
 from ..base import BranchSession, TargetPlan, check_upsert_keys
-from .sql import _literal, upsert_sql
+from .sql import _literal, insert_sql, upsert_sql
 
 if TYPE_CHECKING:
     from .dialect import PostgresDialect
@@ -64,6 +64,8 @@ class PostgresBranch(BranchSession):
         try:
             if self.plan.upsert_keys:
                 self._upsert(counted())
+            elif self.plan.server_casts:  # COPY takes each column's own type only: insert, the server casts
+                self._insert(counted(), insert_sql(self.plan), keys=None)
             else:
                 reader = pa.RecordBatchReader.from_batches(self.plan.arrow_schema, counted())
                 self.cursor.adbc_ingest(self.plan.table, reader, mode="append", db_schema_name=self.plan.schema)
@@ -82,17 +84,26 @@ class PostgresBranch(BranchSession):
         CREATE on the schema and churns the catalog) after measuring both: the merge dominates
         either way (benchmarks/upsert_strategies.py).  Duplicate keys in a partition: the last row wins.
         """
-        sql = upsert_sql(self.plan)
         keys = [self.plan.arrow_schema.get_field_index(k) for k in self.plan.upsert_keys]
+        self._insert(batches, upsert_sql(self.plan), keys)
+
+    def _insert(self, batches: Iterator[pa.RecordBatch], sql: str, keys: list[int] | None) -> None:
+        """Run sql once per chunk, each column an array parameter; a column the server casts goes as it came
+        (a double) or as text (a decimal: its display scale, which a binary numeric loses)."""
         step = self.dialect.upsert_chunk_rows
+        as_text = {n for n, _ in self.plan.server_casts}
         for batch in batches:
-            check_upsert_keys(batch, self.plan, keys, self.xid.partition)
+            if keys is not None:
+                check_upsert_keys(batch, self.plan, keys, self.xid.partition)
+            columns = [
+                col.cast(pa.string()) if name in as_text and pa.types.is_decimal(col.type) else col
+                for name, col in zip(batch.schema.names, batch.columns, strict=True)
+            ]
             for start in range(0, batch.num_rows, step):
-                chunk = batch.slice(start, step)
-                offsets = pa.array([0, chunk.num_rows], type=pa.int32())
+                offsets = pa.array([0, min(step, batch.num_rows - start)], type=pa.int32())
                 params = pa.RecordBatch.from_arrays(
-                    [pa.ListArray.from_arrays(offsets, col) for col in chunk.columns],
-                    names=[f"p{i}" for i in range(chunk.num_columns)],
+                    [pa.ListArray.from_arrays(offsets, col.slice(start, step)) for col in columns],
+                    names=[f"p{i}" for i in range(len(columns))],
                 )
                 self.cursor.execute(sql, parameters=params)
 

@@ -248,9 +248,9 @@ class PostgresDialect(Dialect):
         if isinstance(t, sa.Float):
             return pa.float64()
         if isinstance(t, sa.Numeric):
-            if t.precision is None:  # unconstrained numeric takes any scale: keep the source's
-                if pa.types.is_decimal(source):
-                    return source
+            if pa.types.is_floating(source) or pa.types.is_decimal(source):
+                return source  # the server casts it, as it does what Spark's JDBC writer sends (server_cast)
+            if t.precision is None:
                 return pa.decimal128(20, 0) if pa.types.is_integer(source) else pa.decimal128(38, 12)
             if t.precision <= 38:
                 return pa.decimal128(t.precision, t.scale or 0)
@@ -265,6 +265,23 @@ class PostgresDialect(Dialect):
             return pa.timestamp("us", tz="UTC") if t.timezone else pa.timestamp("us")
         if isinstance(t, sa.Date):
             return pa.date32()
+        return None
+
+    def server_cast(self, column: Any, source: pa.DataType, target: pa.DataType) -> str | None:
+        """A double or a decimal of another precision into numeric: the server's cast (float8 to numeric keeps 15
+        significant digits, then rounds half away from zero to the column's scale; a decimal keeps its display
+        scale in an unconstrained numeric), which no Arrow cast reproduces."""
+        import pyarrow as pa
+
+        t = column["type"]
+        while isinstance(t, pg.DOMAIN):
+            t = t.data_type
+        if not isinstance(t, sa.Numeric) or isinstance(t, sa.Float):
+            return None
+        if pa.types.is_floating(target):
+            return str(t.compile(dialect=_SA_DIALECT))
+        if pa.types.is_decimal(target) and (t.precision, t.scale or 0) != (target.precision, target.scale):
+            return str(t.compile(dialect=_SA_DIALECT))  # an unconstrained numeric too: its precision is None
         return None
 
     def sql_type(self, arrow_type: pa.DataType) -> sa.types.TypeEngine[Any] | None:

@@ -93,6 +93,23 @@ def _ident(name: str) -> str:
     return str(_SA_DIALECT.identifier_preparer.quote_identifier(name))
 
 
+def _selected(plan: TargetPlan) -> str:
+    """The select list over unnest's columns: each as is, or cast by the server to its column's type."""
+    casts = dict(plan.server_casts)
+    return ", ".join(
+        f"CAST({_ident(n)} AS {casts[n]}) AS {_ident(n)}" if n in casts else _ident(n) for n in plan.arrow_schema.names
+    )
+
+
+def insert_sql(plan: TargetPlan) -> str:
+    """INSERT .. SELECT .. FROM unnest($1..$n): the bulk load of a table whose columns the server casts."""
+    names = plan.arrow_schema.names
+    table = ".".join(_ident(p) for p in (plan.schema, plan.table) if p)
+    cols = ", ".join(_ident(n) for n in names)
+    params = ", ".join(f"${i + 1}" for i in range(len(names)))
+    return f"INSERT INTO {table} ({cols}) SELECT {_selected(plan)} FROM unnest({params}) AS u({cols})"
+
+
 def upsert_sql(plan: TargetPlan) -> str:
     """INSERT .. SELECT DISTINCT ON (keys) .. FROM unnest($1..$n) .. ON CONFLICT (keys) DO UPDATE, quoted by SQLAlchemy.
 
@@ -110,7 +127,7 @@ def upsert_sql(plan: TargetPlan) -> str:
     updates = ", ".join(f"{_ident(n)} = EXCLUDED.{_ident(n)}" for n in names if n not in plan.upsert_keys)
     action = f"DO UPDATE SET {updates}" if updates else "DO NOTHING"
     return (
-        f"INSERT INTO {table} ({cols}) SELECT DISTINCT ON ({keys}) {cols} "
+        f"INSERT INTO {table} ({cols}) SELECT DISTINCT ON ({keys}) {_selected(plan)} "
         f"FROM unnest({params}) WITH ORDINALITY AS u({cols}, {_ident(ordinal)}) "
         f"ORDER BY {keys}, {_ident(ordinal)} DESC ON CONFLICT ({keys}) {action}"
     )

@@ -1,0 +1,115 @@
+"""A Spark driver that writes one DataFrame through Spark's JDBC writer and through xasink (tests/test_values.py).
+
+Spark's JDBC writer converts values with the JVM's default time zone, and one JVM serves a whole pytest
+process: so the comparison runs in this process of its own, with the session time zone and the JVM's
+(``-Duser.timezone``) both set to ``VALUES_TZ`` and the two JDBC drivers on the class path.
+
+It serves requests, one JSON object a line on stdin, and answers each with one line ``VALUES {json}`` on
+stdout (Spark logs go to stderr).  A request names a Parquet file (read with its own schema: an Arrow
+timestamp with a zone is Spark's TimestampType, one without is TimestampNTZType), and for each writer the
+URL and table to write it into (mode append, into tables that exist); ``upsert`` names key columns for
+xasink's upsert.  The answer is ``{"ok": true}`` or ``{"ok": false, "writer": ..., "error": ...}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+TZ = "America/New_York"
+JARS = "/usr/share/java/postgresql.jar,/usr/share/java/mariadb-java-client.jar"
+
+
+def jdbc_target(url: str) -> tuple[str, dict[str, str]]:
+    """(JDBC URL, options) for Spark's JDBC writer, from an xasink test URL of either database."""
+    parts = urlsplit(url.removeprefix("jdbc:"))
+    scheme = parts.scheme.split("+")[0]
+    kind, driver = ("postgresql", "org.postgresql.Driver")
+    if scheme in ("mysql", "mariadb"):
+        kind, driver = ("mariadb", "org.mariadb.jdbc.Driver")
+    options = {"driver": driver}
+    query = dict(p.split("=", 1) for p in parts.query.split("&") if "=" in p)
+    user = parts.username or query.get("user")
+    password = parts.password or query.get("password")
+    if user:
+        options["user"] = unquote(user)
+    if password:
+        options["password"] = unquote(password)
+    host = parts.hostname or "127.0.0.1"
+    port = parts.port or (5432 if kind == "postgresql" else 3306)
+    # Spark picks its MySQL dialect (backquoted names) for jdbc:mysql only; the MariaDB driver takes that too
+    scheme = "postgresql" if kind == "postgresql" else "mysql"
+    return f"jdbc:{scheme}://{host}:{port}{parts.path}", options
+
+
+def serve(spark: Any) -> None:
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        request = json.loads(line)
+        df = spark.read.parquet(request["parquet"]).cache()
+        df.count()
+        answer: dict[str, Any] = {"ok": True}
+        try:
+            url, options = jdbc_target(request["jdbc_url"])
+            (
+                df.write.format("jdbc")
+                .options(**options)
+                .option("url", url)
+                .option("dbtable", request["jdbc_table"])
+                .mode("append")
+                .save()
+            )
+        except Exception as exc:  # noqa: BLE001 - reported to the test
+            answer = {"ok": False, "writer": "jdbc", "error": str(exc).splitlines()[0][:2000]}
+        try:
+            writer = df.write.format("xasink").option("url", request["xasink_url"])
+            writer = writer.option("dbtable", request["xasink_table"])
+            if request.get("upsert"):
+                writer = writer.option("upsertKeyColumns", ",".join(request["upsert"]))
+            writer.mode("append").save()
+        except Exception as exc:  # noqa: BLE001 - reported to the test
+            if answer["ok"]:
+                answer = {"ok": False, "writer": "xasink", "error": str(exc)[:4000]}
+            else:
+                answer["xasink_error"] = str(exc)[:4000]
+        df.unpersist()
+        print("VALUES " + json.dumps(answer), flush=True)
+
+
+def main() -> int:
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    import xasink
+    from tests.jvm import driver_java_options
+
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("xasink-values")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", TZ)
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.jars", JARS)
+        .config("spark.driver.extraJavaOptions", f"{driver_java_options()} -Duser.timezone={TZ}")
+        .config("spark.executor.extraJavaOptions", f"-Duser.timezone={TZ}")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    xasink.register(spark)
+    print("VALUES " + json.dumps({"ready": True}), flush=True)
+    try:
+        serve(spark)
+    finally:
+        spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
