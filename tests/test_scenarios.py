@@ -20,13 +20,15 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from tests.scenarios import model
+from tests.scenarios.multi import MultiOutcome, MultiRunner, MultiSchedule, draw_multi
 from tests.scenarios.runner import Outcome, Runner, env_int
-from tests.targets import Target
+from tests.targets import MARIADB, POSTGRESQL, Target, make_target
 
 # seed % 5 picks the mode (append, upsert, overwrite, replaceWhere, changes); 2 and 13 show bug 1 of
 # FOUND.md (child rows cascaded by an overwrite / replaceWhere) on both databases; about 5-10 s each
@@ -38,13 +40,20 @@ KNOWN_BUGS = pytest.mark.xfail(
 )
 
 
-def seeds(count_env: str, default: int | None) -> list[int]:
+# restarts from a new checkpoint (draw_query: another streaming query's writer of a decided batch); a few s each
+QUERY_CI_SEEDS = (0, 1, 3)
+# multi-target transactions over PostgreSQL and MariaDB (tests/scenarios/multi.py): seed % 3 picks where the
+# log is (journal_url on PostgreSQL, on MariaDB, none); replays with the writes reordered, other queries' runs
+MULTI_CI_SEEDS = (0, 1, 2, 4, 5)
+
+
+def seeds(count_env: str, default: int | None, ci: tuple[int, ...] = CI_SEEDS) -> list[int]:
     one = os.environ.get("XASINK_SCENARIO_SEED")
     if one:
         return [int(one)]
     base = env_int("XASINK_SCENARIO_BASE", 0)
     count = env_int(count_env, 0) or default
-    return list(range(base, base + count)) if count else list(CI_SEEDS)
+    return list(range(base, base + count)) if count else list(ci)
 
 
 FOUND = Path(__file__).parent / "scenarios" / "found.json"
@@ -57,11 +66,16 @@ def found_schedules() -> list[model.Schedule]:
     return [s for s in kept if s.name == one] if one else kept
 
 
-def run_schedules(db: Target, tmp_path: Path, chosen: list[int] | list[model.Schedule]) -> None:
+def run_schedules(
+    db: Target,
+    tmp_path: Path,
+    chosen: list[int] | list[model.Schedule],
+    draw: Callable[[int], model.Schedule] = model.draw,
+) -> None:
     runner = Runner(db, tmp_path)
     failed: list[Outcome] = []
     for item in chosen:
-        schedule = item if isinstance(item, model.Schedule) else model.draw(item)
+        schedule = item if isinstance(item, model.Schedule) else draw(item)
         outcome = runner.run(schedule)
         if outcome.violations:
             failed.append(outcome)
@@ -94,10 +108,19 @@ def test_scenarios_found(db: Target, tmp_path: Path) -> None:
     run_schedules(db, tmp_path, found_schedules())
 
 
+def test_scenarios_query(db: Target, tmp_path: Path) -> None:
+    """Restarts from a new checkpoint (issue 28): a writer of a decided (sink, batch) for another streaming
+    query is refused, never told "skipped" (model.draw_query)."""
+    run_schedules(db, tmp_path, seeds("XASINK_SCENARIO_COUNT", None, QUERY_CI_SEEDS), model.draw_query)
+
+
 @pytest.mark.soak
 def test_scenarios_long(db: Target, tmp_path: Path) -> None:
-    """At least 1,000 schedules per database (``XASINK_SCENARIO_LONG``), outside CI."""
-    run_schedules(db, tmp_path, seeds("XASINK_SCENARIO_LONG", 1000))
+    """At least 1,000 schedules per database (``XASINK_SCENARIO_LONG``), outside CI; every fifth seed also
+    draws a restart from a new checkpoint (model.draw_query)."""
+    chosen = seeds("XASINK_SCENARIO_LONG", 1000)
+    run_schedules(db, tmp_path, chosen)
+    run_schedules(db, tmp_path, [s for s in chosen if s % 5 == 0], model.draw_query)
 
 
 # --------------------------------------------------------------------------- the oracle itself (no database)
@@ -175,3 +198,46 @@ def test_oracle_rejects_lost_child_rows_of_kept_keys() -> None:
     table = [(1, "w0"), (3, "w0"), (5, "w0")]
     assert model.check(s, told, table, [], True, CHILD, 0) == []
     assert any("child table" in v for v in model.check(s, told, table, [], True, [], 0))
+
+
+# --------------------------------------------------------------------------- multi-target schedules
+
+
+def run_multi(pg_url: str, mariadb_url: str, tmp_path: Path, chosen: list[int] | list[MultiSchedule]) -> None:
+    pg, maria = make_target(POSTGRESQL, pg_url), make_target(MARIADB, mariadb_url)
+    try:
+        runner = MultiRunner(pg, maria, tmp_path)
+        failed: list[MultiOutcome] = []
+        for item in chosen:
+            schedule = item if isinstance(item, MultiSchedule) else draw_multi(item)
+            outcome = runner.run(schedule)
+            if os.environ.get("XASINK_SCENARIO_SHOW") == "1":  # with -s: every schedule's report
+                print(f"\n{outcome.report()}\n  {outcome.seconds:.1f}s")
+            if outcome.violations:
+                failed.append(outcome)
+                report = os.environ.get("XASINK_SCENARIO_REPORT")
+                if report:
+                    with open(report, "a") as out:
+                        entry = {"db": "pg+mariadb", "seed": schedule.seed, "name": schedule.name}
+                        entry |= {"schedule": schedule.describe(), "violations": outcome.violations}
+                        out.write(json.dumps({**entry, "report": outcome.report()}) + "\n")
+        if failed:
+            details = "\n\n".join(o.report() for o in failed)
+            pytest.fail(
+                f"{len(failed)} of {len(chosen)} multi-target schedules broke a promise:\n\n{details}", pytrace=False
+            )
+    finally:
+        pg.cleanup()
+        maria.cleanup()
+
+
+def test_scenarios_multi(pg_url: str, mariadb_url: str, tmp_path: Path) -> None:
+    """Multi-target transactions (one table on PostgreSQL, one on MariaDB), replays with the writes reordered
+    with and without journal_url, restarts of foreach_batch_multi from a new checkpoint (issues 27, 28)."""
+    run_multi(pg_url, mariadb_url, tmp_path, seeds("XASINK_SCENARIO_COUNT", None, MULTI_CI_SEEDS))
+
+
+@pytest.mark.soak
+def test_scenarios_multi_long(pg_url: str, mariadb_url: str, tmp_path: Path) -> None:
+    """``XASINK_SCENARIO_LONG`` (default 1000) multi-target schedules, outside CI."""
+    run_multi(pg_url, mariadb_url, tmp_path, seeds("XASINK_SCENARIO_LONG", 1000))
