@@ -78,6 +78,8 @@ def run_schedules(
     for item in chosen:
         schedule = item if isinstance(item, model.Schedule) else draw(item)
         outcome = runner.run(schedule)
+        if os.environ.get("XASINK_SCENARIO_SHOW") == "1":  # with -s: every schedule's report
+            print(f"\n{outcome.report()}\n  {outcome.seconds:.1f}s")
         if outcome.violations:
             failed.append(outcome)
             report = os.environ.get("XASINK_SCENARIO_REPORT")
