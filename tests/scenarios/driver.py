@@ -21,18 +21,26 @@ import logging
 import os
 import sys
 import time
+from dataclasses import replace
 from typing import Any
 
 import pyarrow as pa
+from pyspark.sql.types import IntegerType, StringType, StructField, StructType
+from sqlalchemy.engine import make_url
 
 from xasink.apply import check_predicate, ensure_shadow, shadow_plan, spec_for
 from xasink.branch import write_partition
 from xasink.cli import main as cli_main
 from xasink.coordinator import Coordinator
+from xasink.faults import fault
 from xasink.liveness import InProcessGuard
+from xasink.multi import MultiCoordinator
 from xasink.options import parse_options
 from xasink.results import BranchOutcome, WriteResult
 from xasink.schema import plan_target
+from xasink.spark import datasource  # noqa: F401  (imported by prepare_tx_write: loaded once, in the fork server)
+from xasink.spark.transaction import LOG_TABLE_PLACEHOLDER
+from xasink.spark.txwrite import TxWrite, abort_tx_write, prepare_tx_write, record_tx_part
 from xasink.xid import new_run_nonce
 
 FLAG = "is_delete"  # the change-data delete flag's column (not written to the table)
@@ -75,6 +83,7 @@ def write(spec: dict[str, Any], emit: Any, phase: _Phase) -> WriteResult:
     source = arrow_schema(opts.change_data)
     table_source = pa.schema([f for f in source if f.name != FLAG])
     partitions: list[list[list[Any]]] = spec["partitions"]
+    query: str | None = spec.get("query")  # the streaming query's id (foreach_batch records it with the batch)
     coordinator = Coordinator(opts)
     guard: InProcessGuard | None = None
     say = logging.getLogger(__name__).info
@@ -95,7 +104,7 @@ def write(spec: dict[str, Any], emit: Any, phase: _Phase) -> WriteResult:
         run = new_run_nonce()
         batch_id = opts.batch_id
         say("planned: run %s", run)
-        coordinator.check_batch(batch_id)
+        coordinator.check_batch(batch_id, query)
         claimed = coordinator.claim(batch_id, run, guard.name)
         if claimed:
             emit(event="claimed", t=time.monotonic())
@@ -119,6 +128,7 @@ def write(spec: dict[str, Any], emit: Any, phase: _Phase) -> WriteResult:
                         batches=batches,
                         log_id=log_id,
                         guard=guard.name,
+                        query=query,
                         claimed=claimed,
                     )
                     break
@@ -130,7 +140,7 @@ def write(spec: dict[str, Any], emit: Any, phase: _Phase) -> WriteResult:
             outcomes.append(outcome)
         phase.name = "commit"
         emit(event="committing", t=time.monotonic())
-        return coordinator.commit(batch_id, outcomes, apply=apply)
+        return coordinator.commit(batch_id, outcomes, query=query, apply=apply)
     finally:
         if guard is not None:
             guard.close()
@@ -167,7 +177,7 @@ def writer_main(spec: dict[str, Any], result_path: str, log_path: str) -> None:
     phase = _Phase()
     emit(event="started", t=time.monotonic())
     try:
-        result = write(spec, emit, phase)
+        result = (multi_write if spec.get("multi") else write)(spec, emit, phase)
         emit(outcome="skipped" if result.skipped else "written", rows=result.rows, t=time.monotonic())
     except Exception as exc:
         logging.getLogger(__name__).warning("writer failed", exc_info=True)
@@ -178,3 +188,106 @@ def writer_main(spec: dict[str, Any], result_path: str, log_path: str) -> None:
     # done: the outcome is told.  Leave at once, as a Spark worker may: waiting for the threads xasink keeps
     # for the process (commit lanes, the spare connection) to wind down costs seconds per writer
     os._exit(0)
+
+
+# --------------------------------------------------------------------------- a multi-target writer
+
+
+def multi_write(spec: dict[str, Any], emit: Any, phase: _Phase) -> Any:
+    """One batch into a table on each of two databases in one transaction, as ``xasink.transaction`` /
+    ``foreach_batch_multi`` drive it (xasink/spark/transaction.py) with each ``tx.write``'s Spark job replaced
+    by what its driver and tasks do (xasink/spark/txwrite.py, ``write_partition``); the writes in
+    ``spec["order"]``.  Returns the transaction's :class:`MultiCoordinator` verdict as a WriteResult."""
+    say = logging.getLogger(__name__).info
+    creds = spec["credentials"]  # {db: {"password": ...}} or empty
+    query: str | None = spec.get("query")
+    journal_url: str | None = spec.get("journal_url")
+
+    def parsed(db: str) -> Any:
+        return parse_options(
+            {**spec["common"], **creds.get(db, {}), "url": spec["urls"][db], "dbtable": spec["tables"][db]}
+        ).with_mode("append")
+
+    first = parsed(spec["order"][0])
+    log_opts = (
+        parse_options(
+            {**spec["common"], "url": journal_url, "dbtable": LOG_TABLE_PLACEHOLDER, **spec["log_credentials"]}
+        )
+        if journal_url
+        else first
+    )
+    log_opts = replace_ids(log_opts, spec["sink"], spec["batch"])
+    mc = MultiCoordinator(
+        spec["sink"], spec["batch"], log_opts, stream=query is not None, fixed=journal_url is not None, query=query
+    )
+    say("multi writer: run %s, replay %s, order %s, fault %s", mc.run, mc.replay, spec["order"], spec.get("fault"))
+    if not mc.replay:
+        emit(event="claimed", t=time.monotonic())
+    schema = StructType([StructField("id", IntegerType(), False), StructField("name", StringType())])
+    written: set[int] = set()
+    try:
+        try:
+            phase.name = "tasks"
+            for part, db in enumerate(spec["order"]):
+                opts = replace_ids(parsed(db), spec["sink"], spec["batch"])
+                if mc.replay:
+                    mc.check_replay(opts)
+                    mc.target(opts)
+                    continue
+                partitions: list[list[list[Any]]] = spec["partitions"][db]
+                mc.before_write(opts, len(partitions))
+                tx = TxWrite(make_url(mc.journal_url), part, mc.guard.name)
+                plan = prepare_tx_write(opts, schema, tx)
+                outcomes: list[BranchOutcome | None] = []
+                for p, rows in enumerate(partitions):
+                    batches = [record_batch(rows, arrow_schema(False))] if rows else []
+                    for attempt in (0, 1):
+                        try:
+                            outcome = write_partition(
+                                opts,
+                                plan.target,
+                                batch_id=spec["batch"],
+                                partition=p,
+                                task_attempt_id=1000 * part + p + 100 * attempt,
+                                attempt_number=attempt,
+                                run=mc.run,
+                                batches=batches,
+                                log_id=plan.log_id,
+                                guard=plan.guard,
+                                query=query,
+                                journal_url=tx.journal_url,
+                            )
+                            break
+                        except Exception:
+                            if attempt == 1:
+                                abort_tx_write(opts, tx, mc.run, [*outcomes, None])
+                                raise
+                            logging.getLogger(__name__).warning("task %d failed, retrying it", p, exc_info=True)
+                    outcomes.append(outcome)
+                record_tx_part(opts, tx, mc.run, outcomes)
+                if mc.part(part) is None:
+                    raise RuntimeError(f"write {part} recorded no part")
+                fault("tx.after_write", partition=part, batch=spec["batch"])
+                written.add(part)
+        except BaseException:
+            if not mc.replay:
+                mc.abort()
+            raise
+        if mc.replay:
+            mc.finish_replay()
+            return WriteResult(spec["sink"], spec["batch"], 0, 0, True, {})
+        phase.name = "commit"
+        emit(event="committing", t=time.monotonic())
+        parts, timings = mc.commit(written)
+        return WriteResult(spec["sink"], spec["batch"], sum(p.rows for p in parts), 0, False, timings)
+    finally:
+        mc.close()
+
+
+def replace_ids(opts: Any, sink: str, batch: int) -> Any:
+    return replace(opts, sink_id=sink, batch_id=batch)
+
+
+def multi_writer_main(spec: dict[str, Any], result_path: str, log_path: str) -> None:
+    """The body of a multi-target writer process (see :func:`writer_main`)."""
+    writer_main({**spec, "multi": True}, result_path, log_path)

@@ -36,7 +36,7 @@ SIBLING_ROWS = [(1,), (2,), (3,)]
 _context: Any = None
 
 
-def _fork_server() -> Any:
+def fork_server() -> Any:
     """The fork server context (started on first use, once per process), with xasink imported in it."""
     global _context
     if _context is None:
@@ -137,7 +137,7 @@ class Runner:
         table, child, sibling = self._tables(schedule.mode)
         sink = f"sc{uuid.uuid4().hex[:10]}"
         here = Path(tempfile.mkdtemp(prefix=f"seed{schedule.seed}-", dir=self.workdir))
-        ctx = _fork_server()
+        ctx = fork_server()
         pending: list[tuple[float, Writer | Recover]] = sorted(
             [(w.start, w) for w in schedule.writers] + [(r.start, r) for r in schedule.recovers], key=lambda x: x[0]
         )
@@ -163,6 +163,7 @@ class Runner:
                             "save_mode": save_mode,
                             "fault": item.fault,
                             "partitions": [[list(r) for r in p] for p in item.partitions],
+                            "query": item.query,
                         }
                         proc = ctx.Process(
                             target=writer_main,
@@ -269,7 +270,7 @@ class RecoverRun:
                     [XASINK_CLI, *argv], stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
                 )
         else:
-            self.proc = _fork_server().Process(target=recover_main, args=(argv, str(log)), daemon=True)
+            self.proc = fork_server().Process(target=recover_main, args=(argv, str(log)), daemon=True)
             self.proc.start()
 
     def poll(self) -> int | None:
