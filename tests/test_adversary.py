@@ -49,11 +49,6 @@ def in_thread(spec: dict[str, Any]) -> tuple[threading.Thread, dict[str, Any]]:
     return t, result
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="adversary: a withdrawal that finds the batch applied by a recovery "
-    "meanwhile still raises ApplyError 'nothing of this batch is visible'",
-)
 def test_apply_error_after_a_recovery_applied_the_batch_is_not_reported_as_nothing_visible(
     db: Target, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -62,7 +62,8 @@ def apply_decided(c: Coordinator, batch_id: int, spec: ApplySpec, commit_ms: int
                 )
             log.info("sink %s batch %s was applied already (by a recovery run)", c.sink_id, batch_id)
     except ApplyError as exc:
-        withdraw_decision(c, batch_id, spec, str(exc))
+        if not withdraw_decision(c, batch_id, spec, str(exc)):
+            return  # another run applied it meanwhile: its rows are visible
         raise
     except Exception as exc:
         if not isinstance(exc, sa.exc.DBAPIError):
@@ -77,16 +78,32 @@ def apply_decided(c: Coordinator, batch_id: int, spec: ApplySpec, commit_ms: int
                 "finishes it once that is fixed; no row is lost or doubled."
             ) from exc
         reason = c._describe(exc)
-        withdraw_decision(c, batch_id, spec, reason)
+        if not withdraw_decision(c, batch_id, spec, reason):
+            return  # another run applied it meanwhile: its rows are visible
         raise ApplyError(
             f"sink {c.sink_id} batch {batch_id}: could not {spec.describe()}: {reason}. The table keeps "
             "its old rows and nothing of this batch is visible; fix the data (or the table) and run it again"
         ) from None
 
 
-def withdraw_decision(c: Coordinator, batch_id: int, spec: ApplySpec, reason: str) -> None:
-    """Withdraw a decision whose apply can never succeed: its rows only ever reached the shadow."""
+def withdraw_decision(c: Coordinator, batch_id: int, spec: ApplySpec, reason: str) -> bool:
+    """Withdraw a decision whose apply can never succeed: its rows only ever reached the shadow.
+
+    False when there was nothing to withdraw because another run (a recovery) applied the batch and marked it
+    committed between this run's failed apply and the sink lock: its rows are visible, so saying "nothing of
+    this batch is visible" would be false (DESIGN invariant 11)."""
     with c.journal.locked(c.sink_id) as conn:
         if c.journal.withdraw(conn, c.sink_id, batch_id):
             withdraw(conn, spec, batch_id)
+        else:
+            found = c.journal.get(conn, c.sink_id, batch_id)
+            if found is not None and found.committed:
+                log.warning(
+                    "sink %s batch %s: this run's apply failed (%s), but another run applied it meanwhile",
+                    c.sink_id,
+                    batch_id,
+                    reason,
+                )
+                return False
     log.warning("sink %s batch %s: decision withdrawn, nothing of it is visible (%s)", c.sink_id, batch_id, reason)
+    return True
