@@ -11,10 +11,14 @@ from typing import Any
 
 import pytest
 
-from tests.scenarios.driver import _Phase, write
-from tests.targets import Target
+from tests.scenarios.driver import _Phase, arrow_schema, record_batch, write
+from tests.targets import POSTGRESQL, Target, case
+from xasink.branch import write_partition
 from xasink.coordinator import Coordinator
+from xasink.liveness import InProcessGuard
 from xasink.options import parse_options
+from xasink.schema import plan_target
+from xasink.xid import new_run_nonce
 
 
 def change_data_options(db: Target, table: str, sink: str, batch: int) -> dict[str, Any]:
@@ -84,3 +88,89 @@ def test_apply_error_after_a_recovery_applied_the_batch_is_not_reported_as_nothi
     decision = db.decision(sink, 1)
     assert decision is not None
     assert "error" not in result, repr(result.get("error"))
+
+
+def serializable(url: str) -> str:
+    """The URL with every session of xasink's under SERIALIZABLE (a server, database or role default some
+    sites set: ``default_transaction_isolation``); the snapshot is then the first statement's."""
+    return url + ("&" if "?" in url else "?") + "options=-c%20default_transaction_isolation%3Dserializable"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="adversary: under a snapshot isolation default the sink lock's "
+    "transaction reads a snapshot older than the lock: recovery rolls back a decided branch",
+)
+@pytest.mark.parametrize("db", [case(POSTGRESQL)], indirect=True)
+def test_recovery_waiting_on_the_sink_lock_sees_a_decision_made_meanwhile(
+    db: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Run A decides batch 1 while a recovery waits for the sink lock; A dies right after its decision.
+    Under SERIALIZABLE (or REPEATABLE READ) sessions the recovery's snapshot is taken when its lock
+    statement starts, before A's decision committed: it must still see the decision once it holds the lock,
+    and commit A's branch, never roll it back as undecided (invariants 2 and 4)."""
+    table = db.new_table()
+    db.keyed_table(table)
+    sink = f"adv-{uuid.uuid4().hex[:8]}"
+    options: dict[str, Any] = {"url": serializable(db.url), "dbtable": table, "sinkId": sink, "batchId": 1}
+    if db.password is not None:
+        options["password"] = db.password
+    opts = parse_options(options)
+    a = Coordinator(opts)
+    a.preflight(1)
+    schema = arrow_schema(False)
+    with a.dialect.connect() as conn:
+        plan = plan_target(a.dialect, conn, opts, schema)
+    log_id = a.journal.log_id()
+    keeper = Coordinator(opts)  # the guard's own pool: disposed, its session (and lock) ends
+    guard = InProcessGuard(keeper.dialect, log_id)
+    run = new_run_nonce()
+    assert a.claim(1, run, guard.name)
+    outcome = write_partition(
+        opts,
+        plan,
+        batch_id=1,
+        partition=0,
+        task_attempt_id=0,
+        run=run,
+        batches=[record_batch([[1, "a"], [2, "b"]], schema)],
+        log_id=log_id,
+        guard=guard.name,
+        claimed=True,
+    )
+    # a session that holds the same decision key uncommitted: A's decision, under the sink lock, waits on it
+    with db.connect() as blocker, blocker.cursor() as cur:
+        cur.execute("BEGIN")
+        cur.execute(
+            f"INSERT INTO {db.q('xasink_batches')} (sink_id, batch_id, state, xids, rows, branches, prepare_ms, "
+            "decided_at, compacted) VALUES (%s, 1, 'committing', '[]', 0, 0, 0, now(), false)",
+            (sink,),
+        )
+        monkeypatch.setenv("XASINK_FAULT", "driver.after_decide:sleep=6")  # A "dies" right after deciding
+        result: dict[str, Any] = {}
+
+        def commit() -> None:
+            try:
+                result["ok"] = a.commit(1, [outcome], run=run)
+            except Exception as exc:  # noqa: BLE001 - the outcome is what is checked
+                result["error"] = exc
+
+        ta = threading.Thread(target=commit)
+        ta.start()
+        time.sleep(1.5)  # A holds the sink lock, its decision waits on the blocker's row
+        r = Coordinator(parse_options(options))
+        report: dict[str, Any] = {}
+        tr = threading.Thread(target=lambda: report.setdefault("r", r.recover()))
+        tr.start()
+        time.sleep(1.5)  # the recovery waits for the sink lock
+        guard.close()  # A's driver is gone (its run guard with it)
+        keeper.close()
+        cur.execute("ROLLBACK")  # A's decision goes through and A sleeps; the recovery gets the lock
+    tr.join(30)
+    ta.join(30)
+    r.close()
+    a.close()
+    decision = db.decision(sink, 1)
+    assert decision is not None  # A decided
+    assert "error" not in result, repr(result.get("error"))
+    assert db.rows(table) == [(1, "a"), (2, "b")], report
