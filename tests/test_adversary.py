@@ -104,11 +104,6 @@ def serializable_default(db: Target) -> Iterator[None]:
         db.execute(f"ALTER DATABASE {db.q(name)} RESET default_transaction_isolation")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="adversary: under a snapshot isolation default the sink lock's transaction reads a snapshot older "
-    "than the lock: recovery rolls back a decided branch",
-)
 @pytest.mark.parametrize("db", [case(POSTGRESQL)], indirect=True)
 def test_recovery_waiting_on_the_sink_lock_sees_a_decision_made_meanwhile(
     db: Target, monkeypatch: pytest.MonkeyPatch
