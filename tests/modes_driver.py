@@ -1,6 +1,7 @@
 """Overwrite-mode writes for tests/test_write_modes*.py: in-process without Spark, or a driver to kill.
 
     python tests/modes_driver.py direct URL TABLE SINK_ID BATCH_ID FIRST COUNT PARTITIONS
+    python tests/modes_driver.py batch JSON
     python tests/modes_driver.py stream URL TABLE SINK_ID INPUT_DIR CHECKPOINT_DIR
 
 ``direct``: one ``mode("overwrite")`` batch of ids FIRST..FIRST+COUNT-1 (int ``id``, text ``name`` =
@@ -9,6 +10,10 @@ the shadow table by ``write_partition`` as a task does, then ``Coordinator.commi
 Spark driver does (the plan comes from the data source's own driver-side ``_prepare``).  Extra write
 options come as a JSON object in ``XASINK_TEST_WRITE_OPTIONS``.  A driver killed at a fault point
 (``XASINK_FAULT``) this way leaves what a killed Spark driver leaves, without a JVM start.
+
+``batch``: :func:`batch_direct` with its arguments as one JSON object (``url``, ``table``, ``sink_id``,
+``batch_id``, ``columns``, ``partitions``, ``mode``, ``options``): a second driver process (a process holds
+one run guard per decision log).
 
 ``stream``: a complete-mode streaming aggregation (``count`` of each ``k`` of the JSON files in
 INPUT_DIR, one file per micro-batch) into TABLE with ``format("xasink")``, ``availableNow``.  Before the
@@ -39,29 +44,70 @@ def overwrite_direct(
     **options: Any,
 ) -> Any:
     """One overwrite batch of (id, name) rows, one branch per list, without Spark; returns the WriteResult."""
+    columns = {"id": "int", "name": "string"}
+    return batch_direct(url, table, sink_id, batch_id, columns, partitions, "overwrite", **options)
+
+
+def _direct_plan(
+    url: str,
+    table: str,
+    sink_id: str,
+    batch_id: int,
+    columns: dict[str, str],
+    mode: str,
+    partitions: int,
+    options: dict[str, Any],
+) -> Any:
+    """The write's options, the data source's own driver-side plan, and the Arrow schema of its rows."""
     import pyarrow as pa
-    from pyspark.sql.types import IntegerType, StringType, StructField, StructType
+    from pyspark.sql import types as st
+
+    from xasink.options import parse_options
+    from xasink.spark.datasource import _prepare
+
+    raw = {"url": url, "dbtable": table, "sinkId": sink_id, "batchId": batch_id, **options}
+    opts = parse_options(raw).with_mode(mode)
+    types = {
+        "int": (st.IntegerType(), pa.int32()),
+        "long": (st.LongType(), pa.int64()),
+        "string": (st.StringType(), pa.string()),
+        "boolean": (st.BooleanType(), pa.bool_()),
+    }
+    struct = st.StructType([st.StructField(n, types[t][0], n != "id") for n, t in columns.items()])
+    arrow = pa.schema([pa.field(n, types[t][1], nullable=n != "id") for n, t in columns.items()])
+    plan = _prepare(opts, struct, partitions)
+    assert plan.apply is not None, "this write loads the shadow table"
+    return opts, plan, arrow
+
+
+def batch_direct(
+    url: str,
+    table: str,
+    sink_id: str,
+    batch_id: int,
+    columns: dict[str, str],
+    partitions: list[list[tuple[Any, ...]]],
+    mode: str = "overwrite",
+    **options: Any,
+) -> Any:
+    """One batch of a write mode with a shadow (overwrite, or change-data with ``mode="append"`` and its
+    options), of rows with ``columns`` (name: Spark type), one branch per list, without Spark."""
+    import pyarrow as pa
 
     from xasink.branch import write_partition
     from xasink.coordinator import Coordinator
     from xasink.liveness import InProcessGuard
-    from xasink.options import parse_options
-    from xasink.spark.datasource import _prepare
     from xasink.xid import new_run_nonce
 
-    raw = {"url": url, "dbtable": table, "sinkId": sink_id, "batchId": batch_id, **options}
-    opts = parse_options(raw).with_mode("overwrite")
-    struct = StructType([StructField("id", IntegerType(), False), StructField("name", StringType(), True)])
-    arrow = pa.schema([pa.field("id", pa.int32(), nullable=False), ("name", pa.string())])
-    plan = _prepare(opts, struct, len(partitions))
-    assert plan.apply is not None, "an overwrite loads the shadow table"
+    opts, plan, arrow = _direct_plan(url, table, sink_id, batch_id, columns, mode, len(partitions), options)
     coordinator = Coordinator(opts)
     guard = InProcessGuard(coordinator.dialect, plan.log_id)
     try:
         run = new_run_nonce()
         outcomes = []
         for p, rows in enumerate(partitions):
-            batch = pa.RecordBatch.from_pydict({"id": [r[0] for r in rows], "name": [r[1] for r in rows]}, schema=arrow)
+            data = {n: [r[i] for r in rows] for i, n in enumerate(columns)}
+            batch = pa.RecordBatch.from_pydict(data, schema=arrow)
             outcomes.append(
                 write_partition(
                     opts,
@@ -79,6 +125,32 @@ def overwrite_direct(
     finally:
         guard.close()
         coordinator.close()
+
+
+def prepare_stray_branch(
+    url: str, table: str, sink_id: str, batch_id: int, rows: list[tuple[int, str]], **options: Any
+) -> str:
+    """A branch of another run of an overwrite batch, loaded into the shadow and PREPAREd but never decided
+    (a task of a run that lost the batch, still finishing); its gid.  Opened as a task opens its branch,
+    without the task's checks, so it can prepare beside a decided batch."""
+    import pyarrow as pa
+
+    from xasink.dialects import dialect_for
+    from xasink.schema import conform
+    from xasink.xid import Xid, attempt_token, new_run_nonce
+
+    columns = {"id": "int", "name": "string"}
+    opts, plan, arrow = _direct_plan(url, table, sink_id, batch_id, columns, "overwrite", 1, options)
+    xid = Xid(plan.log_id, sink_id, batch_id, 0, attempt_token(999, new_run_nonce()))
+    batch = pa.RecordBatch.from_pydict({"id": [r[0] for r in rows], "name": [r[1] for r in rows]}, schema=arrow)
+    dialect = dialect_for(opts.url, opts.branch_settings)
+    try:
+        session = dialect.open_branch(xid, plan.target)
+        session.load(iter([conform(batch, plan.target, 0, batch_id, xid.bqual)]))
+        session.prepare()
+    finally:
+        dialect.dispose()
+    return xid.gid
 
 
 def split(first: int, count: int, partitions: int) -> list[list[tuple[int, str]]]:
@@ -146,6 +218,21 @@ def main(argv: list[str]) -> int:
         batch_id, first, count, partitions = map(int, argv[4:8])
         extra = json.loads(os.environ.get(OPTIONS_ENV, "{}"))
         result = overwrite_direct(url, table, sink_id, batch_id, split(first, count, partitions), **extra)
+        print(json.dumps({"rows": result.rows, "branches": result.branches, "skipped": result.skipped}), flush=True)
+        return 0
+    if argv[:1] == ["batch"] and len(argv) == 2:
+        spec = json.loads(argv[1])
+        parts = [[tuple(r) for r in p] for p in spec.pop("partitions")]
+        result = batch_direct(
+            spec.pop("url"),
+            spec.pop("table"),
+            spec.pop("sink_id"),
+            spec.pop("batch_id"),
+            spec.pop("columns"),
+            parts,
+            spec.pop("mode"),
+            **spec.pop("options"),
+        )
         print(json.dumps({"rows": result.rows, "branches": result.branches, "skipped": result.skipped}), flush=True)
         return 0
     if argv[:1] == ["stream"] and len(argv) == 6:

@@ -303,3 +303,50 @@ def test_transaction_exception_in_the_block_leaves_nothing(connect: SparkSession
     assert pg.rows(orders) == [] and maria.rows(events) == []
     assert pg.prepared(sink) == [] and maria.prepared(sink) == []
     assert maria.decision(sink, 3) is None
+
+
+def test_foreach_batch_tells_a_replay_from_another_querys_batch(
+    connect: SparkSession, db: Target, tmp_path: Path
+) -> None:
+    """Connect gives the function no query id: another query's batch 0 under the same sink is refused, not
+    skipped; with checkpoint_location the id is read from the checkpoint, and a replay is skipped."""
+    table = db.new_table()
+    sources = []
+    for name in ("a", "b", "a2", "b2"):
+        (tmp_path / name).mkdir()
+        sources.append(Input(tmp_path / name))
+        sources[-1].add()
+    a, b, a2, b2 = sources
+
+    def run(source: Input, sink: str, **extra: str) -> None:
+        fn = xasink.foreach_batch(url=db.url, table=table, sink_id=sink, numPartitions=2, **credentials(db), **extra)
+        query = (
+            source.stream(connect)
+            .writeStream.foreachBatch(fn)
+            .option("checkpointLocation", str(source.checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination()
+
+    blind = new_sink()
+    run(a, blind)
+    assert db.rows(table) == expected(range(10))
+    ((recorded,),) = db.execute("SELECT target FROM xasink_batches WHERE sink_id = %s", blind)
+    assert json.loads(recorded)["query"] == "unknown", recorded  # matches no query later
+    with pytest.raises(Exception, match="BatchIdentityError"):  # noqa: PT011 - query B: a new checkpoint's batch 0
+        run(b, blind)
+    with pytest.raises(Exception, match="BatchIdentityError"):  # noqa: PT011 - A's batch 0 named no query
+        run(b, blind, checkpoint_location=str(b.checkpoint))
+    assert db.rows(table) == expected(range(10))
+    assert_committed(db, blind, [0])
+
+    sink = new_sink()  # with checkpoint_location: the query id, read from the checkpoint, tells them apart
+    run(a2, sink, checkpoint_location=str(a2.checkpoint))
+    (a2.checkpoint / "commits" / "0").unlink()  # a crash after our commit, before Spark's: batch 0 again
+    (a2.checkpoint / "commits" / ".0.crc").unlink(missing_ok=True)
+    run(a2, sink, checkpoint_location=str(a2.checkpoint))  # skipped
+    with pytest.raises(Exception, match="BatchIdentityError"):  # noqa: PT011
+        run(b2, sink, checkpoint_location=str(b2.checkpoint))
+    assert db.rows(table) == sorted(expected(range(10)) * 2)
+    assert_committed(db, sink, [0])

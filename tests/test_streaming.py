@@ -26,7 +26,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
 import xasink
-from tests.dbutil import connect, prepared_gids, rows
+from tests.dbutil import connect, prepared_gids, rollback_prepared, rows
 from xasink.branch import write_partition
 from xasink.coordinator import Coordinator
 from xasink.dialects import dialect_for
@@ -484,3 +484,75 @@ def test_foreach_batch_writes_each_batch_once_and_skips_replays(stream: Stream) 
     with pytest.raises(Exception, match="has already decided batch 1, but Spark is committing batch 0"):  # noqa: PT011
         run()
     stream.assert_exactly_once()
+
+
+def test_format_in_the_users_own_foreach_batch_without_batch_id_is_refused(stream: Stream) -> None:
+    """The move from format("jdbc") by one word and a sinkId: every micro-batch would be batch 0 (batchId's
+    default), and each after the first skipped as its replay.  Refused at the first micro-batch instead."""
+    stream.add_files(3)
+    url, table, sink = stream.url, stream.table, stream.sink_id
+
+    def users_own(df: DataFrame, epoch_id: int) -> None:
+        df.write.format("xasink").option("url", url).option("dbtable", table).option("sinkId", sink).mode(
+            "append"
+        ).save()
+
+    query = (
+        stream.frame(3)
+        .writeStream.foreachBatch(users_own)
+        .option("checkpointLocation", str(stream.checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    assert "xasink.foreach_batch" in failure_text(query)
+    assert stream.ids() == [] and stream.prepared() == []
+
+
+def test_foreach_batch_multi_of_another_query_with_the_same_sink_id_is_refused(stream: Stream, tmp_path: Path) -> None:
+    """Query A commits batch 0; query B (another checkpoint, other input, the same sink_id) is no replay."""
+    stream.add_files(1)
+    url, table = stream.url, stream.table
+
+    def one(df: DataFrame, epoch_id: int, tx: Any) -> None:
+        tx.write(df, url, table)
+
+    fn = xasink.foreach_batch_multi(one, sink_id=stream.sink_id)
+
+    def start() -> StreamingQuery:
+        return (
+            stream.frame(3)
+            .writeStream.foreachBatch(fn)
+            .option("checkpointLocation", str(stream.checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+
+    start().awaitTermination()
+    assert stream.ids() == list(range(ROWS))
+    stream.checkpoint = tmp_path / "other-checkpoint"
+    stream.input = tmp_path / "other-input"
+    stream.input.mkdir()
+    (stream.input / "part-0000.json").write_text("".join(json.dumps({"id": i}) + "\n" for i in range(1000, 1010)))
+    assert "BatchIdentityError" in failure_text(start())
+    assert stream.ids() == list(range(ROWS)) and stream.prepared() == []
+
+
+def test_an_abort_rolls_back_even_where_planning_again_would_fail(stream: Stream) -> None:
+    """The abort plans nothing (no server checks, table plan or recovery): here planning again would fail,
+    since numPartitions asks for every prepared-transaction slot of the server and the failed batch holds
+    some, yet the batch's branches are rolled back at once, not left held until the driver exits."""
+    stream.add_files(1)
+    with connect(stream.url) as conn, conn.cursor() as cur:
+        cur.execute("SHOW max_prepared_transactions")
+        limit = int(cur.fetchone()[0])
+    stream.spark.sparkContext.setLocalProperty(LOCAL_PROPERTY, "task.after_prepare:raise:p=1")
+    try:
+        query = stream.writer(stream.frame(), numPartitions=str(limit)).trigger(availableNow=True).start()
+        assert "injected fault at task.after_prepare" in failure_text(query)
+    finally:
+        stream.spark.sparkContext.setLocalProperty(LOCAL_PROPERTY, None)  # type: ignore[arg-type]
+    left = stream.prepared()
+    for gid in left:  # held branches would block the fixture's DROP TABLE: a failing run must not hang
+        rollback_prepared(stream.url, gid)
+    assert left == []
+    assert stream.ids() == [] and stream.decisions() == {}

@@ -325,3 +325,54 @@ def test_cli_status_lists_the_targets_and_recover_takes_journal_url(  # type: ig
     captured = capsys.readouterr()
     assert code == 3 and "s3cret-pw" not in captured.out + captured.err
     assert_clean(sink, pgt, maria)
+
+
+def test_a_write_refused_for_its_options_and_caught_still_fails_the_block(spark, pgt, maria, sink):  # type: ignore[no-untyped-def]
+    orders, lines, _ = three_tables(pgt, maria)
+    with (
+        pytest.raises(xasink.BatchAbortedError),
+        xasink.transaction(sink_id=sink, batch_id=2, journal_url=pgt.url) as tx,
+    ):
+        tx.write(frame(spark, 0, 10), pgt.url, orders)
+        with pytest.raises(xasink.OptionError):
+            tx.write(frame(spark, 10, 20), pgt.url, lines, batchId=3)  # the user's function swallows it
+    assert rows(pgt, orders) == [] and rows(pgt, lines) == []
+    assert_clean(sink, pgt, maria)
+
+
+def test_a_write_failed_before_the_log_was_reached_and_caught_still_fails_the_block(spark, pgt, maria, sink):  # type: ignore[no-untyped-def]
+    orders, _, events = three_tables(pgt, maria)
+
+    def swallowing(df: DataFrame, epoch_id: int, tx: Any) -> None:
+        try:  # the log's database is unreachable: the write fails before the transaction's coordinator exists
+            tx.write(df, pgt.url, orders)
+        except Exception:  # noqa: BLE001 - the user's function swallows it
+            pass
+
+    fn = xasink.foreach_batch_multi(swallowing, sink_id=sink, journal_url="postgresql://etl:pw@127.0.0.1:1/x")
+    with pytest.raises(xasink.BatchAbortedError):  # else Spark would commit the micro-batch with no row written
+        fn(frame(spark, 0, 4), 0)
+    assert rows(pgt, orders) == [] and rows(maria, events) == []
+    assert_clean(sink, pgt, maria)
+
+
+def test_without_journal_url_a_replay_whose_writes_come_in_another_order_is_not_decided_elsewhere(  # type: ignore[no-untyped-def]
+    spark, pgt, maria, sink
+):
+    orders, events = pgt.new_table(), maria.new_table()
+    pgt.keyed_table(orders, primary_key=False)  # keyless: rows written twice show as duplicates
+    maria.keyed_table(events, primary_key=False)
+    order = [(pgt.url, orders), (maria.url, events)]
+
+    def both(df: DataFrame, epoch_id: int, tx: Any) -> None:
+        for url, table in order:  # two threads, or a redeploy, may run them in either order
+            tx.write(df, url, table)
+
+    fn = xasink.foreach_batch_multi(both, sink_id=sink)
+    fn(frame(spark, 0, 4), 0)  # decided in PostgreSQL's log, the database written first
+    order.reverse()
+    # Spark replays batch 0 (a crash before its commit file): MariaDB's log has never seen batch 0
+    with pytest.raises(xasink.OptionError, match="journal_url"):
+        fn(frame(spark, 0, 4), 0)
+    assert rows(pgt, orders) == expect(0, 4) and rows(maria, events) == expect(0, 4)
+    assert_clean(sink, pgt, maria)

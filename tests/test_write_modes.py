@@ -27,12 +27,14 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 
 import xasink
-from tests.modes_driver import OPTIONS_ENV, overwrite_direct, split
+from tests.modes_driver import OPTIONS_ENV, batch_direct, overwrite_direct, prepare_stray_branch, split
 from tests.targets import MARIADB, POSTGRESQL, Target, case
 from xasink import admin
+from xasink.apply import shadow_name, tombstone_name
 from xasink.errors import ApplyError, BatchAbortedError, CommitIncompleteError, OptionError, PreflightError
-from xasink.faults import LOCAL_PROPERTY
+from xasink.faults import LOCAL_PROPERTY, InjectedFault
 from xasink.options import parse_options
+from xasink.xid import Xid
 
 
 def sink() -> str:
@@ -270,6 +272,82 @@ def test_overwrite_of_a_table_other_tables_refer_to(db: Target, spark: SparkSess
     db.drop_table(child)  # before its parent: MariaDB refuses to drop a referenced table
 
 
+@pytest.mark.parametrize("action", ["CASCADE", "SET NULL", "NO ACTION"])
+def test_an_overwrite_changes_no_other_table(db: Target, action: str) -> None:
+    """Issue 27: a table another table refers to ``ON DELETE <action>``.  An overwrite with exactly the same
+    keys leaves the referencing table as it was (it emptied it with CASCADE, nulled it with SET NULL, and
+    failed with NO ACTION); one that drops keys changes the referencing rows of those keys only, exactly as
+    the user's own DELETE of them would (NO ACTION: the overwrite fails, and nothing changes)."""
+    parent, child = db.new_table(), db.new_table()
+    db.keyed_table(parent)
+    fill(db, parent, named(range(200), "o"))
+    db.create_table(child, f"id int PRIMARY KEY, parent int REFERENCES {db.q(parent)} (id) ON DELETE {action}")
+    db.execute(f"INSERT INTO {db.q(child)} (id, parent) SELECT id + 1000, id FROM {db.q(parent)}")
+    children = db.rows(child)
+    assert len(children) == 200
+    s = sink()
+    try:
+        overwrite_direct(db.url, parent, s, 0, split(0, 200, 3))  # the same keys, new names
+        assert db.rows(parent) == named(range(200))
+        assert db.rows(child) == children
+        moved = split(50, 200, 3)  # keys 0..49 are gone, 200..249 are new
+        if action == "NO ACTION":
+            with pytest.raises(ApplyError, match="foreign key|constraint"):
+                overwrite_direct(db.url, parent, s, 1, moved)
+            assert db.rows(parent) == named(range(200))
+            assert db.rows(child) == children
+        else:
+            overwrite_direct(db.url, parent, s, 1, moved)
+            assert db.rows(parent) == named(range(50, 250))
+            if action == "CASCADE":
+                assert db.rows(child) == [c for c in children if c[1] >= 50]
+            else:
+                assert db.rows(child) == [(c[0], None if c[1] < 50 else c[1]) for c in children]
+        assert shadow_rows(db) == 0 and db.prepared(s) == []
+    finally:
+        db.drop_table(child)  # before its parent: MariaDB refuses to drop a referenced table
+
+
+def test_replace_where_of_a_referenced_table_deletes_only_the_gone_keys_it_matches(db: Target) -> None:
+    """replaceWhere on a table another refers to ``ON DELETE CASCADE``: replaced in place within the rows the
+    condition matches; only the matching rows whose keys are gone are deleted (and their referencing rows)."""
+    parent, child = db.new_table(), db.new_table()
+    db.keyed_table(parent)
+    old = [(i, f"a{i}") for i in range(10)] + [(i, f"b{i}") for i in range(10, 20)]
+    fill(db, parent, old)
+    db.create_table(child, f"id int PRIMARY KEY, parent int REFERENCES {db.q(parent)} (id) ON DELETE CASCADE")
+    db.execute(f"INSERT INTO {db.q(child)} (id, parent) SELECT id + 100, id FROM {db.q(parent)}")
+    children = db.rows(child)
+    s = sink()
+    try:
+        batch = [named(range(5, 10)), named(range(20, 25))]
+        overwrite_direct(db.url, parent, s, 0, batch, replaceWhere="name LIKE 'a%' OR name LIKE 'n%'")
+        assert db.rows(parent) == named(range(5, 10)) + old[10:] + named(range(20, 25))
+        assert db.rows(child) == [c for c in children if c[1] >= 5]
+        assert shadow_rows(db) == 0 and db.prepared(s) == []
+    finally:
+        db.drop_table(child)
+
+
+def test_an_overwrite_of_a_referenced_table_without_a_primary_key_is_refused(db: Target) -> None:
+    """Rows of a table without a primary key cannot be replaced in place: refused before anything is written,
+    naming the referencing table."""
+    parent, child = db.new_table(), db.new_table()
+    db.create_table(parent, "id int NOT NULL UNIQUE, name varchar(20)")
+    fill(db, parent, named(range(10), "o"))
+    db.create_table(child, f"id int PRIMARY KEY, parent int REFERENCES {db.q(parent)} (id) ON DELETE CASCADE")
+    db.execute(f"INSERT INTO {db.q(child)} (id, parent) SELECT id, id FROM {db.q(parent)}")
+    s = sink()
+    try:
+        with pytest.raises(PreflightError, match=f"{child}.*primary key"):
+            overwrite_direct(db.url, parent, s, 0, split(0, 10, 2))
+        assert db.rows(parent) == named(range(10), "o")
+        assert db.rows(child) == [(i, i) for i in range(10)]
+        assert db.decision(s, 0) is None and db.prepared(s) == []
+    finally:
+        db.drop_table(child)
+
+
 def test_write_modes_are_refused_inside_a_transaction(db: Target, spark: SparkSession) -> None:
     table = db.new_table()
     db.keyed_table(table)
@@ -427,6 +505,64 @@ def test_a_recovery_racing_the_driver_applies_the_batch_once(db: Target, monkeyp
         result = job.result(timeout=60)
     assert d is not None and result.rows == 150
     assert db.rows(table) == named(range(50, 200))
+    assert db.decision(s, 0).state == "committed"  # type: ignore[union-attr]
+    assert shadow_rows(db) == 0
+
+
+def test_an_apply_reads_only_its_decided_branches_and_never_waits_on_another_runs(
+    db: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 27: a branch of another run of the same batch, prepared into the shadow and never decided, while
+    the decided run applies (held after its commits): the apply does not wait on it (MariaDB: an INSERT ..
+    SELECT or DELETE scanning the shadow locked its rows) and applies only its own branches' rows; recovery
+    then rolls the stray branch back."""
+    table = db.new_table()
+    db.keyed_table(table)
+    fill(db, table, named(range(10), "o"))
+    monkeypatch.setenv("XASINK_FAULT", "driver.after_commits:sleep=3")
+    s = sink()
+    opts = {"controlLockTimeout": 2, "commitTimeout": 8}  # a wait on the stray's rows fails the write
+    with ThreadPoolExecutor(1) as pool:
+        job = pool.submit(overwrite_direct, db.url, table, s, 0, split(100, 20, 2), **opts)
+        deadline = time.monotonic() + 60
+        while db.decision(s, 0) is None or db.prepared(s):
+            assert time.monotonic() < deadline and not job.done(), "the driver never reached its commits"
+            time.sleep(0.05)
+        stray = prepare_stray_branch(db.url, table, s, 0, [(500, "stray"), (101, "stray")], **opts)
+        assert len(db.prepared(s)) == 1, stray  # prepared before the apply starts
+        assert not job.done()
+        result = job.result(timeout=60)
+    assert result.rows == 20
+    assert db.rows(table) == named(range(100, 120))
+    assert db.decision(s, 0).state == "committed"  # type: ignore[union-attr]
+    assert db.prepared(s) == [stray] if db.kind == POSTGRESQL else len(db.prepared(s)) == 1  # left to its run
+    report = admin.recover(db.url, sink_id=s, older_than_s=0)  # the stray's run is gone: it can never commit
+    assert not report.errors, report.errors
+    assert db.prepared(s) == []
+    assert db.rows(table) == named(range(100, 120))
+    assert shadow_rows(db) == 0
+
+
+def test_a_batch_decided_before_shadow_rows_carried_their_branch_is_applied_by_recovery(
+    db: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shadow made by an earlier xasink (no ``xasink_branch_`` column) holding a decided, unapplied batch, as
+    an upgrade can find it: recovery applies the batch's rows as they were written."""
+    table = db.new_table()
+    db.keyed_table(table)
+    fill(db, table, named(range(10), "o"))
+    monkeypatch.setenv("XASINK_FAULT", "driver.after_commits:raise")
+    s = sink()
+    with pytest.raises(InjectedFault):
+        overwrite_direct(db.url, table, s, 0, split(100, 20, 2))
+    decided = db.decision(s, 0)
+    assert decided is not None and decided.state == "committing" and db.prepared(s) == []
+    shadow = shadow_name("xasink_", Xid.parse(decided.xids[0]).log_id, s)  # type: ignore[union-attr]
+    db.execute(f"ALTER TABLE {db.q(shadow)} DROP COLUMN xasink_branch_")  # as an earlier xasink made it
+    assert shadow_rows(db) == 20
+    report = admin.recover(db.url, sink_id=s, older_than_s=0)
+    assert not report.errors, report.errors
+    assert db.rows(table) == named(range(100, 120))
     assert db.decision(s, 0).state == "committed"  # type: ignore[union-attr]
     assert shadow_rows(db) == 0
 
@@ -627,6 +763,49 @@ def test_a_late_change_does_not_bring_back_a_deleted_key(db: Target, spark: Spar
     # key 2 is alive again: an older delete of it is ignored, an older update too
     xasink.write(spark.createDataFrame([(2, None, 9, True)], schema), db.url, table, sink_id=s, batch_id=3, **opts)
     assert db.rows(table) == [(2, "back", 10), (3, "c", 1)]
+
+
+def test_two_change_data_applies_of_one_sink_at_once_equal_one_after_the_other(
+    db: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 27: batch 7 deletes key 1 at sequence 10; batch 8 (a backfill of the same sink) upserts key 1 at
+    sequence 5 and applies while batch 7's apply is held before its commit.  The applies are serialized by
+    the sink and target's apply lock, so the result is that of one after the other (in either order): key 1
+    stays deleted and its tombstone stays.  (Batch 7 is held 10 s: batch 8 is a new driver process, which
+    must reach its apply meanwhile; without the lock the test fails on PostgreSQL, where batch 8's upsert
+    waits on the delete.  InnoDB's locking read of the tombstone made MariaDB wait already.)"""
+    table = db.new_table()
+    db.create_table(table, "id int PRIMARY KEY, name varchar(20), seq bigint")
+    s = sink()
+    columns = {"id": "int", "name": "string", "seq": "long", "deleted": "boolean"}
+    opts = {"upsertKeyColumns": "id", "deleteFlagColumn": "deleted", "sequenceColumn": "seq"}
+    batch_direct(db.url, table, s, 6, columns, [[(1, "a", 1, False), (2, "b", 1, False)]], "append", **opts)
+    monkeypatch.setenv("XASINK_FAULT", "driver.apply_statements:b=7:sleep=10")
+    with ThreadPoolExecutor(1) as pool:
+        seven = pool.submit(batch_direct, db.url, table, s, 7, columns, [[(1, None, 10, True)]], "append", **opts)
+        deadline = time.monotonic() + 60
+        while db.decision(s, 7) is None or db.prepared(s):
+            assert time.monotonic() < deadline and not seven.done(), "batch 7 never reached its apply"
+            time.sleep(0.05)
+        time.sleep(0.5)  # batch 7's apply has deleted key 1 and holds at the fault point
+        assert not seven.done()
+        late = [[(1, "back", 5, False)], [(2, "b8", 6, False)]]
+        eight = {"url": db.url, "table": table, "sink_id": s, "batch_id": 8, "columns": columns}
+        eight.update(partitions=late, mode="append", options=opts)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("XASINK_FAULT")}
+        driver = str(Path(__file__).resolve().parent / "modes_driver.py")
+        out = subprocess.run(  # another driver process: a process holds one run guard per decision log
+            [sys.executable, driver, "batch", json.dumps(eight)], env=env, capture_output=True, timeout=120
+        )
+        assert out.returncode == 0, out.stderr.decode(errors="replace")[-3000:]
+        seven.result(timeout=60)
+    assert db.rows(table) == [(2, "b8", 6)]
+    decided = db.decision(s, 8)
+    assert decided is not None and decided.xids
+    log_id = Xid.parse(decided.xids[0]).log_id  # type: ignore[union-attr]
+    assert db.rows(tombstone_name("xasink_", log_id, s)) == [(1, 10)]
+    assert [db.decision(s, b).state for b in (6, 7, 8)] == ["committed"] * 3  # type: ignore[union-attr]
+    assert db.prepared(s) == [] and shadow_rows(db) == 0
 
 
 def test_complete_mode_keeps_the_table_equal_to_the_aggregate(db: Target, spark: SparkSession, tmp_path: Path) -> None:

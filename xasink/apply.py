@@ -18,22 +18,27 @@ of the target, a batch row outside replaceWhere) withdraws the decision: the tar
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import zlib
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from .dialects.base import Dialect, TargetPlan
+from .dialects.base import SHADOW_INDEX_SUFFIX, Dialect, TargetPlan
 from .errors import ApplyError, PreflightError
+from .faults import fault
 from .options import TableName, WriteOptions
+from .xid import Xid
 
 log = logging.getLogger(__name__)
 
 BATCH_COLUMN = "xasink_batch_"  # the shadow's column tagging each row with its batch id
+BRANCH_COLUMN = "xasink_branch_"  # ... and with its branch (the xid's bqual): an apply reads only its decided ones
 OVERWRITE = "overwrite"
 REPLACE_WHERE = "replaceWhere"
 CHANGES = "changes"
@@ -136,7 +141,14 @@ def _shadow_table(spec: ApplySpec, types: dict[str, Any] | None = None) -> sa.Ta
     if spec.flag is not None:
         cols.append(col(spec.flag, sa.Boolean()))
     cols.append(sa.Column(BATCH_COLUMN, sa.BigInteger(), nullable=False, autoincrement=False))
+    cols.append(sa.Column(BRANCH_COLUMN, sa.String(64), nullable=False))
     return sa.Table(spec.shadow, sa.MetaData(schema=spec.schema), *cols)
+
+
+def apply_lock_name(spec: ApplySpec) -> str:
+    """The lock serializing the applies of one sink (its shadow names the log and the sink) and target."""
+    key = hashlib.blake2b(f"{spec.shadow}|{spec.schema or ''}|{spec.table}".encode(), digest_size=8).hexdigest()
+    return f"xasink.apply.{key}"
 
 
 def check_predicate(conn: Connection, spec: ApplySpec) -> None:
@@ -177,20 +189,25 @@ def ensure_shadow(dialect: Dialect, conn: Connection, spec: ApplySpec) -> None:
                         "table as it was, or drop the shadow table if that batch must be given up"
                     )
                 want.drop(conn)
-            _create(dialect, conn, want)
+            _create(dialect, conn, want, dialect.index_shadow)
     else:
         conn.rollback()
-        _create(dialect, conn, want)
+        _create(dialect, conn, want, dialect.index_shadow)
     if spec.tombstones is not None:
         _create(dialect, conn, _tombstone_table(spec, types))
+    if spec.kind in (OVERWRITE, REPLACE_WHERE):
+        in_place_keys(dialect, conn, spec)  # a table others refer to is replaced in place, or refused here
+        conn.rollback()
 
 
-def _create(dialect: Dialect, conn: Connection, want: sa.Table) -> None:
+def _create(dialect: Dialect, conn: Connection, want: sa.Table, index: bool = False) -> None:
     md = sa.MetaData(schema=want.schema)
     cols = (
         sa.Column(c.name, c.type, nullable=c.nullable, primary_key=c.primary_key, autoincrement=False) for c in want.c
     )
     table = sa.Table(want.name, md, *cols, **dialect.table_kwargs())
+    if index:  # the apply finds its branches' rows without scanning (and locking) another run's
+        sa.Index(want.name + SHADOW_INDEX_SUFFIX, table.c[BATCH_COLUMN], table.c[BRANCH_COLUMN])
     try:
         with conn.begin():
             table.create(conn, checkfirst=True)
@@ -226,6 +243,8 @@ def shadow_plan(plan: TargetPlan, spec: ApplySpec, flag_source: str | None) -> T
         sources.append(flag_source or spec.flag)
     fields.append(pa.field(BATCH_COLUMN, pa.int64(), nullable=False))
     sources.append(BATCH_COLUMN)
+    fields.append(pa.field(BRANCH_COLUMN, pa.string(), nullable=False))
+    sources.append(BRANCH_COLUMN)
     required = spec.keys + ((spec.sequence,) if spec.sequence else ())
     return TargetPlan(
         plan.schema,
@@ -233,6 +252,7 @@ def shadow_plan(plan: TargetPlan, spec: ApplySpec, flag_source: str | None) -> T
         pa.schema(fields),
         tuple(sources),
         batch_column=BATCH_COLUMN,
+        branch_column=BRANCH_COLUMN,
         required=required,
     )
 
@@ -248,13 +268,116 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def apply_statements(dialect: Dialect, conn: Connection, spec: ApplySpec, batch_id: int) -> int:
-    """Replace the target's rows from the shadow's batch, inside the caller's transaction; rows written."""
+def _of_branches(shadow: sa.FromClause, batch_id: int, branches: Sequence[str] | None) -> sa.ColumnElement[bool]:
+    """The shadow's rows of the decided branches: never another run's (prepared, or rolled back later).
+    ``branches`` None: a shadow made before rows carried their branch (all the batch's rows)."""
+    if branches is None:
+        return shadow.c[BATCH_COLUMN] == batch_id
+    return sa.and_(shadow.c[BATCH_COLUMN] == batch_id, shadow.c[BRANCH_COLUMN].in_(sorted(branches)))
+
+
+def decided_branches(conn: Connection, spec: ApplySpec, xids: Sequence[Xid]) -> list[str] | None:
+    """The shadow's tags of a decision's branches, or None for a shadow made by an earlier xasink, whose rows
+    carry no branch: a batch decided before an upgrade is applied (or withdrawn) as it was written."""
+    have = {c["name"] for c in sa.inspect(conn).get_columns(spec.shadow, schema=spec.schema)}
+    return [x.bqual for x in xids] if BRANCH_COLUMN in have else None
+
+
+def _clear(
+    dialect: Dialect, conn: Connection, shadow: sa.TableClause, mine: sa.ColumnElement[bool], legacy: bool
+) -> None:
+    if legacy:  # (no branch column, no index on it)
+        conn.execute(sa.delete(shadow).where(mine))
+    else:
+        dialect.clear_shadow(conn, shadow, mine)
+
+
+def in_place_keys(dialect: Dialect, conn: Connection, spec: ApplySpec) -> tuple[str, ...] | None:
+    """The primary key by which an overwrite replaces the rows of a table other tables refer to, in place (None:
+    nobody refers to it, DELETE + INSERT).  Deleting every row would cascade into, null or fail on the
+    referencing rows, and an overwrite changes no other table; in place, only the rows whose keys are gone
+    are deleted, with exactly the effect the user's own DELETE of them would have.  A referenced table
+    without a primary key cannot be replaced in place: :class:`PreflightError` naming the referencing tables."""
+    referencing = dialect.referencing_tables(conn, spec.schema, spec.table)
+    if not referencing:
+        return None
+    keys = tuple(sa.inspect(conn).get_pk_constraint(spec.table, schema=spec.schema).get("constrained_columns") or ())
+    where = f"{spec.schema}.{spec.table}" if spec.schema else spec.table
+    if not keys:
+        raise PreflightError(
+            f"cannot overwrite {where}: table {', '.join(referencing)} refers to it by a foreign key, and without "
+            "a primary key its rows cannot be replaced in place (deleting them all would change or fail on "
+            "the referencing rows). Give the table a primary key, or drop the foreign key"
+        )
+    missing = [k for k in keys if k not in spec.columns]
+    if missing:
+        raise PreflightError(
+            f"cannot overwrite {where}: table {', '.join(referencing)} refers to it by a foreign key, so its rows "
+            f"are replaced in place by the primary key, but the DataFrame has no column {', '.join(missing)}"
+        )
+    return keys
+
+
+def _replace_in_place(
+    dialect: Dialect,
+    conn: Connection,
+    spec: ApplySpec,
+    keys: tuple[str, ...],
+    target: sa.TableClause,
+    shadow: sa.TableClause,
+    mine: sa.ColumnElement[bool],
+) -> int:
+    """Delete the rows (in the replaced scope) whose keys are gone, update the rows whose keys stay, insert the
+    new keys: the referencing tables see only the deletes of the gone keys.  Rows written."""
+    names = list(spec.columns)
+    twice = conn.execute(
+        sa.select(*(shadow.c[k] for k in keys))
+        .where(mine)
+        .group_by(*(shadow.c[k] for k in keys))
+        .having(sa.func.count() > 1)
+        .limit(1)
+    ).first()
+    if twice is not None:  # (DELETE + INSERT fails on it as a duplicate key: so does this)
+        raise ApplyError(f"key ({', '.join(map(str, twice))}) appears more than once in the batch")
+    same_key = sa.and_(*(target.c[k] == shadow.c[k] for k in keys))
+    scope: sa.ColumnElement[bool] = sa.true()
+    if spec.kind == REPLACE_WHERE:
+        scope = _predicate(spec)
+        # a batch key held by a row outside the condition: DELETE + INSERT fails on it as a duplicate key
+        outside = conn.execute(
+            sa.select(*(target.c[k] for k in keys))
+            .where(~sa.func.coalesce(scope, False), sa.exists().where(same_key, mine))
+            .limit(1)
+        ).first()
+        if outside is not None:
+            raise ApplyError(
+                f"key ({', '.join(map(str, outside))}) of the batch belongs to a row that does not match "
+                f"replaceWhere ({spec.predicate!r}): it would be there twice"
+            )
+    batch_keys = sa.select(*(shadow.c[k].label(f"xasink_key{i}_") for i, k in enumerate(keys))).where(mine)
+    dialect.delete_missing(conn, target, list(keys), batch_keys, scope)
+    written = 0
+    rest = [c for c in names if c not in keys]
+    if rest:
+        update = sa.update(target).values({c: shadow.c[c] for c in rest}).where(same_key, mine)
+        written += max(conn.execute(update).rowcount or 0, 0)
+    new = sa.select(*(shadow.c[c] for c in names)).where(mine, ~sa.exists().where(same_key))
+    written += max(conn.execute(sa.insert(target).from_select(names, new)).rowcount or 0, 0)
+    return written
+
+
+def apply_statements(
+    dialect: Dialect, conn: Connection, spec: ApplySpec, batch_id: int, branches: Sequence[str] | None
+) -> int:
+    """Replace the target's rows from the rows of the shadow's decided ``branches`` (their bquals), inside the
+    caller's transaction; rows written."""
     names = list(spec.columns)
     target = sa.table(spec.table, *(sa.column(c) for c in names), schema=spec.schema)
     shadow_cols = names + ([spec.flag] if spec.flag else []) + [BATCH_COLUMN]
+    if branches is not None:
+        shadow_cols.append(BRANCH_COLUMN)
     shadow = sa.table(spec.shadow, *(sa.column(c) for c in shadow_cols), schema=spec.schema)
-    mine = shadow.c[BATCH_COLUMN] == batch_id
+    mine = _of_branches(shadow, batch_id, branches)
     if spec.kind in (OVERWRITE, REPLACE_WHERE):
         if spec.kind == REPLACE_WHERE and spec.check_predicate:
             # the shadow under the target's name: a condition naming its columns as table.column reads the batch
@@ -262,7 +385,7 @@ def apply_statements(dialect: Dialect, conn: Connection, spec: ApplySpec, batch_
             outside = conn.execute(
                 sa.select(sa.func.count())
                 .select_from(batch)
-                .where(batch.c[BATCH_COLUMN] == batch_id, ~sa.func.coalesce(_predicate(spec), False))
+                .where(_of_branches(batch, batch_id, branches), ~sa.func.coalesce(_predicate(spec), False))
             ).scalar()
             if outside:
                 raise ApplyError(
@@ -271,6 +394,15 @@ def apply_statements(dialect: Dialect, conn: Connection, spec: ApplySpec, batch_
                     "same condition, or set replaceWhereCheck=false to write them anyway"
                 )
         dialect.lock_for_overwrite(conn, spec.schema, spec.table)
+        try:
+            keys = in_place_keys(dialect, conn, spec)
+        except PreflightError as exc:  # a foreign key made since the write was planned: nothing is visible
+            raise ApplyError(str(exc)) from None
+        if keys is not None:
+            written = _replace_in_place(dialect, conn, spec, keys, target, shadow, mine)
+            fault("driver.apply_statements", batch=batch_id)
+            _clear(dialect, conn, shadow, mine, branches is None)
+            return written
         delete = sa.delete(target)
         if spec.kind == REPLACE_WHERE:
             delete = delete.where(_predicate(spec))
@@ -279,7 +411,8 @@ def apply_statements(dialect: Dialect, conn: Connection, spec: ApplySpec, batch_
         written = max(res.rowcount or 0, 0)
     else:
         written = _apply_changes(dialect, conn, spec, target, shadow, mine)
-    dialect.clear_shadow(conn, shadow, mine)
+    fault("driver.apply_statements", batch=batch_id)
+    _clear(dialect, conn, shadow, mine, branches is None)
     return written
 
 
@@ -336,10 +469,12 @@ def _apply_changes(
     return result
 
 
-def withdraw(conn: Connection, spec: ApplySpec, batch_id: int) -> None:
-    """Empty the shadow of a batch whose decision is withdrawn (its apply can never succeed)."""
-    shadow = sa.table(spec.shadow, sa.column(BATCH_COLUMN), schema=spec.schema)
-    conn.execute(sa.delete(shadow).where(shadow.c[BATCH_COLUMN] == batch_id))
+def withdraw(
+    dialect: Dialect, conn: Connection, spec: ApplySpec, batch_id: int, branches: Sequence[str] | None
+) -> None:
+    """Delete the rows of a batch whose decision is withdrawn (its apply can never succeed) from the shadow."""
+    shadow = sa.table(spec.shadow, sa.column(BATCH_COLUMN), sa.column(BRANCH_COLUMN), schema=spec.schema)
+    _clear(dialect, conn, shadow, _of_branches(shadow, batch_id, branches), branches is None)
 
 
 def table_name(spec: ApplySpec) -> TableName:

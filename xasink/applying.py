@@ -11,9 +11,10 @@ import logging
 from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
+from sqlalchemy.engine import Connection
 
-from .apply import ApplySpec, apply_statements, withdraw
-from .dialects.base import ErrorKind
+from .apply import ApplySpec, apply_lock_name, apply_statements, decided_branches, withdraw
+from .dialects.base import Dialect, ErrorKind
 from .errors import ApplyError, CommitIncompleteError
 
 if TYPE_CHECKING:  # the coordinator imports this module: only its type is needed here
@@ -33,20 +34,30 @@ def apply_decided(c: Coordinator, batch_id: int, spec: ApplySpec, commit_ms: int
     :class:`CommitIncompleteError`, naming the batch and what blocked it; a later run or recover finishes it.
     """
     dialect = c.journal.dialect
+    lock = apply_lock_name(spec)
 
     def step() -> bool:
         with dialect.connect() as conn:
+            if dialect.apply_isolation is not None:
+                conn.execution_options(isolation_level=dialect.apply_isolation)
             conn.begin()
             try:
-                if not c.journal.mark_within(conn, c.sink_id, batch_id, commit_ms):
+                # first the sink and target's apply lock: two applies of one sink (a backfill beside the
+                # stream) never interleave, so the result is that of one after the other
+                dialect.lock_apply(conn, lock)
+                decided = c.journal.get(conn, c.sink_id, batch_id)
+                if decided is None or not c.journal.mark_within(conn, c.sink_id, batch_id, commit_ms):
                     conn.rollback()
                     return False
                 dialect.durable_commit(conn)
-                rows = apply_statements(dialect, conn, spec, batch_id)
+                branches = decided_branches(conn, spec, decided.xids)
+                rows = apply_statements(dialect, conn, spec, batch_id, branches)
                 conn.commit()
             except BaseException:
                 conn.rollback()
                 raise
+            finally:
+                _unlock(dialect, conn, lock)
             log.info("sink %s batch %s: %s (%d rows)", c.sink_id, batch_id, spec.describe(), rows)
         return True
 
@@ -86,6 +97,19 @@ def apply_decided(c: Coordinator, batch_id: int, spec: ApplySpec, commit_ms: int
         ) from None
 
 
+def _unlock(dialect: Dialect, conn: Connection, lock: str) -> None:
+    """Release the apply lock after the transaction (a lost connection released it already)."""
+    try:
+        dialect.unlock_apply(conn, lock)
+        conn.commit()
+    except sa.exc.SQLAlchemyError as exc:  # never hides the apply's own error
+        log.debug("apply lock %s not released (%s): its session ends with the connection", lock, exc)
+        try:
+            conn.invalidate()
+        except sa.exc.SQLAlchemyError:
+            pass
+
+
 def withdraw_decision(c: Coordinator, batch_id: int, spec: ApplySpec, reason: str) -> bool:
     """Withdraw a decision whose apply can never succeed: its rows only ever reached the shadow.
 
@@ -93,17 +117,16 @@ def withdraw_decision(c: Coordinator, batch_id: int, spec: ApplySpec, reason: st
     committed between this run's failed apply and the sink lock: its rows are visible, so saying "nothing of
     this batch is visible" would be false (DESIGN invariant 11)."""
     with c.journal.locked(c.sink_id) as conn:
-        if c.journal.withdraw(conn, c.sink_id, batch_id):
-            withdraw(conn, spec, batch_id)
-        else:
-            found = c.journal.get(conn, c.sink_id, batch_id)
-            if found is not None and found.committed:
-                log.warning(
-                    "sink %s batch %s: this run's apply failed (%s), but another run applied it meanwhile",
-                    c.sink_id,
-                    batch_id,
-                    reason,
-                )
-                return False
+        decided = c.journal.get(conn, c.sink_id, batch_id)
+        if decided is not None and decided.committed:
+            log.warning(
+                "sink %s batch %s: this run's apply failed (%s), but another run applied it meanwhile",
+                c.sink_id,
+                batch_id,
+                reason,
+            )
+            return False
+        if decided is not None and c.journal.withdraw(conn, c.sink_id, batch_id):
+            withdraw(c.journal.dialect, conn, spec, batch_id, decided_branches(conn, spec, decided.xids))
     log.warning("sink %s batch %s: decision withdrawn, nothing of it is visible (%s)", c.sink_id, batch_id, reason)
     return True

@@ -175,13 +175,11 @@ def _discard(opening: Future[BranchSession]) -> None:
         log.debug("discarded branch: %s", exc)
 
 
-def _conformed(
-    batches: Iterable[pa.RecordBatch], plan: TargetPlan, partition: int, batch_id: int
-) -> Iterator[pa.RecordBatch]:
+def _conformed(batches: Iterable[pa.RecordBatch], plan: TargetPlan, xid: Xid) -> Iterator[pa.RecordBatch]:
     for b in batches:
-        out = conform(b, plan, partition, batch_id)
+        out = conform(b, plan, xid.partition, xid.batch_id, xid.bqual)
         if plan.required:
-            check_required(out, plan, partition)
+            check_required(out, plan, xid.partition)
         yield out
 
 
@@ -294,7 +292,7 @@ def write_partition(
     try:
         fault("task.before_load", partition=partition, attempt=attempt_number, batch=batch_id)
         with phase("task.load", **ids):
-            rows = session.load(_conformed(itertools.chain([first], rest), plan, partition, batch_id))
+            rows = session.load(_conformed(itertools.chain([first], rest), plan, xid))
         fault("task.before_prepare", partition=partition, attempt=attempt_number, batch=batch_id)
     except BaseException:
         session.rollback()

@@ -32,7 +32,7 @@ from .journal import BatchRecord, Journal
 from .liveness import InProcessGuard
 from .options import WriteOptions
 from .parts import Part, ensure_parts, mark_parts_committed, multi_target, read_parts, recorded_targets, server_identity
-from .targets import describe_target, forgotten_message, target_identity
+from .targets import UNKNOWN_QUERY, describe_target, forgotten_message, target_identity
 from .xid import Xid, new_run_nonce
 
 log = logging.getLogger(__name__)
@@ -51,10 +51,26 @@ class TargetDb:
 class MultiCoordinator:
     """Claims (sink, batch) in the log, tracks the databases written, decides once, commits or aborts."""
 
-    def __init__(self, sink_id: str, batch_id: int, log_options: WriteOptions, stream: bool = False) -> None:
+    def __init__(
+        self,
+        sink_id: str,
+        batch_id: int,
+        log_options: WriteOptions,
+        stream: bool = False,
+        fixed: bool = True,
+        query: str | None = None,
+        blind: bool = False,
+    ) -> None:
         """``stream``: the batch id is a micro-batch id, so one below the sink's last decided batch means a
-        new or reset checkpoint (its batches would be skipped as replays): refused."""
+        new or reset checkpoint (its batches would be skipped as replays): refused.  ``fixed``: the caller
+        named the log (journal_url); else it is the first write's database, and every other database written
+        is checked for decisions of this sink (:meth:`_check_log_home`).  ``query``: the streaming query's id,
+        recorded with the decision; a decided micro-batch of another query, or of one whose id is unknown
+        (``blind``: Spark Connect, where the function cannot learn it), is refused, not skipped."""
         self.sink_id = sink_id
+        self.fixed = fixed
+        self.query = query
+        self.blind = blind and query is None
         self.stream = stream
         self.batch_id = batch_id
         self.log_options = replace(log_options, sink_id=sink_id, batch_id=batch_id)
@@ -69,6 +85,8 @@ class MultiCoordinator:
         self.journal.ensure()
         ensure_parts(self.journal)
         self.log_id = self.journal.log_id()
+        with self.dialect.connect() as conn:
+            self.log_server = server_identity(conn)
         self.guard = InProcessGuard(self.dialect, self.log_id, self.run)
         try:
             self._claim()
@@ -92,7 +110,10 @@ class MultiCoordinator:
                     "sink_id (or restore its checkpoint)."
                 )
             if decided:
-                self.replay, self.recorded = True, recorded
+                self.recorded = recorded
+                if self.stream:
+                    self._check_query(recorded)
+                self.replay = True
                 return
             horizon = self.journal.horizon(conn, self.sink_id)
             if horizon is not None and self.batch_id <= horizon:
@@ -101,6 +122,25 @@ class MultiCoordinator:
                 )
             if not self.journal.claim(conn, self.sink_id, self.batch_id, self.run, self.guard.name):
                 raise ConcurrentWriterError(f"sink {self.sink_id} batch {self.batch_id}: run {self.run} lost its claim")
+
+    def _check_query(self, recorded: str | None) -> None:
+        """A decided micro-batch is a replay only of the query that decided it (an old record names none)."""
+        try:
+            was = json.loads(recorded).get("query") if recorded else None
+        except (ValueError, AttributeError):
+            was = None
+        if not self.blind and (self.query is None or was is None or was == self.query):
+            return
+        why = (
+            f"by streaming query {was}, and is now written by query {self.query}"
+            if not self.blind
+            else "and this foreachBatch call cannot learn its streaming query's id (Spark Connect): a replay "
+            "cannot be told from another query's batch; pass checkpoint_location to foreach_batch_multi"
+        )
+        raise BatchIdentityError(
+            f"sink {self.sink_id} batch {self.batch_id} was committed as {self._described()} {why}. Nothing of "
+            "this attempt was written. Give each query its own sink_id (or restore its checkpoint)."
+        )
 
     def target(self, options: WriteOptions) -> TargetDb:
         key = options.url.render_as_string(hide_password=False)
@@ -112,8 +152,32 @@ class MultiCoordinator:
                     journal_schema=self.log_options.journal_schema,
                     journal_prefix=self.log_options.journal_prefix,
                 )
-                found = self.targets[key] = TargetDb(opts, self.journal)
+                found = TargetDb(opts, self.journal)
+                if not self.fixed and found.server != self.log_server:
+                    try:
+                        self._check_log_home(found, opts)
+                    except BaseException:
+                        found.coordinator.close()
+                        raise
+                self.targets[key] = found
             return found
+
+    def _check_log_home(self, db: TargetDb, options: WriteOptions) -> None:
+        """Without journal_url the log is the database written first, which the order of writes (threads, a
+        redeploy) may change from one run to the next: a replay would then be decided in a log that never saw
+        the batch, and written twice.  So a sink's log is the one that holds its decisions: a write into
+        another database whose own log holds decisions of this sink is refused (pass journal_url)."""
+        home = Journal(db.coordinator.dialect, self.log_options.journal_schema, self.log_options.journal_prefix)
+        with db.coordinator.dialect.connect(autocommit=True) as conn:  # reads only
+            last = home.last_batch_id(conn, self.sink_id) if home.exists(conn) else None
+        if last is not None:
+            raise OptionError(
+                f"sink {self.sink_id}: its decision log is in database {db.server} (it decided batch {last} there), "
+                f"but this transaction's first write went to {self.log_server} and opened the log there: a replay "
+                "would not be recognized. Pass journal_url (the database holding the sink's log) to "
+                "xasink.transaction / foreach_batch_multi; it is needed whenever the writes span several "
+                "databases and their order may change (threads, a redeploy). Nothing of this batch was written."
+            )
 
     def check_replay(self, options: WriteOptions) -> None:
         """A write of a replayed transaction: its table must be among those the transaction wrote."""
@@ -234,7 +298,11 @@ class MultiCoordinator:
                 len(xids),
                 max((p.prepare_ms for p in parts), default=0),
             )
-            self.journal.record_decision(conn, state, record, self.run, multi_target(parts))
+            target = multi_target(parts)
+            if self.query is not None or self.blind:
+                query = self.query or UNKNOWN_QUERY  # unknown matches no query: never taken for a replay later
+                target = json.dumps({**json.loads(target), "query": query}, sort_keys=True)
+            self.journal.record_decision(conn, state, record, self.run, target)
             self._sent = True
         return True, parts, ""
 

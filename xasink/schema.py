@@ -191,14 +191,20 @@ def _conform_column(arr: pa.Array, target: pa.DataType) -> pa.Array:
     return arr.cast(target, safe=True)
 
 
-def conform(batch: pa.RecordBatch, plan: TargetPlan, partition: int, batch_id: int = 0) -> pa.RecordBatch:
+def conform(
+    batch: pa.RecordBatch, plan: TargetPlan, partition: int, batch_id: int = 0, branch: str = ""
+) -> pa.RecordBatch:
     """Select and cast a DataFrame batch into the table's exact column types; overflow is an error.
 
-    A shadow table's plan (``plan.batch_column``) gets each row tagged with ``batch_id``."""
+    A shadow table's plan (``plan.batch_column``, ``plan.branch_column``) gets each row tagged with
+    ``batch_id`` and the ``branch`` (its xid's bqual): the apply reads only the decided branches' rows."""
     arrays = []
     for name, field in zip(plan.source_names, plan.arrow_schema, strict=True):
         if name == plan.batch_column:
             arrays.append(pa.array([batch_id] * batch.num_rows, pa.int64()))
+            continue
+        if name == plan.branch_column:
+            arrays.append(pa.array([branch] * batch.num_rows, pa.string()))
             continue
         arr = batch.column(name)
         try:

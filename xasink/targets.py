@@ -18,6 +18,11 @@ from sqlalchemy.engine import Connection
 _SESSION_TARGETS: dict[tuple[str, str], tuple[str, str]] = {}
 
 
+# the query recorded for a micro-batch whose foreachBatch function could not learn its query's id (Spark
+# Connect without checkpoint_location): it matches no query, so a later write of that batch is refused
+UNKNOWN_QUERY = "unknown"
+
+
 def session_target(conn: Connection) -> tuple[str, str]:
     """The database and default schema of this connection's sessions (``current_database()`` / ``DATABASE()``
     and the schema SQLAlchemy found at connect), read once per URL and process."""

@@ -32,6 +32,9 @@ if TYPE_CHECKING:  # rows and types only: the driver's commit path never loads p
 log = logging.getLogger(__name__)
 
 
+SHADOW_INDEX_SUFFIX = "_br"
+
+
 class ErrorKind(enum.Enum):
     """What an error says about a batch, decided by the dialect from the error's class and nowhere else.
 
@@ -90,6 +93,7 @@ class TargetPlan:
     # the shadow table of an overwrite / replaceWhere / change-data write (xasink.apply): this column of each
     # row is the batch id, filled in by the task
     batch_column: str | None = None
+    branch_column: str | None = None  # the shadow's column of each row's branch (its xid's bqual), ditto
     required: tuple[str, ...] = ()  # columns that must not be NULL in any row (change-data keys and sequence)
 
 
@@ -416,6 +420,38 @@ class Dialect(ABC):
         """
 
     # -- overwrite, replaceWhere, change-data apply (xasink.apply) ---------------
+    # whether the shadow gets an index on (batch, branch) (named <shadow>SHADOW_INDEX_SUFFIX), and the isolation
+    # level of the apply's transaction: InnoDB's locking reads (INSERT .. SELECT, DELETE, at REPEATABLE READ)
+    # lock every row they scan, so an apply would wait on another run's prepared rows of the shadow
+    index_shadow = False
+    apply_isolation: str | None = None
+
+    @abstractmethod
+    def lock_apply(self, conn: Connection, name: str) -> None:
+        """Take the apply lock ``name`` inside the caller's transaction, waiting at most controlLockTimeout (a
+        transient error then): applies of one sink and target run one after the other."""
+
+    def unlock_apply(self, conn: Connection, name: str) -> None:  # noqa: B027 - optional hook
+        """Release the apply lock once the transaction ended (a lock that does not end with it)."""
+
+    @abstractmethod
+    def referencing_tables(self, conn: Connection, schema: str | None, table: str) -> list[str]:
+        """The other tables whose foreign keys reference ``table`` (a self-reference is not listed)."""
+
+    def delete_missing(
+        self,
+        conn: Connection,
+        target: sa.TableClause,
+        keys: list[str],
+        batch: sa.Select[Any],
+        scope: sa.ColumnElement[bool],
+    ) -> None:
+        """DELETE the target's rows in ``scope`` whose key is not among the keys ``batch`` selects (one column
+        per key, in order, named apart from the target's columns so ``scope`` reads only the target's)."""
+        kept = batch.subquery("xasink_kept_")
+        same = sa.and_(*(col == target.c[k] for col, k in zip(kept.c, keys, strict=True)))
+        conn.execute(sa.delete(target).where(scope, ~sa.exists().where(same)))
+
     def lock_for_overwrite(self, conn: Connection, schema: str | None, table: str) -> None:  # noqa: B027
         """Keep other writers out of the table while its rows are replaced (readers are never blocked)."""
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -9,7 +10,9 @@ import tempfile
 import time
 import weakref
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 from pyspark.sql import DataFrame, SparkSession
 
@@ -19,8 +22,9 @@ from ..journal import Journal
 from ..masking import redact, url_secrets
 from ..options import WriteOptions, parse_options
 from ..results import WriteResult
+from ..targets import UNKNOWN_QUERY
 from ..xid import new_run_nonce
-from .datasource import RUN_OPTION, XasinkDataSource, check_batch_order
+from .datasource import QUERY_OPTION, RUN_OPTION, STREAM_QUERY_PROPERTY, XasinkDataSource, check_batch_order
 
 log = logging.getLogger("xasink")
 
@@ -97,6 +101,11 @@ def write(
         raw["sinkId"] = sink_id
     if batch_id is not None:
         raw["batchId"] = batch_id
+    return _write(df, raw, mode, None)
+
+
+def _write(df: DataFrame, raw: dict[str, Any], mode: str, query: str | None) -> WriteResult:
+    """:func:`write`; ``query``: the streaming query foreach_batch writes for, recorded with the batch."""
     parsed = parse_options(raw).with_mode(mode)
     raw["sinkId"] = parsed.sink_id  # a generated id must be the same for the write and the result look-up
     register(df.sparkSession)
@@ -112,7 +121,10 @@ def write(
     t0 = time.perf_counter()
     try:
         opts = {k: str(v) for k, v in raw.items()}
-        df.write.format("xasink").options(**opts, **{RUN_OPTION: run, notices.NOTICES_OPTION: path}).mode(mode).save()
+        internal = {RUN_OPTION: run, notices.NOTICES_OPTION: path}
+        if query is not None:
+            internal[QUERY_OPTION] = query
+        df.write.format("xasink").options(**opts, **internal).mode(mode).save()
     except Exception as exc:
         notices.tell(dict.fromkeys(warned + notices.load(path)))
         inner = _unwrap(exc)
@@ -179,12 +191,67 @@ def _record(journal: Journal, sink_id: str, batch_id: int) -> Any:
         return journal.get(conn, sink_id, batch_id)
 
 
-def foreach_batch(
-    url: str, table: str, sink_id: str, mode: str = "append", **options: Any
-) -> Callable[[DataFrame, int], WriteResult]:
-    """A function for ``writeStream.foreachBatch``: each micro-batch written once, keyed by Spark's batch id.
+def micro_batch_query(df: DataFrame, checkpoint_location: str | None = None) -> str | None:
+    """The id of the streaming query whose foreachBatch function runs now (kept in its checkpoint across
+    restarts), or None when it cannot be known.
 
-    ``mode="overwrite"`` makes each micro-batch replace the table's rows (a streaming aggregation's result)."""
+    Classic Spark calls the function in the query's thread, whose local properties name the query.  Spark
+    Connect calls it in a server-side Python process whose session knows nothing of the query: then only
+    the checkpoint's ``metadata`` file names it (``checkpoint_location``, a local path or file: URI).
+    """
+    if not is_connect(df.sparkSession):
+        found = df.sparkSession.sparkContext.getLocalProperty(STREAM_QUERY_PROPERTY)
+        if found:
+            return str(found)
+    if checkpoint_location is None:
+        return None
+    parts = urlparse(str(checkpoint_location))
+    if parts.scheme not in ("", "file"):
+        raise errors.OptionError(
+            f"checkpoint_location {checkpoint_location!r}: xasink reads the query's id from a local checkpoint only"
+        )
+    metadata = Path(parts.path if parts.scheme else str(checkpoint_location)) / "metadata"
+    try:
+        return str(json.loads(metadata.read_text().splitlines()[0])["id"])
+    except (OSError, ValueError, KeyError, IndexError) as exc:
+        raise errors.OptionError(
+            f"checkpoint_location: cannot read the streaming query's id from {metadata} ({type(exc).__name__}); "
+            "pass the query's checkpointLocation"
+        ) from None
+
+
+def unknown_query_message(sink_id: str, batch_id: int) -> str:
+    return (
+        f"sink {sink_id} batch {batch_id} was committed before, and this foreachBatch call cannot tell a replay "
+        f"of it (the same query restarting) from batch {batch_id} of another query with the same sink_id (a new "
+        "checkpoint): under Spark Connect the function does not learn the streaming query's id. Nothing was "
+        "written. Pass checkpoint_location=<the query's checkpointLocation> to xasink.foreach_batch / "
+        "foreach_batch_multi, so the query's id is read from the checkpoint."
+    )
+
+
+def _decided(coordinator: Coordinator, batch_id: int) -> bool:
+    """Whether the log holds (sink, batch) as decided (refused if for another target); no log: False."""
+    with coordinator.dialect.connect(autocommit=True) as conn:
+        if not coordinator.journal.exists(conn):
+            return False
+    return coordinator.check_batch(batch_id)
+
+
+def foreach_batch(
+    url: str,
+    table: str,
+    sink_id: str,
+    mode: str = "append",
+    checkpoint_location: str | None = None,
+    **options: Any,
+) -> Callable[[DataFrame, int], WriteResult]:
+    """A function for ``writeStream.foreachBatch``: each micro-batch written once, keyed by Spark's batch id
+    and the streaming query's id (a batch of another query under the same sink_id is refused).
+
+    ``mode="overwrite"`` makes each micro-batch replace the table's rows (a streaming aggregation's result).
+    ``checkpoint_location``: the query's, where Spark Connect gives the function no other way to learn the
+    query's id; without it a Connect replay cannot be told from another query's batch and is refused."""
     raw = {"url": url, "dbtable": table, "sinkId": sink_id, **options}
     parsed = parse_options(raw).with_mode(mode)  # fail now, not at batch 0
 
@@ -193,6 +260,13 @@ def foreach_batch(
         coordinator = Coordinator(parsed, shared=True)
         # a new or reset checkpoint would have its batches skipped as replays of the old ones
         check_batch_order(coordinator, batch_id)
-        return write(df, url, table, sink_id=sink_id, batch_id=batch_id, mode=mode, **options)
+        query = micro_batch_query(df, checkpoint_location)
+        # under Connect, a decided batch whose query cannot be known: a replay or another query's, refused
+        if query is None and is_connect(df.sparkSession) and _decided(coordinator, batch_id):
+            raise errors.BatchIdentityError(unknown_query_message(sink_id, batch_id))
+        batch = {"url": url, "dbtable": table, "sinkId": sink_id, "batchId": batch_id, **options}
+        if query is None and is_connect(df.sparkSession):
+            query = UNKNOWN_QUERY  # recorded so: no later write of this batch passes for its replay
+        return _write(df, batch, mode, query)
 
     return write_batch

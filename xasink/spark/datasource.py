@@ -32,7 +32,7 @@ from ..apply import ApplySpec, check_predicate, ensure_shadow, shadow_plan, spec
 from ..coordinator import Coordinator
 from ..dialects.base import TargetPlan
 from ..errors import OptionError, PreflightError
-from ..liveness import ensure_keeper, spark_driver_process
+from ..liveness import ensure_keeper, guard_name, spark_driver_process
 from ..options import WriteOptions, parse_options
 from ..phases import phase, worker_started
 from ..results import BranchOutcome
@@ -54,6 +54,8 @@ STREAM_QUERY_PROPERTY = "sql.streaming.queryId"
 ABORT_SETTLE_S = 4.0
 # internal option: xasink.write() names the run, so it can tell its own decision from a concurrent writer's
 RUN_OPTION = "xasink.run"
+# internal option: foreach_batch names the streaming query when its tasks cannot (Spark Connect)
+QUERY_OPTION = "xasink.query"
 
 
 def _task_fault_spec() -> str | None:
@@ -150,6 +152,7 @@ def _write_task(
     batch_id: int,
     iterator: Iterator[pa.RecordBatch],
     tx: TxWrite | None = None,
+    query: str | None = None,
 ) -> XasinkCommitMessage:
     ctx = TaskContext.get()
     assert ctx is not None, "xasink writers run inside Spark tasks"
@@ -160,7 +163,7 @@ def _write_task(
             f"call df.coalesce({options.num_partitions}) before writing, or use xasink.write(), which coalesces"
         )
     with notices.captured() as warned:
-        outcome = _write_partition(options, plan, run, batch_id, iterator, tx, ctx)
+        outcome = _write_partition(options, plan, run, batch_id, iterator, tx, ctx, query)
     if warned:  # the task's log is nobody's to read: the driver reports them (xasink.notices)
         outcome = replace(outcome, warnings=tuple(f"partition {partition}: {w}" for w in warned))
     return XasinkCommitMessage(outcome)
@@ -174,6 +177,7 @@ def _write_partition(
     iterator: Iterator[pa.RecordBatch],
     tx: TxWrite | None,
     ctx: TaskContext,
+    query: str | None,
 ) -> BranchOutcome:
     from ..branch import write_partition  # the rows' path: not imported by the planning and commit workers
 
@@ -189,7 +193,7 @@ def _write_partition(
         batches=iterator,
         log_id=plan.log_id,
         guard=plan.guard,
-        query=ctx.getLocalProperty(STREAM_QUERY_PROPERTY),
+        query=ctx.getLocalProperty(STREAM_QUERY_PROPERTY) or query,
         journal_url=tx.journal_url if tx is not None else None,
         claimed=plan.claimed,
     )
@@ -225,6 +229,21 @@ def _tell_tasks(outcomes: list[BranchOutcome | None]) -> None:
             log.warning("%s", text)
 
 
+def check_not_micro_batch(options: WriteOptions) -> None:
+    """A batch write with a sinkId but no batchId, run inside a streaming micro-batch (the user's own
+    foreachBatch): refused.  Its batch id would be 0 for every micro-batch, and every micro-batch after the
+    first would be skipped as a replay of batch 0.  Only a task learns that it runs in a micro-batch."""
+    ctx = TaskContext.get()
+    if ctx is not None and ctx.getLocalProperty(STREAM_BATCH_PROPERTY) is not None:
+        raise OptionError(
+            f"sink {options.sink_id}: format('xasink') with a sinkId and no batchId runs inside streaming "
+            f"micro-batch {ctx.getLocalProperty(STREAM_BATCH_PROPERTY)} (a foreachBatch function): every "
+            "micro-batch would be batch 0 and all but the first skipped as its replay. Use "
+            "writeStream.foreachBatch(xasink.foreach_batch(url=..., table=..., sink_id=...)), or pass "
+            "batchId=epoch_id. Nothing was written."
+        )
+
+
 class XasinkBatchWriter(DataSourceArrowWriter):
     def __init__(
         self,
@@ -233,15 +252,23 @@ class XasinkBatchWriter(DataSourceArrowWriter):
         run: str | None = None,
         tx: TxWrite | None = None,
         notices_path: str | None = None,
+        sink_without_batch: bool = False,
+        query: str | None = None,
     ) -> None:
+        """``sink_without_batch``: the caller named a sinkId and no batchId (:func:`check_not_micro_batch`);
+        ``query``: the streaming query foreach_batch names, for tasks that cannot see it (Spark Connect)."""
         self.options = options
         self.plan = plan
         self.run = run or new_run_nonce()
         self.tx = tx
         self.notices = notices_path  # xasink.write's file for warnings (xasink.notices); None: to stderr
+        self.sink_without_batch = sink_without_batch
+        self.query = query
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> XasinkCommitMessage:
-        return _write_task(self.options, self.plan, self.run, self.options.batch_id, iterator, self.tx)
+        if self.sink_without_batch:
+            check_not_micro_batch(self.options)
+        return _write_task(self.options, self.plan, self.run, self.options.batch_id, iterator, self.tx, self.query)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         if self.tx is not None:  # inside xasink.transaction(): record the part, the transaction decides
@@ -253,7 +280,10 @@ class XasinkBatchWriter(DataSourceArrowWriter):
             coordinator = Coordinator(self.options, shared=True)
             try:  # the coordinator logs the batch's figures
                 with phase("commit.call", sink=self.options.sink_id, batch=self.options.batch_id):
-                    coordinator.commit(self.options.batch_id, _outcomes(messages), apply=self.plan.apply, run=self.run)
+                    outcomes = _outcomes(messages)
+                    coordinator.commit(
+                        self.options.batch_id, outcomes, query=self.query, apply=self.plan.apply, run=self.run
+                    )
             finally:
                 coordinator.close()
 
@@ -409,13 +439,29 @@ class XasinkStreamWriter(DataSourceStreamArrowWriter):
             coordinator.close()
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
-        """A task failed or the query stopped: roll back the batch's branches (a decided batch is finished)."""
+        """A task failed or the query stopped: roll back the batch's branches (a decided batch is finished).
+
+        Without planning: the abort comes in a fresh worker, often during the outage that caused it, and a
+        plan (server checks, the table, recovery) that fails there would roll nothing back.  Only the run
+        guard's name is needed, for a stop whose tasks returned no message; it is derived, not ensured."""
         _worker_logging(logging.INFO)
         coordinator = Coordinator(self.options, shared=True)
         try:
-            coordinator.abort(batchId, _outcomes(messages), settle_s=ABORT_SETTLE_S, guard=self.plan.guard)
+            coordinator.abort(batchId, _outcomes(messages), settle_s=ABORT_SETTLE_S, guard=self._guard(coordinator))
         finally:
             coordinator.close()
+
+    def _guard(self, coordinator: Coordinator) -> str | None:
+        """This driver's run guard for the sink's log (:func:`xasink.liveness.ensure_keeper` names it so)."""
+        if self._plan is not None:
+            return self._plan.guard
+        driver = spark_driver_process()
+        if driver is None:
+            return None
+        try:
+            return guard_name(coordinator.journal.log_id(), driver.token)
+        except Exception:  # noqa: BLE001 - no log, or it cannot be read: the abort says what is wrong
+            return None
 
 
 class XasinkDataSource(DataSource):
@@ -449,20 +495,30 @@ class XasinkDataSource(DataSource):
                 raise OptionError(f"option '{TX_URL_OPTION}' is internal to xasink.transaction()")
             return XasinkBatchWriter(options, prepare_tx_write(options, schema, tx), run, tx)
         path = self.options.get(notices.NOTICES_OPTION)
+        given = {k.lower() for k in self.options}
+        query = self.options.get(QUERY_OPTION)
         with _told(path):
             plan = _prepare(options, schema, options.num_partitions)
             run = self._run() or new_run_nonce()
             coordinator = Coordinator(options, shared=True)
             try:
                 with phase("plan.recover", sink=options.sink_id, batch=options.batch_id):
-                    coordinator.check_batch(options.batch_id)  # another target's batch, or one the log forgot
+                    # another target's (or query's) batch, or one the log forgot: refuse now
+                    coordinator.check_batch(options.batch_id, query)
                     # take the batch over here, once, instead of in every task; then finish what earlier runs
                     # decided and roll back their branches of this batch (superseded now, so dead to recovery)
                     claimed = coordinator.claim(options.batch_id, run, plan.guard)
                     coordinator.recover(upto=options.batch_id, run=run)
             finally:
                 coordinator.close()
-        return XasinkBatchWriter(options, replace(plan, claimed=claimed), run, notices_path=path)
+        return XasinkBatchWriter(
+            options,
+            replace(plan, claimed=claimed),
+            run,
+            notices_path=path,
+            sink_without_batch="sinkid" in given and "batchid" not in given,
+            query=str(query) if query is not None else None,
+        )
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> XasinkStreamWriter:  # noqa: N802 - Spark's name
         _worker_logging(logging.INFO)

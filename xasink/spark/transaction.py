@@ -27,7 +27,7 @@ from ..multi import MultiCoordinator
 from ..options import WriteOptions, parse_options
 from ..results import TargetResult, TransactionResult, WriteResult
 from ..xid import MAX_BATCH_ID, valid_sink_id
-from .api import _summary, _unwrap, is_connect, register, shape
+from .api import _summary, _unwrap, is_connect, micro_batch_query, register, shape
 from .datasource import RUN_OPTION
 from .txwrite import TX_GUARD_OPTION, TX_PART_OPTION, TX_URL_OPTION
 
@@ -50,6 +50,8 @@ class Transaction:
         self.journal_url = journal_url
         self.result: TransactionResult | None = None
         self._stream = False  # set by foreach_batch_multi: batch ids are micro-batch ids
+        self._query: str | None = None  # set by foreach_batch_multi: the streaming query's id, when known
+        self._blind = False  # set by foreach_batch_multi under Spark Connect: the query's id may be unknowable
         self._cond = threading.Condition()
         self._mc: MultiCoordinator | None = None
         self._next_part = 0
@@ -84,7 +86,15 @@ class Transaction:
                     )
                 else:
                     log_opts = first
-                self._mc = MultiCoordinator(self.sink_id, self.batch_id, log_opts, stream=self._stream)
+                self._mc = MultiCoordinator(
+                    self.sink_id,
+                    self.batch_id,
+                    log_opts,
+                    stream=self._stream,
+                    fixed=self.journal_url is not None,
+                    query=self._query,
+                    blind=self._blind,
+                )
             return self._mc
 
     def write(self, df: DataFrame, url: str, table: str, **options: Any) -> WriteResult:
@@ -92,7 +102,6 @@ class Transaction:
 
         Its rows become visible only when the block ends without error, together with every other write's.
         """
-        parsed = self._parse(url, table, options)
         with self._cond:
             if self._state != "open":
                 raise errors.XasinkError(f"sink {self.sink_id} transaction {self.batch_id} is not open ({self._state})")
@@ -100,7 +109,8 @@ class Transaction:
             self._next_part += 1
             self._inflight += 1
         t0 = time.perf_counter()
-        try:
+        try:  # every failure from here on fails the block, even one the caller catches (an option error too)
+            parsed = self._parse(url, table, options)
             mc = self._coordinator(parsed)
             if mc.replay:
                 mc.check_replay(parsed)
@@ -173,11 +183,23 @@ class Transaction:
             if mc is None:  # no write reached the log: nothing was prepared, nothing to decide
                 if exc_type is None and self._failed is None:
                     self._finish(False, {})
-                else:
-                    self._state = "rolled back"
+                    return
+                self._state = "rolled back"
+                if exc_type is None:  # a write failed before the log was reached and the block swallowed it
+                    raise errors.BatchAbortedError(
+                        f"sink {self.sink_id} transaction {self.batch_id}: a write failed "
+                        f"({type(self._failed).__name__}) before the decision log was reached, so nothing was "
+                        "written"
+                    ) from self._failed
                 return
             if mc.replay:
                 mc.finish_replay()
+                if exc_type is None and self._failed is not None:  # e.g. a write refused as not a replay, caught
+                    self._state = "refused"
+                    raise errors.BatchAbortedError(
+                        f"sink {self.sink_id} transaction {self.batch_id} was committed before, but a write of this "
+                        f"attempt failed ({type(self._failed).__name__}): it is not a plain replay"
+                    ) from self._failed
                 self._finish(True, {})
                 return
             if exc_type is not None or self._failed is not None:
@@ -214,12 +236,19 @@ def transaction(sink_id: str, batch_id: int, journal_url: str | None = None, **o
 
 
 def foreach_batch_multi(
-    fn: Callable[[DataFrame, int, Transaction], Any], sink_id: str, journal_url: str | None = None, **options: Any
+    fn: Callable[[DataFrame, int, Transaction], Any],
+    sink_id: str,
+    journal_url: str | None = None,
+    checkpoint_location: str | None = None,
+    **options: Any,
 ) -> Callable[[DataFrame, int], TransactionResult | None]:
     """A ``foreachBatch`` function running ``fn(df, epoch_id, tx)`` in one transaction per micro-batch.
 
-    The micro-batch id is the transaction's batch id: a replayed micro-batch writes nothing anywhere, and
-    a micro-batch id below the sink's last decided one (a new or reset checkpoint) is refused.
+    The micro-batch id is the transaction's batch id and the streaming query's id is recorded with it: a
+    replayed micro-batch of the same query writes nothing anywhere; a micro-batch id below the sink's last
+    decided one (a new or reset checkpoint) and a decided batch of another query are refused.  Under Spark
+    Connect the query's id is read from ``checkpoint_location`` (else a decided batch is refused, since a
+    replay cannot be told from another query's batch).
     """
     if not valid_sink_id(sink_id):
         raise errors.OptionError(f"sink_id {sink_id[:60]!r} is invalid: 1 to 32 of A-Z a-z 0-9 _ . -")
@@ -227,6 +256,8 @@ def foreach_batch_multi(
     def run_batch(df: DataFrame, epoch_id: int) -> TransactionResult | None:
         tx = transaction(sink_id, int(epoch_id), journal_url, **options)
         tx._stream = True
+        tx._query = micro_batch_query(df, checkpoint_location)
+        tx._blind = is_connect(df.sparkSession)
         with tx:
             fn(df, int(epoch_id), tx)
         return tx.result

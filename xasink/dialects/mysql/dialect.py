@@ -16,6 +16,7 @@ from ...errors import BranchError
 from ...masking import redact, url_secrets
 from ...xid import FORMAT_ID, Xid
 from ..base import (
+    SHADOW_INDEX_SUFFIX,
     BlockedSession,
     BranchSession,
     Dialect,
@@ -26,9 +27,9 @@ from ..base import (
     set_keepalive,
 )
 from . import errors, health, preflight
-from .errors import BranchBusyError
+from .errors import BranchBusyError, LockBusyError
 from .owner import DETACH_TIMEOUT_S, OWNER_WAIT_S, OwnerWatch
-from .sql import BRANCH_SQL_MODE, SA_DIALECT, errno_of
+from .sql import BRANCH_SQL_MODE, SA_DIALECT, errno_of, quote_ident
 from .xa import ER_XAER_NOTA, foreign_gid, parse_foreign_gid, recovered, xa_literal, xid_literal
 
 if TYPE_CHECKING:  # rows and types only: the driver's commit path never loads pyarrow
@@ -170,6 +171,67 @@ class MySQLDialect(Dialect):
     def check_server(self, conn: Connection, branches: int | None) -> None:
         self.warn_durability(conn)
         preflight.check_server(self, conn)
+
+    index_shadow = True
+    # the apply reads the shadow (INSERT .. SELECT, joins) as a consistent read, locking none of its rows
+    apply_isolation = "READ COMMITTED"
+
+    def clear_shadow(self, conn: Connection, shadow: sa.TableClause, batch: sa.ColumnElement[bool]) -> None:
+        # through the (batch, branch) index, whatever the optimizer would pick: a scan would lock (and wait on)
+        # another run's prepared rows.  The condition holds only a batch id and bquals ([0-9a-f:-]).
+        name = conn.dialect.identifier_preparer.format_table(shadow)
+        index = quote_ident(shadow.name + SHADOW_INDEX_SUFFIX)
+        where = batch.compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True})
+        conn.exec_driver_sql(f"DELETE {name} FROM {name} FORCE INDEX ({index}) WHERE {where}")
+
+    def lock_apply(self, conn: Connection, name: str) -> None:
+        # GET_LOCK outlives the transaction: unlock_apply releases it (or the session's end does)
+        timeout = int(self.settings.control_lock_timeout) or 365 * 86400
+        got = conn.execute(sa.text("SELECT GET_LOCK(:n, :t)"), {"n": name, "t": timeout}).scalar()
+        if got != 1:
+            raise LockBusyError(f"the apply lock {name} was not granted within {timeout} s: another apply runs")
+
+    def unlock_apply(self, conn: Connection, name: str) -> None:
+        conn.execute(sa.text("SELECT RELEASE_LOCK(:n)"), {"n": name})
+
+    def referencing_tables(self, conn: Connection, schema: str | None, table: str) -> list[str]:
+        rows = conn.execute(
+            sa.text(
+                "SELECT DISTINCT TABLE_SCHEMA, TABLE_NAME FROM information_schema.KEY_COLUMN_USAGE "
+                "WHERE REFERENCED_TABLE_SCHEMA = COALESCE(:s, DATABASE()) AND REFERENCED_TABLE_NAME = :t "
+                "AND NOT (TABLE_SCHEMA = REFERENCED_TABLE_SCHEMA AND TABLE_NAME = REFERENCED_TABLE_NAME) "
+                "ORDER BY 1, 2"
+            ),
+            {"s": schema, "t": table},
+        ).fetchall()
+        here = conn.execute(sa.text("SELECT DATABASE()")).scalar()
+        return [str(r[1]) if r[0] == here else f"{r[0]}.{r[1]}" for r in rows]
+
+    def delete_missing(
+        self,
+        conn: Connection,
+        target: sa.TableClause,
+        keys: list[str],
+        batch: sa.Select[Any],
+        scope: sa.ColumnElement[bool],
+    ) -> None:
+        # DELETE t FROM t LEFT JOIN (the batch's keys) ON .. WHERE no match: the derived table is materialized
+        # with a key (NOT EXISTS / NOT IN would scan the shadow once per row of the target: 100k rows, minutes).
+        # SQLAlchemy has no multi-table DELETE with an outer join: the statement is its SELECT's text.
+        kept = batch.subquery("xasink_kept_")
+        cols = list(kept.c)
+        on = sa.and_(*(col == target.c[k] for col, k in zip(cols, keys, strict=True)))
+        gone = sa.and_(cols[0].is_(None), scope)
+        probe: sa.Select[Any] = sa.select(sa.literal_column("1")).select_from(target.outerjoin(kept, on)).where(gone)
+        compiled = probe.compile(dialect=conn.dialect, compile_kwargs={"render_postcompile": True})
+        params: Any = compiled.params
+        if compiled.positional:
+            params = tuple(params[k] for k in compiled.positiontup or ())
+        head = "SELECT 1 \nFROM "
+        text = str(compiled)
+        assert text.startswith(head), text
+        name = conn.dialect.identifier_preparer.format_table(target)
+        conn.exec_driver_sql(f"DELETE {name} FROM {text[len(head) :]}", params)
 
     def upsert_from_select(
         self,

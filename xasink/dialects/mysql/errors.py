@@ -88,6 +88,10 @@ class BranchBusyError(XasinkError):
     """A prepared branch is still attached to its owner's session; finishing it must wait (transient)."""
 
 
+class LockBusyError(BranchBusyError):
+    """GET_LOCK was not granted within controlLockTimeout (it answers 0, not an error): transient, as 1205."""
+
+
 def classify(exc: BaseException) -> ErrorKind:
     code = errno_of(exc)
     if code == ER_XAER_NOTA:

@@ -338,6 +338,21 @@ class PostgresDialect(Dialect):
         name = conn.dialect.identifier_preparer.format_table(sa.table(table, schema=schema))
         conn.exec_driver_sql(f"LOCK TABLE {name} IN SHARE ROW EXCLUSIVE MODE")
 
+    def lock_apply(self, conn: Connection, name: str) -> None:
+        # released with the transaction; a wait past lock_timeout (controlLockTimeout) is 55P03, transient
+        conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": advisory_key(name)})
+
+    def referencing_tables(self, conn: Connection, schema: str | None, table: str) -> list[str]:
+        name = conn.dialect.identifier_preparer.format_table(sa.table(table, schema=schema))
+        rows = conn.execute(
+            sa.text(
+                "SELECT DISTINCT conrelid::regclass::text FROM pg_constraint "
+                "WHERE contype = 'f' AND confrelid = CAST(:t AS regclass) AND conrelid <> confrelid ORDER BY 1"
+            ),
+            {"t": name},
+        ).fetchall()
+        return [str(r[0]) for r in rows]
+
     def clear_shadow(self, conn: Connection, shadow: sa.TableClause, batch: sa.ColumnElement[bool]) -> None:
         # TRUNCATE when the shadow holds nothing else and no other session has it open (a branch of a run
         # still preparing): no dead rows for VACUUM, ~0.5 s less per million rows; else DELETE the batch's rows
