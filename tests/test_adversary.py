@@ -11,12 +11,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
 from tests.scenarios.driver import _Phase, arrow_schema, record_batch, write
-from tests.targets import POSTGRESQL, Target
+from tests.targets import MARIADB, POSTGRESQL, Target, case
+from xasink.apply import apply_lock_name, spec_for
 from xasink.branch import write_partition
 from xasink.coordinator import Coordinator
+from xasink.errors import CommitIncompleteError
 from xasink.liveness import InProcessGuard
 from xasink.options import parse_options
 from xasink.schema import plan_target
@@ -185,3 +188,50 @@ def decided_while_recovery_waits(db: Target, monkeypatch: pytest.MonkeyPatch) ->
     assert decision is not None  # A decided
     assert "error" not in result, repr(result.get("error"))
     assert db.rows(table) == [(1, "a"), (2, "b")], report
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="adversary: MariaDB's apply lock not granted raises LockBusyError, not CommitIncompleteError, and "
+    "recovery does not count it as unfinished",
+)
+@pytest.mark.parametrize("db", [case(MARIADB)], indirect=True)
+def test_apply_lock_held_past_the_commit_timeout_says_the_batch_is_decided(db: Target) -> None:
+    """Another apply of the same sink and target holds the apply lock past commitTimeout: the batch is
+    decided, so the writer must be told so (CommitIncompleteError: recovery finishes it), and a recovery
+    meanwhile reports the batch unfinished instead of failing the whole pass with it."""
+    table = db.new_table()
+    db.create_table(table, "id int PRIMARY KEY, name varchar(40), seq bigint")
+    sink = f"adv-{uuid.uuid4().hex[:8]}"
+    options = {**change_data_options(db, table, sink, 1), "commitTimeout": 3, "controlLockTimeout": 1}
+    opts = parse_options(options)
+    c = Coordinator(opts)
+    try:
+        c.preflight(1)
+        source = pa.schema([f for f in arrow_schema(True) if f.name != "is_delete"])
+        with c.dialect.connect() as conn:
+            plan = plan_target(c.dialect, conn, opts, source)
+        lock = apply_lock_name(spec_for(opts, plan, c.journal.log_id()))
+    finally:
+        c.close()
+    with db.connect() as holder, holder.cursor() as cur:
+        cur.execute("SELECT GET_LOCK(%s, 0)", (lock,))
+        with pytest.raises(CommitIncompleteError):
+            write(
+                {"options": options, "save_mode": "append", "partitions": [[[1, "a", 5, False]]]},
+                lambda **_: None,
+                _Phase(),
+            )
+        r = Coordinator(opts)
+        try:
+            report = r.recover()
+        finally:
+            r.close()
+        assert 1 in report.unfinished
+        cur.execute("SELECT RELEASE_LOCK(%s)", (lock,))
+    r = Coordinator(opts)
+    try:
+        assert 1 in r.recover().finished_batches
+    finally:
+        r.close()
+    assert db.rows(table) == [(1, "a", 5)]
