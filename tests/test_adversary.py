@@ -190,11 +190,6 @@ def decided_while_recovery_waits(db: Target, monkeypatch: pytest.MonkeyPatch) ->
     assert db.rows(table) == [(1, "a"), (2, "b")], report
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="adversary: MariaDB's apply lock not granted raises LockBusyError, not CommitIncompleteError, and "
-    "recovery does not count it as unfinished",
-)
 @pytest.mark.parametrize("db", [case(MARIADB)], indirect=True)
 def test_apply_lock_held_past_the_commit_timeout_says_the_batch_is_decided(db: Target) -> None:
     """Another apply of the same sink and target holds the apply lock past commitTimeout: the batch is

@@ -77,9 +77,12 @@ def apply_decided(c: Coordinator, batch_id: int, spec: ApplySpec, commit_ms: int
             return  # another run applied it meanwhile: its rows are visible
         raise
     except Exception as exc:
-        if not isinstance(exc, sa.exc.DBAPIError):
+        server = isinstance(exc, sa.exc.DBAPIError)
+        if not server and not c._transient(exc):
             raise  # not the server's answer: nothing proves the rows wrong, the batch stays decided
-        if dialect.classify(exc) != ErrorKind.ROWS:
+        # a transient error of xasink's own (the apply lock not granted, no connection) is not about the rows
+        # either: the writer is told the batch is decided, and recovery counts it unfinished
+        if not server or dialect.classify(exc) != ErrorKind.ROWS:
             # not about the rows: the batch stays decided and is only ever finished forward
             within = f"within commitTimeout ({c.options.commit_timeout} s: " if c._transient(exc) else "("
             raise CommitIncompleteError(
