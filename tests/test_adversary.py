@@ -16,10 +16,10 @@ import pytest
 
 from tests.scenarios.driver import _Phase, arrow_schema, record_batch, write
 from tests.targets import MARIADB, POSTGRESQL, Target, case
-from xasink.apply import apply_lock_name, spec_for
+from xasink.apply import apply_lock_name, shadow_plan, spec_for
 from xasink.branch import write_partition
 from xasink.coordinator import Coordinator
-from xasink.errors import CommitIncompleteError
+from xasink.errors import ApplyError, CommitIncompleteError
 from xasink.liveness import InProcessGuard
 from xasink.options import parse_options
 from xasink.schema import plan_target
@@ -230,3 +230,71 @@ def test_apply_lock_held_past_the_commit_timeout_says_the_batch_is_decided(db: T
     finally:
         r.close()
     assert db.rows(table) == [(1, "a", 5)]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="adversary: a recovery that read a batch as pending before the driver withdrew it marks it "
+    "committed and fails with JournalError ('deleted by something other than xasink')",
+)
+def test_recovery_of_a_batch_withdrawn_meanwhile_is_not_a_journal_error(
+    db: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The driver's apply fails on a constraint (ROWS) and its withdrawal waits for the sink lock; a recovery
+    reads the batch as pending, then waits for the same lock (an orphan of the sink is prepared).  The
+    withdrawal goes first: the recovery must find the batch withdrawn (nothing to finish), not report the
+    log as changed behind xasink's back and fail its pass."""
+    table = db.new_table()
+    db.create_table(
+        table, "id int PRIMARY KEY, name varchar(40), seq bigint, CONSTRAINT adv_no_bad CHECK (name <> 'bad')"
+    )
+    sink = f"adv-{uuid.uuid4().hex[:8]}"
+    options = change_data_options(db, table, sink, 1)
+    opts = parse_options(options)
+    monkeypatch.setenv("XASINK_FAULT", "driver.after_commits:sleep=4")
+    t, result = in_thread({"options": options, "save_mode": "append", "partitions": [[[1, "bad", 5, False]]]})
+    time.sleep(1.5)  # decided, sleeping before the apply
+    c = Coordinator(opts)
+    try:  # an orphan of the sink, made now (the writer's planning recovery would roll it back)
+        with c.dialect.connect() as conn:
+            plan = plan_target(
+                c.dialect, conn, opts, pa.schema([f for f in arrow_schema(True) if f.name != "is_delete"])
+            )
+            apply = spec_for(opts, plan, c.journal.log_id())
+        write_partition(
+            opts,
+            shadow_plan(plan, apply, "is_delete"),
+            batch_id=5,
+            partition=0,
+            task_attempt_id=0,
+            run=new_run_nonce(),
+            batches=[record_batch([[7, "x", 1, False]], arrow_schema(True))],
+            log_id=c.journal.log_id(),
+        )
+    finally:
+        c.close()
+    report: dict[str, Any] = {}
+    r = Coordinator(opts)
+
+    def recover() -> None:
+        try:
+            report["ok"] = r.recover()
+        except Exception as exc:  # noqa: BLE001 - the outcome is what is checked
+            report["error"] = exc
+
+    with db.connect() as lock, lock.cursor() as cur:
+        cur.execute("BEGIN")
+        cur.execute(f"SELECT sink_id FROM {db.q('xasink_sinks')} WHERE sink_id = %s FOR UPDATE", (sink,))
+        time.sleep(4)  # the apply failed on the check; the withdrawal waits for the sink lock
+        monkeypatch.delenv("XASINK_FAULT")
+        tr = threading.Thread(target=recover)
+        tr.start()
+        time.sleep(1.5)  # the recovery read batch 1 as pending and waits for the sink lock too
+        cur.execute("COMMIT")
+    t.join(60)
+    tr.join(60)
+    r.close()
+    assert isinstance(result.get("error"), ApplyError), result
+    assert db.decision(sink, 1) is None  # withdrawn
+    assert db.rows(table) == []
+    assert "error" not in report, repr(report.get("error"))
