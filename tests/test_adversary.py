@@ -232,11 +232,6 @@ def test_apply_lock_held_past_the_commit_timeout_says_the_batch_is_decided(db: T
     assert db.rows(table) == [(1, "a", 5)]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="adversary: a recovery that read a batch as pending before the driver withdrew it marks it "
-    "committed and fails with JournalError ('deleted by something other than xasink')",
-)
 def test_recovery_of_a_batch_withdrawn_meanwhile_is_not_a_journal_error(
     db: Target, monkeypatch: pytest.MonkeyPatch
 ) -> None:
