@@ -73,12 +73,16 @@ def apply_decided(c: Coordinator, batch_id: int, spec: ApplySpec, commit_ms: int
                 )
             log.info("sink %s batch %s was applied already (by a recovery run)", c.sink_id, batch_id)
     except ApplyError as exc:
-        withdraw_decision(c, batch_id, spec, str(exc))
+        if not withdraw_decision(c, batch_id, spec, str(exc)):
+            return  # another run applied it meanwhile: its rows are visible
         raise
     except Exception as exc:
-        if not isinstance(exc, sa.exc.DBAPIError):
+        server = isinstance(exc, sa.exc.DBAPIError)
+        if not server and not c._transient(exc):
             raise  # not the server's answer: nothing proves the rows wrong, the batch stays decided
-        if dialect.classify(exc) != ErrorKind.ROWS:
+        # a transient error of xasink's own (the apply lock not granted, no connection) is not about the rows
+        # either: the writer is told the batch is decided, and recovery counts it unfinished
+        if not server or dialect.classify(exc) != ErrorKind.ROWS:
             # not about the rows: the batch stays decided and is only ever finished forward
             within = f"within commitTimeout ({c.options.commit_timeout} s: " if c._transient(exc) else "("
             raise CommitIncompleteError(
@@ -88,7 +92,8 @@ def apply_decided(c: Coordinator, batch_id: int, spec: ApplySpec, commit_ms: int
                 "finishes it once that is fixed; no row is lost or doubled."
             ) from exc
         reason = c._describe(exc)
-        withdraw_decision(c, batch_id, spec, reason)
+        if not withdraw_decision(c, batch_id, spec, reason):
+            return  # another run applied it meanwhile: its rows are visible
         raise ApplyError(
             f"sink {c.sink_id} batch {batch_id}: could not {spec.describe()}: {reason}. The table keeps "
             "its old rows and nothing of this batch is visible; fix the data (or the table) and run it again"
@@ -108,10 +113,23 @@ def _unlock(dialect: Dialect, conn: Connection, lock: str) -> None:
             pass
 
 
-def withdraw_decision(c: Coordinator, batch_id: int, spec: ApplySpec, reason: str) -> None:
-    """Withdraw a decision whose apply can never succeed: its rows only ever reached the shadow."""
+def withdraw_decision(c: Coordinator, batch_id: int, spec: ApplySpec, reason: str) -> bool:
+    """Withdraw a decision whose apply can never succeed: its rows only ever reached the shadow.
+
+    False when there was nothing to withdraw because another run (a recovery) applied the batch and marked it
+    committed between this run's failed apply and the sink lock: its rows are visible, so saying "nothing of
+    this batch is visible" would be false (DESIGN invariant 11)."""
     with c.journal.locked(c.sink_id) as conn:
         decided = c.journal.get(conn, c.sink_id, batch_id)
+        if decided is not None and decided.committed:
+            log.warning(
+                "sink %s batch %s: this run's apply failed (%s), but another run applied it meanwhile",
+                c.sink_id,
+                batch_id,
+                reason,
+            )
+            return False
         if decided is not None and c.journal.withdraw(conn, c.sink_id, batch_id):
             withdraw(c.journal.dialect, conn, spec, batch_id, decided_branches(conn, spec, decided.xids))
     log.warning("sink %s batch %s: decision withdrawn, nothing of it is visible (%s)", c.sink_id, batch_id, reason)
+    return True

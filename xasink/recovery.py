@@ -191,7 +191,11 @@ def _finish_pending(c: Coordinator, report: RecoveryReport, pending: list[BatchR
                 continue  # a single table's batch of the log's own database: finished from there
             report.committed += c._commit_branches(record.xids)
             with c.journal.dialect.connect() as conn:
-                spec = ApplySpec.from_target(c.journal.recorded_target(conn, c.sink_id, record.batch_id))
+                decided, target = c.journal.target_of(conn, c.sink_id, record.batch_id)
+                if not decided:  # withdrawn since this pass read it (its apply met wrong rows): nothing to finish
+                    log.info("sink %s batch %s was withdrawn meanwhile by another run", c.sink_id, record.batch_id)
+                    continue
+                spec = ApplySpec.from_target(target)
                 if spec is None:
                     c.journal.mark_committed(conn, c.sink_id, record.batch_id, None)
             if spec is not None:

@@ -64,6 +64,10 @@ class PostgresDialect(Dialect):
         # control transactions flush their commit unless one says otherwise (relaxed_commit); a session's
         # startup setting outranks the server's file and a reload, so the decision needs no SET of its own
         ours = "-c synchronous_commit=on"
+        # every read under the sink lock must see what committed before the lock was granted: under a
+        # REPEATABLE READ or SERIALIZABLE default (server, database or role) the snapshot is the lock
+        # statement's start, older than a decision that held the lock meanwhile
+        ours += " -c default_transaction_isolation=read\\ committed"
         timeout_ms = int(self.settings.control_lock_timeout) * 1000
         if timeout_ms:  # a lock wait ends in SQLSTATE 55P03, transient: the step is retried, never hangs
             ours += f" -c lock_timeout={timeout_ms}"
