@@ -250,11 +250,6 @@ def found_multi() -> list[MultiSchedule]:
     return [s for s in kept if s.name == one] if one else kept
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="FOUND.md 5: without journal_url, concurrent runs of one multi-target batch with the writes in the other "
-    "order decide in two logs and write the batch twice (open; the lead decides the fix)",
-)
 def test_scenarios_found_multi(pg_url: str, mariadb_url: str, tmp_path: Path) -> None:
     """The multi-target schedules kept because they found bugs, exactly as written there."""
     chosen = found_multi()
