@@ -279,10 +279,10 @@ def test_oracle_rejects_a_skip_for_another_query() -> None:
     assert model.check(s, skipped, with_keys(INIT, k1="w0"), [], True, CHILD, 0) == []
 
 
-def multi_schedule(*writers: tuple[str, int, str | None]) -> MultiSchedule:
+def multi_schedule(*writers: tuple[str, int, str | None], log: str = "pg") -> MultiSchedule:
     return MultiSchedule(
         0,
-        "none",
+        log,
         [
             MultiWriter(label, batch, {"pg": [[(i, label)]], "maria": [[(100 + i, label)]]}, ["pg", "maria"], None, 0.0)
             for i, (label, batch, _) in enumerate(writers)
@@ -305,3 +305,11 @@ def test_multi_oracle() -> None:
     s.writers[0].query, s.writers[1].query = "qA", "qB"
     assert any("new checkpoint" in v for v in check_multi(s, ok, both, [], [0]))
     assert any("left prepared" in v for v in check_multi(s, ok, both, ["xasink:x"], [0]))
+    # without journal_url every run is refused (FOUND.md 5): told OptionError, nothing of it on the targets
+    none = multi_schedule(("w0", 1, None), ("w1", 1, None), log="none")
+    none.writers[1].order = ["maria", "pg"]
+    refused = {w: model.Told("error", 0, 1, "OptionError XasinkError", phase="tasks") for w in ("w0", "w1")}
+    assert check_multi(none, refused, {"pg": [], "maria": []}, [], [0]) == []
+    assert any("must be refused" in v for v in check_multi(none, ok, both, [], [0]))
+    other = {**refused, "w1": model.Told("error", 0, 1, "RuntimeError", phase="tasks")}
+    assert any("must be refused" in v for v in check_multi(none, other, {"pg": [], "maria": []}, [], [0]))
