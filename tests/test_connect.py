@@ -265,7 +265,7 @@ def visible(target: Target, table: str) -> list[tuple[Any, ...]]:
 def test_transaction_two_databases_commit_together(connect: SparkSession, both: tuple[Target, Target]) -> None:
     pg, maria = both
     orders, events, sink = pg.new_table(), maria.new_table(), new_sink()
-    with xasink.transaction(sink_id=sink, batch_id=7) as tx:
+    with xasink.transaction(sink_id=sink, batch_id=7, journal_url=maria.url) as tx:
         first = tx.write(frame(connect, 0, 30, 3), pg.url, orders, **credentials(pg))
         tx.write(frame(connect, 100, 110, 2), maria.url, events)
         # prepared on both, visible on neither
@@ -275,11 +275,11 @@ def test_transaction_two_databases_commit_together(connect: SparkSession, both: 
     assert pg.rows(orders) == expected(range(30))
     assert maria.rows(events) == expected(range(100, 110))
     assert tx.result is not None and not tx.result.skipped and tx.result.rows == 40
-    decided = pg.decision(sink, 7)  # the log is in the first write's database; it lists MariaDB's branches too
+    decided = maria.decision(sink, 7)  # the log is journal_url's; it lists PostgreSQL's branches too
     assert decided is not None and decided.state == "committed" and decided.branches == 5
     assert pg.prepared(sink) == [] and maria.prepared(sink) == []
     # the same transaction again, other rows: a replay writes nothing anywhere
-    with xasink.transaction(sink_id=sink, batch_id=7) as tx:
+    with xasink.transaction(sink_id=sink, batch_id=7, journal_url=maria.url) as tx:
         tx.write(frame(connect, 500, 530, 3), pg.url, orders, **credentials(pg))
         tx.write(frame(connect, 500, 510, 2), maria.url, events)
     assert tx.result is not None and tx.result.skipped

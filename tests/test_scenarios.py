@@ -250,11 +250,6 @@ def found_multi() -> list[MultiSchedule]:
     return [s for s in kept if s.name == one] if one else kept
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="FOUND.md 5: without journal_url, concurrent runs of one multi-target batch with the writes in the other "
-    "order decide in two logs and write the batch twice (open; the lead decides the fix)",
-)
 def test_scenarios_found_multi(pg_url: str, mariadb_url: str, tmp_path: Path) -> None:
     """The multi-target schedules kept because they found bugs, exactly as written there."""
     chosen = found_multi()
@@ -284,10 +279,10 @@ def test_oracle_rejects_a_skip_for_another_query() -> None:
     assert model.check(s, skipped, with_keys(INIT, k1="w0"), [], True, CHILD, 0) == []
 
 
-def multi_schedule(*writers: tuple[str, int, str | None]) -> MultiSchedule:
+def multi_schedule(*writers: tuple[str, int, str | None], log: str = "pg") -> MultiSchedule:
     return MultiSchedule(
         0,
-        "none",
+        log,
         [
             MultiWriter(label, batch, {"pg": [[(i, label)]], "maria": [[(100 + i, label)]]}, ["pg", "maria"], None, 0.0)
             for i, (label, batch, _) in enumerate(writers)
@@ -310,3 +305,11 @@ def test_multi_oracle() -> None:
     s.writers[0].query, s.writers[1].query = "qA", "qB"
     assert any("new checkpoint" in v for v in check_multi(s, ok, both, [], [0]))
     assert any("left prepared" in v for v in check_multi(s, ok, both, ["xasink:x"], [0]))
+    # without journal_url every run is refused (FOUND.md 5): told OptionError, nothing of it on the targets
+    none = multi_schedule(("w0", 1, None), ("w1", 1, None), log="none")
+    none.writers[1].order = ["maria", "pg"]
+    refused = {w: model.Told("error", 0, 1, "OptionError XasinkError", phase="tasks") for w in ("w0", "w1")}
+    assert check_multi(none, refused, {"pg": [], "maria": []}, [], [0]) == []
+    assert any("must be refused" in v for v in check_multi(none, ok, both, [], [0]))
+    other = {**refused, "w1": model.Told("error", 0, 1, "RuntimeError", phase="tasks")}
+    assert any("must be refused" in v for v in check_multi(none, other, {"pg": [], "maria": []}, [], [0]))

@@ -78,7 +78,7 @@ def three_tables(pgt: Target, maria: Target) -> tuple[str, str, str]:
 
 def test_three_tables_two_databases_commit_together(spark, pgt, maria, sink):  # type: ignore[no-untyped-def]
     orders, lines, events = three_tables(pgt, maria)
-    with xasink.transaction(sink_id=sink, batch_id=7) as tx:
+    with xasink.transaction(sink_id=sink, batch_id=7, journal_url=pgt.url) as tx:
         r1 = tx.write(frame(spark, 0, 10), pgt.url, orders)
         tx.write(frame(spark, 100, 120), pgt.url, lines, upsertKeyColumns="id")
         tx.write(frame(spark, 200, 205), maria.url, events)
@@ -90,13 +90,13 @@ def test_three_tables_two_databases_commit_together(spark, pgt, maria, sink):  #
     assert tx.result is not None and not tx.result.skipped
     assert [(t.table, t.rows) for t in tx.result.targets] == [(orders, 10), (lines, 20), (events, 5)]
     assert tx.result.rows == 35
-    # the decision log is in the first write's database: one decided row, committed
+    # the decision log is in journal_url's database: one decided row, committed
     (state,) = pgt.execute("SELECT state FROM xasink_batches WHERE sink_id = %s AND batch_id = 7", sink)
     assert state == ("committed",)
     assert_clean(sink, pgt, maria)
 
     # the same transaction again: a replay writes nothing anywhere
-    with xasink.transaction(sink_id=sink, batch_id=7) as tx2:
+    with xasink.transaction(sink_id=sink, batch_id=7, journal_url=pgt.url) as tx2:
         r = tx2.write(frame(spark, 0, 10), pgt.url, orders)
         tx2.write(frame(spark, 100, 120), pgt.url, lines, upsertKeyColumns="id")
         tx2.write(frame(spark, 200, 205), maria.url, events)
@@ -108,7 +108,7 @@ def test_three_tables_two_databases_commit_together(spark, pgt, maria, sink):  #
 def test_a_failure_in_the_last_write_rolls_back_every_write(spark, pgt, maria, sink):  # type: ignore[no-untyped-def]
     orders, lines, events = three_tables(pgt, maria)
     spark.conf.set("spark.sql.ansi.enabled", "true")
-    with pytest.raises(xasink.XasinkError), xasink.transaction(sink_id=sink, batch_id=1) as tx:
+    with pytest.raises(xasink.XasinkError), xasink.transaction(sink_id=sink, batch_id=1, journal_url=pgt.url) as tx:
         tx.write(frame(spark, 0, 10), pgt.url, orders)
         tx.write(frame(spark, 100, 120), maria.url, events)
         tx.write(failing(spark, 200, 210), pgt.url, lines)
@@ -116,7 +116,7 @@ def test_a_failure_in_the_last_write_rolls_back_every_write(spark, pgt, maria, s
     assert pgt.execute("SELECT count(*) FROM xasink_batches WHERE sink_id = %s", sink) == [(0,)]
     assert_clean(sink, pgt, maria)
     # the same batch id runs again and commits: nothing of the failed attempt counts
-    with xasink.transaction(sink_id=sink, batch_id=1) as tx:
+    with xasink.transaction(sink_id=sink, batch_id=1, journal_url=pgt.url) as tx:
         tx.write(frame(spark, 0, 10), pgt.url, orders)
         tx.write(frame(spark, 100, 120), maria.url, events)
     assert rows(pgt, orders) == expect(0, 10) and rows(maria, events) == expect(100, 120)
@@ -184,7 +184,7 @@ def test_foreach_batch_multi_replayed_micro_batch_writes_nothing(spark, pgt, mar
         tx.write(df, pgt.url, orders)
         tx.write(df, maria.url, events)
 
-    fn = xasink.foreach_batch_multi(both, sink_id=sink)
+    fn = xasink.foreach_batch_multi(both, sink_id=sink, journal_url=pgt.url)
     first = fn(frame(spark, 0, 4), 0)
     assert first is not None and not first.skipped and first.rows == 8
     again = fn(frame(spark, 0, 4), 0)  # Spark replays batch 0 after a crash before its commit file
@@ -196,7 +196,7 @@ def test_foreach_batch_multi_replayed_micro_batch_writes_nothing(spark, pgt, mar
 
 def test_recovery_during_the_block_leaves_the_live_transaction_alone(spark, pgt, maria, sink):  # type: ignore[no-untyped-def]
     orders, _, events = three_tables(pgt, maria)
-    with xasink.transaction(sink_id=sink, batch_id=8) as tx:
+    with xasink.transaction(sink_id=sink, batch_id=8, journal_url=pgt.url) as tx:
         tx.write(frame(spark, 0, 10), pgt.url, orders)
         tx.write(frame(spark, 0, 4), maria.url, events)
         before = (sorted(pgt.prepared(sink)), sorted(maria.prepared(sink)))
@@ -266,7 +266,7 @@ def test_foreach_batch_multi_in_a_stream_replayed_by_spark_writes_nothing_anywhe
         tx.write(df, pgt.url, orders)
         tx.write(df, maria.url, events)
 
-    fn = xasink.foreach_batch_multi(both, sink_id=sink)
+    fn = xasink.foreach_batch_multi(both, sink_id=sink, journal_url=pgt.url)
 
     def run() -> None:
         query = (
@@ -296,7 +296,7 @@ def test_foreach_batch_multi_refuses_a_reset_checkpoint(spark, pgt, maria, sink)
         tx.write(df, pgt.url, orders)
         tx.write(df, maria.url, events)
 
-    fn = xasink.foreach_batch_multi(both, sink_id=sink)
+    fn = xasink.foreach_batch_multi(both, sink_id=sink, journal_url=pgt.url)
     fn(frame(spark, 0, 4), 0)
     fn(frame(spark, 4, 8), 1)
     with pytest.raises(xasink.OptionError, match="has already decided batch 1, but Spark is committing batch 0"):
@@ -311,7 +311,7 @@ def test_cli_status_lists_the_targets_and_recover_takes_journal_url(  # type: ig
     from xasink import cli
 
     orders, _, events = three_tables(pgt, maria)
-    with xasink.transaction(sink_id=sink, batch_id=12) as tx:
+    with xasink.transaction(sink_id=sink, batch_id=12, journal_url=pgt.url) as tx:
         tx.write(frame(spark, 0, 3), pgt.url, orders)
         tx.write(frame(spark, 0, 2), maria.url, events)
     capsys.readouterr()
@@ -356,23 +356,30 @@ def test_a_write_failed_before_the_log_was_reached_and_caught_still_fails_the_bl
     assert_clean(sink, pgt, maria)
 
 
-def test_without_journal_url_a_replay_whose_writes_come_in_another_order_is_not_decided_elsewhere(  # type: ignore[no-untyped-def]
+def test_without_journal_url_a_transaction_over_two_databases_is_refused_at_its_second_database(  # type: ignore[no-untyped-def]
     spark, pgt, maria, sink
 ):
+    """FOUND.md 5: without journal_url the log would be the first write's database, chosen by the order of
+    writes, and two runs in the other order would each decide the batch in their own log (written twice).
+    The write reaching a second database is refused before it does anything; the first write is rolled back."""
     orders, events = pgt.new_table(), maria.new_table()
-    pgt.keyed_table(orders, primary_key=False)  # keyless: rows written twice show as duplicates
+    pgt.keyed_table(orders, primary_key=False)
     maria.keyed_table(events, primary_key=False)
-    order = [(pgt.url, orders), (maria.url, events)]
-
-    def both(df: DataFrame, epoch_id: int, tx: Any) -> None:
-        for url, table in order:  # two threads, or a redeploy, may run them in either order
-            tx.write(df, url, table)
-
-    fn = xasink.foreach_batch_multi(both, sink_id=sink)
-    fn(frame(spark, 0, 4), 0)  # decided in PostgreSQL's log, the database written first
-    order.reverse()
-    # Spark replays batch 0 (a crash before its commit file): MariaDB's log has never seen batch 0
-    with pytest.raises(xasink.OptionError, match="journal_url"):
-        fn(frame(spark, 0, 4), 0)
-    assert rows(pgt, orders) == expect(0, 4) and rows(maria, events) == expect(0, 4)
+    for first, second, batch in (((pgt, orders), (maria, events), 0), ((maria, events), (pgt, orders), 1)):
+        with pytest.raises(xasink.OptionError, match="Pass journal_url"):
+            with xasink.transaction(sink_id=sink, batch_id=batch) as tx:
+                tx.write(frame(spark, 0, 4), first[0].url, first[1])
+                tx.write(frame(spark, 0, 4), second[0].url, second[1])
+        assert rows(pgt, orders) == [] and rows(maria, events) == []
+        assert_clean(sink, pgt, maria)
+        for t in (pgt, maria):
+            if t.table_exists("xasink_batches"):
+                assert t.execute("SELECT count(*) FROM xasink_batches WHERE sink_id = %s", sink) == [(0,)]
+    # several tables of one database need no journal_url: the log is that database
+    lines = pgt.new_table()
+    pgt.keyed_table(lines, primary_key=False)
+    with xasink.transaction(sink_id=sink, batch_id=2) as tx:
+        tx.write(frame(spark, 0, 4), pgt.url, orders)
+        tx.write(frame(spark, 10, 12), pgt.url, lines)
+    assert rows(pgt, orders) == expect(0, 4) and rows(pgt, lines) == expect(10, 12)
     assert_clean(sink, pgt, maria)

@@ -63,8 +63,8 @@ class MultiCoordinator:
     ) -> None:
         """``stream``: the batch id is a micro-batch id, so one below the sink's last decided batch means a
         new or reset checkpoint (its batches would be skipped as replays): refused.  ``fixed``: the caller
-        named the log (journal_url); else it is the first write's database, and every other database written
-        is checked for decisions of this sink (:meth:`_check_log_home`).  ``query``: the streaming query's id,
+        named the log (journal_url); else it is the first write's database, and a write into any other
+        database is refused (:meth:`_refuse_unfixed_log`).  ``query``: the streaming query's id,
         recorded with the decision; a decided micro-batch of another query, or of one whose id is unknown
         (``blind``: Spark Connect, where the function cannot learn it), is refused, not skipped."""
         self.sink_id = sink_id
@@ -154,30 +154,25 @@ class MultiCoordinator:
                 )
                 found = TargetDb(opts, self.journal)
                 if not self.fixed and found.server != self.log_server:
-                    try:
-                        self._check_log_home(found, opts)
-                    except BaseException:
-                        found.coordinator.close()
-                        raise
+                    found.coordinator.close()
+                    self._refuse_unfixed_log(found)
                 self.targets[key] = found
             return found
 
-    def _check_log_home(self, db: TargetDb, options: WriteOptions) -> None:
+    def _refuse_unfixed_log(self, db: TargetDb) -> None:
         """Without journal_url the log is the database written first, which the order of writes (threads, a
-        redeploy) may change from one run to the next: a replay would then be decided in a log that never saw
-        the batch, and written twice.  So a sink's log is the one that holds its decisions: a write into
-        another database whose own log holds decisions of this sink is refused (pass journal_url)."""
-        home = Journal(db.coordinator.dialect, self.log_options.journal_schema, self.log_options.journal_prefix)
-        with db.coordinator.dialect.connect(autocommit=True) as conn:  # reads only
-            last = home.last_batch_id(conn, self.sink_id) if home.exists(conn) else None
-        if last is not None:
-            raise OptionError(
-                f"sink {self.sink_id}: its decision log is in database {db.server} (it decided batch {last} there), "
-                f"but this transaction's first write went to {self.log_server} and opened the log there: a replay "
-                "would not be recognized. Pass journal_url (the database holding the sink's log) to "
-                "xasink.transaction / foreach_batch_multi; it is needed whenever the writes span several "
-                "databases and their order may change (threads, a redeploy). Nothing of this batch was written."
-            )
+        redeploy) may change from one run to the next: two runs of one batch would then claim and decide it
+        in two logs, each unaware of the other, and both commit.  A sink's log must be fixed, never chosen by
+        the order of writes, so a transaction spanning several databases must name it."""
+        raise OptionError(
+            f"sink {self.sink_id} batch {self.batch_id}: this write goes to database {db.server}, but the "
+            f"transaction's decision log was opened in {self.log_server} by its first write: without "
+            "journal_url a transaction over several databases would choose its log by the order of its writes, "
+            "and a replay or a concurrent run writing in another order would not be recognized. Pass journal_url "
+            "(the database that holds this sink's decision log) to xasink.transaction / foreach_batch_multi, so "
+            "the log is fixed and not chosen by the order of writes. Nothing of this write was done; the "
+            "transaction is rolled back."
+        )
 
     def check_replay(self, options: WriteOptions) -> None:
         """A write of a replayed transaction: its table must be among those the transaction wrote."""

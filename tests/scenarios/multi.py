@@ -3,7 +3,8 @@ batch into a table on PostgreSQL and a table on MariaDB in one transaction (``xa
 ``foreach_batch_multi``, driven without Spark by tests/scenarios/driver.py's :func:`multi_write`).
 
 A :class:`MultiSchedule` is drawn from a seed by :func:`draw_multi`: where the decision log is
-(``journal_url`` on PostgreSQL, on MariaDB, or none: the first write's database), two or three writers,
+(``journal_url`` on PostgreSQL, on MariaDB, or none: every run is then refused, since its writes span two
+databases and its log would be chosen by their order, FOUND.md 5), two or three writers,
 some concurrent, some *replays* started once an earlier run of the same batch ended, with the writes in
 the other order (the second database first), some of them for another streaming query (a restart from a
 new checkpoint), faults at the multi-target points (the tasks', ``tx.after_write``, the decision's), and
@@ -18,6 +19,8 @@ The oracle (:func:`check_multi`) judges what the runs were told against both tab
 - an error before the decision (planning, the writes: a replay refused, the log's home checked, another
   query's batch) or a ``BatchAbortedError``: not committed; killed after the decision: committed;
 - a run whose claim was taken over before it could decide is never told "written";
+- without journal_url every run is refused: never told "written" or "skipped", and one that failed of no
+  injected fault was told ``OptionError`` (nothing of it is visible: its error is before the decision);
 - nothing is left prepared on either server.
 """
 
@@ -39,7 +42,7 @@ from tests.scenarios.runner import RECOVER_LIMIT_S, RecoverRun, Runner, fork_ser
 from tests.targets import Target
 
 DBS = ("pg", "maria")
-LOGS = ("pg", "maria", "none")  # journal_url on PostgreSQL, on MariaDB, or none (the first write's database)
+LOGS = ("pg", "maria", "none")  # journal_url on PostgreSQL, on MariaDB, or none (refused: two databases)
 TX_POINTS = ("task.before_prepare", "task.after_prepare", "tx.after_write")
 Row = tuple[Any, ...]
 
@@ -236,6 +239,14 @@ def check_multi(
             found.append(f"{label} {t.outcome} {t.error.split(' ')[0]} but its rows are not on the targets")
         if must is False and present[label]:
             found.append(f"{label} {t.outcome} {t.phase} {t.error.split(' ')[0]} but its rows are on the targets")
+        unrefused = t.outcome in ("written", "skipped") or (
+            t.outcome == "error" and not w.fault and "OptionError" not in t.error
+        )
+        if schedule.log == "none" and unrefused:
+            found.append(
+                f"{label} {t.outcome} {t.error.split(' ')[0]}: a transaction over two databases without journal_url "
+                "must be refused with OptionError (its log would be chosen by the order of writes)"
+            )
         if t.outcome == "skipped":
             same = [o for o in schedule.writers if o.batch == w.batch and present[o.label]]
             if not same:

@@ -1,6 +1,6 @@
 """``xasink.transaction()``: one atomic batch across several tables and databases.
 
-    with xasink.transaction(sink_id="nightly", batch_id=20261122) as tx:
+    with xasink.transaction(sink_id="nightly", batch_id=20261122, journal_url=pg_url) as tx:
         tx.write(orders, pg_url, "orders")
         tx.write(audit, maria_url, "events")
 
@@ -77,7 +77,8 @@ class Transaction:
         return parse_options({**raw, "sinkId": self.sink_id, "batchId": self.batch_id})
 
     def _coordinator(self, first: WriteOptions) -> MultiCoordinator:
-        """The transaction's log, opened by its first write: journal_url, or that write's database."""
+        """The transaction's log, opened by its first write: journal_url, or that write's database (then every
+        write must go to it: MultiCoordinator refuses a second database)."""
         with self._cond:
             if self._mc is None:
                 if self.journal_url is not None:
@@ -229,8 +230,10 @@ class Transaction:
 def transaction(sink_id: str, batch_id: int, journal_url: str | None = None, **options: Any) -> Transaction:
     """One atomic batch across several tables and databases: ``with xasink.transaction(...) as tx:``.
 
-    ``journal_url`` is the database holding the decision log (default: the first write's); ``options``
-    (user, password, journalSchema, ...) apply to every write and to the log.
+    ``journal_url`` is the database holding the sink's decision log, required when the writes span several
+    databases (else the log would be chosen by the order of writes; the write reaching a second database is
+    refused); without it the log is the one database written.  ``options`` (user, password, journalSchema,
+    ...) apply to every write and to the log.
     """
     return Transaction(sink_id, batch_id, journal_url, **options)
 
