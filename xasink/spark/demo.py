@@ -103,7 +103,11 @@ def run_demo(rows: int = 100_000, partitions: int = 4) -> int:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     logging.getLogger("py4j").setLevel(logging.WARNING)
     try:
-        server = EmbeddedPostgres(max_prepared_transactions=64)
+        # durable, as users run their servers: a demo of exactly once with fsync off would (rightly) warn
+        server = EmbeddedPostgres(
+            max_prepared_transactions=64,
+            extra_settings={"fsync": "on", "synchronous_commit": "on", "full_page_writes": "on"},
+        )
     except EmbeddedPostgresError as exc:
         _say(f"error: {exc}")
         return 2
