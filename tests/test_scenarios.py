@@ -30,14 +30,9 @@ from tests.scenarios.multi import MultiOutcome, MultiRunner, MultiSchedule, Mult
 from tests.scenarios.runner import Outcome, Runner, env_int
 from tests.targets import MARIADB, POSTGRESQL, Target, make_target
 
-# seed % 5 picks the mode (append, upsert, overwrite, replaceWhere, changes); 2 and 13 show bug 1 of
+# seed % 5 picks the mode (append, upsert, overwrite, replaceWhere, changes); 2 and 13 showed bug 1 of
 # FOUND.md (child rows cascaded by an overwrite / replaceWhere) on both databases; about 5-10 s each
 CI_SEEDS = (0, 1, 2, 4, 9, 13)
-# the CI run fails on the current code: the bugs it finds are being fixed on other branches (FOUND.md)
-KNOWN_BUGS = pytest.mark.xfail(
-    strict=False,
-    reason="finds the open bugs of tests/scenarios/FOUND.md (fixes being merged); remove this mark once they are",
-)
 
 
 # restarts from a new checkpoint (draw_query: another streaming query's writer of a decided batch); a few s each
@@ -99,13 +94,11 @@ def run_schedules(
         pytest.fail(f"{len(failed)} of {len(chosen)} schedules on {db.id} broke a promise:\n\n{details}", pytrace=False)
 
 
-@KNOWN_BUGS
 def test_scenarios(db: Target, tmp_path: Path) -> None:
     """A short fixed set of schedules (every write mode), as CI runs it."""
     run_schedules(db, tmp_path, seeds("XASINK_SCENARIO_COUNT", None))
 
 
-@KNOWN_BUGS
 def test_scenarios_found(db: Target, tmp_path: Path) -> None:
     """The schedules kept because they found bugs (tests/scenarios/found.json), exactly as drawn then."""
     run_schedules(db, tmp_path, found_schedules())
