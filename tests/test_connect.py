@@ -59,6 +59,9 @@ def connect() -> Iterator[SparkSession]:
             .config("spark.connect.grpc.binding.address", "127.0.0.1")
             .config("spark.connect.grpc.binding.port", str(port))
             .config("spark.sql.shuffle.partitions", "4")
+            # a foreachBatch function's worker imports pyspark, pyarrow and SQLAlchemy before it connects back:
+            # on two busy cores that can pass the default 15 s ("Python worker failed to connect back")
+            .config("spark.python.authenticate.socketTimeout", "120s")
             .config("spark.ui.enabled", "false")
             .config("spark.sql.session.timeZone", "UTC")
             .config("spark.driver.host", "127.0.0.1")
