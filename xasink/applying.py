@@ -8,6 +8,7 @@ the branches' commits, and withdrawn when no retry can help, so the target keeps
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
@@ -16,6 +17,8 @@ from sqlalchemy.engine import Connection
 from .apply import ApplySpec, apply_lock_name, apply_statements, decided_branches, withdraw
 from .dialects.base import Dialect, ErrorKind
 from .errors import ApplyError, CommitIncompleteError
+from .journal import BatchRecord
+from .xid import Xid
 
 if TYPE_CHECKING:  # the coordinator imports this module: only its type is needed here
     from .coordinator import Coordinator
@@ -23,8 +26,14 @@ if TYPE_CHECKING:  # the coordinator imports this module: only its type is neede
 log = logging.getLogger(__name__)
 
 
-def apply_decided(c: Coordinator, batch_id: int, spec: ApplySpec, commit_ms: int | None, deadline: float) -> None:
+def apply_decided(
+    c: Coordinator, batch_id: int, spec: ApplySpec, xids: Sequence[Xid], commit_ms: int | None, deadline: float
+) -> None:
     """Replace the target's rows from the shadow and mark the batch committed, in one local transaction.
+
+    ``xids`` is the decision this run finishes: once another run withdrew it (its rows proven wrong), the
+    batch may be decided again by a newer writer, whose decision this run neither applies nor withdraws nor
+    reports as its own.
 
     Transient errors are retried like the commits (the branches are committed into the shadow, so the
     batch is only ever finished, by this run or by recovery).  Only a proven property of the rows (a
@@ -46,11 +55,11 @@ def apply_decided(c: Coordinator, batch_id: int, spec: ApplySpec, commit_ms: int
                 # stream) never interleave, so the result is that of one after the other
                 dialect.lock_apply(conn, lock)
                 decided = c.journal.get(conn, c.sink_id, batch_id)
-                if decided is None or not c.journal.mark_within(conn, c.sink_id, batch_id, commit_ms):
+                if not _same(decided, xids) or not c.journal.mark_within(conn, c.sink_id, batch_id, commit_ms):
                     conn.rollback()
                     return False
                 dialect.durable_commit(conn)
-                branches = decided_branches(conn, spec, decided.xids)
+                branches = decided_branches(conn, spec, tuple(xids))
                 rows = apply_statements(dialect, conn, spec, batch_id, branches)
                 conn.commit()
             except BaseException:
@@ -66,14 +75,14 @@ def apply_decided(c: Coordinator, batch_id: int, spec: ApplySpec, commit_ms: int
         if not c._forward(what, step, deadline):
             with dialect.connect() as conn:
                 found = c.journal.get(conn, c.sink_id, batch_id)
-            if found is None:
+            if not _same(found, xids):  # withdrawn (and perhaps decided again by a newer writer since)
                 raise ApplyError(
                     f"sink {c.sink_id} batch {batch_id}: another run found it could not {spec.describe()} "
                     "and withdrew the decision; the table keeps its rows"
                 )
             log.info("sink %s batch %s was applied already (by a recovery run)", c.sink_id, batch_id)
     except ApplyError as exc:
-        if not withdraw_decision(c, batch_id, spec, str(exc)):
+        if not withdraw_decision(c, batch_id, spec, xids, str(exc)):
             return  # another run applied it meanwhile: its rows are visible
         raise
     except Exception as exc:
@@ -92,7 +101,7 @@ def apply_decided(c: Coordinator, batch_id: int, spec: ApplySpec, commit_ms: int
                 "finishes it once that is fixed; no row is lost or doubled."
             ) from exc
         reason = c._describe(exc)
-        if not withdraw_decision(c, batch_id, spec, reason):
+        if not withdraw_decision(c, batch_id, spec, xids, reason):
             return  # another run applied it meanwhile: its rows are visible
         raise ApplyError(
             f"sink {c.sink_id} batch {batch_id}: could not {spec.describe()}: {reason}. The table keeps "
@@ -113,7 +122,12 @@ def _unlock(dialect: Dialect, conn: Connection, lock: str) -> None:
             pass
 
 
-def withdraw_decision(c: Coordinator, batch_id: int, spec: ApplySpec, reason: str) -> bool:
+def _same(decided: BatchRecord | None, xids: Sequence[Xid]) -> bool:
+    """Is the log's decision of the batch the one this run finishes (not withdrawn, not another run's)?"""
+    return decided is not None and set(decided.xids) == set(xids)
+
+
+def withdraw_decision(c: Coordinator, batch_id: int, spec: ApplySpec, xids: Sequence[Xid], reason: str) -> bool:
     """Withdraw a decision whose apply can never succeed: its rows only ever reached the shadow.
 
     False when there was nothing to withdraw because another run (a recovery) applied the batch and marked it
@@ -121,6 +135,8 @@ def withdraw_decision(c: Coordinator, batch_id: int, spec: ApplySpec, reason: st
     this batch is visible" would be false (DESIGN invariant 11)."""
     with c.journal.locked(c.sink_id) as conn:
         decided = c.journal.get(conn, c.sink_id, batch_id)
+        if not _same(decided, xids):  # withdrawn by another run already; a newer decision is not ours to touch
+            decided = None
         if decided is not None and decided.committed:
             log.warning(
                 "sink %s batch %s: this run's apply failed (%s), but another run applied it meanwhile",

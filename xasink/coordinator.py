@@ -208,7 +208,7 @@ class Coordinator:
         commit_ms = int((time.perf_counter() - t_commit) * 1000)
         if apply is not None:
             with phase("commit.apply", **ids):
-                apply_decided(self, batch_id, apply, commit_ms, deadline)
+                apply_decided(self, batch_id, apply, record.xids, commit_ms, deadline)
         else:
             with phase("commit.mark", **ids):
                 self._mark(batch_id, commit_ms, deadline)

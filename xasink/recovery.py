@@ -198,8 +198,10 @@ def _finish_pending(c: Coordinator, report: RecoveryReport, pending: list[BatchR
                 spec = ApplySpec.from_target(target)
                 if spec is None:
                     c.journal.mark_committed(conn, c.sink_id, record.batch_id, None)
-            if spec is not None:
-                apply_decided(c, record.batch_id, spec, None, time.monotonic() + c.options.commit_timeout)
+                current = c.journal.get(conn, c.sink_id, record.batch_id)  # decided again since this pass read it?
+            if spec is not None and current is not None:
+                deadline = time.monotonic() + c.options.commit_timeout
+                apply_decided(c, record.batch_id, spec, current.xids, None, deadline)
         except ApplyError as exc:
             withdrawn.append(exc)
             continue
