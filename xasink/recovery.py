@@ -183,13 +183,15 @@ def _finish_pending(c: Coordinator, report: RecoveryReport, pending: list[BatchR
     withdrawn for its rows (:class:`ApplyError`) is never swallowed: the first is raised once the others ran.
     """
     withdrawn: list[ApplyError] = []
+    committed = _commit_before_applies(c, report, pending)
     for record in pending:
         try:
             if _finish_parts(c, record, report):
                 continue  # a multi-target batch: only this database's parts are finished here
             if c.journal.dialect is not c.dialect:
                 continue  # a single table's batch of the log's own database: finished from there
-            report.committed += c._commit_branches(record.xids)
+            if record.batch_id not in committed:
+                report.committed += c._commit_branches(record.xids)
             with c.journal.dialect.connect() as conn:
                 decided, target = c.journal.target_of(conn, c.sink_id, record.batch_id)
                 if not decided:  # withdrawn since this pass read it (its apply met wrong rows): nothing to finish
@@ -218,6 +220,27 @@ def _finish_pending(c: Coordinator, report: RecoveryReport, pending: list[BatchR
         log.info("recovery finished decided batch %s of sink %s", record.batch_id, c.sink_id)
     if withdrawn:
         raise withdrawn[0]
+
+
+def _commit_before_applies(c: Coordinator, report: RecoveryReport, pending: list[BatchRecord]) -> set[int]:
+    """Commit the branches of every decided write-mode batch before any apply runs: an apply of one batch must
+    never wait on the shadow rows another decided batch still holds prepared (on MariaDB its reads can), and
+    committing a decided branch is always right.  The batch ids whose branches were committed here."""
+    if c.journal.dialect is not c.dialect or not pending:
+        return set()
+    done: set[int] = set()
+    with c.journal.dialect.connect(autocommit=True) as conn:
+        targets = {r.batch_id: c.journal.target_of(conn, c.sink_id, r.batch_id)[1] for r in pending}
+    modes = {batch for batch, target in targets.items() if ApplySpec.from_target(target) is not None}
+    for record in pending:
+        if record.batch_id in modes:
+            try:
+                report.committed += c._commit_branches(record.xids)
+            except (CommitIncompleteError, ConnectError, sa.exc.DBAPIError) as exc:  # its own turn reports it
+                log.debug("sink %s batch %s: branches not committed yet (%s)", c.sink_id, record.batch_id, exc)
+                continue
+            done.add(record.batch_id)
+    return done
 
 
 def _finish_parts(c: Coordinator, record: BatchRecord, report: RecoveryReport) -> bool:
