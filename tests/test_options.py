@@ -124,10 +124,15 @@ def test_control_connection_options_put_the_urls_own_last() -> None:
     own settings win."""
     o = parse_options({"url": "postgresql://etl@h/d?options=-c%20lock_timeout%3D5s", "dbtable": "t"})
     args = PostgresDialect(o.url, o.branch_settings).connect_args()
-    assert args["options"] == "-c synchronous_commit=on -c lock_timeout=60000 -c lock_timeout=5s"
+    assert args["options"] == (
+        "-c synchronous_commit=on -c default_transaction_isolation=read\\ committed"
+        " -c lock_timeout=60000 -c lock_timeout=5s"
+    )
     assert (args["keepalives"], args["keepalives_idle"]) == (1, 30)
     o = parse_options({"url": "postgresql://etl@h/d", "dbtable": "t", "controlLockTimeout": "0"})
-    assert PostgresDialect(o.url, o.branch_settings).connect_args()["options"] == "-c synchronous_commit=on"
+    assert PostgresDialect(o.url, o.branch_settings).connect_args()["options"] == (
+        "-c synchronous_commit=on -c default_transaction_isolation=read\\ committed"
+    )
 
 
 @pytest.mark.parametrize(

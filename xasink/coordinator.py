@@ -546,7 +546,7 @@ class Coordinator:
         when no outcome names the run (a stopped streaming query's tasks report nothing), the runs of this
         batch that hold that guard are this driver's, and end with the abort too.
         """
-        log.warning("aborting sink %s batch %s", self.sink_id, batch_id)
+        log.info("aborting sink %s batch %s", self.sink_id, batch_id)  # the writer is told by its error
         if run is None:
             named = (o.run or (o.xid.run if o.xid else None) for o in outcomes if o is not None)
             run = next((r for r in named if r), None)

@@ -334,7 +334,7 @@ class MultiCoordinator:
 
     def abort(self) -> None:
         """End the run (its late branches roll themselves back) and roll back its branches in every database."""
-        log.warning("aborting sink %s transaction %s", self.sink_id, self.batch_id)
+        log.info("aborting sink %s transaction %s", self.sink_id, self.batch_id)  # the caller is told by its error
         with self.journal.locked(self.sink_id) as conn:
             if self.journal.get(conn, self.sink_id, self.batch_id) is None:  # decided by another: ours are orphans
                 self.journal.end_run(conn, self.sink_id, self.batch_id, self.run)
