@@ -35,6 +35,17 @@ if ! command -v java >/dev/null 2>&1; then
     echo "warning: 'java' not found on PATH; Spark tests need a Java runtime (17 or 21) and will fail" >&2
 fi
 
+# Spark's JDBC writer, which tests/test_values.py compares xasink with cell by cell, needs the drivers' jars
+if [[ ! -f /usr/share/java/postgresql.jar || ! -f /usr/share/java/mariadb-java-client.jar ]]; then
+    if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+        echo "== installing the JDBC drivers' jars (libpostgresql-jdbc-java, libmariadb-java)"
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libpostgresql-jdbc-java libmariadb-java
+    else
+        echo "warning: /usr/share/java/postgresql.jar or mariadb-java-client.jar is missing; tests/test_values.py" \
+            "needs them: apt-get install libpostgresql-jdbc-java libmariadb-java" >&2
+    fi
+fi
+
 export PYSPARK_PYTHON="$PY"
 export PYSPARK_DRIVER_PYTHON="$PY"
 
