@@ -404,51 +404,54 @@ def _lock_waiters(url: str) -> list[str]:
 def test_recovery_racing_a_live_commit_leaves_the_live_batch_alone(stream: Stream, pg_url: str) -> None:
     """``xasink recover`` while a batch is prepared and its commit is deciding: the run is alive, so it waits.
 
-    The test holds the sink lock once every branch of a batch is prepared and queues a full recovery (no age
-    threshold) on it beside the stream's commit.  Whichever takes the lock first, the recovery rolls back
+    Batch 1's last task stalls after its prepare (a fault point), so every branch of the batch is prepared and
+    the decision cannot have been made yet: the test holds the sink lock then and queues a full recovery (no
+    age threshold) on it beside the stream's commit.  Whichever takes the lock first, the recovery rolls back
     nothing: the stream's driver holds its run guard, so its undecided branches belong to a live run (before
     run guards, the recovery rolled them back and the batch failed).  Every batch commits, exactly once.
     """
+    raced_batch = 1
     recovery_url = f"{pg_url}{'&' if '?' in pg_url else '?'}application_name={RECOVERY_APP}"
     options = parse_options({"url": recovery_url, "dbtable": stream.table, "sinkId": stream.sink_id})
-    query = stream.writer(stream.frame()).trigger(processingTime="200 milliseconds").start()
-    raced = 0
+    context = stream.spark.sparkContext
+    context.setLocalProperty(LOCAL_PROPERTY, f"task.after_prepare:sleep=15:p=2:b={raced_batch}")
+    try:
+        query = stream.writer(stream.frame()).trigger(processingTime="200 milliseconds").start()
+    finally:
+        context.setLocalProperty(LOCAL_PROPERTY, None)  # type: ignore[arg-type]
     try:
         for batch in range(3):
             stream.add_files(1)
+            if batch != raced_batch:
+                wait_for(lambda b=batch: (stream.checkpoint / "commits" / str(b)).exists(), "Spark's commit")
+                continue
             gid_prefix = f"xasink:{stream.sink_id}:{batch}/"
-            wait_for(
-                lambda p=gid_prefix, b=batch: len(prepared_gids(pg_url, prefix=p)) == 3 or b in stream.decisions(),
-                f"batch {batch} prepared",
-            )
+            wait_for(lambda p=gid_prefix: len(prepared_gids(pg_url, prefix=p)) == 3, f"batch {batch} prepared")
+            assert batch not in stream.decisions(), "the stalled batch was decided before its last task returned"
             report: dict[str, Any] = {}
             lock = psycopg2.connect(pg_url)
             thread: threading.Thread | None = None
             try:
                 with lock.cursor() as cur:
                     cur.execute("SELECT sink_id FROM xasink_sinks WHERE sink_id = %s FOR UPDATE", (stream.sink_id,))
-                if batch not in stream.decisions():
 
-                    def recover(out: dict[str, Any] = report) -> None:
-                        coordinator = Coordinator(options)
-                        try:
-                            out["report"] = coordinator.recover()
-                        finally:
-                            coordinator.close()
+                def recover(out: dict[str, Any] = report) -> None:
+                    coordinator = Coordinator(options)
+                    try:
+                        out["report"] = coordinator.recover()
+                    finally:
+                        coordinator.close()
 
-                    thread = threading.Thread(target=recover)
-                    thread.start()
-                    wait_for(lambda: RECOVERY_APP in _lock_waiters(pg_url), "the recovery to wait for the sink lock")
-                    raced += 1
+                thread = threading.Thread(target=recover)
+                thread.start()
+                wait_for(lambda: RECOVERY_APP in _lock_waiters(pg_url), "the recovery to wait for the sink lock")
             finally:
                 lock.rollback()
                 lock.close()
-            if thread is not None:
-                thread.join(120)
-                assert not thread.is_alive(), "the recovery did not finish"
-                assert report["report"].rolled_back == [], "a recovery rolled back a live run's branches"
+            thread.join(120)
+            assert not thread.is_alive(), "the recovery did not finish"
+            assert report["report"].rolled_back == [], "a recovery rolled back a live run's branches"
             wait_for(lambda b=batch: (stream.checkpoint / "commits" / str(b)).exists(), "Spark's commit")
-        assert raced, "every batch was decided before the recovery could queue on the sink lock"
     finally:
         query.stop()
     assert stream.prepared() == []
