@@ -272,6 +272,22 @@ def test_oracle_rejects_a_skip_for_another_query() -> None:
     assert model.check(s, skipped, with_keys(INIT, k1="w0"), [], True, CHILD, 0) == []
 
 
+def test_oracle_reads_a_replay_whose_finish_failed_as_a_skip_not_yet_finished() -> None:
+    """MariaDB seed 1008: w0 (taken over) found batch 1 decided by w1, and finishing w1's decision failed; both
+    are told an incomplete commit.  Only w1's rows may be committed (w0's are not part of the decision), and
+    some run of the batch must be: the same as a "skipped", except that the batch was not finished yet."""
+    s = upsert_schedule(("w0", 1, [1]), ("w1", 1, [2]))
+    incomplete = "CommitIncompleteError XasinkError"
+    told = {
+        "w0": model.Told("error", 0, 3, error="ReplayIncompleteError " + incomplete, phase="commit"),
+        "w1": model.Told("error", 1, 2, error=incomplete, phase="commit"),
+    }
+    assert model.check(s, told, with_keys(INIT, k2="w1"), [], True, CHILD, 0) == []
+    assert model.check(s, told, with_keys(INIT, k1="w0"), [], True, CHILD, 0)  # w0's rows: never its own decision
+    alone = {"w0": told["w0"], "w1": model.Told("error", 1, 2, error="BatchAbortedError", phase="commit")}
+    assert model.check(s, alone, INIT, [], True, CHILD, 0)  # told "decided by another run": some run of it is in
+
+
 def multi_schedule(*writers: tuple[str, int, str | None], log: str = "pg") -> MultiSchedule:
     return MultiSchedule(
         0,

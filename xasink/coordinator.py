@@ -36,6 +36,7 @@ from .errors import (
     ConnectError,
     DecisionUnknownError,
     ForgottenBatchError,
+    ReplayIncompleteError,
 )
 from .faults import fault
 from .journal import BatchRecord, Journal
@@ -264,8 +265,9 @@ class Coordinator:
         )
         report = self.recover(upto=existing.batch_id)
         if existing.batch_id in report.unfinished:  # "skipped" would say its rows are there: they are not yet
-            raise CommitIncompleteError(
-                f"sink {self.sink_id} batch {existing.batch_id} is decided, but finishing it failed "
+            raise ReplayIncompleteError(
+                f"sink {self.sink_id} batch {existing.batch_id} was decided by another run (this run's rows are "
+                f"not part of it), and finishing that decision failed "
                 f"({report.unfinished[existing.batch_id]}); it stays decided: the next run of this sink or "
                 "'xasink recover' finishes it; no row is lost or doubled"
             )

@@ -45,6 +45,16 @@ class DecisionUnknownError(CommitIncompleteError):
     """
 
 
+class ReplayIncompleteError(CommitIncompleteError):
+    """This run found its batch decided by another run (a replay, or a writer that took the batch over), and
+    finishing that decision failed.
+
+    None of this run's rows is written: the batch is the deciding run's, whose rows appear when recovery (the
+    next write of the same sink, or ``xasink recover``) finishes it.  As for a finished replay ("skipped"),
+    do not rerun the batch under another sink id.
+    """
+
+
 class JournalError(XasinkError):
     """The decision log does not hold what xasink wrote into it: a row was deleted or changed by someone else."""
 

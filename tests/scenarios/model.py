@@ -14,6 +14,8 @@ constraints the runs' answers impose:
 - "skipped": the run is not in the set, and its batch has a run in the set;
 - an error that says nothing of the run is visible (a ``BatchAbortedError``, a failure before the
   decision): not in the set; "decided, recovery will finish it" (``CommitIncompleteError``): in it;
+  "decided by another run, recovery will finish it" (``ReplayIncompleteError``): not in the set, and its
+  batch has a run in the set (a "skipped" whose batch was not finished yet);
 - killed by its fault at a point after the decision: in the set (a decided batch is finished forward);
 - killed elsewhere, or any other error: either;
 - a run in the set was applied after it started, and after every run told "written" that answered
@@ -295,6 +297,10 @@ class Told:
     forked_at: float | None = None  # its process began to run the writer
     told_at: float | None = None  # it wrote its outcome
 
+    def replayed(self) -> bool:
+        """Told its batch was decided by another run whose finish failed: a "skipped" not finished yet."""
+        return self.outcome == "error" and "ReplayIncompleteError" in self.error
+
     def membership(self) -> bool | None:
         """True: its rows must be committed; False: they must not; None: either."""
         if self.outcome == "written":
@@ -305,6 +311,8 @@ class Told:
             return None  # killed or hung
         if self.phase in ("plan", "tasks"):
             return False  # it never decided: nothing of it can commit
+        if self.replayed():
+            return False  # another run's decision of its batch: that run is in the set (see explain)
         if "CommitIncompleteError" in self.error and "DecisionUnknownError" not in self.error:
             return True
         if "BatchAbortedError" in self.error:
@@ -392,7 +400,10 @@ def explain(schedule: Schedule, told: dict[str, Told], table: list[Row], child: 
             if len({w.batch for w in members}) != len(members):
                 continue  # two runs of one batch committed
             batches = {w.batch for w in members}
-            if any(told[w.label].outcome == "skipped" and w.batch not in batches for w in writers):
+            if any(
+                (told[w.label].outcome == "skipped" or told[w.label].replayed()) and w.batch not in batches
+                for w in writers
+            ):
                 continue
             if any(
                 told[w.label].outcome == "skipped"
