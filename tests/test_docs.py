@@ -137,3 +137,23 @@ def test_the_link_check_catches_what_it_should(tmp_path: Path) -> None:
     doc = tmp_path / "x.md"
     doc.write_text("[a](../shared/DESIGN.md) [b](https://spark.apache.org) ```\n[c](nowhere.md)\n```")
     assert _links(doc) == ["../shared/DESIGN.md", "https://spark.apache.org"]
+
+
+def test_the_code_layout_lists_every_module() -> None:
+    """docs/protocol.md's code layout names every module of the package (a dialect's modules may share a line,
+    as ``dialects/mysql/__init__.py, dialect.py, ...``, continued on a deeper-indented line)."""
+    text = (ROOT / "docs" / "protocol.md").read_text(encoding="utf-8")
+    layout = text[text.index("## Code layout") :].split("```")[1]
+    named: set[str] = set()
+    folder = ""
+    for line in layout.splitlines():
+        head = re.match(r"(\s*)((?:[\w/]+/)?)([\w.]+\.py)", line)
+        if not head:
+            continue
+        if head.group(2) or len(head.group(1)) <= 2:  # else a continuation of the line above: the same folder
+            folder = head.group(2)
+        for name in re.findall(r"([\w/]+\.py)", line):
+            named.add(name if "/" in name else folder + name)
+    modules = {str(p.relative_to(ROOT / "xasink")) for p in (ROOT / "xasink").rglob("*.py")}
+    assert len(modules) > 40  # the package was found
+    assert sorted(modules - named) == []
