@@ -260,19 +260,41 @@ class Coordinator:
         )
 
     def _replayed(self, existing: BatchRecord, t0: float) -> WriteResult:
+        """Finish another run's decision of this batch and say what became of it.
+
+        "skipped" only once the log shows the batch committed: a decision withdrawn meanwhile (its rows were
+        refused by the table) means nothing of the batch is visible, and one not finished yet is reported so.
+        """
         log.info(
             "sink %s batch %s was already decided: finishing it, writing nothing new", self.sink_id, existing.batch_id
         )
-        report = self.recover(upto=existing.batch_id)
-        if existing.batch_id in report.unfinished:  # "skipped" would say its rows are there: they are not yet
-            raise ReplayIncompleteError(
-                f"sink {self.sink_id} batch {existing.batch_id} was decided by another run (this run's rows are "
-                f"not part of it), and finishing that decision failed "
-                f"({report.unfinished[existing.batch_id]}); it stays decided: the next run of this sink or "
-                "'xasink recover' finishes it; no row is lost or doubled"
+        batch = existing.batch_id
+        fault("driver.before_replay_finish", batch=batch)
+        try:
+            report = self.recover(upto=batch)
+        except ReplayIncompleteError:
+            raise
+        except CommitIncompleteError as exc:  # finishing another decided batch of the pass failed first
+            raise ReplayIncompleteError(self._replay_incomplete(batch, self._describe(exc))) from exc
+        if batch in report.unfinished:  # "skipped" would say its rows are there: they are not yet
+            raise ReplayIncompleteError(self._replay_incomplete(batch, report.unfinished[batch]))
+        with self.journal.dialect.connect(autocommit=True) as conn:
+            now = self.journal.get(conn, self.sink_id, batch)
+        if now is None:  # withdrawn: the deciding run's rows broke a constraint of the table (ApplyError)
+            raise BatchAbortedError(
+                f"sink {self.sink_id} batch {batch} was decided by another run, whose decision was then "
+                "withdrawn (its rows were refused by the table); nothing of the batch is visible and nothing of "
+                "this run was written: run it again"
             )
-        return WriteResult(
-            self.sink_id, existing.batch_id, existing.rows, existing.branches, True, {"total": time.perf_counter() - t0}
+        if not now.committed:  # withdrawn and decided anew by a newer run, not finished yet
+            raise ReplayIncompleteError(self._replay_incomplete(batch, "decided again by a newer run meanwhile"))
+        return WriteResult(self.sink_id, batch, now.rows, now.branches, True, {"total": time.perf_counter() - t0})
+
+    def _replay_incomplete(self, batch_id: int, why: str) -> str:
+        return (
+            f"sink {self.sink_id} batch {batch_id} was decided by another run (this run's rows are not part of "
+            f"it), and finishing that decision failed ({why}); it stays decided: the next run of this sink or "
+            "'xasink recover' finishes it; no row is lost or doubled"
         )
 
     def _decide(

@@ -22,10 +22,12 @@ from .dialects import dialect_for
 from .errors import (
     BatchAbortedError,
     BatchIdentityError,
+    CommitIncompleteError,
     ConcurrentWriterError,
     DecisionUnknownError,
     ForgottenBatchError,
     OptionError,
+    ReplayIncompleteError,
 )
 from .faults import fault
 from .journal import BatchRecord, Journal
@@ -342,9 +344,26 @@ class MultiCoordinator:
             db.coordinator.recover(upto=self.batch_id)
 
     def finish_replay(self) -> None:
-        """A replay of a decided transaction: finish what a crashed run left in the databases written now."""
+        """A replay of a decided transaction: finish what a crashed run left in the databases written now.
+
+        Told "skipped" only if that worked: a part that could not be finished yet is
+        :class:`ReplayIncompleteError` (the rows are not all there yet; recovery finishes them).
+        """
+        unfinished: list[str] = []
         for db in self.targets.values():
-            db.coordinator.recover(upto=self.batch_id)
+            try:
+                report = db.coordinator.recover(upto=self.batch_id)
+            except CommitIncompleteError as exc:  # another decided batch of the pass could not be finished
+                unfinished.append(f"{db.server}: {type(exc).__name__}: {exc}")
+                continue
+            if self.batch_id in report.unfinished:
+                unfinished.append(f"{db.server}: {report.unfinished[self.batch_id]}")
+        if unfinished:
+            raise ReplayIncompleteError(
+                f"sink {self.sink_id} transaction {self.batch_id} was decided by another run (this run's rows are "
+                f"not part of it), and finishing it failed ({'; '.join(unfinished)}); it stays decided: the next "
+                "run of this sink or 'xasink recover' finishes it; no row is lost or doubled"
+            )
 
     def close(self) -> None:
         self.guard.close()

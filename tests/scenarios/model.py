@@ -33,6 +33,7 @@ from __future__ import annotations
 import itertools
 import json
 import random
+import re
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -72,8 +73,8 @@ class Writer:
         return [r for p in self.partitions for r in p]
 
     def pause(self) -> float:
-        if self.fault and "sleep=" in self.fault:
-            return float(self.fault.split("sleep=")[1].split(":")[0])
+        if self.fault and "sleep=" in self.fault:  # a spec may name several points (comma-separated)
+            return sum(float(s) for s in re.findall(r"sleep=([0-9.]+)", self.fault))
         return 0.0
 
 

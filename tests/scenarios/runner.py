@@ -44,6 +44,10 @@ def fork_server() -> Any:
         _context = multiprocessing.get_context("forkserver")
         # the processes' entry points live in the preloaded module: unpickling them imports nothing more
         _context.set_forkserver_preload(["tests.scenarios.driver"])
+        # started (and its imports done) now, not inside the first schedule: a writer's start time is kept
+        warm = _context.Process(target=time.sleep, args=(0,))
+        warm.start()
+        warm.join()
     return _context
 
 
