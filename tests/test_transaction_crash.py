@@ -10,9 +10,7 @@ none (undecided), and nothing of the sink is prepared on either server.
 
 from __future__ import annotations
 
-import os
 import signal
-import sys
 import threading
 import time
 import uuid
@@ -21,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.procs import run_until_exit
+from tests.harness import run_driver
 from tests.targets import MARIADB, POSTGRESQL, Target, make_target
 from xasink import admin
 from xasink.status import status as xasink_status
@@ -51,11 +49,6 @@ def pgt(pg_url: str) -> Iterator[Target]:
         target.cleanup()
 
 
-def run_driver(args: list[str], point: str, log: Path) -> int:
-    env = {**os.environ, "XASINK_FAULT": f"{point}:kill", "PYSPARK_PYTHON": sys.executable}
-    return run_until_exit([sys.executable, str(DRIVER), *args], env, log)
-
-
 def table_rows(t: Target, table: str) -> list[tuple[object, ...]]:
     return t.rows(table) if t.table_exists(table) else []
 
@@ -81,7 +74,9 @@ def test_killed_transaction_is_all_or_nothing_after_recovery_of_each_database(
         t.keyed_table(name)
     sink = f"txc{uuid.uuid4().hex[:8]}"
     log = tmp_path / "driver.log"
-    code = run_driver([pgt.url, maria.url, orders, lines, events, sink, str(BATCH), journal], point, log)
+    code = run_driver(
+        DRIVER, [pgt.url, maria.url, orders, lines, events, sink, str(BATCH), journal], f"{point}:kill", log
+    )
     assert code == -signal.SIGKILL, log.read_text(errors="replace")[-3000:]
     decided = point.startswith("driver.")
     log_db, other_db = (pgt, maria) if journal == "pg" else (maria, pgt)
@@ -138,7 +133,9 @@ def test_two_databases_recovered_at_once_mark_the_transaction_committed(
         t.keyed_table(name)
     sink = f"txc{uuid.uuid4().hex[:8]}"
     log = tmp_path / "driver.log"
-    code = run_driver([pgt.url, maria.url, orders, lines, events, sink, str(BATCH), "pg"], "driver.after_decide", log)
+    code = run_driver(
+        DRIVER, [pgt.url, maria.url, orders, lines, events, sink, str(BATCH), "pg"], "driver.after_decide:kill", log
+    )
     assert code == -signal.SIGKILL, log.read_text(errors="replace")[-3000:]
     assert pgt.execute("SELECT state FROM xasink_batches WHERE sink_id = %s", sink) == [("committing",)]
 
