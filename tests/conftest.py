@@ -265,20 +265,14 @@ def classic_spark() -> Any:
     """The local classic SparkSession (2 cores; a failed task is retried, up to 3 attempts) with xasink registered."""
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
 
     if _classic and _classic[0]._sc._jsc is not None:
         return _classic[0]
     stop_connect_spark()
-    session = (
-        SparkSession.builder.master("local[2,3]")
-        .appName("xasink-tests")
-        .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .getOrCreate()
+    from tests.jvm import local_spark
+
+    session = local_spark(
+        "xasink-tests", master="local[2,3]", conf={"spark.sql.shuffle.partitions": "4"}, log_level=None
     )
     import xasink
 

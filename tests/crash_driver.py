@@ -90,22 +90,10 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("xasink").setLevel(logging.INFO)
 
-    from pyspark.sql import SparkSession
-
     import xasink
-    from tests.jvm import driver_java_options
+    from tests.jvm import driver_java_options, local_spark
 
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("xasink-crash-driver")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.driver.extraJavaOptions", driver_java_options())  # tests/jvm.py: starts sooner
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = local_spark("xasink-crash-driver", java_options=driver_java_options())
     try:
         df = spark.range(0, n, 1, partitions).selectExpr("cast(id as int) as id", "concat('n', id) as name")
         result = xasink.write(df, url, table, sink_id=sink_id, batch_id=batch_id)

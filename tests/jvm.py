@@ -20,6 +20,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 CDS_ENV = "XASINK_TEST_CDS_ARCHIVE"
 FAST_START = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
@@ -33,6 +34,36 @@ def driver_java_options() -> str:
     if archive and os.path.isfile(archive):
         options.append(f"-XX:SharedArchiveFile={archive}")
     return " ".join(options)
+
+
+def local_spark(
+    app: str,
+    *,
+    master: str = "local[2]",
+    java_options: str | None = None,
+    conf: dict[str, str] | None = None,
+    log_level: str | None = "ERROR",
+) -> Any:
+    """The local SparkSession of a test process or a test driver: on 127.0.0.1, without the UI, in UTC, with
+    ``conf`` on top; ``java_options`` for the driver's JVM (a driver's: :func:`driver_java_options`).  One
+    builder for them all; a session of this process already running is returned as it is (getOrCreate)."""
+    from pyspark.sql import SparkSession
+
+    settings = {
+        "spark.ui.enabled": "false",
+        "spark.driver.host": "127.0.0.1",
+        "spark.driver.bindAddress": "127.0.0.1",
+        "spark.sql.session.timeZone": "UTC",
+    }
+    if java_options is not None:
+        settings["spark.driver.extraJavaOptions"] = java_options
+    builder = SparkSession.builder.master(master).appName(app)
+    for key, value in {**settings, **(conf or {})}.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    if log_level is not None:
+        spark.sparkContext.setLogLevel(log_level)
+    return spark
 
 
 def build_archive(archive: Path, workdir: Path, timeout_s: float = 600) -> str | None:
@@ -58,20 +89,9 @@ def build_archive(archive: Path, workdir: Path, timeout_s: float = 600) -> str |
 
 def warm_up(archive: str, workdir: str) -> int:
     """A batch job and a streaming aggregation, then a normal exit: the JVM writes the classes it loaded."""
-    from pyspark.sql import SparkSession
 
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("xasink-cds-warm-up")
-        .config("spark.ui.enabled", "false")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.extraJavaOptions", " ".join([*FAST_START, f"-XX:ArchiveClassesAtExit={archive}"]))
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    java_options = " ".join([*FAST_START, f"-XX:ArchiveClassesAtExit={archive}"])
+    spark = local_spark("xasink-cds-warm-up", java_options=java_options, conf={"spark.sql.shuffle.partitions": "2"})
     try:
         spark.range(0, 40, 1, 4).selectExpr("cast(id as int) as id", "concat('n', id) as name").write.format(
             "noop"

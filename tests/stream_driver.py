@@ -78,24 +78,17 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("xasink").setLevel(logging.INFO)
 
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import DataFrame
 
     import xasink
-    from tests.jvm import driver_java_options
+    from tests.jvm import driver_java_options, local_spark
     from xasink import faults
 
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("xasink-stream-driver")
-        .config("spark.ui.enabled", "false")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.sql.shuffle.partitions", str(args.partitions))
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.extraJavaOptions", driver_java_options())  # tests/jvm.py: starts sooner
-        .getOrCreate()
+    spark = local_spark(
+        "xasink-stream-driver",
+        java_options=driver_java_options(),
+        conf={"spark.sql.shuffle.partitions": str(args.partitions)},
     )
-    spark.sparkContext.setLogLevel("ERROR")
     xasink.register(spark)
 
     stream = (

@@ -803,9 +803,7 @@ def test_complete_mode_keeps_the_table_equal_to_the_aggregate(db: Target, spark:
         (src / name).write_text("\n".join(json.dumps({"k": k}) for k in keys))
 
     def run() -> None:
-        counts = (
-            spark.readStream.schema("k string").json(str(src)).groupBy("k").count().withColumnRenamed("count", "n")
-        )
+        counts = spark.readStream.schema("k string").json(str(src)).groupBy("k").count().withColumnRenamed("count", "n")
         query = (
             counts.writeStream.outputMode("complete")
             .format("xasink")

@@ -32,22 +32,10 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("xasink").setLevel(logging.INFO)
 
-    from pyspark.sql import SparkSession
-
     import xasink
-    from tests.jvm import driver_java_options
+    from tests.jvm import driver_java_options, local_spark
 
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("xasink-tx-crash-driver")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.driver.extraJavaOptions", driver_java_options())  # tests/jvm.py: starts sooner
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = local_spark("xasink-tx-crash-driver", java_options=driver_java_options())
 
     def frame(lo: int, hi: int):  # type: ignore[no-untyped-def]
         return spark.range(lo, hi, 1, 2).selectExpr("cast(id as int) as id", "concat('n', id) as name")
