@@ -9,20 +9,24 @@ in a table of ``(id, name)`` (:data:`NAMES`, what ``Target.keyed_table`` creates
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import sys
 import uuid
 from collections.abc import Iterable
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from tests.leaks import SECRET, assert_no_secret  # SECRET: the test servers' superuser password
 from tests.modes_driver import OPTIONS_ENV  # a test driver's extra write options, a JSON object
 from tests.procs import run_until_exit
 from tests.targets import POSTGRESQL, Target
 from xasink.branch import write_partition
+from xasink.cli import main
 from xasink.coordinator import Coordinator
 from xasink.options import WriteOptions, parse_options
 from xasink.results import BranchOutcome, WriteResult
@@ -124,21 +128,17 @@ class Sink:
         self._attempt += 1
         return self._attempt
 
-    def write(
+    def task(
         self,
         batch_id: int,
         partition: int,
-        ids: Iterable[int],
+        batches: Iterable[pa.RecordBatch],
         *,
         attempt: int | None = None,
         run: str | None = None,
-        chunk: int | None = None,
         **task: Any,
     ) -> BranchOutcome:
-        """One task attempt writing ``ids`` (in Arrow batches of ``chunk`` rows; default: one batch)."""
-        ids = list(ids)
-        step = chunk or max(len(ids), 1)
-        batches = (record_batch(ids[i : i + step], self.schema, self.tag) for i in range(0, len(ids), step))
+        """One task attempt of this sink's run writing ``batches`` (``write_partition``, as a Spark task calls it)."""
         return write_partition(
             self.options,
             self.plan,
@@ -149,6 +149,18 @@ class Sink:
             batches=batches,
             **task,
         )
+
+    def write(
+        self, batch_id: int, partition: int, ids: Iterable[int], *, chunk: int | None = None, **task: Any
+    ) -> BranchOutcome:
+        """One task attempt writing the rows of ``ids``: one Arrow batch, or batches of ``chunk`` rows."""
+        ids = list(ids)
+        batches: Iterable[pa.RecordBatch]
+        if chunk is None:
+            batches = [record_batch(ids, self.schema, self.tag)]
+        else:
+            batches = (record_batch(ids[i : i + chunk], self.schema, self.tag) for i in range(0, len(ids), chunk))
+        return self.task(batch_id, partition, batches, **task)
 
     def prepare(self, batch_id: int, ids: range, parts: int | None = None, **task: Any) -> list[BranchOutcome | None]:
         """The batch's branches as its tasks prepare them: ``ids`` dealt round-robin over ``parts`` partitions."""
@@ -181,6 +193,18 @@ class TargetSink(Sink):
 
     def prepared(self) -> list[str]:
         return self.db.prepared(self.sink_id)
+
+
+# --------------------------------------------------------------------------- the CLI
+
+
+def cli(*args: str) -> tuple[int, str, str]:
+    """``xasink ARGS`` in this process: exit code, stdout, stderr (neither shows the superuser's password)."""
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = main(list(args))
+    assert_no_secret(out.getvalue(), err.getvalue(), secret=SECRET)
+    return code, out.getvalue(), err.getvalue()
 
 
 # --------------------------------------------------------------------------- a test driver in its own process
