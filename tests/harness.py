@@ -14,24 +14,31 @@ import json
 import os
 import sys
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from contextlib import redirect_stderr, redirect_stdout
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import pyarrow as pa
+import pytest
 
-from tests.leaks import SECRET, assert_no_secret  # SECRET: the test servers' superuser password
+from tests import dbutil
+from tests.leaks import SECRET as SUPERUSER_SECRET  # the test servers' superuser: a url of theirs holds it
+from tests.leaks import assert_no_secret
 from tests.modes_driver import OPTIONS_ENV  # a test driver's extra write options, a JSON object
 from tests.procs import run_until_exit
 from tests.targets import POSTGRESQL, Target
 from xasink.branch import write_partition
 from xasink.cli import main
 from xasink.coordinator import Coordinator
+from xasink.embedded import free_port
+from xasink.journal import BatchRecord
 from xasink.options import WriteOptions, parse_options
 from xasink.results import BranchOutcome, WriteResult
 from xasink.schema import plan_target
-from xasink.xid import new_run_nonce
+from xasink.xid import FORMAT_ID, Xid, new_run_nonce
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -42,6 +49,11 @@ VALUES = pa.schema([("id", pa.int64()), ("v", pa.string())])
 # tests/crash_driver.py's write (test_crash and the tests that kill or race its driver)
 CRASH_DRIVER = Path(__file__).resolve().parent / "crash_driver.py"
 N, PARTITIONS, BATCH = 40, 4, 5
+
+# the recover and status tests' own users (Backend.secret_url) and their password
+SECRET = "S3cretPw"
+ADMIN_USER = "xasink_rc_admin"
+PLAIN_USER = "xasink_rc_plain"  # may log in, nothing more
 
 
 # --------------------------------------------------------------------------- rows
@@ -195,6 +207,225 @@ class TargetSink(Sink):
         return self.db.prepared(self.sink_id)
 
 
+# --------------------------------------------------------------------------- the recover CLI's view of a database
+
+
+class Backend:
+    """A database under test: its URL and what a test checks with the plain driver (no xasink code)."""
+
+    name = ""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def prepared(self) -> set[str]:
+        """Every prepared transaction, named as xasink lists it."""
+        raise NotImplementedError
+
+    def rows(self, table: str) -> list[tuple[Any, ...]]:
+        raise NotImplementedError
+
+    def create_table(self, table: str) -> None:
+        raise NotImplementedError
+
+    def make_foreign(self, gid: str, scratch: str, format_id: int = FORMAT_ID) -> str:
+        """Prepare a transaction named ``gid`` (MariaDB: gtrid/bqual split at '/', ``format_id``); its listed name."""
+        raise NotImplementedError
+
+    def finish_foreign(self, name: str) -> None:
+        raise NotImplementedError
+
+    def secret_url(self, user: str = ADMIN_USER) -> str:
+        """The same database as ``user`` with password :data:`SECRET`: all rights for ADMIN_USER, none for others."""
+        raise NotImplementedError
+
+    def drop_secret_user(self, user: str = ADMIN_USER) -> None:
+        raise NotImplementedError
+
+    def unreachable_url(self) -> str:
+        raise NotImplementedError
+
+
+class Postgres(Backend):
+    name = "postgresql"
+
+    def prepared(self) -> set[str]:
+        return set(dbutil.prepared_gids(self.url))
+
+    def rows(self, table: str) -> list[tuple[Any, ...]]:
+        return dbutil.rows(self.url, table)
+
+    def create_table(self, table: str) -> None:
+        with dbutil.connect(self.url) as conn, conn.cursor() as cur:
+            cur.execute(f'CREATE TABLE "{table}" (id bigint, v text)')
+
+    def make_foreign(self, gid: str, scratch: str, format_id: int = FORMAT_ID) -> str:
+        dbutil.make_foreign_prepared(self.url, gid, scratch)
+        return gid
+
+    def finish_foreign(self, name: str) -> None:
+        dbutil.rollback_prepared(self.url, name)
+
+    def secret_url(self, user: str = ADMIN_USER) -> str:
+        # the test server checks this role's password (scram), see tests/conftest.py
+        with dbutil.connect(self.url) as conn, conn.cursor() as cur:
+            cur.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (user,))
+            if cur.fetchone() is None:
+                rights = "SUPERUSER" if user == ADMIN_USER else ""
+                cur.execute(f"CREATE ROLE {user} LOGIN {rights} PASSWORD '{SECRET}'")
+        parts = urlsplit(dbutil.libpq_url(self.url))
+        return f"postgresql://{user}:{SECRET}@{parts.hostname}:{parts.port}{parts.path}"
+
+    def drop_secret_user(self, user: str = ADMIN_USER) -> None:
+        pass  # a role of the private test server; it goes with the server
+
+    def unreachable_url(self) -> str:
+        return f"postgresql://{ADMIN_USER}:{SECRET}@127.0.0.1:{free_port()}/postgres"
+
+
+class MariaDB(Backend):
+    name = "mariadb"
+
+    def prepared(self) -> set[str]:
+        return {self._name(*x) for x in dbutil.mariadb_recover(self.url)}
+
+    @staticmethod
+    def _name(format_id: int, gtrid: bytes, bqual: bytes) -> str:
+        from xasink.dialects.mysql import foreign_gid
+
+        xid = Xid.from_xa(format_id, gtrid, bqual)
+        return xid.gid if xid is not None else foreign_gid(format_id, gtrid, bqual)
+
+    def rows(self, table: str) -> list[tuple[Any, ...]]:
+        return dbutil.mariadb_rows(self.url, table)
+
+    def create_table(self, table: str) -> None:
+        with dbutil.mariadb_connect(self.url) as conn, conn.cursor() as cur:
+            cur.execute(f"CREATE TABLE `{table}` (id bigint, v text) ENGINE=InnoDB")
+
+    def make_foreign(self, gid: str, scratch: str, format_id: int = FORMAT_ID) -> str:
+        gtrid, _, bqual = gid.partition("/")
+        xa = dbutil.mariadb_make_foreign_prepared(self.url, gtrid.encode(), bqual.encode(), format_id, scratch)
+        return self._name(*xa)
+
+    def finish_foreign(self, name: str) -> None:
+        from xasink.dialects.mysql import parse_foreign_gid
+
+        xid = Xid.parse(name)
+        xa = (FORMAT_ID, xid.gtrid.encode(), xid.bqual.encode()) if xid is not None else parse_foreign_gid(name)
+        assert xa is not None, name
+        dbutil.mariadb_rollback_xa(self.url, *xa)
+
+    def _server_sql(self, *statements: str) -> None:
+        with dbutil.mariadb_connect(self.url, database=False) as conn, conn.cursor() as cur:
+            for stmt in statements:
+                cur.execute(stmt)
+
+    def secret_url(self, user: str = ADMIN_USER) -> str:
+        p = dbutil.mariadb_params(self.url)
+        grant = "ALL PRIVILEGES ON *.*" if user == ADMIN_USER else f"USAGE ON `{p['database']}`.*"
+        self._server_sql(
+            f"CREATE USER IF NOT EXISTS '{user}'@'{p['host']}' IDENTIFIED BY '{SECRET}'",
+            f"GRANT {grant} TO '{user}'@'{p['host']}'",
+        )
+        return f"mysql://{user}:{SECRET}@{p['host']}:{p['port']}/{p['database']}"
+
+    def drop_secret_user(self, user: str = ADMIN_USER) -> None:
+        p = dbutil.mariadb_params(self.url)
+        self._server_sql(f"DROP USER IF EXISTS '{user}'@'{p['host']}'")
+
+    def unreachable_url(self) -> str:
+        return f"mysql://{ADMIN_USER}:{SECRET}@127.0.0.1:{free_port()}/db"
+
+
+@dataclass
+class Db:
+    """One test's view of a backend: its sinks and foreign transactions, cleaned up and leak-checked after."""
+
+    backend: Backend
+    sinks: list[BackendSink] = field(default_factory=list)
+    foreign: list[str] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return self.backend.url
+
+    def sink(self) -> BackendSink:
+        table = f"t_{uuid.uuid4().hex[:8]}"
+        self.backend.create_table(table)
+        s = BackendSink(self.backend, table)
+        self.sinks.append(s)
+        return s
+
+    def make_foreign(self, gid: str, format_id: int = FORMAT_ID) -> str:
+        name = self.backend.make_foreign(gid, "rc_scratch", format_id)
+        self.foreign.append(name)
+        return name
+
+    def snapshot(self) -> set[str]:
+        """What this test left prepared: branches of its sinks and its foreign transactions (the server is shared)."""
+        return self.mine() | (self.backend.prepared() & set(self.foreign))
+
+    def mine(self) -> set[str]:
+        """Prepared branches of this test's sinks (in this test's decision log)."""
+        ids = {s.sink_id for s in self.sinks}
+        logs = {s.coordinator.journal.log_id() for s in self.sinks}
+        return {
+            g
+            for g in self.backend.prepared()
+            if (x := Xid.parse(g)) is not None and x.sink_id in ids and x.log_id in logs
+        }
+
+    def cleanup(self) -> list[str]:
+        """Roll back what the test left; returns the branches of its sinks that were left (a leak)."""
+        left = self.backend.prepared()
+        for name in self.foreign:
+            if name in left:
+                self.backend.finish_foreign(name)
+        leaked = sorted(self.mine())
+        for gid in leaked:
+            self.backend.finish_foreign(gid)
+        for s in self.sinks:
+            s.coordinator.close()
+        return leaked
+
+
+@pytest.fixture(name="db", params=["postgresql", pytest.param("mariadb", marks=pytest.mark.mariadb)])
+def cli_db(request: pytest.FixtureRequest) -> Iterator[Db]:
+    """A :class:`Db` on PostgreSQL, then on MariaDB (test_recover_cli, test_status_health: the ``db`` fixture)."""
+    backend: Backend
+    if request.param == "postgresql":
+        backend = Postgres(request.getfixturevalue("pg_url"))
+    else:
+        backend = MariaDB(request.getfixturevalue("mariadb_url"))
+    d = Db(backend)
+    try:
+        yield d
+    finally:
+        leaked = d.cleanup()
+    assert not leaked, f"branches of this test's sinks left prepared (rolled back now): {leaked}"
+
+
+class BackendSink(Sink):
+    """A :class:`Sink` of a recover test's backend: ``(id, v)`` rows; its coordinator stays open (Db closes it)."""
+
+    def __init__(self, backend: Backend, table: str) -> None:
+        super().__init__(backend.url, table, prefix="rc", schema=VALUES, tag="v")
+        self.backend = backend
+        self.coordinator = Coordinator(self.options)
+        self.coordinator.preflight()
+
+    def decide(self, batch_id: int, outcomes: list[BranchOutcome]) -> BatchRecord:
+        """What commit() does up to the decision: the driver is killed right after it."""
+        xids = tuple(sorted(o.xid for o in outcomes if o.xid is not None))
+        record = BatchRecord(self.sink_id, batch_id, "committing", xids, sum(o.rows for o in outcomes), len(xids))
+        self.coordinator._decide(record)
+        return record
+
+    def rows(self) -> list[tuple[Any, ...]]:
+        return self.backend.rows(self.table)
+
+
 # --------------------------------------------------------------------------- the CLI
 
 
@@ -203,7 +434,7 @@ def cli(*args: str) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     with redirect_stdout(out), redirect_stderr(err):
         code = main(list(args))
-    assert_no_secret(out.getvalue(), err.getvalue(), secret=SECRET)
+    assert_no_secret(out.getvalue(), err.getvalue(), secret=SUPERUSER_SECRET)
     return code, out.getvalue(), err.getvalue()
 
 

@@ -22,12 +22,10 @@ import pymysql
 import pytest
 
 import xasink
-from tests import dbutil, test_recover_cli
-from tests.test_recover_cli import Db, Sink, cli
+from tests import dbutil
+from tests.harness import BackendSink, Db, cli, cli_db  # noqa: F401 - cli_db: the db fixture
 from xasink import health
 from xasink.status import StatusReport
-
-db = test_recover_cli.db  # the fixture: PostgreSQL and MariaDB, with its own leak check
 
 BLOCKER_LOCK_TIMEOUT_S = 300  # the blocked INSERT gives up by itself at the latest after this
 WAIT_S = 60.0  # how long a test waits for the blocked INSERT to be seen waiting (a wait, not an assertion)
@@ -47,7 +45,7 @@ class Blocker:
 @dataclass
 class Scene:
     db: Db
-    sink: Sink
+    sink: BackendSink
     gid: str  # the decided, uncommitted branch
     blocker: Blocker
     lock_waits_visible: bool = True
