@@ -16,6 +16,7 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 
 import xasink
+from tests.harness import ROWS, Stream, no_branch_opened
 from tests.targets import MARIADB, POSTGRESQL, Target, make_target
 from xasink import admin, liveness
 
@@ -255,8 +256,6 @@ def test_the_run_guard_is_taken_again_after_the_log_database_restarts(  # type: 
 def test_foreach_batch_multi_in_a_stream_replayed_by_spark_writes_nothing_anywhere(  # type: ignore[no-untyped-def]
     spark, pgt, maria, sink, tmp_path
 ):
-    from tests.test_streaming import ROWS, Stream, no_branch_opened
-
     stream = Stream(spark, tmp_path, pgt.url)
     orders, events = pgt.new_table(), maria.new_table()  # created by the first write, dropped after the test
     calls: list[int] = []
