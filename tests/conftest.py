@@ -232,18 +232,23 @@ def db(request: pytest.FixtureRequest) -> Iterator[Target]:
     ``no_prepared_left`` checks that nothing of xasink is left prepared on it.
     """
     kind: str = request.param
-    url = request.getfixturevalue("pg_url" if kind == POSTGRESQL else "mariadb_url")
-    target = make_target(kind, url)
-    try:
-        yield target
-    finally:
-        target.cleanup()
+    yield from _target(kind, request.getfixturevalue("pg_url" if kind == POSTGRESQL else "mariadb_url"))
 
 
 @pytest.fixture
 def pg(pg_url: str) -> Iterator[Target]:
     """The PostgreSQL target alone, for PostgreSQL-only tests; its tables are dropped afterwards."""
-    target = make_target(POSTGRESQL, pg_url)
+    yield from _target(POSTGRESQL, pg_url)
+
+
+@pytest.fixture
+def maria(mariadb_url: str) -> Iterator[Target]:
+    """The MariaDB target alone (tests of both servers at once: ``pg`` and ``maria``); its tables are dropped."""
+    yield from _target(MARIADB, mariadb_url)
+
+
+def _target(kind: str, url: str) -> Iterator[Target]:
+    target = make_target(kind, url)
     try:
         yield target
     finally:
