@@ -16,7 +16,7 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 
 import xasink
-from tests.harness import ROWS, Stream, no_branch_opened
+from tests.harness import ROWS, Stream, expected, frame, no_branch_opened
 from tests.targets import Target
 from xasink import admin, liveness
 
@@ -28,10 +28,6 @@ def sink() -> Iterator[str]:
     yield f"tx{uuid.uuid4().hex[:8]}"
 
 
-def frame(spark: SparkSession, lo: int, hi: int, parts: int = 2) -> DataFrame:
-    return spark.range(lo, hi, 1, parts).selectExpr("cast(id as int) as id", "concat('n', id) as name")
-
-
 def failing(spark: SparkSession, lo: int, hi: int) -> DataFrame:
     """A frame whose second partition's task fails (a division by zero in ANSI mode): its job fails."""
     return spark.range(lo, hi, 1, 2).selectExpr(
@@ -41,10 +37,6 @@ def failing(spark: SparkSession, lo: int, hi: int) -> DataFrame:
 
 def rows(target: Target, table: str) -> list[tuple[Any, ...]]:
     return target.rows(table) if target.table_exists(table) else []
-
-
-def expect(lo: int, hi: int) -> list[tuple[int, str]]:
-    return [(i, f"n{i}") for i in range(lo, hi)]
 
 
 def assert_clean(sink: str, *targets: Target) -> None:
@@ -62,14 +54,14 @@ def three_tables(pg: Target, maria: Target) -> tuple[str, str, str]:
 def test_three_tables_two_databases_commit_together(spark, pg, maria, sink):  # type: ignore[no-untyped-def]
     orders, lines, events = three_tables(pg, maria)
     with xasink.transaction(sink_id=sink, batch_id=7, journal_url=pg.url) as tx:
-        r1 = tx.write(frame(spark, 0, 10), pg.url, orders)
-        tx.write(frame(spark, 100, 120), pg.url, lines, upsertKeyColumns="id")
-        tx.write(frame(spark, 200, 205), maria.url, events)
+        r1 = tx.write(frame(spark, range(10), 2), pg.url, orders)
+        tx.write(frame(spark, range(100, 120), 2), pg.url, lines, upsertKeyColumns="id")
+        tx.write(frame(spark, range(200, 205), 2), maria.url, events)
         assert rows(pg, orders) == [] and rows(maria, events) == []  # prepared, not visible yet
     assert r1.rows == 10
-    assert rows(pg, orders) == expect(0, 10)
-    assert rows(pg, lines) == expect(100, 120)
-    assert rows(maria, events) == expect(200, 205)
+    assert rows(pg, orders) == expected(range(10))
+    assert rows(pg, lines) == expected(range(100, 120))
+    assert rows(maria, events) == expected(range(200, 205))
     assert tx.result is not None and not tx.result.skipped
     assert [(t.table, t.rows) for t in tx.result.targets] == [(orders, 10), (lines, 20), (events, 5)]
     assert tx.result.rows == 35
@@ -80,11 +72,11 @@ def test_three_tables_two_databases_commit_together(spark, pg, maria, sink):  # 
 
     # the same transaction again: a replay writes nothing anywhere
     with xasink.transaction(sink_id=sink, batch_id=7, journal_url=pg.url) as tx2:
-        r = tx2.write(frame(spark, 0, 10), pg.url, orders)
-        tx2.write(frame(spark, 100, 120), pg.url, lines, upsertKeyColumns="id")
-        tx2.write(frame(spark, 200, 205), maria.url, events)
+        r = tx2.write(frame(spark, range(10), 2), pg.url, orders)
+        tx2.write(frame(spark, range(100, 120), 2), pg.url, lines, upsertKeyColumns="id")
+        tx2.write(frame(spark, range(200, 205), 2), maria.url, events)
     assert r.skipped and tx2.result is not None and tx2.result.skipped
-    assert rows(pg, orders) == expect(0, 10) and rows(maria, events) == expect(200, 205)
+    assert rows(pg, orders) == expected(range(10)) and rows(maria, events) == expected(range(200, 205))
     assert_clean(sink, pg, maria)
 
 
@@ -92,17 +84,17 @@ def test_a_failure_in_the_last_write_rolls_back_every_write(spark, pg, maria, si
     orders, lines, events = three_tables(pg, maria)
     spark.conf.set("spark.sql.ansi.enabled", "true")
     with pytest.raises(xasink.XasinkError), xasink.transaction(sink_id=sink, batch_id=1, journal_url=pg.url) as tx:
-        tx.write(frame(spark, 0, 10), pg.url, orders)
-        tx.write(frame(spark, 100, 120), maria.url, events)
+        tx.write(frame(spark, range(10), 2), pg.url, orders)
+        tx.write(frame(spark, range(100, 120), 2), maria.url, events)
         tx.write(failing(spark, 200, 210), pg.url, lines)
     assert rows(pg, orders) == [] and rows(pg, lines) == [] and rows(maria, events) == []
     assert pg.execute("SELECT count(*) FROM xasink_batches WHERE sink_id = %s", sink) == [(0,)]
     assert_clean(sink, pg, maria)
     # the same batch id runs again and commits: nothing of the failed attempt counts
     with xasink.transaction(sink_id=sink, batch_id=1, journal_url=pg.url) as tx:
-        tx.write(frame(spark, 0, 10), pg.url, orders)
-        tx.write(frame(spark, 100, 120), maria.url, events)
-    assert rows(pg, orders) == expect(0, 10) and rows(maria, events) == expect(100, 120)
+        tx.write(frame(spark, range(10), 2), pg.url, orders)
+        tx.write(frame(spark, range(100, 120), 2), maria.url, events)
+    assert rows(pg, orders) == expected(range(10)) and rows(maria, events) == expected(range(100, 120))
     assert_clean(sink, pg, maria)
 
 
@@ -112,8 +104,8 @@ def test_an_exception_in_the_block_after_two_writes_rolls_back_both(spark, pg, m
         pytest.raises(RuntimeError, match="user code"),
         xasink.transaction(sink_id=sink, batch_id=3, journal_url=maria.url) as tx,
     ):
-        tx.write(frame(spark, 0, 10), pg.url, orders)
-        tx.write(frame(spark, 100, 120), maria.url, events)
+        tx.write(frame(spark, range(10), 2), pg.url, orders)
+        tx.write(frame(spark, range(100, 120), 2), maria.url, events)
         raise RuntimeError("user code failed")
     assert rows(pg, orders) == [] and rows(maria, events) == []
     assert_clean(sink, pg, maria)
@@ -122,11 +114,11 @@ def test_an_exception_in_the_block_after_two_writes_rolls_back_both(spark, pg, m
 def test_the_same_table_twice_lands_both_writes(spark, pg, maria, sink):  # type: ignore[no-untyped-def]
     orders, _, events = three_tables(pg, maria)
     with xasink.transaction(sink_id=sink, batch_id=4, journal_url=maria.url) as tx:
-        tx.write(frame(spark, 0, 10), maria.url, events)
-        tx.write(frame(spark, 10, 15), maria.url, events)
-        tx.write(frame(spark, 0, 3), pg.url, orders)
-    assert rows(maria, events) == expect(0, 15)
-    assert rows(pg, orders) == expect(0, 3)
+        tx.write(frame(spark, range(10), 2), maria.url, events)
+        tx.write(frame(spark, range(10, 15), 2), maria.url, events)
+        tx.write(frame(spark, range(3), 2), pg.url, orders)
+    assert rows(maria, events) == expected(range(15))
+    assert rows(pg, orders) == expected(range(3))
     # the log is MariaDB's: the decision lists the PostgreSQL branches too
     (n,) = maria.execute("SELECT branches FROM xasink_batches WHERE sink_id = %s AND batch_id = 4", sink)
     assert n == (6,)
@@ -146,17 +138,17 @@ def test_writes_from_several_threads_are_decided_together(spark, pg, maria, sink
                 errors.append(exc)
 
         threads = [
-            threading.Thread(target=run, args=(frame(spark, 0, 10), pg.url, orders)),
-            threading.Thread(target=run, args=(frame(spark, 10, 20), pg.url, lines)),
-            threading.Thread(target=run, args=(frame(spark, 20, 30), maria.url, events)),
+            threading.Thread(target=run, args=(frame(spark, range(10), 2), pg.url, orders)),
+            threading.Thread(target=run, args=(frame(spark, range(10, 20), 2), pg.url, lines)),
+            threading.Thread(target=run, args=(frame(spark, range(20, 30), 2), maria.url, events)),
         ]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
     assert errors == []
-    assert rows(pg, orders) == expect(0, 10) and rows(pg, lines) == expect(10, 20)
-    assert rows(maria, events) == expect(20, 30)
+    assert rows(pg, orders) == expected(range(10)) and rows(pg, lines) == expected(range(10, 20))
+    assert rows(maria, events) == expected(range(20, 30))
     assert_clean(sink, pg, maria)
 
 
@@ -168,31 +160,31 @@ def test_foreach_batch_multi_replayed_micro_batch_writes_nothing(spark, pg, mari
         tx.write(df, maria.url, events)
 
     fn = xasink.foreach_batch_multi(both, sink_id=sink, journal_url=pg.url)
-    first = fn(frame(spark, 0, 4), 0)
+    first = fn(frame(spark, range(4), 2), 0)
     assert first is not None and not first.skipped and first.rows == 8
-    again = fn(frame(spark, 0, 4), 0)  # Spark replays batch 0 after a crash before its commit file
+    again = fn(frame(spark, range(4), 2), 0)  # Spark replays batch 0 after a crash before its commit file
     assert again is not None and again.skipped
-    fn(frame(spark, 4, 6), 1)
-    assert rows(pg, orders) == expect(0, 6) and rows(maria, events) == expect(0, 6)
+    fn(frame(spark, range(4, 6), 2), 1)
+    assert rows(pg, orders) == expected(range(6)) and rows(maria, events) == expected(range(6))
     assert_clean(sink, pg, maria)
 
 
 def test_recovery_during_the_block_leaves_the_live_transaction_alone(spark, pg, maria, sink):  # type: ignore[no-untyped-def]
     orders, _, events = three_tables(pg, maria)
     with xasink.transaction(sink_id=sink, batch_id=8, journal_url=pg.url) as tx:
-        tx.write(frame(spark, 0, 10), pg.url, orders)
-        tx.write(frame(spark, 0, 4), maria.url, events)
+        tx.write(frame(spark, range(10), 2), pg.url, orders)
+        tx.write(frame(spark, range(4), 2), maria.url, events)
         before = (sorted(pg.prepared(sink)), sorted(maria.prepared(sink)))
         assert len(before[0]) == 2 and len(before[1]) == 2
         # a cron recover of each database, from the log's side and against the log: the guard is held
         admin.recover(pg.url, older_than_s=0)
         admin.recover(maria.url, journal_url=pg.url, older_than_s=0)
         assert (sorted(pg.prepared(sink)), sorted(maria.prepared(sink))) == before
-    assert rows(pg, orders) == expect(0, 10) and rows(maria, events) == expect(0, 4)
+    assert rows(pg, orders) == expected(range(10)) and rows(maria, events) == expected(range(4))
     # a single-table write of the same (sink, batch) is not a replay of the transaction: refused
     with pytest.raises(xasink.BatchIdentityError):
-        xasink.write(frame(spark, 0, 10), pg.url, orders, sink_id=sink, batch_id=8)
-    assert rows(pg, orders) == expect(0, 10)
+        xasink.write(frame(spark, range(10), 2), pg.url, orders, sink_id=sink, batch_id=8)
+    assert rows(pg, orders) == expected(range(10))
     assert_clean(sink, pg, maria)
 
 
@@ -201,14 +193,14 @@ def test_a_database_restarted_between_prepare_and_commit(spark, pg_server, pg, m
         pytest.skip("restarts the database: needs the embedded server, not XASINK_TEST_PG_URL")
     orders, lines, events = three_tables(pg, maria)
     with xasink.transaction(sink_id=sink, batch_id=9, journal_url=maria.url) as tx:
-        tx.write(frame(spark, 0, 10), pg.url, orders)
-        tx.write(frame(spark, 100, 104), maria.url, events)
-        tx.write(frame(spark, 100, 120), pg.url, lines)
+        tx.write(frame(spark, range(10), 2), pg.url, orders)
+        tx.write(frame(spark, range(100, 104), 2), maria.url, events)
+        tx.write(frame(spark, range(100, 120), 2), pg.url, lines)
         before = sorted(pg.prepared(sink))
         pg_server.restart()  # prepared branches survive; every connection to it is gone
         assert sorted(pg.prepared(sink)) == before
-    assert rows(pg, orders) == expect(0, 10) and rows(pg, lines) == expect(100, 120)
-    assert rows(maria, events) == expect(100, 104)
+    assert rows(pg, orders) == expected(range(10)) and rows(pg, lines) == expected(range(100, 120))
+    assert rows(maria, events) == expected(range(100, 104))
     assert_clean(sink, pg, maria)
 
 
@@ -223,15 +215,15 @@ def test_the_run_guard_is_taken_again_after_the_log_database_restarts(  # type: 
     monkeypatch.setattr(liveness, "RESTART_GRACE_S", 0.0)
     orders, lines, events = three_tables(pg, maria)
     with xasink.transaction(sink_id=sink, batch_id=12, journal_url=pg.url) as tx:
-        tx.write(frame(spark, 0, 10), pg.url, orders)
-        tx.write(frame(spark, 100, 104), maria.url, events)
+        tx.write(frame(spark, range(10), 2), pg.url, orders)
+        tx.write(frame(spark, range(100, 104), 2), maria.url, events)
         before = sorted(pg.prepared(sink))
         pg_server.restart()  # the guard's session is gone; prepared branches survive
         assert sorted(pg.prepared(sink)) == before
-        tx.write(frame(spark, 100, 120), pg.url, lines)  # its pre-flight recovers the sink in PostgreSQL
+        tx.write(frame(spark, range(100, 120), 2), pg.url, lines)  # its pre-flight recovers the sink in PostgreSQL
         assert set(before) <= set(pg.prepared(sink))
-    assert rows(pg, orders) == expect(0, 10) and rows(pg, lines) == expect(100, 120)
-    assert rows(maria, events) == expect(100, 104)
+    assert rows(pg, orders) == expected(range(10)) and rows(pg, lines) == expected(range(100, 120))
+    assert rows(maria, events) == expected(range(100, 104))
     assert_clean(sink, pg, maria)
 
 
@@ -278,11 +270,11 @@ def test_foreach_batch_multi_refuses_a_reset_checkpoint(spark, pg, maria, sink):
         tx.write(df, maria.url, events)
 
     fn = xasink.foreach_batch_multi(both, sink_id=sink, journal_url=pg.url)
-    fn(frame(spark, 0, 4), 0)
-    fn(frame(spark, 4, 8), 1)
+    fn(frame(spark, range(4), 2), 0)
+    fn(frame(spark, range(4, 8), 2), 1)
     with pytest.raises(xasink.OptionError, match="has already decided batch 1, but Spark is committing batch 0"):
-        fn(frame(spark, 100, 104), 0)  # a new checkpoint starts again at 0: not a replay of the old batch 0
-    assert rows(pg, orders) == expect(0, 8) and rows(maria, events) == expect(0, 8)
+        fn(frame(spark, range(100, 104), 2), 0)  # a new checkpoint starts again at 0: not a replay of the old batch 0
+    assert rows(pg, orders) == expected(range(8)) and rows(maria, events) == expected(range(8))
     assert_clean(sink, pg, maria)
 
 
@@ -293,8 +285,8 @@ def test_cli_status_lists_the_targets_and_recover_takes_journal_url(  # type: ig
 
     orders, _, events = three_tables(pg, maria)
     with xasink.transaction(sink_id=sink, batch_id=12, journal_url=pg.url) as tx:
-        tx.write(frame(spark, 0, 3), pg.url, orders)
-        tx.write(frame(spark, 0, 2), maria.url, events)
+        tx.write(frame(spark, range(3), 2), pg.url, orders)
+        tx.write(frame(spark, range(2), 2), maria.url, events)
     capsys.readouterr()
     assert cli.main(["status", "--url", pg.url, "--sink-id", sink]) == 0
     out = capsys.readouterr().out
@@ -314,9 +306,9 @@ def test_a_write_refused_for_its_options_and_caught_still_fails_the_block(spark,
         pytest.raises(xasink.BatchAbortedError),
         xasink.transaction(sink_id=sink, batch_id=2, journal_url=pg.url) as tx,
     ):
-        tx.write(frame(spark, 0, 10), pg.url, orders)
+        tx.write(frame(spark, range(10), 2), pg.url, orders)
         with pytest.raises(xasink.OptionError):
-            tx.write(frame(spark, 10, 20), pg.url, lines, batchId=3)  # the user's function swallows it
+            tx.write(frame(spark, range(10, 20), 2), pg.url, lines, batchId=3)  # the user's function swallows it
     assert rows(pg, orders) == [] and rows(pg, lines) == []
     assert_clean(sink, pg, maria)
 
@@ -332,7 +324,7 @@ def test_a_write_failed_before_the_log_was_reached_and_caught_still_fails_the_bl
 
     fn = xasink.foreach_batch_multi(swallowing, sink_id=sink, journal_url="postgresql://etl:pw@127.0.0.1:1/x")
     with pytest.raises(xasink.BatchAbortedError):  # else Spark would commit the micro-batch with no row written
-        fn(frame(spark, 0, 4), 0)
+        fn(frame(spark, range(4), 2), 0)
     assert rows(pg, orders) == [] and rows(maria, events) == []
     assert_clean(sink, pg, maria)
 
@@ -349,8 +341,8 @@ def test_without_journal_url_a_transaction_over_two_databases_is_refused_at_its_
     for first, second, batch in (((pg, orders), (maria, events), 0), ((maria, events), (pg, orders), 1)):
         with pytest.raises(xasink.OptionError, match="Pass journal_url"):
             with xasink.transaction(sink_id=sink, batch_id=batch) as tx:
-                tx.write(frame(spark, 0, 4), first[0].url, first[1])
-                tx.write(frame(spark, 0, 4), second[0].url, second[1])
+                tx.write(frame(spark, range(4), 2), first[0].url, first[1])
+                tx.write(frame(spark, range(4), 2), second[0].url, second[1])
         assert rows(pg, orders) == [] and rows(maria, events) == []
         assert_clean(sink, pg, maria)
         for t in (pg, maria):
@@ -360,7 +352,7 @@ def test_without_journal_url_a_transaction_over_two_databases_is_refused_at_its_
     lines = pg.new_table()
     pg.keyed_table(lines, primary_key=False)
     with xasink.transaction(sink_id=sink, batch_id=2) as tx:
-        tx.write(frame(spark, 0, 4), pg.url, orders)
-        tx.write(frame(spark, 10, 12), pg.url, lines)
-    assert rows(pg, orders) == expect(0, 4) and rows(pg, lines) == expect(10, 12)
+        tx.write(frame(spark, range(4), 2), pg.url, orders)
+        tx.write(frame(spark, range(10, 12), 2), pg.url, lines)
+    assert rows(pg, orders) == expected(range(4)) and rows(pg, lines) == expected(range(10, 12))
     assert_clean(sink, pg, maria)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import run_driver
+from tests.harness import expected, run_driver
 from tests.targets import Target
 from xasink import admin
 from xasink.status import status as xasink_status
@@ -32,10 +32,6 @@ BATCH = 11
 
 def table_rows(t: Target, table: str) -> list[tuple[object, ...]]:
     return t.rows(table) if t.table_exists(table) else []
-
-
-def expect(lo: int, hi: int) -> list[tuple[int, str]]:
-    return [(i, f"n{i}") for i in range(lo, hi)]
 
 
 @pytest.mark.parametrize(
@@ -86,9 +82,9 @@ def test_killed_transaction_is_all_or_nothing_after_recovery_of_each_database(
     assert other.errors == [], other.errors
 
     if decided:
-        assert table_rows(pg, orders) == expect(0, 10)
-        assert table_rows(pg, lines) == expect(100, 120)
-        assert table_rows(maria, events) == expect(200, 205)
+        assert table_rows(pg, orders) == expected(range(10))
+        assert table_rows(pg, lines) == expected(range(100, 120))
+        assert table_rows(maria, events) == expected(range(200, 205))
         (state,) = log_db.execute("SELECT state FROM xasink_batches WHERE sink_id = %s", sink)
         assert state == ("committed",)  # every database's part finished: the batch is marked
         status = xasink_status(log_db.url, sink_id=sink)
@@ -150,8 +146,8 @@ def test_two_databases_recovered_at_once_mark_the_transaction_committed(
     for t in threads:
         t.join(120)
     assert errors == []
-    assert table_rows(pg, orders) == expect(0, 10) and table_rows(pg, lines) == expect(100, 120)
-    assert table_rows(maria, events) == expect(200, 205)
+    assert table_rows(pg, orders) == expected(range(10)) and table_rows(pg, lines) == expected(range(100, 120))
+    assert table_rows(maria, events) == expected(range(200, 205))
     assert pg.execute("SELECT committed FROM xasink_parts WHERE sink_id = %s", sink) == [(True,)] * 3
     assert pg.execute("SELECT state FROM xasink_batches WHERE sink_id = %s", sink) == [("committed",)]
     assert xasink_status(pg.url, sink_id=sink).sinks[0].in_doubt_batches == []
