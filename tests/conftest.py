@@ -28,9 +28,15 @@ import psycopg2.extensions
 import pymysql
 import pytest
 
-from tests.dbutil import (
+from tests.leaks import SECRET
+from tests.targets import (
+    IDS,
+    MARIADB,
+    POSTGRESQL,
     XASINK_GID_PREFIX,
+    Target,
     libpq_url,
+    make_target,
     mariadb_connect,
     mariadb_prepared_gids,
     mariadb_rollback_gid,
@@ -38,8 +44,6 @@ from tests.dbutil import (
     prepared_gids,
     rollback_prepared,
 )
-from tests.leaks import SECRET
-from tests.targets import IDS, MARIADB, POSTGRESQL, Target, make_target
 from xasink.embedded import EmbeddedPostgres
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)

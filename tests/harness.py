@@ -1,5 +1,5 @@
 """What the test modules share: the rows they write and expect, one sink driven without Spark, and a test
-driver run in its own process.  Test modules import from here (and from tests.targets, tests.dbutil), never
+driver run in its own process.  Test modules import from here (and from tests.targets), never
 from one another.
 
 Rows: a writer of ids ``I`` leaves ``(i, f"{tag}{i}")`` for each ``i`` (tag ``n`` unless a test says other),
@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 import pyarrow as pa
 import pytest
 
-from tests import dbutil
+from tests import targets
 from tests.leaks import SECRET as SUPERUSER_SECRET  # the test servers' superuser: a url of theirs holds it
 from tests.leaks import assert_no_secret
 from tests.modes_driver import OPTIONS_ENV  # a test driver's extra write options, a JSON object
@@ -252,13 +252,13 @@ class Stream:
         self.writer(self.frame(partitions), **options).trigger(availableNow=True).start().awaitTermination()
 
     def ids(self) -> list[int]:
-        return [r[0] for r in dbutil.rows(self.url, self.table)] if table_exists(self.url, self.table) else []
+        return [r[0] for r in targets.rows(self.url, self.table)] if table_exists(self.url, self.table) else []
 
     def decisions(self) -> dict[int, dict[str, Any]]:
         return decisions(self.url, self.sink_id)
 
     def prepared(self) -> list[str]:
-        return dbutil.prepared_gids(self.url, prefix=f"xasink:{self.sink_id}:")
+        return targets.prepared_gids(self.url, prefix=f"xasink:{self.sink_id}:")
 
     def forget_spark_commit(self, batch: int) -> None:
         """What a kill after our commit and before Spark's commit log leaves: Spark replays ``batch``."""
@@ -276,7 +276,7 @@ class Stream:
 
 
 def table_exists(url: str, table: str) -> bool:
-    with dbutil.connect(url) as conn, conn.cursor() as cur:
+    with targets.connect(url) as conn, conn.cursor() as cur:
         cur.execute("SELECT to_regclass(%s) IS NOT NULL", (table,))
         return bool(cur.fetchone()[0])
 
@@ -284,7 +284,7 @@ def table_exists(url: str, table: str) -> bool:
 def decisions(url: str, sink_id: str) -> dict[int, dict[str, Any]]:
     if not table_exists(url, "xasink_batches"):
         return {}
-    with dbutil.connect(url) as conn, conn.cursor() as cur:
+    with targets.connect(url) as conn, conn.cursor() as cur:
         cur.execute(
             "SELECT batch_id, state, xids, rows, branches, prepare_ms, commit_ms FROM xasink_batches "
             "WHERE sink_id = %s",
@@ -353,30 +353,30 @@ class Postgres(Backend):
     name = "postgresql"
 
     def prepared(self) -> set[str]:
-        return set(dbutil.prepared_gids(self.url))
+        return set(targets.prepared_gids(self.url))
 
     def rows(self, table: str) -> list[tuple[Any, ...]]:
-        return dbutil.rows(self.url, table)
+        return targets.rows(self.url, table)
 
     def create_table(self, table: str) -> None:
-        with dbutil.connect(self.url) as conn, conn.cursor() as cur:
+        with targets.connect(self.url) as conn, conn.cursor() as cur:
             cur.execute(f'CREATE TABLE "{table}" (id bigint, v text)')
 
     def make_foreign(self, gid: str, scratch: str, format_id: int = FORMAT_ID) -> str:
-        dbutil.make_foreign_prepared(self.url, gid, scratch)
+        targets.make_foreign_prepared(self.url, gid, scratch)
         return gid
 
     def finish_foreign(self, name: str) -> None:
-        dbutil.rollback_prepared(self.url, name)
+        targets.rollback_prepared(self.url, name)
 
     def secret_url(self, user: str = ADMIN_USER) -> str:
         # the test server checks this role's password (scram), see tests/conftest.py
-        with dbutil.connect(self.url) as conn, conn.cursor() as cur:
+        with targets.connect(self.url) as conn, conn.cursor() as cur:
             cur.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (user,))
             if cur.fetchone() is None:
                 rights = "SUPERUSER" if user == ADMIN_USER else ""
                 cur.execute(f"CREATE ROLE {user} LOGIN {rights} PASSWORD '{SECRET}'")
-        parts = urlsplit(dbutil.libpq_url(self.url))
+        parts = urlsplit(targets.libpq_url(self.url))
         return f"postgresql://{user}:{SECRET}@{parts.hostname}:{parts.port}{parts.path}"
 
     def drop_secret_user(self, user: str = ADMIN_USER) -> None:
@@ -390,7 +390,7 @@ class MariaDB(Backend):
     name = "mariadb"
 
     def prepared(self) -> set[str]:
-        return {self._name(*x) for x in dbutil.mariadb_recover(self.url)}
+        return {self._name(*x) for x in targets.mariadb_recover(self.url)}
 
     @staticmethod
     def _name(format_id: int, gtrid: bytes, bqual: bytes) -> str:
@@ -400,15 +400,15 @@ class MariaDB(Backend):
         return xid.gid if xid is not None else foreign_gid(format_id, gtrid, bqual)
 
     def rows(self, table: str) -> list[tuple[Any, ...]]:
-        return dbutil.mariadb_rows(self.url, table)
+        return targets.mariadb_rows(self.url, table)
 
     def create_table(self, table: str) -> None:
-        with dbutil.mariadb_connect(self.url) as conn, conn.cursor() as cur:
+        with targets.mariadb_connect(self.url) as conn, conn.cursor() as cur:
             cur.execute(f"CREATE TABLE `{table}` (id bigint, v text) ENGINE=InnoDB")
 
     def make_foreign(self, gid: str, scratch: str, format_id: int = FORMAT_ID) -> str:
         gtrid, _, bqual = gid.partition("/")
-        xa = dbutil.mariadb_make_foreign_prepared(self.url, gtrid.encode(), bqual.encode(), format_id, scratch)
+        xa = targets.mariadb_make_foreign_prepared(self.url, gtrid.encode(), bqual.encode(), format_id, scratch)
         return self._name(*xa)
 
     def finish_foreign(self, name: str) -> None:
@@ -417,15 +417,15 @@ class MariaDB(Backend):
         xid = Xid.parse(name)
         xa = (FORMAT_ID, xid.gtrid.encode(), xid.bqual.encode()) if xid is not None else parse_foreign_gid(name)
         assert xa is not None, name
-        dbutil.mariadb_rollback_xa(self.url, *xa)
+        targets.mariadb_rollback_xa(self.url, *xa)
 
     def _server_sql(self, *statements: str) -> None:
-        with dbutil.mariadb_connect(self.url, database=False) as conn, conn.cursor() as cur:
+        with targets.mariadb_connect(self.url, database=False) as conn, conn.cursor() as cur:
             for stmt in statements:
                 cur.execute(stmt)
 
     def secret_url(self, user: str = ADMIN_USER) -> str:
-        p = dbutil.mariadb_params(self.url)
+        p = targets.mariadb_params(self.url)
         grant = "ALL PRIVILEGES ON *.*" if user == ADMIN_USER else f"USAGE ON `{p['database']}`.*"
         self._server_sql(
             f"CREATE USER IF NOT EXISTS '{user}'@'{p['host']}' IDENTIFIED BY '{SECRET}'",
@@ -434,7 +434,7 @@ class MariaDB(Backend):
         return f"mysql://{user}:{SECRET}@{p['host']}:{p['port']}/{p['database']}"
 
     def drop_secret_user(self, user: str = ADMIN_USER) -> None:
-        p = dbutil.mariadb_params(self.url)
+        p = targets.mariadb_params(self.url)
         self._server_sql(f"DROP USER IF EXISTS '{user}'@'{p['host']}'")
 
     def unreachable_url(self) -> str:

@@ -39,7 +39,7 @@ def _plain_partition(url: str, table: str, batch_id: int) -> Any:
         from psycopg2 import sql
         from pyspark import TaskContext
 
-        from tests.dbutil import libpq_url
+        from tests.targets import libpq_url
         from xasink import faults
 
         ids = [(r["id"],) for r in rows]

@@ -18,7 +18,9 @@ from urllib.parse import quote
 import pytest
 
 from tests import harness
-from tests.dbutil import (
+from tests.harness import VALUES, expected, record_batch
+from tests.leaks import SECRET, assert_no_secret
+from tests.targets import (
     commit_prepared,
     connect,
     make_foreign_prepared,
@@ -27,8 +29,6 @@ from tests.dbutil import (
     rows,
     with_login,
 )
-from tests.harness import VALUES, expected, record_batch
-from tests.leaks import SECRET, assert_no_secret
 from xasink.branch import write_partition
 from xasink.coordinator import Coordinator
 from xasink.embedded import EmbeddedPostgres

@@ -18,10 +18,9 @@ from urllib.parse import quote, urlsplit
 import pytest
 
 import xasink
-from tests.dbutil import with_login
 from tests.harness import TargetSink, cli, expected
 from tests.modes_driver import overwrite_direct, split
-from tests.targets import MARIADB, POSTGRESQL, MariaDBTarget, Target
+from tests.targets import MARIADB, POSTGRESQL, MariaDBTarget, Target, with_login
 from xasink import admin, ddl
 from xasink.dialects import dialect_for
 from xasink.errors import BatchAbortedError

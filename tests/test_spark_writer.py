@@ -26,10 +26,19 @@ from pyspark.sql import functions as F  # noqa: N812 - Spark's usual alias
 from pyspark.sql.types import IntegerType
 
 import xasink
-from tests.dbutil import XASINK_FORMAT_ID, libpq_url, with_login
 from tests.harness import expected, frame
 from tests.leaks import texts
-from tests.targets import MARIADB, POSTGRESQL, PostgresTarget, Target, case, make_target
+from tests.targets import (
+    MARIADB,
+    POSTGRESQL,
+    XASINK_FORMAT_ID,
+    PostgresTarget,
+    Target,
+    case,
+    libpq_url,
+    make_target,
+    with_login,
+)
 from xasink import admin
 from xasink.coordinator import Coordinator
 from xasink.embedded import EmbeddedPostgres

@@ -22,7 +22,7 @@ import pymysql
 import pytest
 
 import xasink
-from tests import dbutil
+from tests import targets
 from tests.harness import BackendSink, Db, cli, cli_db  # noqa: F401 - cli_db: the db fixture
 from xasink import health
 from xasink.status import StatusReport
@@ -61,10 +61,10 @@ class Scene:
 
 def _add_key(db: Db, table: str) -> None:
     if db.backend.name == "postgresql":
-        with dbutil.connect(db.url) as conn, conn.cursor() as cur:
+        with targets.connect(db.url) as conn, conn.cursor() as cur:
             cur.execute(f'ALTER TABLE "{table}" ADD PRIMARY KEY (id)')
     else:
-        with dbutil.mariadb_connect(db.url) as conn, conn.cursor() as cur:
+        with targets.mariadb_connect(db.url) as conn, conn.cursor() as cur:
             cur.execute(f"ALTER TABLE `{table}` ADD PRIMARY KEY (id)")
 
 
@@ -81,7 +81,7 @@ def _block(db: Db, table: str, key: int) -> Blocker:
     if db.backend.name == "postgresql":
         import psycopg2
 
-        conn = psycopg2.connect(dbutil.libpq_url(db.url))
+        conn = psycopg2.connect(targets.libpq_url(db.url))
         conn.autocommit = True
         cur = conn.cursor()
         cur.execute(f"SET lock_timeout = '{BLOCKER_LOCK_TIMEOUT_S}s'")
@@ -89,16 +89,16 @@ def _block(db: Db, table: str, key: int) -> Blocker:
         stmt = f"INSERT INTO \"{table}\" VALUES ({key}, 'blocked')"
 
         def cancel() -> None:
-            with dbutil.connect(db.url) as c, c.cursor() as k:
+            with targets.connect(db.url) as c, c.cursor() as k:
                 k.execute("SELECT pg_cancel_backend(%s)", (session,))
 
         def waiting() -> bool:
-            with dbutil.connect(db.url) as c, c.cursor() as k:
+            with targets.connect(db.url) as c, c.cursor() as k:
                 k.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (session,))
                 row = k.fetchone()
                 return row is not None and row[0] == "Lock"
     else:
-        params = dbutil.mariadb_params(db.url)
+        params = targets.mariadb_params(db.url)
         conn = pymysql.connect(**params)
         cur = conn.cursor()
         cur.execute(f"SET SESSION innodb_lock_wait_timeout = {BLOCKER_LOCK_TIMEOUT_S}")
@@ -106,11 +106,11 @@ def _block(db: Db, table: str, key: int) -> Blocker:
         stmt = f"INSERT INTO `{table}` VALUES ({key}, 'blocked')"
 
         def cancel() -> None:
-            with dbutil.mariadb_connect(db.url) as c, c.cursor() as k:
+            with targets.mariadb_connect(db.url) as c, c.cursor() as k:
                 k.execute(f"KILL QUERY {int(session)}")
 
         def waiting() -> bool:  # PROCESSLIST, not INNODB_TRX: that is a cache which can lag (see maria_trx_visible)
-            with dbutil.mariadb_connect(db.url) as c, c.cursor() as k:
+            with targets.mariadb_connect(db.url) as c, c.cursor() as k:
                 k.execute(
                     "SELECT 1 FROM information_schema.PROCESSLIST WHERE ID = %s AND COMMAND = 'Query' "
                     "AND STATE = 'Update' AND TIME_MS >= 500",
@@ -140,7 +140,7 @@ def maria_trx_visible(db: Db, session: int) -> bool:
     """
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
-        with dbutil.mariadb_connect(db.url) as c, c.cursor() as k:
+        with targets.mariadb_connect(db.url) as c, c.cursor() as k:
             k.execute("SELECT 1 FROM information_schema.INNODB_TRX WHERE trx_mysql_thread_id = %s", (session,))
             if k.fetchone() is not None:
                 return True
@@ -180,7 +180,7 @@ def scene(db: Db) -> Iterator[Scene]:
     else:  # INNODB_TRX is a cache that may still show the past wait: PROCESSLIST says the session is gone
 
         def gone() -> bool:
-            with dbutil.mariadb_connect(db.url) as c, c.cursor() as k:
+            with targets.mariadb_connect(db.url) as c, c.cursor() as k:
                 k.execute("SELECT 1 FROM information_schema.PROCESSLIST WHERE ID = %s", (blocker.session,))
                 return k.fetchone() is None
 

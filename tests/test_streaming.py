@@ -24,8 +24,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 import xasink
-from tests.dbutil import connect, prepared_gids, rollback_prepared
 from tests.harness import ROWS, Stream, no_branch_opened
+from tests.targets import connect, prepared_gids, rollback_prepared
 from xasink.branch import write_partition
 from xasink.coordinator import Coordinator
 from xasink.dialects import dialect_for

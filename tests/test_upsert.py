@@ -22,8 +22,13 @@ from pyspark.sql import functions as F  # noqa: N812 - Spark's usual alias
 from pyspark.sql.types import IntegerType
 
 import xasink
-from tests.dbutil import (
+from tests.harness import frame
+from tests.targets import (
+    MARIADB,
+    POSTGRESQL,
     XASINK_GID_PREFIX,
+    Target,
+    case,
     connect,
     mariadb_connect,
     mariadb_prepared_gids,
@@ -32,8 +37,6 @@ from tests.dbutil import (
     prepared_gids,
     rows,
 )
-from tests.harness import frame
-from tests.targets import MARIADB, POSTGRESQL, Target, case
 from xasink.branch import write_partition
 from xasink.coordinator import Coordinator
 from xasink.dialects.postgres import PostgresDialect
