@@ -84,14 +84,11 @@ def main(argv: list[str]) -> int:
         logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         return direct(url, table, sink_id, batch_id, n, partitions)
 
-    os.environ["XASINK_FAULT_PGID"] = str(os.getpgid(0))  # before the JVM and its Python workers start
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("xasink").setLevel(logging.INFO)
+    from tests.jvm import driver_java_options, local_spark, start_killable_driver
+
+    start_killable_driver()
 
     import xasink
-    from tests.jvm import driver_java_options, local_spark
 
     spark = local_spark("xasink-crash-driver", java_options=driver_java_options())
     try:

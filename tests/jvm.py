@@ -16,6 +16,7 @@ refuses, which it then ignores) does exactly the same, only slower.  docs/testin
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -34,6 +35,17 @@ def driver_java_options() -> str:
     if archive and os.path.isfile(archive):
         options.append(f"-XX:SharedArchiveFile={archive}")
     return " ".join(options)
+
+
+def start_killable_driver() -> None:
+    """What a test driver that a fault point may kill does first, before its JVM and Python workers start:
+    its process group becomes the one a kill takes down (``XASINK_FAULT_PGID``), Spark's Python workers run
+    on this interpreter, and xasink logs at INFO (anything else at WARNING) into the log the test reads."""
+    os.environ["XASINK_FAULT_PGID"] = str(os.getpgid(0))
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("xasink").setLevel(logging.INFO)
 
 
 def local_spark(

@@ -20,7 +20,6 @@ come from the environment (``XASINK_FAULT``), set by the test.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 from collections.abc import Iterator
@@ -72,16 +71,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.mode == "plain" and "postgres" not in args.url.split("://", 1)[0]:
         parser.error("--mode=plain writes with psycopg2: it needs a PostgreSQL --url")
 
-    os.environ["XASINK_FAULT_PGID"] = str(os.getpgid(0))  # before the JVM and its Python workers start
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("xasink").setLevel(logging.INFO)
+    from tests.jvm import driver_java_options, local_spark, start_killable_driver
+
+    start_killable_driver()
 
     from pyspark.sql import DataFrame
 
     import xasink
-    from tests.jvm import driver_java_options, local_spark
     from xasink import faults
 
     spark = local_spark(
