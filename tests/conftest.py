@@ -35,7 +35,7 @@ from tests.targets import (
     POSTGRESQL,
     XASINK_GID_PREFIX,
     Target,
-    libpq_url,
+    connect,
     make_target,
     mariadb_connect,
     mariadb_prepared_gids,
@@ -97,12 +97,8 @@ def pg_server() -> Iterator[EmbeddedPostgres | None]:
     if os.environ.get("XASINK_TEST_PG_URL"):
         yield None
         return
-    server = EmbeddedPostgres(max_prepared_transactions=100, password=TEST_PG_PASSWORD)
-    server.start()
-    try:
+    with EmbeddedPostgres(max_prepared_transactions=100, password=TEST_PG_PASSWORD) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="session")
@@ -116,12 +112,8 @@ def pg_url(pg_server: EmbeddedPostgres | None) -> str:
 
 @pytest.fixture
 def pg_conn(pg_url: str) -> Iterator[psycopg2.extensions.connection]:
-    conn = psycopg2.connect(libpq_url(pg_url))
-    conn.autocommit = True
-    try:
+    with connect(pg_url) as conn:
         yield conn
-    finally:
-        conn.close()
 
 
 @pytest.fixture

@@ -65,12 +65,8 @@ def victims(pg_url: str) -> Iterator[None]:
 @pytest.fixture(scope="module")
 def small_pg() -> Iterator[EmbeddedPostgres]:
     """A second server with only two prepared-transaction slots (and one a test may stop); it checks passwords too."""
-    server = EmbeddedPostgres(max_prepared_transactions=2, password=SECRET)
-    server.start()
-    try:
+    with EmbeddedPostgres(max_prepared_transactions=2, password=SECRET) as server:
         yield server
-    finally:
-        server.stop()
 
 
 # --------------------------------------------------------------------------- helpers
