@@ -94,6 +94,14 @@ def shadow_rows(db: Target) -> int:
     return sum(int(db.execute(f"SELECT count(*) FROM {db.q(n)}")[0][0]) for n in names)
 
 
+def three_tables(pg: Target, maria: Target) -> tuple[str, str, str]:
+    """A multi-target transaction's tables: orders and lines on PostgreSQL, events on MariaDB, all keyed."""
+    orders, lines, events = pg.new_table(), pg.new_table(), maria.new_table()
+    for t, name in ((pg, orders), (pg, lines), (maria, events)):
+        t.keyed_table(name)
+    return orders, lines, events
+
+
 # --------------------------------------------------------------------------- a sink driven without Spark
 
 

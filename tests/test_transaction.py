@@ -16,7 +16,7 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 
 import xasink
-from tests.harness import ROWS, Stream, expected, frame, no_branch_opened
+from tests.harness import ROWS, Stream, expected, frame, no_branch_opened, three_tables
 from tests.targets import Target
 from xasink import admin, liveness
 
@@ -42,13 +42,6 @@ def rows(target: Target, table: str) -> list[tuple[Any, ...]]:
 def assert_clean(sink: str, *targets: Target) -> None:
     for t in targets:
         assert t.prepared(sink) == [], (t, t.prepared(sink))
-
-
-def three_tables(pg: Target, maria: Target) -> tuple[str, str, str]:
-    orders, lines, events = pg.new_table(), pg.new_table(), maria.new_table()
-    for t, name in ((pg, orders), (pg, lines), (maria, events)):
-        t.keyed_table(name)
-    return orders, lines, events
 
 
 def test_three_tables_two_databases_commit_together(spark, pg, maria, sink):  # type: ignore[no-untyped-def]

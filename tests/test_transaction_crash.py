@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import expected, run_driver
+from tests.harness import expected, run_driver, three_tables
 from tests.targets import Target
 from xasink import admin
 from xasink.status import status as xasink_status
@@ -46,9 +46,7 @@ def table_rows(t: Target, table: str) -> list[tuple[object, ...]]:
 def test_killed_transaction_is_all_or_nothing_after_recovery_of_each_database(
     pg: Target, maria: Target, tmp_path: Path, point: str, journal: str
 ) -> None:
-    orders, lines, events = pg.new_table(), pg.new_table(), maria.new_table()
-    for t, name in ((pg, orders), (pg, lines), (maria, events)):
-        t.keyed_table(name)
+    orders, lines, events = three_tables(pg, maria)
     sink = f"txc{uuid.uuid4().hex[:8]}"
     log = tmp_path / "driver.log"
     code = run_driver(
@@ -105,9 +103,7 @@ def test_two_databases_recovered_at_once_mark_the_transaction_committed(
     The test holds the log's part rows locked until both recoveries have read the parts and wait (on those
     rows, or on the sink lock a serialized mark takes), then lets them go together.
     """
-    orders, lines, events = pg.new_table(), pg.new_table(), maria.new_table()
-    for t, name in ((pg, orders), (pg, lines), (maria, events)):
-        t.keyed_table(name)
+    orders, lines, events = three_tables(pg, maria)
     sink = f"txc{uuid.uuid4().hex[:8]}"
     log = tmp_path / "driver.log"
     code = run_driver(
