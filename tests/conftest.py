@@ -21,7 +21,6 @@ import os
 import sys
 import uuid
 from collections.abc import Iterator
-from typing import Any
 
 import psycopg2
 import psycopg2.extensions
@@ -251,63 +250,14 @@ def _target(kind: str, url: str) -> Iterator[Target]:
         target.cleanup()
 
 
-# --------------------------------------------------------------------------- Spark
-
-
-# Spark Connect's local mode (``remote("local[2]")``, tests/test_connect.py) starts its server on a classic
-# SparkContext in this process's JVM, and PySpark refuses it while a classic session runs (and the other way
-# round: classic calls dispatch to Connect while it is on).  So the two take turns: asking for one stops the
-# other, and the classic session is started again (the JVM stays up: about a second) when it was stopped.
-
-_classic: list[Any] = []  # the classic session the ``spark`` fixture handed out, if it is still running
-
-
-def classic_spark() -> Any:
-    """The local classic SparkSession (2 cores; a failed task is retried, up to 3 attempts) with xasink registered."""
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-
-    if _classic and _classic[0]._sc._jsc is not None:
-        return _classic[0]
-    stop_connect_spark()
-    from tests.jvm import local_spark
-
-    session = local_spark(
-        "xasink-tests", master="local[2,3]", conf={"spark.sql.shuffle.partitions": "4"}, log_level=None
-    )
-    import xasink
-
-    xasink.register(session)
-    _classic[:] = [session]
-    return session
-
-
-def stop_classic_spark() -> None:
-    """Stop the classic session (before a Connect session starts in this process)."""
-    from pyspark.sql import SparkSession
-
-    session = SparkSession._instantiatedSession
-    if session is not None and session._sc._jsc is not None:
-        session.stop()
-    _classic.clear()
-
-
-def stop_connect_spark() -> None:
-    """Stop a local Spark Connect session of this process, if one runs (it stops its server too)."""
-    if "SPARK_CONNECT_MODE_ENABLED" not in os.environ:
-        return
-    from pyspark.sql.connect.session import SparkSession as ConnectSession
-
-    session = ConnectSession.getActiveSession() or ConnectSession._default_session
-    if session is not None:
-        session.stop()
-    for var in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_LOCAL_REMOTE", "SPARK_REMOTE"):
-        os.environ.pop(var, None)
+# --------------------------------------------------------------------------- Spark (sessions: tests/jvm.py)
 
 
 @pytest.fixture
 def spark():  # type: ignore[no-untyped-def]
     """A local classic SparkSession (2 cores; a failed task is retried, up to 3 attempts) with xasink registered."""
+    from tests.jvm import classic_spark
+
     return classic_spark()
 
 
@@ -348,5 +298,7 @@ def driver_cds(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str | None]
 def _stop_spark_at_exit() -> Iterator[None]:
     yield
     if "pyspark.sql" in sys.modules:
+        from tests.jvm import stop_classic_spark, stop_connect_spark
+
         stop_connect_spark()
         stop_classic_spark()

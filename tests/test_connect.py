@@ -24,8 +24,8 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 
 import xasink
-from tests.conftest import stop_classic_spark, stop_connect_spark
 from tests.harness import expected, frame
+from tests.jvm import local_spark, stop_classic_spark, stop_connect_spark
 from tests.targets import MARIADB, POSTGRESQL, Target, make_target
 from xasink.spark.api import is_connect
 
@@ -55,20 +55,15 @@ def connect() -> Iterator[SparkSession]:
     port = _free_port()
     with pytest.MonkeyPatch.context() as mp:  # the client of remote("local") dials the default port
         mp.setattr(DefaultChannelBuilder, "default_port", staticmethod(lambda: port))
-        session = (
-            SparkSession.builder.remote("local[2]")
-            .config("spark.connect.grpc.binding.address", "127.0.0.1")
-            .config("spark.connect.grpc.binding.port", str(port))
-            .config("spark.sql.shuffle.partitions", "4")
+        conf = {
+            "spark.connect.grpc.binding.address": "127.0.0.1",
+            "spark.connect.grpc.binding.port": str(port),
+            "spark.sql.shuffle.partitions": "4",
             # a foreachBatch function's worker imports pyspark, pyarrow and SQLAlchemy before it connects back:
             # on two busy cores that can pass the default 15 s ("Python worker failed to connect back")
-            .config("spark.python.authenticate.socketTimeout", "120s")
-            .config("spark.ui.enabled", "false")
-            .config("spark.sql.session.timeZone", "UTC")
-            .config("spark.driver.host", "127.0.0.1")
-            .config("spark.driver.bindAddress", "127.0.0.1")
-            .getOrCreate()
-        )
+            "spark.python.authenticate.socketTimeout": "120s",
+        }
+        session = local_spark(None, remote=True, conf=conf, log_level=None)
     assert is_connect(session), type(session)
     xasink.register(session)
     try:
