@@ -3,10 +3,11 @@
     python tests/crash_driver.py URL TABLE SINK_ID BATCH_ID ROWS PARTITIONS [--direct]
 
 Writes ids 0..ROWS-1 (int ``id``, text ``name`` = 'n<id>') in PARTITIONS contiguous partitions, the same
-rows as ``tests.test_crash.frame``.  The fault comes from the environment (``XASINK_FAULT``, set by the
-test).  Before the SparkSession exists the script puts its process group in ``XASINK_FAULT_PGID``, so a
-fault point reached in the data source's driver-side Python worker takes the whole driver down at once
-(this Python, the JVM, the worker), like a crashed machine.  On success it prints the WriteResult as JSON.
+rows as ``tests.harness.frame(spark, range(N), PARTITIONS)``.  The fault comes from the environment
+(``XASINK_FAULT``, set by the test).  Before the SparkSession exists the script puts its process group in
+``XASINK_FAULT_PGID``, so a fault point reached in the data source's driver-side Python worker takes the
+whole driver down at once (this Python, the JVM, the worker), like a crashed machine.  On success it
+prints the WriteResult as JSON.
 
 ``--direct``: the same batch without Spark, in this one process: each partition written by
 ``write_partition`` as a task would, then ``Coordinator.commit`` as the driver does.  A driver killed this

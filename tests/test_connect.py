@@ -5,8 +5,8 @@ Each test checks the exact row set, the decision log and that nothing of ours is
 
 One Connect session serves the module.  Its server runs on a classic SparkContext in this process, which
 PySpark refuses while the classic ``spark`` fixture's session runs: the fixture stops that one first
-(tests/conftest.py starts it again for the next module that asks).  The server listens on a free port,
-not Connect's fixed 15002, so two test runs on one machine do not meet.
+(the ``spark`` fixture starts it again, tests/jvm.py ``classic_spark``, for the next module that asks).
+The server listens on a free port, not Connect's fixed 15002, so two test runs on one machine do not meet.
 """
 
 from __future__ import annotations
