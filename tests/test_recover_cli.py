@@ -24,11 +24,13 @@ from urllib.parse import urlsplit
 import pytest
 
 import xasink
-from tests.harness import ADMIN_USER, PLAIN_USER, SECRET, BackendSink, Db, cli, cli_db, expected  # noqa: F401 - cli_db: the db fixture
+from tests.harness import ADMIN_USER, PLAIN_USER, SECRET, BackendSink, Db, cli, cli_db, expected
 from xasink import admin
 from xasink.errors import ConcurrentWriterError, OptionError
 from xasink.results import BranchOutcome
 from xasink.xid import Xid
+
+db = cli_db  # the fixture: PostgreSQL and MariaDB, with its own leak check (conftest.no_prepared_left skips it)
 
 RACE_ROUNDS = 6
 

@@ -23,9 +23,11 @@ import pytest
 
 import xasink
 from tests import targets
-from tests.harness import BackendSink, Db, cli, cli_db  # noqa: F401 - cli_db: the db fixture
+from tests.harness import BackendSink, Db, cli, cli_db
 from xasink import health
 from xasink.status import StatusReport
+
+db = cli_db  # the fixture: PostgreSQL and MariaDB, with its own leak check (conftest.no_prepared_left skips it)
 
 BLOCKER_LOCK_TIMEOUT_S = 300  # the blocked INSERT gives up by itself at the latest after this
 WAIT_S = 60.0  # how long a test waits for the blocked INSERT to be seen waiting (a wait, not an assertion)
