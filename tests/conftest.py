@@ -21,16 +21,21 @@ import os
 import sys
 import uuid
 from collections.abc import Iterator
-from typing import Any
 
 import psycopg2
 import psycopg2.extensions
 import pymysql
 import pytest
 
-from tests.dbutil import (
+from tests.leaks import SECRET
+from tests.targets import (
+    IDS,
+    MARIADB,
+    POSTGRESQL,
     XASINK_GID_PREFIX,
-    libpq_url,
+    Target,
+    connect,
+    make_target,
     mariadb_connect,
     mariadb_prepared_gids,
     mariadb_rollback_gid,
@@ -38,8 +43,6 @@ from tests.dbutil import (
     prepared_gids,
     rollback_prepared,
 )
-from tests.leaks import SECRET
-from tests.targets import IDS, MARIADB, POSTGRESQL, Target, make_target
 from xasink.embedded import EmbeddedPostgres
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -93,12 +96,8 @@ def pg_server() -> Iterator[EmbeddedPostgres | None]:
     if os.environ.get("XASINK_TEST_PG_URL"):
         yield None
         return
-    server = EmbeddedPostgres(max_prepared_transactions=100, password=TEST_PG_PASSWORD)
-    server.start()
-    try:
+    with EmbeddedPostgres(max_prepared_transactions=100, password=TEST_PG_PASSWORD) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="session")
@@ -112,12 +111,8 @@ def pg_url(pg_server: EmbeddedPostgres | None) -> str:
 
 @pytest.fixture
 def pg_conn(pg_url: str) -> Iterator[psycopg2.extensions.connection]:
-    conn = psycopg2.connect(libpq_url(pg_url))
-    conn.autocommit = True
-    try:
+    with connect(pg_url) as conn:
         yield conn
-    finally:
-        conn.close()
 
 
 @pytest.fixture
@@ -232,7 +227,22 @@ def db(request: pytest.FixtureRequest) -> Iterator[Target]:
     ``no_prepared_left`` checks that nothing of xasink is left prepared on it.
     """
     kind: str = request.param
-    url = request.getfixturevalue("pg_url" if kind == POSTGRESQL else "mariadb_url")
+    yield from _target(kind, request.getfixturevalue("pg_url" if kind == POSTGRESQL else "mariadb_url"))
+
+
+@pytest.fixture
+def pg(pg_url: str) -> Iterator[Target]:
+    """The PostgreSQL target alone, for PostgreSQL-only tests; its tables are dropped afterwards."""
+    yield from _target(POSTGRESQL, pg_url)
+
+
+@pytest.fixture
+def maria(mariadb_url: str) -> Iterator[Target]:
+    """The MariaDB target alone (tests of both servers at once: ``pg`` and ``maria``); its tables are dropped."""
+    yield from _target(MARIADB, mariadb_url)
+
+
+def _target(kind: str, url: str) -> Iterator[Target]:
     target = make_target(kind, url)
     try:
         yield target
@@ -240,79 +250,14 @@ def db(request: pytest.FixtureRequest) -> Iterator[Target]:
         target.cleanup()
 
 
-@pytest.fixture
-def pg(pg_url: str) -> Iterator[Target]:
-    """The PostgreSQL target alone, for PostgreSQL-only tests; its tables are dropped afterwards."""
-    target = make_target(POSTGRESQL, pg_url)
-    try:
-        yield target
-    finally:
-        target.cleanup()
-
-
-# --------------------------------------------------------------------------- Spark
-
-
-# Spark Connect's local mode (``remote("local[2]")``, tests/test_connect.py) starts its server on a classic
-# SparkContext in this process's JVM, and PySpark refuses it while a classic session runs (and the other way
-# round: classic calls dispatch to Connect while it is on).  So the two take turns: asking for one stops the
-# other, and the classic session is started again (the JVM stays up: about a second) when it was stopped.
-
-_classic: list[Any] = []  # the classic session the ``spark`` fixture handed out, if it is still running
-
-
-def classic_spark() -> Any:
-    """The local classic SparkSession (2 cores; a failed task is retried, up to 3 attempts) with xasink registered."""
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
-
-    if _classic and _classic[0]._sc._jsc is not None:
-        return _classic[0]
-    stop_connect_spark()
-    session = (
-        SparkSession.builder.master("local[2,3]")
-        .appName("xasink-tests")
-        .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .getOrCreate()
-    )
-    import xasink
-
-    xasink.register(session)
-    _classic[:] = [session]
-    return session
-
-
-def stop_classic_spark() -> None:
-    """Stop the classic session (before a Connect session starts in this process)."""
-    from pyspark.sql import SparkSession
-
-    session = SparkSession._instantiatedSession
-    if session is not None and session._sc._jsc is not None:
-        session.stop()
-    _classic.clear()
-
-
-def stop_connect_spark() -> None:
-    """Stop a local Spark Connect session of this process, if one runs (it stops its server too)."""
-    if "SPARK_CONNECT_MODE_ENABLED" not in os.environ:
-        return
-    from pyspark.sql.connect.session import SparkSession as ConnectSession
-
-    session = ConnectSession.getActiveSession() or ConnectSession._default_session
-    if session is not None:
-        session.stop()
-    for var in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_LOCAL_REMOTE", "SPARK_REMOTE"):
-        os.environ.pop(var, None)
+# --------------------------------------------------------------------------- Spark (sessions: tests/jvm.py)
 
 
 @pytest.fixture
 def spark():  # type: ignore[no-untyped-def]
     """A local classic SparkSession (2 cores; a failed task is retried, up to 3 attempts) with xasink registered."""
+    from tests.jvm import classic_spark
+
     return classic_spark()
 
 
@@ -353,5 +298,7 @@ def driver_cds(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str | None]
 def _stop_spark_at_exit() -> Iterator[None]:
     yield
     if "pyspark.sql" in sys.modules:
+        from tests.jvm import stop_classic_spark, stop_connect_spark
+
         stop_connect_spark()
         stop_classic_spark()

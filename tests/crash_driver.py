@@ -3,10 +3,11 @@
     python tests/crash_driver.py URL TABLE SINK_ID BATCH_ID ROWS PARTITIONS [--direct]
 
 Writes ids 0..ROWS-1 (int ``id``, text ``name`` = 'n<id>') in PARTITIONS contiguous partitions, the same
-rows as ``tests.test_crash.frame``.  The fault comes from the environment (``XASINK_FAULT``, set by the
-test).  Before the SparkSession exists the script puts its process group in ``XASINK_FAULT_PGID``, so a
-fault point reached in the data source's driver-side Python worker takes the whole driver down at once
-(this Python, the JVM, the worker), like a crashed machine.  On success it prints the WriteResult as JSON.
+rows as ``tests.harness.frame(spark, range(N), PARTITIONS)``.  The fault comes from the environment
+(``XASINK_FAULT``, set by the test).  Before the SparkSession exists the script puts its process group in
+``XASINK_FAULT_PGID``, so a fault point reached in the data source's driver-side Python worker takes the
+whole driver down at once (this Python, the JVM, the worker), like a crashed machine.  On success it
+prints the WriteResult as JSON.
 
 ``--direct``: the same batch without Spark, in this one process: each partition written by
 ``write_partition`` as a task would, then ``Coordinator.commit`` as the driver does.  A driver killed this
@@ -84,28 +85,13 @@ def main(argv: list[str]) -> int:
         logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         return direct(url, table, sink_id, batch_id, n, partitions)
 
-    os.environ["XASINK_FAULT_PGID"] = str(os.getpgid(0))  # before the JVM and its Python workers start
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("xasink").setLevel(logging.INFO)
+    from tests.jvm import driver_java_options, local_spark, start_killable_driver
 
-    from pyspark.sql import SparkSession
+    start_killable_driver()
 
     import xasink
-    from tests.jvm import driver_java_options
 
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("xasink-crash-driver")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.driver.extraJavaOptions", driver_java_options())  # tests/jvm.py: starts sooner
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = local_spark("xasink-crash-driver", java_options=driver_java_options())
     try:
         df = spark.range(0, n, 1, partitions).selectExpr("cast(id as int) as id", "concat('n', id) as name")
         result = xasink.write(df, url, table, sink_id=sink_id, batch_id=batch_id)

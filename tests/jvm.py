@@ -1,4 +1,6 @@
-"""JVM options of the Spark drivers the crash tests start and kill, and the class-data archive they share.
+"""The tests' Spark sessions (:func:`local_spark`, the one builder: the test process's classic and Connect
+sessions, and every test driver's), the JVM options of the Spark drivers the crash tests start and kill,
+and the class-data archive they share.
 
 Every killed driver is a fresh JVM (tests/crash_driver.py, stream_driver.py, modes_driver.py,
 tx_crash_driver.py), and most of its time is the JVM loading and verifying Spark's classes.  So:
@@ -16,10 +18,12 @@ refuses, which it then ignores) does exactly the same, only slower.  docs/testin
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 CDS_ENV = "XASINK_TEST_CDS_ARCHIVE"
 FAST_START = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
@@ -33,6 +37,100 @@ def driver_java_options() -> str:
     if archive and os.path.isfile(archive):
         options.append(f"-XX:SharedArchiveFile={archive}")
     return " ".join(options)
+
+
+def start_killable_driver() -> None:
+    """What a test driver that a fault point may kill does first, before its JVM and Python workers start:
+    its process group becomes the one a kill takes down (``XASINK_FAULT_PGID``), Spark's Python workers run
+    on this interpreter, and xasink logs at INFO (anything else at WARNING) into the log the test reads."""
+    os.environ["XASINK_FAULT_PGID"] = str(os.getpgid(0))
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("xasink").setLevel(logging.INFO)
+
+
+def local_spark(
+    app: str | None,
+    *,
+    master: str = "local[2]",
+    remote: bool = False,
+    java_options: str | None = None,
+    conf: dict[str, str] | None = None,
+    log_level: str | None = "ERROR",
+) -> Any:
+    """The local SparkSession of a test process or a test driver: on 127.0.0.1, without the UI, in UTC, with
+    ``conf`` on top; ``java_options`` for the driver's JVM (a driver's: :func:`driver_java_options`).  One
+    builder for them all; a session of this process already running is returned as it is (getOrCreate).
+    ``remote``: a Spark Connect session on a local server started for it (``remote(master)``)."""
+    from pyspark.sql import SparkSession
+
+    settings = {
+        "spark.ui.enabled": "false",
+        "spark.driver.host": "127.0.0.1",
+        "spark.driver.bindAddress": "127.0.0.1",
+        "spark.sql.session.timeZone": "UTC",
+    }
+    if java_options is not None:
+        settings["spark.driver.extraJavaOptions"] = java_options
+    builder = SparkSession.builder.remote(master) if remote else SparkSession.builder.master(master)
+    if app is not None:
+        builder = builder.appName(app)
+    for key, value in {**settings, **(conf or {})}.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    if log_level is not None:
+        spark.sparkContext.setLogLevel(log_level)
+    return spark
+
+
+# Spark Connect's local mode (``remote("local[2]")``, tests/test_connect.py) starts its server on a classic
+# SparkContext in this process's JVM, and PySpark refuses it while a classic session runs (and the other way
+# round: classic calls dispatch to Connect while it is on).  So the two take turns: asking for one stops the
+# other, and the classic session is started again (the JVM stays up: about a second) when it was stopped.
+
+_classic: list[Any] = []  # the classic session the ``spark`` fixture handed out, if it is still running
+
+
+def classic_spark() -> Any:
+    """The local classic SparkSession (2 cores; a failed task is retried, up to 3 attempts) with xasink registered."""
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+
+    if _classic and _classic[0]._sc._jsc is not None:
+        return _classic[0]
+    stop_connect_spark()
+    session = local_spark(
+        "xasink-tests", master="local[2,3]", conf={"spark.sql.shuffle.partitions": "4"}, log_level=None
+    )
+    import xasink
+
+    xasink.register(session)
+    _classic[:] = [session]
+    return session
+
+
+def stop_classic_spark() -> None:
+    """Stop the classic session (before a Connect session starts in this process)."""
+    from pyspark.sql import SparkSession
+
+    session = SparkSession._instantiatedSession
+    if session is not None and session._sc._jsc is not None:
+        session.stop()
+    _classic.clear()
+
+
+def stop_connect_spark() -> None:
+    """Stop a local Spark Connect session of this process, if one runs (it stops its server too)."""
+    if "SPARK_CONNECT_MODE_ENABLED" not in os.environ:
+        return
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    session = ConnectSession.getActiveSession() or ConnectSession._default_session
+    if session is not None:
+        session.stop()
+    for var in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_LOCAL_REMOTE", "SPARK_REMOTE"):
+        os.environ.pop(var, None)
 
 
 def build_archive(archive: Path, workdir: Path, timeout_s: float = 600) -> str | None:
@@ -58,20 +156,9 @@ def build_archive(archive: Path, workdir: Path, timeout_s: float = 600) -> str |
 
 def warm_up(archive: str, workdir: str) -> int:
     """A batch job and a streaming aggregation, then a normal exit: the JVM writes the classes it loaded."""
-    from pyspark.sql import SparkSession
 
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("xasink-cds-warm-up")
-        .config("spark.ui.enabled", "false")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.extraJavaOptions", " ".join([*FAST_START, f"-XX:ArchiveClassesAtExit={archive}"]))
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    java_options = " ".join([*FAST_START, f"-XX:ArchiveClassesAtExit={archive}"])
+    spark = local_spark("xasink-cds-warm-up", java_options=java_options, conf={"spark.sql.shuffle.partitions": "2"})
     try:
         spark.range(0, 40, 1, 4).selectExpr("cast(id as int) as id", "concat('n', id) as name").write.format(
             "noop"

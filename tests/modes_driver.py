@@ -164,23 +164,13 @@ def stream(url: str, table: str, sink_id: str, input_dir: str, checkpoint: str) 
     os.environ["XASINK_FAULT_PGID"] = str(os.getpgid(0))  # before the JVM and its Python workers start
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
 
     import xasink
-    from tests.jvm import driver_java_options
+    from tests.jvm import driver_java_options, local_spark
 
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("xasink-modes-driver")
-        .config("spark.ui.enabled", "false")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.extraJavaOptions", driver_java_options())  # tests/jvm.py: starts sooner
-        .getOrCreate()
+    spark = local_spark(
+        "xasink-modes-driver", java_options=driver_java_options(), conf={"spark.sql.shuffle.partitions": "2"}
     )
-    spark.sparkContext.setLogLevel("ERROR")
     xasink.register(spark)
     query = complete_query(spark, url, table, sink_id, input_dir, checkpoint)
     query.awaitTermination()

@@ -23,21 +23,10 @@ def main(argv: list[str]) -> int:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 
-    from pyspark.sql import SparkSession
-
     import xasink
-    from tests.jvm import driver_java_options
+    from tests.jvm import driver_java_options, local_spark
 
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("xasink-plain-driver")
-        .config("spark.ui.enabled", "false")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.driver.extraJavaOptions", driver_java_options())  # tests/jvm.py: starts sooner
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = local_spark("xasink-plain-driver", java_options=driver_java_options())
     xasink.register(spark)
     df = spark.range(0, 10, 1, 2).selectExpr("cast(id as int) as id", "concat('n', id) as name")
     df.write.format("xasink").option("url", url).option("dbtable", format_table).mode("append").save()

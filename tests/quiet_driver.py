@@ -30,23 +30,12 @@ def main(argv: list[str]) -> int:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
-    from pyspark.sql import SparkSession
-
     import xasink
-    from tests.jvm import driver_java_options
+    from tests.jvm import driver_java_options, local_spark
 
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("xasink-quiet-driver")
-        .config("spark.ui.enabled", "false")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.extraJavaOptions", driver_java_options())  # tests/jvm.py: starts sooner
-        .getOrCreate()
+    spark = local_spark(
+        "xasink-quiet-driver", java_options=driver_java_options(), conf={"spark.sql.shuffle.partitions": "2"}
     )
-    spark.sparkContext.setLogLevel("ERROR")  # the JVM's own log4j lines are Spark's, not the subject here
     xasink.register(spark)
 
     df = spark.createDataFrame([(i, f"n{i}") for i in range(ROWS)], "id INT, name STRING").repartition(2)

@@ -20,7 +20,6 @@ come from the environment (``XASINK_FAULT``), set by the test.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 from collections.abc import Iterator
@@ -39,7 +38,7 @@ def _plain_partition(url: str, table: str, batch_id: int) -> Any:
         from psycopg2 import sql
         from pyspark import TaskContext
 
-        from tests.dbutil import libpq_url
+        from tests.targets import libpq_url
         from xasink import faults
 
         ids = [(r["id"],) for r in rows]
@@ -72,30 +71,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.mode == "plain" and "postgres" not in args.url.split("://", 1)[0]:
         parser.error("--mode=plain writes with psycopg2: it needs a PostgreSQL --url")
 
-    os.environ["XASINK_FAULT_PGID"] = str(os.getpgid(0))  # before the JVM and its Python workers start
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("xasink").setLevel(logging.INFO)
+    from tests.jvm import driver_java_options, local_spark, start_killable_driver
 
-    from pyspark.sql import DataFrame, SparkSession
+    start_killable_driver()
+
+    from pyspark.sql import DataFrame
 
     import xasink
-    from tests.jvm import driver_java_options
     from xasink import faults
 
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("xasink-stream-driver")
-        .config("spark.ui.enabled", "false")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.sql.shuffle.partitions", str(args.partitions))
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.extraJavaOptions", driver_java_options())  # tests/jvm.py: starts sooner
-        .getOrCreate()
+    spark = local_spark(
+        "xasink-stream-driver",
+        java_options=driver_java_options(),
+        conf={"spark.sql.shuffle.partitions": str(args.partitions)},
     )
-    spark.sparkContext.setLogLevel("ERROR")
     xasink.register(spark)
 
     stream = (

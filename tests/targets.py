@@ -1,10 +1,12 @@
-"""The databases a dialect-neutral test runs against: one :class:`Target` per dialect.
+"""The databases a dialect-neutral test runs against: one :class:`Target` per dialect, and the plain
+database helpers the tests and the test drivers share (one module: what was tests/dbutil.py is here).
 
 The ``db`` fixture (tests/conftest.py) is parametrized over ``postgresql`` (id ``pg``, the session's
 private server) and ``mariadb`` (id ``mariadb``, the machine's server, a fresh database per session).
 A test written against ``db`` states its checks once; the target answers them with the plain driver
-(psycopg2 / pymysql through tests/dbutil.py), never with xasink code (but for naming an XA transaction
-the way ``xasink recover`` lists it), so a bug in xasink cannot hide itself from the check.
+(psycopg2 / pymysql, through the helpers below: a URL in, rows out, no xasink code), never with xasink
+code (but for naming an XA transaction the way ``xasink recover`` lists it), so a bug in xasink cannot
+hide itself from the check.
 
 What differs per dialect lives here: identifier quoting, DDL (storage engine, serial columns), how
 prepared transactions are listed and named (``pg_prepared_xacts`` gids, ``XA RECOVER`` xids), lock
@@ -16,22 +18,230 @@ database, and tests give their foreign transactions unique names.
 from __future__ import annotations
 
 import json
+import re
+import time
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 import psycopg2
 import psycopg2.errors
+import psycopg2.extensions
 import pymysql
 import pytest
+from psycopg2 import sql
 
-from tests import dbutil
 from tests.leaks import SECRET
 from xasink.xid import Xid
+
+# --------------------------------------------------------------------------- plain helpers: a URL in, rows out
+
+XASINK_GID_PREFIX = "xasink:"
+SCRATCH_TABLE = "foreign_scratch"
+
+
+def libpq_url(url: str) -> str:
+    """Accept JDBC (``jdbc:postgresql://``) and SQLAlchemy (``postgresql+driver://``) spellings too."""
+    url = url.removeprefix("jdbc:")
+    return re.sub(r"^postgres(?:ql)?(?:\+[A-Za-z0-9_]+)?://", "postgresql://", url)
+
+
+_LOGIN = re.compile(r"^((?:jdbc:)?[A-Za-z][A-Za-z0-9+.-]*://)(?:[^@/?#]*@)?")
+
+
+def with_login(url: str, user: str, password: str | None = None) -> str:
+    """The same URL logging in as user, with password (percent-encoded) or none: another role, a wrong password."""
+    info = quote(user, safe="") + (":" + quote(password, safe="") if password is not None else "")
+    return _LOGIN.sub(lambda m: f"{m.group(1)}{info}@", url, count=1)
+
+
+@contextmanager
+def connect(url: str) -> Iterator[psycopg2.extensions.connection]:
+    """An autocommit connection, closed on exit."""
+    conn = psycopg2.connect(libpq_url(url))
+    conn.autocommit = True
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+def _table(name: str) -> sql.Composable:
+    return sql.Identifier(*name.split("."))
+
+
+def prepared_gids(url: str, prefix: str | None = None) -> list[str]:
+    """Gids of the transactions prepared in the URL's database (optionally only those starting with prefix)."""
+    with connect(url) as conn, conn.cursor() as cur:
+        cur.execute("SELECT gid FROM pg_prepared_xacts WHERE database = current_database() ORDER BY prepared, gid")
+        gids = [row[0] for row in cur.fetchall()]
+    if prefix is not None:
+        gids = [g for g in gids if g.startswith(prefix)]
+    return gids
+
+
+def rows(url: str, table: str, order_by: str = "1") -> list[tuple]:
+    """All rows of table (``name`` or ``schema.name``), ordered by the SQL expression order_by."""
+    with connect(url) as conn, conn.cursor() as cur:
+        cur.execute(sql.SQL("SELECT * FROM {} ORDER BY {}").format(_table(table), sql.SQL(order_by)))
+        return list(cur.fetchall())
+
+
+def make_foreign_prepared(url: str, gid: str, table: str | None = None) -> None:
+    """Leave a prepared transaction named gid that is not xasink's: one row inserted into a scratch table."""
+    name = _table(table or SCRATCH_TABLE)
+    with connect(url) as conn, conn.cursor() as cur:
+        cur.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} (x int)").format(name))
+        cur.execute("BEGIN")
+        cur.execute(sql.SQL("INSERT INTO {} (x) VALUES (1)").format(name))
+        cur.execute("PREPARE TRANSACTION %s", (gid,))
+
+
+def rollback_prepared(url: str, gid: str) -> None:
+    with connect(url) as conn, conn.cursor() as cur:
+        cur.execute("ROLLBACK PREPARED %s", (gid,))
+
+
+def commit_prepared(url: str, gid: str) -> None:
+    with connect(url) as conn, conn.cursor() as cur:
+        cur.execute("COMMIT PREPARED %s", (gid,))
+
+
+# --------------------------------------------------------------------------- MariaDB / MySQL (plain pymysql)
+
+XASINK_FORMAT_ID = 0x78617331  # xasink.xid.FORMAT_ID, repeated here so these helpers stay independent of xasink
+
+
+def mariadb_params(url: str) -> dict[str, Any]:
+    """pymysql keywords for ``mysql[+driver]://user:pw@host:port/db`` or ``jdbc:mysql|mariadb://host:port/db``."""
+    parts = urlsplit(re.sub(r"^(?:jdbc:)?(?:mysql|mariadb)(?:\+[A-Za-z0-9_]+)?://", "mysql://", url))
+    query = dict(parse_qsl(parts.query))
+    return {
+        "host": parts.hostname or "127.0.0.1",
+        "port": parts.port or 3306,
+        "user": unquote(parts.username) if parts.username else query.get("user", "root"),
+        "password": unquote(parts.password) if parts.password else query.get("password", ""),
+        "database": parts.path.lstrip("/") or None,
+        "charset": "utf8mb4",
+        "autocommit": True,
+    }
+
+
+@contextmanager
+def mariadb_connect(url: str, database: bool = True) -> Iterator[pymysql.connections.Connection]:
+    """An autocommit pymysql connection (to the URL's database unless ``database`` is False), closed on exit."""
+    params = mariadb_params(url)
+    if not database:
+        params["database"] = None
+    conn = pymysql.connect(**params)
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+def mariadb_recover(url: str) -> list[tuple[int, bytes, bytes]]:
+    """Every prepared XA transaction of the server (XA RECOVER knows no database) as (formatID, gtrid, bqual)."""
+    with mariadb_connect(url, database=False) as conn, conn.cursor() as cur:
+        cur.execute("XA RECOVER")
+        out = []
+        for fmt, glen, blen, data in cur.fetchall():
+            raw = data if isinstance(data, bytes) else str(data).encode()
+            out.append((int(fmt), raw[: int(glen)], raw[int(glen) : int(glen) + int(blen)]))
+        return out
+
+
+def mariadb_prepared_gids(url: str, sink_ids: Iterable[str] | None = None) -> list[str]:
+    """Gids (``gtrid/bqual``) of xasink's prepared branches on the server, optionally only of the given sinks."""
+    wanted = set(sink_ids) if sink_ids is not None else None
+    gids = []
+    for fmt, gtrid, bqual in mariadb_recover(url):
+        if fmt != XASINK_FORMAT_ID or not gtrid.startswith(XASINK_GID_PREFIX.encode()):
+            continue
+        gid = f"{gtrid.decode()}/{bqual.decode()}"
+        if wanted is None or gid.split(":")[1] in wanted:
+            gids.append(gid)
+    return sorted(gids)
+
+
+def mariadb_sink_ids(url: str, prefix: str = "xasink_") -> list[str]:
+    """Sinks recorded in the URL's database journal (none when it has no journal yet)."""
+    with mariadb_connect(url) as conn, conn.cursor() as cur:
+        cur.execute(
+            "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s",
+            (f"{prefix}sinks",),
+        )
+        row = cur.fetchone()
+        if not row or not row[0]:
+            return []
+        cur.execute(f"SELECT sink_id FROM `{prefix}sinks`")
+        return [r[0] for r in cur.fetchall()]
+
+
+def _mariadb_table(name: str) -> str:
+    return ".".join("`" + p.replace("`", "``") + "`" for p in name.split("."))
+
+
+def mariadb_rows(url: str, table: str, order_by: str = "1") -> list[tuple]:
+    """All rows of table (``name`` or ``db.name``), ordered by the SQL expression order_by."""
+    with mariadb_connect(url) as conn, conn.cursor() as cur:
+        cur.execute(f"SELECT * FROM {_mariadb_table(table)} ORDER BY {order_by}")
+        return list(cur.fetchall())
+
+
+def mariadb_xa_literal(format_id: int, gtrid: bytes, bqual: bytes) -> str:
+    return f"X'{gtrid.hex()}',X'{bqual.hex()}',{int(format_id)}"
+
+
+def mariadb_wait_detached(url: str, connection_id: int, timeout_s: float = 30.0) -> None:
+    """Wait until the server has finished disconnecting a session: only then may another one finish its branch."""
+    deadline = time.monotonic() + timeout_s
+    with mariadb_connect(url, database=False) as conn, conn.cursor() as cur:
+        while True:
+            cur.execute("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = %s", (connection_id,))
+            row = cur.fetchone()
+            if not row or not row[0]:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"session {connection_id} still connected after {timeout_s}s")
+            time.sleep(0.005)
+
+
+def mariadb_make_foreign_prepared(
+    url: str, gtrid: bytes, bqual: bytes = b"", format_id: int = 1, table: str | None = None
+) -> tuple[int, bytes, bytes]:
+    """Leave a prepared XA transaction that is not xasink's (one row in a scratch table), owner disconnected."""
+    name = _mariadb_table(table or SCRATCH_TABLE)
+    xa = mariadb_xa_literal(format_id, gtrid, bqual)
+    with mariadb_connect(url) as conn, conn.cursor() as cur:
+        cur.execute(f"CREATE TABLE IF NOT EXISTS {name} (x int) ENGINE=InnoDB")
+        cur.execute("SELECT CONNECTION_ID()")
+        row = cur.fetchone()
+        assert row is not None
+        cur.execute(f"XA START {xa}")
+        cur.execute(f"INSERT INTO {name} (x) VALUES (1)")
+        cur.execute(f"XA END {xa}")
+        cur.execute(f"XA PREPARE {xa}")
+    mariadb_wait_detached(url, int(row[0]))
+    return format_id, gtrid, bqual
+
+
+def mariadb_rollback_xa(url: str, format_id: int, gtrid: bytes, bqual: bytes) -> None:
+    with mariadb_connect(url, database=False) as conn, conn.cursor() as cur:
+        cur.execute(f"XA ROLLBACK {mariadb_xa_literal(format_id, gtrid, bqual)}")
+
+
+def mariadb_rollback_gid(url: str, gid: str) -> None:
+    """Roll back one of xasink's branches by its ``gtrid/bqual`` gid."""
+    gtrid, bqual = gid.split("/", 1)
+    mariadb_rollback_xa(url, XASINK_FORMAT_ID, gtrid.encode(), bqual.encode())
+
+
+# --------------------------------------------------------------------------- targets
 
 POSTGRESQL = "postgresql"
 MARIADB = "mariadb"
@@ -155,7 +365,7 @@ class Target(ABC):
         """Leave a prepared transaction that is not xasink's (one row in ``table``); returns its listed name.
 
         MariaDB: ``name`` is split at the first '/' into gtrid and bqual, under XA formatID ``format_id``
-        (default 1; xasink's own is :data:`tests.dbutil.XASINK_FORMAT_ID`).  MariaDB refuses a second
+        (default 1; xasink's own is :data:`XASINK_FORMAT_ID`).  MariaDB refuses a second
         transaction with the same gtrid and bqual under another formatID.  PostgreSQL: ``name`` is the gid.
         Whatever is still prepared when the test ends is rolled back by :meth:`cleanup`.
         """
@@ -202,7 +412,7 @@ class PostgresTarget(Target):
 
     @contextmanager
     def connect(self) -> Iterator[Any]:
-        with dbutil.connect(self.url) as conn:
+        with connect(self.url) as conn:
             yield conn
 
     def create_table(self, table: str, columns: str) -> None:
@@ -241,27 +451,27 @@ class PostgresTarget(Target):
         return [r[0] for r in found]
 
     def prepared(self, sink_id: str | None = None, batch_id: int | None = None) -> list[str]:
-        prefix = dbutil.XASINK_GID_PREFIX
+        prefix = XASINK_GID_PREFIX
         if sink_id is not None:
             prefix += f"{sink_id}:" + (f"{batch_id}/" if batch_id is not None else "")
-        return sorted(dbutil.prepared_gids(self.url, prefix=prefix))
+        return sorted(prepared_gids(self.url, prefix=prefix))
 
     def listed(self) -> set[str]:
-        return set(dbutil.prepared_gids(self.url))
+        return set(prepared_gids(self.url))
 
     def rollback_ours(self, gid: str) -> None:
-        dbutil.rollback_prepared(self.url, gid)
+        rollback_prepared(self.url, gid)
 
     def make_foreign_prepared(self, name: str, table: str, format_id: int | None = None) -> str:
         if table not in self.tables:
             self.tables.append(table)
-        dbutil.make_foreign_prepared(self.url, name, table=table)
+        make_foreign_prepared(self.url, name, table=table)
         self.foreign.append(name)
         return name
 
     def clear_foreign(self, listed_name: str) -> None:
         if listed_name in self.listed():
-            dbutil.rollback_prepared(self.url, listed_name)
+            rollback_prepared(self.url, listed_name)
 
     def set_lock_timeout(self, cursor: Any, seconds: int) -> None:
         cursor.execute(f"SET lock_timeout = '{int(seconds)}s'")
@@ -272,7 +482,7 @@ class PostgresTarget(Target):
 
 def mariadb_user_url(admin_url: str) -> str:
     """The JDBC spelling a Spark user writes for the session database (user and password in the query)."""
-    p = dbutil.mariadb_params(admin_url)
+    p = mariadb_params(admin_url)
     query = f"user={quote(p['user'], safe='')}"
     if p["password"]:
         query += f"&password={quote(p['password'], safe='')}"
@@ -293,7 +503,7 @@ class MariaDBTarget(Target):
 
     @contextmanager
     def connect(self) -> Iterator[Any]:
-        with dbutil.mariadb_connect(self.admin_url) as conn:
+        with mariadb_connect(self.admin_url) as conn:
             yield conn
 
     def create_table(self, table: str, columns: str) -> None:
@@ -343,10 +553,10 @@ class MariaDBTarget(Target):
         return [str(r[0]) for r in found]
 
     def prepared(self, sink_id: str | None = None, batch_id: int | None = None) -> list[str]:
-        sinks = dbutil.mariadb_sink_ids(self.admin_url) if sink_id is None else [sink_id]
-        gids = dbutil.mariadb_prepared_gids(self.admin_url, sink_ids=sinks)
+        sinks = mariadb_sink_ids(self.admin_url) if sink_id is None else [sink_id]
+        gids = mariadb_prepared_gids(self.admin_url, sink_ids=sinks)
         if batch_id is not None:
-            gids = [g for g in gids if g.startswith(f"{dbutil.XASINK_GID_PREFIX}{sink_id}:{batch_id}/")]
+            gids = [g for g in gids if g.startswith(f"{XASINK_GID_PREFIX}{sink_id}:{batch_id}/")]
         return gids
 
     @staticmethod
@@ -356,16 +566,16 @@ class MariaDBTarget(Target):
         return xid.gid if xid is not None else f"xa:{format_id}:{gtrid.hex()}:{bqual.hex()}"
 
     def listed(self) -> set[str]:
-        return {self.listed_name(*x) for x in dbutil.mariadb_recover(self.admin_url)}
+        return {self.listed_name(*x) for x in mariadb_recover(self.admin_url)}
 
     def rollback_ours(self, gid: str) -> None:
-        dbutil.mariadb_rollback_gid(self.admin_url, gid)
+        mariadb_rollback_gid(self.admin_url, gid)
 
     def make_foreign_prepared(self, name: str, table: str, format_id: int | None = None) -> str:
         if table not in self.tables:
             self.tables.append(table)
         gtrid, _, bqual = name.partition("/")
-        xa = dbutil.mariadb_make_foreign_prepared(
+        xa = mariadb_make_foreign_prepared(
             self.admin_url, gtrid.encode(), bqual.encode(), 1 if format_id is None else format_id, table
         )
         self.foreign.append(self.listed_name(*xa))
@@ -377,9 +587,9 @@ class MariaDBTarget(Target):
             xa = (int(fmt), bytes.fromhex(gtrid), bytes.fromhex(bqual))
         else:
             g, _, b = listed_name.partition("/")
-            xa = (dbutil.XASINK_FORMAT_ID, g.encode(), b.encode())
-        if xa in dbutil.mariadb_recover(self.admin_url):
-            dbutil.mariadb_rollback_xa(self.admin_url, *xa)
+            xa = (XASINK_FORMAT_ID, g.encode(), b.encode())
+        if xa in mariadb_recover(self.admin_url):
+            mariadb_rollback_xa(self.admin_url, *xa)
 
     def set_lock_timeout(self, cursor: Any, seconds: int) -> None:
         cursor.execute(f"SET SESSION innodb_lock_wait_timeout = {int(seconds)}")

@@ -11,27 +11,23 @@ from __future__ import annotations
 import logging
 import re
 import time
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
-import pyarrow as pa
 import pytest
 
 import xasink.coordinator
+from tests.harness import TargetSink, expected
 from tests.targets import Target
 from tests.tcp_proxy import TcpProxy
-from xasink.branch import write_partition
 from xasink.coordinator import Coordinator
 from xasink.dialects import dialect_for
 from xasink.dialects.base import Dialect
 from xasink.errors import BatchAbortedError, CommitIncompleteError, DecisionUnknownError, JournalError
-from xasink.options import WriteOptions, parse_options
+from xasink.options import WriteOptions
 from xasink.results import BranchOutcome
-from xasink.schema import plan_target
-from xasink.xid import Xid, new_run_nonce
+from xasink.xid import Xid
 
-SCHEMA = pa.schema([pa.field("id", pa.int32(), nullable=False), ("name", pa.string())])
 OUTAGE_S = 15.0  # three times the whole retry budget of the old commit (commitRetries=5: under 5 s)
 DECISION = b"INSERT INTO xasink_batches"  # arms a cut of the COMMIT that follows on the same connection
 MARK = b"UPDATE xasink_batches"
@@ -58,58 +54,15 @@ def proxy(db: Target) -> Iterator[TcpProxy]:
         yield p
 
 
-def expected(ids: range) -> list[tuple[int, str]]:
-    return [(i, f"n{i}") for i in ids]
-
-
-class Sink:
+class Sink(TargetSink):
     """One sink: branches written directly, coordinators talking through the proxy."""
 
     def __init__(self, db: Target, proxy: TcpProxy) -> None:
-        self.db, self.proxy = db, proxy
-        self.table = db.new_table()
-        db.keyed_table(self.table)
-        self.sink_id = f"ad{uuid.uuid4().hex[:10]}"
-        self.direct = self.options(db.url)
-        self.run = new_run_nonce()
-        self._attempt = 0
-        coordinator = Coordinator(self.direct)
-        try:
-            coordinator.preflight(4)
-            with coordinator.dialect.connect() as conn:
-                self.plan = plan_target(coordinator.dialect, conn, self.direct, SCHEMA)
-                conn.commit()
-        finally:
-            coordinator.close()
-
-    def options(self, url: str, **extra: Any) -> WriteOptions:
-        raw: dict[str, Any] = {"url": url, "dbtable": self.table, "sinkId": self.sink_id, **extra}
-        if self.db.password is not None:
-            raw["password"] = self.db.password
-        return parse_options(raw)
-
-    def prepare(self, batch_id: int, ids: range, parts: int = 3) -> list[BranchOutcome | None]:
-        """Prepare the batch's branches as its tasks would (straight on the database)."""
-        outcomes: list[BranchOutcome | None] = []
-        for p in range(parts):
-            chunk = list(ids)[p::parts]
-            self._attempt += 1
-            batch = pa.RecordBatch.from_pydict({"id": chunk, "name": [f"n{i}" for i in chunk]}, schema=SCHEMA)
-            outcomes.append(
-                write_partition(
-                    self.direct,
-                    self.plan,
-                    batch_id=batch_id,
-                    partition=p,
-                    task_attempt_id=self._attempt,
-                    run=self.run,
-                    batches=[batch],
-                )
-            )
-        return outcomes
+        super().__init__(db, prefix="ad", parts=3)
+        self.proxy = proxy
 
     def coordinator(self, dialect: Dialect | None = None, **extra: Any) -> Coordinator:
-        return Coordinator(self.options(through(self.proxy, self.db.url), **extra), dialect)
+        return Coordinator(self.options_for(through(self.proxy, self.db.url), **extra), dialect)
 
     def commit(self, batch_id: int, outcomes: list[BranchOutcome | None], **extra: Any) -> Any:
         coordinator = self.coordinator(**extra)
@@ -125,15 +78,9 @@ class Sink:
         finally:
             coordinator.close()
 
-    def rows(self) -> list[tuple[Any, ...]]:
-        return [(int(i), str(n)) for i, n in self.db.rows(self.table, "id")]
-
     def state(self, batch_id: int) -> str | None:
         found = self.db.decision(self.sink_id, batch_id)
         return found.state if found is not None else None
-
-    def prepared(self) -> list[str]:
-        return self.db.prepared(self.sink_id)
 
 
 @pytest.fixture
@@ -325,7 +272,7 @@ def test_mark_that_changes_no_row_is_detected(sink: Sink, actor: str, caplog: py
                 f"DELETE FROM {sink.db.q('xasink_batches')} WHERE sink_id = %s AND batch_id = 7", sink.sink_id
             )
 
-    coordinator = sink.coordinator(AfterCommits(sink.direct, 3, then), commitParallelism=1)
+    coordinator = sink.coordinator(AfterCommits(sink.options, 3, then), commitParallelism=1)
     try:
         if actor == "recovery":
             assert coordinator.commit(7, outcomes).rows == 30

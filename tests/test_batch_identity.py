@@ -11,84 +11,23 @@ import random
 import uuid
 from typing import Any
 
-import pyarrow as pa
 import pytest
 import sqlalchemy as sa
 
+from tests.harness import TargetSink, expected
 from tests.targets import Target
-from xasink.branch import write_partition
 from xasink.coordinator import Coordinator
 from xasink.dialects import dialect_for
 from xasink.errors import BatchIdentityError, ForgottenBatchError
 from xasink.journal import Journal, journal_metadata
-from xasink.options import WriteOptions, parse_options, parse_url
-from xasink.results import BranchOutcome, WriteResult
-from xasink.schema import plan_target
-from xasink.xid import new_run_nonce
-
-SCHEMA = pa.schema([pa.field("id", pa.int32(), nullable=False), ("name", pa.string())])
+from xasink.options import parse_url
 
 
-class Sink:
+class Sink(TargetSink):
     """One sink id writing into one table (keyless: a batch written twice shows as duplicate rows)."""
 
-    def __init__(self, db: Target, sink_id: str | None = None, table: str | None = None, **extra: Any) -> None:
-        self.db = db
-        self.table = table or db.new_table()
-        if table is None:
-            db.keyed_table(self.table, primary_key=False)
-        self.sink_id = sink_id or f"bi{uuid.uuid4().hex[:10]}"
-        raw: dict[str, Any] = {"url": db.url, "dbtable": self.table, "sinkId": self.sink_id, **extra}
-        if db.password is not None:
-            raw["password"] = db.password
-        self.options: WriteOptions = parse_options(raw)
-        self.run = new_run_nonce()
-        self._attempt = 0
-        coordinator = Coordinator(self.options)
-        try:
-            coordinator.preflight(4)
-            with coordinator.dialect.connect() as conn:
-                self.plan = plan_target(coordinator.dialect, conn, self.options, SCHEMA)
-                conn.commit()
-        finally:
-            coordinator.close()
-
-    def prepare(
-        self, batch_id: int, ids: range, parts: int = 2, query: str | None = None
-    ) -> list[BranchOutcome | None]:
-        outcomes: list[BranchOutcome | None] = []
-        for p in range(parts):
-            chunk = list(ids)[p::parts]
-            self._attempt += 1
-            batch = pa.RecordBatch.from_pydict({"id": chunk, "name": [f"n{i}" for i in chunk]}, schema=SCHEMA)
-            outcomes.append(
-                write_partition(
-                    self.options,
-                    self.plan,
-                    batch_id=batch_id,
-                    partition=p,
-                    task_attempt_id=self._attempt,
-                    run=self.run,
-                    batches=[batch],
-                    query=query,
-                )
-            )
-        return outcomes
-
-    def write(self, batch_id: int, ids: range, query: str | None = None) -> WriteResult:
-        """One whole batch, as a Spark job runs it: tasks, then the driver's commit."""
-        coordinator = Coordinator(self.options)
-        try:
-            return coordinator.commit(batch_id, self.prepare(batch_id, ids, query=query))
-        finally:
-            coordinator.close()
-
-    def rows(self) -> list[tuple[int, str]]:
-        return sorted((int(i), str(n)) for i, n in self.db.rows(self.table, "id"))
-
-
-def expected(*ranges: range) -> list[tuple[int, str]]:
-    return sorted((i, f"n{i}") for r in ranges for i in r)
+    def __init__(self, db: Target, **kwargs: Any) -> None:
+        super().__init__(db, primary_key=False, prefix="bi", **kwargs)
 
 
 # --------------------------------------------------------------------------- item 1: retention never forgets
@@ -97,9 +36,9 @@ def expected(*ranges: range) -> list[tuple[int, str]]:
 def test_rerun_of_batch_1_after_batch_5000_writes_nothing(db: Target) -> None:
     """The reproduction: 1, then 5000, then 1 again, with the default retention: 200 rows, not 300."""
     s = Sink(db)
-    assert not s.write(1, range(0, 100)).skipped
-    assert not s.write(5000, range(100, 200)).skipped
-    assert s.write(1, range(0, 100)).skipped
+    assert not s.batch(1, range(0, 100)).skipped
+    assert not s.batch(5000, range(100, 200)).skipped
+    assert s.batch(1, range(0, 100)).skipped
     assert s.rows() == expected(range(0, 200))
     assert db.prepared(s.sink_id) == []
 
@@ -108,7 +47,7 @@ def test_compacted_batches_are_still_replays_and_backfills_still_write(db: Targe
     """journalRetention=2 keeps two full xid lists; the older batches keep their row, so their reruns skip."""
     s = Sink(db, journalRetention="2")
     for n, b in enumerate([40, 10, 30, 20]):
-        assert not s.write(b, range(n * 10, n * 10 + 10)).skipped
+        assert not s.batch(b, range(n * 10, n * 10 + 10)).skipped
     log = db.decisions(s.sink_id)
     assert sorted(log) == [10, 20, 30, 40]  # every committed batch is remembered
     assert all(d.state == "committed" for d in log.values())
@@ -117,9 +56,9 @@ def test_compacted_batches_are_still_replays_and_backfills_still_write(db: Targe
     # decisions within one second are ordered by id there)
     assert full == [20, 30] if db.kind == "postgresql" else len(full) == 2
     for n, b in enumerate([40, 10, 30, 20]):
-        assert s.write(b, range(n * 10, n * 10 + 10)).skipped
-    assert not s.write(5, range(100, 110)).skipped  # a backfill below every id: written
-    assert not s.write(10**12, range(110, 120)).skipped
+        assert s.batch(b, range(n * 10, n * 10 + 10)).skipped
+    assert not s.batch(5, range(100, 110)).skipped  # a backfill below every id: written
+    assert not s.batch(10**12, range(110, 120)).skipped
     assert s.rows() == expected(range(0, 40), range(100, 120))
     assert db.prepared(s.sink_id) == []
 
@@ -129,11 +68,11 @@ def test_many_ids_in_random_order_each_written_once(db: Target) -> None:
     rnd = random.Random(15)
     ids = rnd.sample(range(1, 10**6), 25)
     for n, b in enumerate(ids):
-        assert not s.write(b, range(n * 4, n * 4 + 4)).skipped
+        assert not s.batch(b, range(n * 4, n * 4 + 4)).skipped
     reruns = list(enumerate(ids))
     rnd.shuffle(reruns)
     for n, b in reruns:
-        assert s.write(b, range(n * 4, n * 4 + 4)).skipped
+        assert s.batch(b, range(n * 4, n * 4 + 4)).skipped
     assert s.rows() == expected(range(0, 100))
     assert sorted(db.decisions(s.sink_id)) == sorted(ids)
     assert db.prepared(s.sink_id) == []
@@ -183,23 +122,23 @@ def test_old_log_is_upgraded_and_refuses_what_its_trim_may_have_forgotten(db: Ta
     finally:
         dialect.dispose()
     s = Sink(db, sink_id=sink_id, table=table, journalTablePrefix=prefix)  # preflight upgrades the log
-    assert s.write(3, range(0, 10)).skipped
-    assert s.write(4, range(0, 10)).skipped
+    assert s.batch(3, range(0, 10)).skipped
+    assert s.batch(4, range(0, 10)).skipped
     with pytest.raises(ForgottenBatchError, match=rf"sink {sink_id} batch 2: the decision log cannot tell"):
-        s.write(2, range(20, 30))
+        s.batch(2, range(20, 30))
     coordinator = Coordinator(s.options)
     try:
         with pytest.raises(ForgottenBatchError, match=f"horizon of {prefix}sinks"):
             coordinator.check_batch(1)  # what the Spark writer asks before any task runs
     finally:
         coordinator.close()
-    assert not s.write(5, range(50, 60)).skipped
+    assert not s.batch(5, range(50, 60)).skipped
     assert s.rows() == expected(range(50, 60))
     assert set(db.decisions(sink_id, prefix)) == {3, 4, 5}
     assert db.prepared(sink_id) == []
     # a second writer of the upgraded log changes nothing; an unrelated new sink has no horizon
     other = Sink(db, journalTablePrefix=prefix)
-    assert not other.write(1, range(70, 75)).skipped
+    assert not other.batch(1, range(70, 75)).skipped
     assert other.rows() == expected(range(70, 75))
 
 
@@ -209,16 +148,16 @@ def test_old_log_is_upgraded_and_refuses_what_its_trim_may_have_forgotten(db: Ta
 def test_same_batch_to_another_table_is_refused(db: Target) -> None:
     a = Sink(db)
     b = Sink(db, sink_id=a.sink_id)
-    assert not a.write(7, range(0, 50)).skipped
+    assert not a.batch(7, range(0, 50)).skipped
     with pytest.raises(BatchIdentityError) as err:
-        b.write(7, range(100, 150))
+        b.batch(7, range(100, 150))
     text = str(err.value)
     assert f"sink {a.sink_id} batch 7 was committed to table" in text
     assert f".{a.table} in database" in text and f".{b.table} in database" in text
     assert b.rows() == []
     assert a.rows() == expected(range(0, 50))
     assert db.prepared(a.sink_id) == []
-    assert a.write(7, range(0, 50)).skipped  # the same target again: a replay
+    assert a.batch(7, range(0, 50)).skipped  # the same target again: a replay
     assert a.rows() == expected(range(0, 50))
 
 
@@ -227,7 +166,7 @@ def test_another_table_is_refused_by_the_coordinator_before_deciding(db: Target)
     a = Sink(db)
     b = Sink(db, sink_id=a.sink_id)
     b_outcomes = b.prepare(9, range(100, 150))
-    assert not a.write(9, range(0, 50)).skipped
+    assert not a.batch(9, range(0, 50)).skipped
     coordinator = Coordinator(b.options)
     try:
         with pytest.raises(BatchIdentityError, match="batch 9 was committed to table"):
@@ -243,9 +182,9 @@ def test_another_table_is_refused_by_the_coordinator_before_deciding(db: Target)
 
 def test_same_batch_of_another_streaming_query_is_refused(db: Target) -> None:
     s = Sink(db)
-    assert not s.write(3, range(0, 20), query="q-one").skipped
-    assert s.write(3, range(0, 20), query="q-one").skipped  # the same query's replay
+    assert not s.batch(3, range(0, 20), query="q-one").skipped
+    assert s.batch(3, range(0, 20), query="q-one").skipped  # the same query's replay
     with pytest.raises(BatchIdentityError, match="streaming query q-one"):
-        s.write(3, range(20, 40), query="q-two")
+        s.batch(3, range(20, 40), query="q-two")
     assert s.rows() == expected(range(0, 20))
     assert db.prepared(s.sink_id) == []

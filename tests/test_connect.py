@@ -5,8 +5,8 @@ Each test checks the exact row set, the decision log and that nothing of ours is
 
 One Connect session serves the module.  Its server runs on a classic SparkContext in this process, which
 PySpark refuses while the classic ``spark`` fixture's session runs: the fixture stops that one first
-(tests/conftest.py starts it again for the next module that asks).  The server listens on a free port,
-not Connect's fixed 15002, so two test runs on one machine do not meet.
+(the ``spark`` fixture starts it again, tests/jvm.py ``classic_spark``, for the next module that asks).
+The server listens on a free port, not Connect's fixed 15002, so two test runs on one machine do not meet.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 
 import xasink
-from tests.conftest import stop_classic_spark, stop_connect_spark
+from tests.harness import expected, frame
+from tests.jvm import local_spark, stop_classic_spark, stop_connect_spark
 from tests.targets import MARIADB, POSTGRESQL, Target, make_target
 from xasink.spark.api import is_connect
 
@@ -54,20 +55,15 @@ def connect() -> Iterator[SparkSession]:
     port = _free_port()
     with pytest.MonkeyPatch.context() as mp:  # the client of remote("local") dials the default port
         mp.setattr(DefaultChannelBuilder, "default_port", staticmethod(lambda: port))
-        session = (
-            SparkSession.builder.remote("local[2]")
-            .config("spark.connect.grpc.binding.address", "127.0.0.1")
-            .config("spark.connect.grpc.binding.port", str(port))
-            .config("spark.sql.shuffle.partitions", "4")
+        conf = {
+            "spark.connect.grpc.binding.address": "127.0.0.1",
+            "spark.connect.grpc.binding.port": str(port),
+            "spark.sql.shuffle.partitions": "4",
             # a foreachBatch function's worker imports pyspark, pyarrow and SQLAlchemy before it connects back:
             # on two busy cores that can pass the default 15 s ("Python worker failed to connect back")
-            .config("spark.python.authenticate.socketTimeout", "120s")
-            .config("spark.ui.enabled", "false")
-            .config("spark.sql.session.timeZone", "UTC")
-            .config("spark.driver.host", "127.0.0.1")
-            .config("spark.driver.bindAddress", "127.0.0.1")
-            .getOrCreate()
-        )
+            "spark.python.authenticate.socketTimeout": "120s",
+        }
+        session = local_spark(None, remote=True, conf=conf, log_level=None)
     assert is_connect(session), type(session)
     xasink.register(session)
     try:
@@ -79,14 +75,6 @@ def connect() -> Iterator[SparkSession]:
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def frame(spark: SparkSession, start: int, end: int, partitions: int, tag: str = "n") -> DataFrame:
-    return spark.range(start, end, 1, partitions).selectExpr("cast(id as int) as id", f"concat('{tag}', id) as name")
-
-
-def expected(ids: range | list[int], tag: str = "n") -> list[tuple[int, str]]:
-    return [(i, f"{tag}{i}") for i in ids]
 
 
 def new_sink() -> str:
@@ -135,10 +123,10 @@ def test_format_writes_exact_rows_and_a_rerun_writes_nothing(connect: SparkSessi
         w = df.write.format("xasink").option("url", db.url).option("dbtable", table)
         w.options(**credentials(db), sinkId=sink, batchId="3").mode("append").save()
 
-    save(frame(connect, 0, 30, 3))
+    save(frame(connect, range(30), 3))
     assert db.rows(table) == expected(range(30))
     assert db.decision(sink, 3).branches == 3  # type: ignore[union-attr]
-    save(frame(connect, 100, 130, 2))  # same (sinkId, batchId), other rows: a replay, nothing written
+    save(frame(connect, range(100, 130), 2))  # same (sinkId, batchId), other rows: a replay, nothing written
     assert db.rows(table) == expected(range(30))
     assert_committed(db, sink, [3])
 
@@ -146,16 +134,16 @@ def test_format_writes_exact_rows_and_a_rerun_writes_nothing(connect: SparkSessi
 def test_write_with_num_partitions(connect: SparkSession, db: Target) -> None:
     table, sink = db.new_table(), new_sink()
     result = xasink.write(
-        frame(connect, 0, 40, 4), db.url, table, sink_id=sink, batch_id=0, numPartitions=2, **credentials(db)
+        frame(connect, range(40), 4), db.url, table, sink_id=sink, batch_id=0, numPartitions=2, **credentials(db)
     )
     assert (result.rows, result.branches, result.skipped) == (40, 2, False)
     # more than the DataFrame has: a coalesce never adds partitions
     result = xasink.write(
-        frame(connect, 40, 50, 2), db.url, table, sink_id=sink, batch_id=1, numPartitions=8, **credentials(db)
+        frame(connect, range(40, 50), 2), db.url, table, sink_id=sink, batch_id=1, numPartitions=8, **credentials(db)
     )
     assert (result.rows, result.branches, result.skipped) == (10, 2, False)
     again = xasink.write(
-        frame(connect, 40, 50, 2), db.url, table, sink_id=sink, batch_id=1, numPartitions=8, **credentials(db)
+        frame(connect, range(40, 50), 2), db.url, table, sink_id=sink, batch_id=1, numPartitions=8, **credentials(db)
     )
     assert again.skipped is True
     assert db.rows(table) == expected(range(50))
@@ -167,15 +155,15 @@ def test_write_with_upsert_keys(connect: SparkSession, db: Target) -> None:
     table, sink = db.new_table(), new_sink()
     db.keyed_table(table)
     keyed: dict[str, Any] = {"upsertKeyColumns": "id", **credentials(db)}
-    first = xasink.write(frame(connect, 0, 20, 2), db.url, table, sink_id=sink, batch_id=0, **keyed)
+    first = xasink.write(frame(connect, range(20), 2), db.url, table, sink_id=sink, batch_id=0, **keyed)
     assert (first.rows, first.skipped) == (20, False)
     # ids 10..29 again (10..19 updated, 20..29 new), spread so that equal keys would meet across partitions
     second = xasink.write(
-        frame(connect, 10, 30, 4, "u"), db.url, table, sink_id=sink, batch_id=1, numPartitions=3, **keyed
+        frame(connect, range(10, 30), 4, "u"), db.url, table, sink_id=sink, batch_id=1, numPartitions=3, **keyed
     )
     assert (second.rows, second.skipped) == (20, False)
     assert second.branches <= 3
-    assert db.rows(table) == expected(range(10)) + expected(range(10, 30), "u")
+    assert db.rows(table) == expected(range(10)) + expected(range(10, 30), tag="u")
     assert_committed(db, sink, [0, 1])
 
 
@@ -269,8 +257,8 @@ def test_transaction_two_databases_commit_together(connect: SparkSession, both: 
     pg, maria = both
     orders, events, sink = pg.new_table(), maria.new_table(), new_sink()
     with xasink.transaction(sink_id=sink, batch_id=7, journal_url=maria.url) as tx:
-        first = tx.write(frame(connect, 0, 30, 3), pg.url, orders, **credentials(pg))
-        tx.write(frame(connect, 100, 110, 2), maria.url, events)
+        first = tx.write(frame(connect, range(30), 3), pg.url, orders, **credentials(pg))
+        tx.write(frame(connect, range(100, 110), 2), maria.url, events)
         # prepared on both, visible on neither
         assert (len(pg.prepared(sink)), len(maria.prepared(sink))) == (3, 2)
         assert visible(pg, orders) == [] and visible(maria, events) == []
@@ -283,8 +271,8 @@ def test_transaction_two_databases_commit_together(connect: SparkSession, both: 
     assert pg.prepared(sink) == [] and maria.prepared(sink) == []
     # the same transaction again, other rows: a replay writes nothing anywhere
     with xasink.transaction(sink_id=sink, batch_id=7, journal_url=maria.url) as tx:
-        tx.write(frame(connect, 500, 530, 3), pg.url, orders, **credentials(pg))
-        tx.write(frame(connect, 500, 510, 2), maria.url, events)
+        tx.write(frame(connect, range(500, 530), 3), pg.url, orders, **credentials(pg))
+        tx.write(frame(connect, range(500, 510), 2), maria.url, events)
     assert tx.result is not None and tx.result.skipped
     assert pg.rows(orders) == expected(range(30)) and maria.rows(events) == expected(range(100, 110))
     assert pg.prepared(sink) == [] and maria.prepared(sink) == []
@@ -299,8 +287,8 @@ def test_transaction_exception_in_the_block_leaves_nothing(connect: SparkSession
         pytest.raises(RuntimeError, match="user code"),
         xasink.transaction(sink_id=sink, batch_id=3, journal_url=maria.url) as tx,
     ):
-        tx.write(frame(connect, 0, 20, 2), pg.url, orders, **credentials(pg))
-        tx.write(frame(connect, 100, 120, 2), maria.url, events, upsertKeyColumns="id")
+        tx.write(frame(connect, range(20), 2), pg.url, orders, **credentials(pg))
+        tx.write(frame(connect, range(100, 120), 2), maria.url, events, upsertKeyColumns="id")
         assert len(pg.prepared(sink)) == 2 and maria.prepared(sink) != []
         raise RuntimeError("user code failed")
     assert pg.rows(orders) == [] and maria.rows(events) == []

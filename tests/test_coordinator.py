@@ -11,14 +11,16 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 from urllib.parse import quote
 
-import pyarrow as pa
 import pytest
 
-from tests.dbutil import (
+from tests import harness
+from tests.harness import VALUES, expected, record_batch
+from tests.leaks import SECRET, assert_no_secret
+from tests.targets import (
     commit_prepared,
     connect,
     make_foreign_prepared,
@@ -27,10 +29,8 @@ from tests.dbutil import (
     rows,
     with_login,
 )
-from tests.leaks import SECRET, assert_no_secret
 from xasink.branch import write_partition
 from xasink.coordinator import Coordinator
-from xasink.dialects.base import TargetPlan
 from xasink.embedded import EmbeddedPostgres
 from xasink.errors import BatchAbortedError, BranchError, ConcurrentWriterError, LateBranchError, PreflightError
 from xasink.journal import BatchRecord
@@ -38,9 +38,6 @@ from xasink.options import WriteOptions, parse_options
 from xasink.results import BranchOutcome
 from xasink.schema import plan_target
 from xasink.xid import Xid, new_run_nonce
-
-SCHEMA = pa.schema([("id", pa.int64()), ("v", pa.string())])
-
 
 # --------------------------------------------------------------------------- helpers
 
@@ -55,63 +52,18 @@ def create_table(url: str, table: str, primary_key: bool = False) -> None:
         cur.execute(f"CREATE TABLE {table} (id bigint {'PRIMARY KEY' if primary_key else ''}, v text)")
 
 
-def plan_for(opts: WriteOptions) -> TargetPlan:
-    coordinator = Coordinator(opts)
-    try:
-        coordinator.preflight()
-        with coordinator.dialect.connect() as conn:
-            return plan_target(coordinator.dialect, conn, opts, SCHEMA)
-    finally:
-        coordinator.close()
-
-
-def record_batches(ids: range | list[int], chunk: int = 7) -> Iterator[pa.RecordBatch]:
-    ids = list(ids)
-    for i in range(0, len(ids), chunk):
-        part = ids[i : i + chunk]
-        yield pa.RecordBatch.from_arrays([pa.array(part, pa.int64()), pa.array([f"v{x}" for x in part])], schema=SCHEMA)
-
-
-def expected(ids: range | list[int]) -> list[tuple[int, str]]:
-    return [(x, f"v{x}") for x in sorted(ids)]
-
-
-class Sink:
-    """One sink's test harness: options, plan, a coordinator, and a writer of partitions."""
+class Sink(harness.Sink):
+    """One sink's test harness: options, plan, a coordinator, and a writer of partitions (7 rows an Arrow batch)."""
 
     def __init__(self, url: str, table: str, **extra: Any) -> None:
-        self.url = url
-        self.table = table
-        self.options = make_options(url, table, **extra)
-        self.plan = plan_for(self.options)
+        super().__init__(url, table, schema=VALUES, tag="v", **extra)
         self.coordinator = Coordinator(self.options)
-        self.run = new_run_nonce()
-        self._attempt = 0
 
     def write(
-        self,
-        batch_id: int,
-        partition: int,
-        ids: range | list[int],
-        *,
-        attempt: int | None = None,
-        run: str | None = None,
-        claimed: bool = False,
+        self, batch_id: int, partition: int, ids: Iterable[int], *, chunk: int | None = 7, **task: Any
     ) -> BranchOutcome:
         """``claimed``: a first attempt of a batch write whose driver claimed the batch (no claim of its own)."""
-        if attempt is None:
-            self._attempt += 1
-            attempt = self._attempt
-        return write_partition(
-            self.options,
-            self.plan,
-            batch_id=batch_id,
-            partition=partition,
-            task_attempt_id=attempt,
-            run=run or self.run,
-            batches=record_batches(ids),
-            claimed=claimed,
-        )
+        return super().write(batch_id, partition, ids, chunk=chunk, **task)
 
     def write_batch(self, batch_id: int, parts: list[range]) -> list[BranchOutcome | None]:
         return [self.write(batch_id, p, ids) for p, ids in enumerate(parts)]
@@ -172,7 +124,7 @@ def test_commit_makes_exactly_the_rows_visible(sink: Sink) -> None:
     result = sink.coordinator.commit(0, outcomes)
 
     assert (result.rows, result.branches, result.skipped, result.batch_id) == (26, 3, False, 0)
-    assert sink.rows() == expected(range(26))
+    assert sink.rows() == expected(range(26), tag="v")
     assert sink.mine() == []
     assert sink.journal() == {0: ("committed", gids(outcomes))}
 
@@ -194,7 +146,7 @@ def test_losing_attempt_is_rolled_back_by_the_sweep(sink: Sink) -> None:
 
     sink.coordinator.commit(0, [winner, second])
 
-    assert sink.rows() == expected(range(20))  # the loser's copy of partition 0 never shows
+    assert sink.rows() == expected(range(20), tag="v")  # the loser's copy of partition 0 never shows
     assert sink.mine() == []
     assert sink.journal()[0][1] == gids([winner, second])
 
@@ -204,7 +156,7 @@ def test_undecided_branches_of_earlier_batches_are_swept(sink: Sink) -> None:
     later = sink.write(9, 0, range(200, 210))  # batch 9 is beyond this commit: left alone
     outcomes = sink.write_batch(4, [range(0, 5)])
     sink.coordinator.commit(4, outcomes)
-    assert sink.rows() == expected(range(5))
+    assert sink.rows() == expected(range(5), tag="v")
     assert stale.gid not in sink.mine()
     assert sink.mine() == [later.gid]
     sink.coordinator.abort(9, [later])
@@ -223,7 +175,7 @@ def test_commit_twice_and_replayed_partitions_write_nothing(sink: Sink) -> None:
     assert all(o.skipped and o.gid is None for o in replayed)
     result = Coordinator(sink.options).commit(5, replayed)
     assert result.skipped
-    assert sink.rows() == expected(range(20))
+    assert sink.rows() == expected(range(20), tag="v")
     assert sink.mine() == []
     assert list(sink.journal()) == [5]
 
@@ -241,7 +193,7 @@ def test_replay_racing_the_first_decision_is_rolled_back(sink: Sink) -> None:
     assert sink.rows() == []
     assert sink.journal() == {}
     sink.coordinator.commit(2, second)
-    assert sink.rows() == expected(range(10))
+    assert sink.rows() == expected(range(10), tag="v")
     assert sink.mine() == []
 
 
@@ -269,7 +221,7 @@ def test_a_driver_claim_takes_the_batch_over_before_any_task(sink: Sink) -> None
     third = [sink.write(8, 0, range(300, 305), run=third_run, claimed=True)]
     assert sink.coordinator.commit(8, third).rows == 5
     assert sink.coordinator.claim(8, new_run_nonce()) is False  # decided: a replay, nothing claimed
-    assert sink.rows() == expected(range(300, 305)) and sink.mine() == []
+    assert sink.rows() == expected(range(300, 305), tag="v") and sink.mine() == []
     assert old[0].xid is not None and sink.journal()[8][1] == gids(third)
 
 
@@ -291,10 +243,10 @@ def test_writer_taken_over_by_a_newer_run_loses_and_cannot_come_back(sink: Sink)
     new.append(sink.write(7, 1, range(110, 120), run=new_run))
     result = sink.coordinator.commit(7, new)
     assert (result.rows, result.skipped) == (20, False)
-    assert sink.rows() == expected(range(100, 120))
+    assert sink.rows() == expected(range(100, 120), tag="v")
     assert sink.mine() == []
     assert sink.coordinator.commit(7, old).skipped  # once decided, the old writer's commit is a replay
-    assert sink.rows() == expected(range(100, 120))
+    assert sink.rows() == expected(range(100, 120), tag="v")
 
 
 def test_decided_batch_is_a_replay_for_a_later_writer(sink: Sink) -> None:
@@ -304,7 +256,7 @@ def test_decided_batch_is_a_replay_for_a_later_writer(sink: Sink) -> None:
     late = [sink.write(3, 0, range(500, 510), run=new_run_nonce())]
     assert late[0].skipped
     assert Coordinator(sink.options).commit(3, late).skipped
-    assert sink.rows() == expected(range(10))
+    assert sink.rows() == expected(range(10), tag="v")
 
 
 # --------------------------------------------------------------------------- abort
@@ -321,7 +273,7 @@ def test_abort_rolls_everything_back(sink: Sink) -> None:
     sink.run = new_run_nonce()
     outcomes = sink.write_batch(1, [range(0, 3)])
     sink.coordinator.commit(1, outcomes)
-    assert sink.rows() == expected(range(3))
+    assert sink.rows() == expected(range(3), tag="v")
 
 
 def test_missing_task_report_aborts(sink: Sink) -> None:
@@ -358,11 +310,11 @@ def test_recover_finishes_a_decided_batch(sink: Sink) -> None:
     assert report.finished_batches == [7]
     assert sorted(x.gid for x in report.committed) == gids(outcomes)
     assert report.rolled_back == []
-    assert sink.rows() == expected(range(30))
+    assert sink.rows() == expected(range(30), tag="v")
     assert sink.mine() == []
     assert sink.journal()[7][0] == "committed"
     assert Coordinator(sink.options).commit(7, outcomes).skipped  # the restarted driver replays it: nothing new
-    assert sink.rows() == expected(range(30))
+    assert sink.rows() == expected(range(30), tag="v")
 
 
 def test_recover_rolls_back_undecided_branches(sink: Sink) -> None:
@@ -410,7 +362,7 @@ def test_decision_wins_the_race_then_recovery_commits(sink: Sink) -> None:
     assert report.rolled_back == []
     # the live driver goes on committing: the branches are gone, which means committed
     assert sorted(sink.coordinator._commit_branches(record.xids)) == list(record.xids)
-    assert sink.rows() == expected(range(20))
+    assert sink.rows() == expected(range(20), tag="v")
     assert sink.mine() == []
 
 
@@ -455,7 +407,7 @@ def test_recovery_waits_for_a_decision_in_progress(sink: Sink) -> None:
     assert "error" not in result, result.get("error")
     assert sorted(x.gid for x in result["report"].committed) == gids(outcomes)
     assert result["report"].rolled_back == []
-    assert sink.rows() == expected(range(20))
+    assert sink.rows() == expected(range(20), tag="v")
     assert sink.mine() == []
 
 
@@ -486,7 +438,7 @@ def test_foreign_prepared_transactions_are_never_touched(sink: Sink) -> None:
         sink.write_batch(2, [range(20, 30)])
         Coordinator(sink.options).recover()  # recovery of everything of this sink
         sink.coordinator.abort(3)
-        assert sink.rows() == expected(range(20))
+        assert sink.rows() == expected(range(20), tag="v")
         assert sink.mine() == []
         assert sorted(set(foreign) & set(prepared_gids(sink.url))) == sorted(foreign)
         assert rows(sink.url, scratch) == []  # still pending, neither committed nor rolled back
@@ -511,14 +463,14 @@ def test_retried_partition_is_not_blocked_by_its_earlier_attempt(pg_url: str, fr
         assert retry.gid == first.gid and retry.rows == 10  # adopted: the retry wrote nothing, waited for nothing
         assert sorted(s.mine()) == gids([other, first])
         s.coordinator.commit(0, [retry, other])
-        assert s.rows() == expected(range(20))
+        assert s.rows() == expected(range(20), tag="v")
 
         # a new run of a batch (a restarted query) clears the crashed run's branches of that batch too
         crashed = s.write(1, 0, range(20, 30), attempt=1, run=new_run_nonce())
         rerun = s.write(1, 0, range(20, 30), attempt=1, run=new_run_nonce())
         assert s.mine() == gids([rerun]) and crashed.gid != rerun.gid
         s.coordinator.commit(1, [rerun])
-        assert s.rows() == expected(range(30))
+        assert s.rows() == expected(range(30), tag="v")
         assert s.mine() == []
     finally:
         s.close()
@@ -555,7 +507,7 @@ def test_journal_keeps_journal_retention_batches(pg_url: str, fresh_table_name: 
         assert [b for b, (_, xids) in s.journal().items() if xids] == [3, 4]
         for b in (4, 0):  # kept or compacted: still deduplicated
             assert s.coordinator.commit(b, s.write_batch(b, [range(b * 10, b * 10 + 10)])).skipped
-        assert s.rows() == expected(range(50))
+        assert s.rows() == expected(range(50), tag="v")
         assert s.mine() == []
     finally:
         s.close()
@@ -605,7 +557,7 @@ def test_prepared_transactions_disabled_is_explained(fresh_table_name: str) -> N
         coordinator = Coordinator(opts)
         coordinator.journal.ensure()
         with coordinator.dialect.connect() as conn:
-            plan = plan_target(coordinator.dialect, conn, opts, SCHEMA)
+            plan = plan_target(coordinator.dialect, conn, opts, VALUES)
         coordinator.close()
         with pytest.raises(BranchError) as branch_info:
             write_partition(
@@ -615,7 +567,7 @@ def test_prepared_transactions_disabled_is_explained(fresh_table_name: str) -> N
                 partition=0,
                 task_attempt_id=1,
                 run=new_run_nonce(),
-                batches=record_batches(range(3)),
+                batches=[record_batch(range(3), VALUES, "v")],
             )
         assert "max_prepared_transactions" in str(branch_info.value)
         assert_no_secret(branch_info.value)

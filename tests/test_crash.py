@@ -14,10 +14,7 @@ waits until recovery finishes them (test_branches_of_a_killed_driver_block_a_wri
 
 from __future__ import annotations
 
-import json
-import os
 import signal
-import sys
 import threading
 import time
 import uuid
@@ -27,50 +24,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import SparkSession
 
 import xasink
-from tests.procs import run_until_exit, tail
+from tests.harness import BATCH, PARTITIONS, N, expected, frame, run_crash_driver
+from tests.procs import tail
 from tests.targets import MARIADB, Target, is_lock_timeout
 from xasink import admin
 from xasink.xid import Xid
 
 pytestmark = pytest.mark.crash
 
-DRIVER = Path(__file__).resolve().parent / "crash_driver.py"
-N, PARTITIONS, BATCH = 40, 4, 5
 SPARK_KILL_POINTS = ("driver.before_decide", "driver.after_first_commit")  # a Spark driver killed on PostgreSQL
 PER = N // PARTITIONS
-
-
-def frame(spark: SparkSession) -> DataFrame:
-    """The rows crash_driver.py writes: ids 0..N-1 in PARTITIONS contiguous partitions."""
-    return spark.range(0, N, 1, PARTITIONS).selectExpr("cast(id as int) as id", "concat('n', id) as name")
-
-
-def expected(ids: Any) -> list[tuple[int, str]]:
-    return [(i, f"n{i}") for i in sorted(ids)]
-
-
-def run_driver(
-    url: str,
-    table: str,
-    sink: str,
-    point: str,
-    log: Path,
-    direct: bool = False,
-    options: dict[str, str] | None = None,
-    batch: int = BATCH,
-) -> int:
-    """Run crash_driver.py with the fault; return its exit status once it and all its children are gone.
-
-    ``direct``: the driver without Spark (crash_driver.py --direct), with ``options`` as extra write options.
-    """
-    env = {**os.environ, "XASINK_FAULT": f"{point}:kill", "PYSPARK_PYTHON": sys.executable}
-    env["XASINK_TEST_WRITE_OPTIONS"] = json.dumps(options or {})
-    cmd = [sys.executable, str(DRIVER), url, table, sink, str(batch), str(N), str(PARTITIONS)]
-    cmd += ["--direct"] if direct else []
-    return run_until_exit(cmd, env, log)
 
 
 def journal_state(db: Target, sink: str) -> tuple[str, list[Xid]] | None:
@@ -145,12 +111,12 @@ def test_driver_killed_then_rerun_writes_each_row_once(
     # every point on MariaDB, are killed in a Spark-free driver that leaves the same state, which saves a JVM
     # start per point
     direct = db.kind == MARIADB or point not in SPARK_KILL_POINTS
-    returncode = run_driver(db.url, table, sink, point, log, direct=direct)
+    returncode = run_crash_driver(db.url, table, sink, point, log, direct=direct)
     assert returncode == -signal.SIGKILL, f"driver exited {returncode}, not killed at {point}:\n{tail(log)}"
     check_killed_state(db, table, sink, point)
     assert foreign in db.listed()
 
-    result = xasink.write(frame(spark), db.url, table, sink_id=sink, batch_id=BATCH)
+    result = xasink.write(frame(spark, range(N), PARTITIONS), db.url, table, sink_id=sink, batch_id=BATCH)
 
     # a decided batch is finished by recovery and not written again; an undecided one is written afresh
     assert result.skipped is (point != "driver.before_decide")
@@ -191,7 +157,7 @@ def test_branches_of_a_killed_driver_block_a_writer_until_recovery(db: Target, t
     table, sink = db.new_table(), f"crash-{uuid.uuid4().hex[:8]}"
     db.keyed_table(table)
     log = tmp_path / "driver.log"
-    returncode = run_driver(db.url, table, sink, "driver.before_decide", log, direct=True)
+    returncode = run_crash_driver(db.url, table, sink, "driver.before_decide", log, direct=True)
     assert returncode == -signal.SIGKILL, f"driver exited {returncode}, not killed before deciding:\n{tail(log)}"
     assert sorted(x.partition for x in prepared_of(db, sink)) == list(range(PARTITIONS))
     assert journal_state(db, sink) is None and db.rows(table) == []

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pymysql
 import pytest
 
-from tests.dbutil import mariadb_connect, mariadb_recover
+from tests.targets import mariadb_connect, mariadb_recover
 from xasink.dialects.base import TargetPlan
 from xasink.dialects.mysql import MySQLBranch, MySQLDialect, xid_literal
 from xasink.options import parse_options
@@ -116,7 +116,7 @@ def _pg_scs_off(pg_url: str) -> str:
 def test_postgres_statements_without_parameters_quote_backslashes_and_quotes(pg_url: str) -> None:
     """Item 11: ROLLBACK PREPARED of a gid with backslashes and quotes names exactly that gid, whatever
     standard_conforming_strings says (before the fix: the backslash escaped, the gid 'did not exist')."""
-    from tests.dbutil import make_foreign_prepared, prepared_gids
+    from tests.targets import make_foreign_prepared, prepared_gids
     from xasink.dialects.postgres import PostgresDialect
 
     gid = f"foreign {uuid.uuid4().hex[:6]} {NASTY}"
@@ -132,14 +132,14 @@ def test_postgres_statements_without_parameters_quote_backslashes_and_quotes(pg_
         assert gid not in prepared_gids(pg_url)
     finally:
         if gid in prepared_gids(pg_url):
-            from tests.dbutil import rollback_prepared
+            from tests.targets import rollback_prepared
 
             rollback_prepared(pg_url, gid)
 
 
 def test_mariadb_foreign_xid_with_backslashes_and_quotes_is_rolled_back(mariadb_url: str) -> None:
     """Item 11 on MariaDB: xids travel as hex literals, so any byte of a foreign xid is named exactly."""
-    from tests.dbutil import mariadb_make_foreign_prepared
+    from tests.targets import mariadb_make_foreign_prepared
     from xasink.dialects.mysql import foreign_gid
 
     foreign = mariadb_make_foreign_prepared(mariadb_url, f"fx{uuid.uuid4().hex[:6]}{NASTY}".encode(), b"\\'")
@@ -259,7 +259,7 @@ def _write(url: str, table: str, sink: str, batch_id: int) -> None:
 
 
 def _table_ids(url: str, kind: str, table: str) -> list[int]:
-    from tests.dbutil import mariadb_rows, rows
+    from tests.targets import mariadb_rows, rows
 
     return sorted(r[0] for r in (rows(url, table) if kind == "pg" else mariadb_rows(url, table)))
 
@@ -268,7 +268,7 @@ def _server_setting(url: str, kind: str, setting: str, value: str | None) -> str
     """Set a server-wide setting (None: only read it; PostgreSQL "DEFAULT": ALTER SYSTEM RESET); its value before."""
     import time
 
-    from tests.dbutil import connect
+    from tests.targets import connect
 
     if kind == "pg":
         with connect(url) as conn, conn.cursor() as cur:
@@ -345,7 +345,7 @@ def test_a_server_that_can_lose_prepared_branches_is_warned_about_once_per_run(
 
 
 def _drop(url: str, kind: str, table: str) -> None:
-    from tests.dbutil import connect
+    from tests.targets import connect
 
     if kind == "pg":
         with connect(url) as conn, conn.cursor() as cur:
@@ -361,7 +361,7 @@ def test_names_and_values_with_backslashes_and_quotes_are_written_exactly(
 ) -> None:
     """Item 11, end to end: a table whose name holds quotes and backslashes, values full of them, the journal in
     a schema-qualified log; on PostgreSQL with standard_conforming_strings off.  Exact rows, nothing prepared."""
-    from tests.dbutil import mariadb_prepared_gids, prepared_gids
+    from tests.targets import mariadb_prepared_gids, prepared_gids
     from xasink.branch import write_partition
     from xasink.coordinator import Coordinator
     from xasink.schema import plan_target

@@ -9,7 +9,8 @@ import psycopg2
 import psycopg2.extensions
 import pytest
 
-from tests.dbutil import (
+from tests.leaks import SECRET, assert_no_secret
+from tests.targets import (
     SCRATCH_TABLE,
     libpq_url,
     make_foreign_prepared,
@@ -18,7 +19,6 @@ from tests.dbutil import (
     rows,
     with_login,
 )
-from tests.leaks import SECRET, assert_no_secret
 from xasink.embedded import EmbeddedPostgres
 
 

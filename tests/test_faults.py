@@ -38,8 +38,8 @@ from tests.cluster import (
     tally_fixture,
     wait_for,
 )
-from tests.dbutil import connect, prepared_gids
 from tests.leaks import SECRET, assert_no_secret, no_secret_in_output, run_cli  # noqa: F401 - autouse fixture
+from tests.targets import connect, prepared_gids
 from tests.tcp_proxy import TcpProxy
 from xasink.branch import write_partition
 from xasink.coordinator import Coordinator

@@ -26,8 +26,8 @@ from pyspark.sql import DataFrame, SparkSession
 
 import xasink
 from tests.cluster import Tally, host_port, tally_fixture
-from tests.dbutil import connect, make_foreign_prepared, prepared_gids, rollback_prepared
 from tests.leaks import SECRET, assert_no_secret, no_secret_in_output, run_cli, texts  # noqa: F401 - autouse fixture
+from tests.targets import connect, make_foreign_prepared, prepared_gids, rollback_prepared
 from tests.tcp_proxy import TcpProxy
 from xasink.coordinator import Coordinator
 from xasink.embedded import EmbeddedPostgres
@@ -65,12 +65,8 @@ def victims(pg_url: str) -> Iterator[None]:
 @pytest.fixture(scope="module")
 def small_pg() -> Iterator[EmbeddedPostgres]:
     """A second server with only two prepared-transaction slots (and one a test may stop); it checks passwords too."""
-    server = EmbeddedPostgres(max_prepared_transactions=2, password=SECRET)
-    server.start()
-    try:
+    with EmbeddedPostgres(max_prepared_transactions=2, password=SECRET) as server:
         yield server
-    finally:
-        server.stop()
 
 
 # --------------------------------------------------------------------------- helpers

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -19,41 +18,22 @@ import pyarrow as pa
 import pytest
 
 import xasink.branch
+from tests.harness import TargetSink, expected, record_batch
 from tests.targets import POSTGRESQL, Target
-from xasink.branch import write_partition
 from xasink.coordinator import Coordinator
 from xasink.errors import LateBranchError
-from xasink.options import WriteOptions, parse_options
 from xasink.results import BranchOutcome
-from xasink.schema import plan_target
-from xasink.xid import Xid, new_run_nonce
+from xasink.xid import Xid
 
-SCHEMA = pa.schema([pa.field("id", pa.int32(), nullable=False), ("name", pa.string())])
 P0 = range(0, 10)  # partition 0
 P1 = range(10, 20)  # partition 1
 
 
-class Sink:
+class Sink(TargetSink):
     """One sink of one run: its tasks' attempts and its driver."""
 
     def __init__(self, db: Target, *, primary_key: bool, **extra: Any) -> None:
-        self.db = db
-        self.table = db.new_table()
-        db.keyed_table(self.table, primary_key=primary_key)
-        self.sink_id = f"lb{uuid.uuid4().hex[:10]}"
-        raw: dict[str, Any] = {"url": db.url, "dbtable": self.table, "sinkId": self.sink_id, **extra}
-        if db.password is not None:
-            raw["password"] = db.password
-        self.options: WriteOptions = parse_options(raw)
-        self.run = new_run_nonce()
-        coordinator = Coordinator(self.options)
-        try:
-            coordinator.preflight(4)
-            with coordinator.dialect.connect() as conn:
-                self.plan = plan_target(coordinator.dialect, conn, self.options, SCHEMA)
-                conn.commit()
-        finally:
-            coordinator.close()
+        super().__init__(db, primary_key=primary_key, prefix="lb", **extra)
 
     def attempt(
         self, partition: int, attempt: int, ids: range, tag: str = "n", meanwhile: Callable[[], None] | None = None
@@ -64,18 +44,9 @@ class Sink:
             for chunk in (ids[:1], ids[1:]):
                 if chunk.start != ids.start and meanwhile is not None:
                     meanwhile()
-                names = [f"{tag}{i}" for i in chunk]
-                yield pa.RecordBatch.from_pydict({"id": list(chunk), "name": names}, schema=SCHEMA)
+                yield record_batch(chunk, tag=tag)
 
-        return write_partition(
-            self.options,
-            self.plan,
-            batch_id=1,
-            partition=partition,
-            task_attempt_id=attempt,
-            run=self.run,
-            batches=rows(),
-        )
+        return self.task(1, partition, rows(), attempt=attempt)
 
     def commit(self, outcomes: list[BranchOutcome | None]) -> Any:
         coordinator = Coordinator(self.options)
@@ -91,15 +62,9 @@ class Sink:
         finally:
             coordinator.close()
 
-    def rows(self) -> list[tuple[int, str]]:
-        return sorted((int(i), str(n)) for i, n in self.db.rows(self.table, "id"))
-
     def decided(self) -> list[str]:
         found = self.db.decision(self.sink_id, 1)
         return sorted(found.xids) if found is not None else []
-
-    def prepared(self) -> list[str]:
-        return self.db.prepared(self.sink_id)
 
     def waiting_on_a_lock(self) -> bool:
         """Some session of this database waits for a row lock on the sink's table (the blocked attempt)."""
@@ -111,10 +76,6 @@ class Sink:
             return int(self.db.execute(q)[0][0]) > 0
         q = "SELECT count(*) FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT' AND trx_query LIKE %s"
         return int(self.db.execute(q, f"%{self.table}%")[0][0]) > 0
-
-
-def named(ids: range, tag: str = "n") -> list[tuple[int, str]]:
-    return [(i, f"{tag}{i}") for i in ids]
 
 
 def gid(outcome: BranchOutcome | None) -> str:
@@ -138,7 +99,7 @@ def test_attempt_prepared_after_its_batch_was_decided_rolls_itself_back(db: Targ
     with pytest.raises(LateBranchError, match="decided without it"):
         sink.attempt(0, 9, P0, tag="z", meanwhile=driver_decides)
 
-    assert sink.rows() == named(range(20))  # the zombie's copy of partition 0 never shows
+    assert sink.rows() == expected(range(20))  # the zombie's copy of partition 0 never shows
     assert sink.decided() == sorted(gid(o) for o in reported)
     assert sink.prepared() == []
 
@@ -175,7 +136,7 @@ def test_later_attempt_adopts_a_prepared_sibling_instead_of_rolling_it_back(
     result = sink.commit([original if reported == "original" else copy, second])
 
     assert (result.rows, result.branches) == (20, 2)
-    assert sink.rows() == named(range(20))
+    assert sink.rows() == expected(range(20))
     assert sink.decided() == sorted([gid(original), gid(second)])
     assert sink.prepared() == []
 
@@ -196,7 +157,7 @@ def test_two_attempts_both_prepared_the_reported_one_commits_and_the_other_is_sw
     sink.commit([winner, second])
 
     tag = "n" if winner is original else "c"
-    assert sink.rows() == sorted(named(P0, tag) + named(P1))
+    assert sink.rows() == sorted(expected(P0, tag=tag) + expected(P1))
     assert sink.decided() == sorted([gid(winner), gid(second)])
     assert sink.prepared() == []
 
@@ -245,7 +206,7 @@ def test_upsert_copy_blocked_by_the_prepared_original_does_not_deadlock_and_roll
         copy.join(90)
     assert not copy.is_alive()
     assert len(failure) == 1 and isinstance(failure[0], LateBranchError), failure
-    assert sink.rows() == named(range(20))
+    assert sink.rows() == expected(range(20))
     assert sink.decided() == sorted([gid(original), gid(second)])
     assert sink.prepared() == []
 
@@ -266,5 +227,5 @@ def test_a_branch_the_decision_lists_is_kept_by_its_late_check(db: Target) -> No
         settle_prepared(dialect, Journal(dialect), xid)  # returns: listed
     finally:
         dialect.dispose()
-    assert sink.rows() == named(P0)
+    assert sink.rows() == expected(P0)
     assert sink.prepared() == []

@@ -24,10 +24,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness import CRASH_DRIVER, PARTITIONS, N, expected, run_crash_driver
 from tests.leaks import run_cli
-from tests.procs import ROOT
+from tests.procs import ROOT, tail
 from tests.targets import Target
-from tests.test_crash import DRIVER, PARTITIONS, N, expected, run_driver, tail
 from xasink.coordinator import WAIT
 from xasink.xid import Xid
 
@@ -42,7 +42,7 @@ def _ours(db: Target, sink: str) -> list[Xid]:
 def stopped_driver(db: Target, table: str, sink: str, batch: int, log: Path) -> Iterator[subprocess.Popen[bytes]]:
     """A Spark-free driver stopped (alive) after PREPARE, before its decision; SIGKILLed on the way out."""
     env = {**os.environ, "XASINK_FAULT": "driver.before_decide:stop"}
-    cmd = [sys.executable, str(DRIVER), db.url, table, sink, str(batch), str(N), str(PARTITIONS), "--direct"]
+    cmd = [sys.executable, str(CRASH_DRIVER), db.url, table, sink, str(batch), str(N), str(PARTITIONS), "--direct"]
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
     try:
@@ -95,7 +95,7 @@ def test_parallel_backfills_of_one_sink_do_not_sweep_each_other(db: Target, tmp_
         sevens = _ours(db, sink)
         # batch 8 finishes first; its commit sweeps the sink's undecided branches of older batches
         for _ in range(2):  # the second time a replay: skipped, and it sweeps again
-            code = run_driver(db.url, table, sink, "none", tmp_path / "eight.log", direct=True, batch=8)
+            code = run_crash_driver(db.url, table, sink, "none", tmp_path / "eight.log", direct=True, batch=8)
             assert code == 0, tail(tmp_path / "eight.log")
         assert sorted(_ours(db, sink)) == sorted(sevens), "batch 8's sweep took the live batch 7's branches"
         seven.send_signal(signal.SIGCONT)  # batch 7's driver goes on: decides and commits its own branches

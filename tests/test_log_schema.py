@@ -18,11 +18,9 @@ from urllib.parse import quote, urlsplit
 import pytest
 
 import xasink
-from tests.dbutil import with_login
+from tests.harness import TargetSink, cli, expected
 from tests.modes_driver import overwrite_direct, split
-from tests.targets import MARIADB, POSTGRESQL, MariaDBTarget, Target
-from tests.test_batch_identity import Sink, expected
-from tests.test_recover_cli import cli
+from tests.targets import MARIADB, POSTGRESQL, MariaDBTarget, Target, with_login
 from xasink import admin, ddl
 from xasink.dialects import dialect_for
 from xasink.errors import BatchAbortedError
@@ -157,10 +155,10 @@ def test_log_of_each_earlier_layout_is_upgraded_by_the_first_write(db: Target, c
         "VALUES (%s, 3, 'committed', '[]', 10, 1, 1, 1, CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)",
         sink_id,
     )
-    s = Sink(db, sink_id=sink_id, table=table, journalTablePrefix=prefix)  # preflight upgrades the log
-    assert s.write(3, range(0, 10)).skipped
-    assert not s.write(4, range(10, 20)).skipped
-    assert s.write(4, range(10, 20)).skipped
+    s = TargetSink(db, sink_id=sink_id, table=table, journalTablePrefix=prefix)  # preflight upgrades the log
+    assert s.batch(3, range(0, 10)).skipped
+    assert not s.batch(4, range(10, 20)).skipped
+    assert s.batch(4, range(10, 20)).skipped
     assert s.rows() == expected(range(10, 20))
     assert {b: d.state for b, d in db.decisions(sink_id, prefix).items()} == {3: "committed", 4: "committed"}
     # a log whose trim may have forgotten batches (no target column yet) got its horizon; a newer one none
@@ -198,9 +196,10 @@ def test_sink_ids_that_differ_only_in_case_are_two_sinks(db: Target) -> None:
     """Sinks ``Ord<hex>`` and ``ord<hex>``: each one's batch 7 is written (not skipped as the other's), status
     reads each one's batches only, and ``recover --sink-id`` clears the one named and leaves the other's."""
     tail = uuid.uuid4().hex[:10]
-    upper, lower = Sink(db, sink_id=f"Ord{tail}"), Sink(db, sink_id=f"ord{tail}")
-    assert not upper.write(7, range(0, 10)).skipped
-    assert not lower.write(7, range(10, 20)).skipped
+    upper = TargetSink(db, primary_key=False, sink_id=f"Ord{tail}")
+    lower = TargetSink(db, primary_key=False, sink_id=f"ord{tail}")
+    assert not upper.batch(7, range(0, 10)).skipped
+    assert not lower.batch(7, range(10, 20)).skipped
     assert upper.rows() == expected(range(0, 10))
     assert lower.rows() == expected(range(10, 20))
     dialect = dialect_for(parse_url(db.url, password=db.password))

@@ -32,7 +32,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import mysql, postgresql
 from sqlalchemy.schema import CreateTable
 
-from tests.dbutil import (
+from tests.targets import (
     mariadb_connect,
     mariadb_make_foreign_prepared,
     mariadb_prepared_gids,

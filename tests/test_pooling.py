@@ -12,7 +12,7 @@ import pymysql
 import pytest
 import sqlalchemy as sa
 
-from tests.dbutil import mariadb_connect
+from tests.targets import mariadb_connect
 from xasink.dialects import Dialect, dialect_for, pooling
 from xasink.options import parse_options
 

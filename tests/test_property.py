@@ -29,8 +29,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
 from tests.cluster import Tally, tally_fixture
-from tests.dbutil import connect, make_foreign_prepared, prepared_gids, rollback_prepared
 from tests.leaks import SECRET, no_secret_in_output  # noqa: F401 - autouse fixture
+from tests.targets import connect, make_foreign_prepared, prepared_gids, rollback_prepared
 from xasink.branch import write_partition
 from xasink.coordinator import Coordinator
 from xasink.errors import BatchAbortedError, CommitIncompleteError, ConcurrentWriterError

@@ -12,289 +12,27 @@ server's clock), and a branch without one (no claim) counts as old.
 
 from __future__ import annotations
 
-import io
 import json
 import re
 import subprocess
 import sys
 import threading
-import uuid
-from collections.abc import Iterator
-from contextlib import redirect_stderr, redirect_stdout
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-import pyarrow as pa
 import pytest
 
 import xasink
-from tests import dbutil
-from tests.leaks import SECRET as SUPERUSER_SECRET  # the test server's superuser proves it: db.url holds it
-from tests.leaks import assert_no_secret
+from tests.harness import ADMIN_USER, PLAIN_USER, SECRET, BackendSink, Db, cli, cli_db, expected
 from xasink import admin
-from xasink.branch import write_partition
-from xasink.cli import main
-from xasink.coordinator import Coordinator
-from xasink.dialects.base import TargetPlan
-from xasink.embedded import free_port
 from xasink.errors import ConcurrentWriterError, OptionError
-from xasink.journal import BatchRecord
-from xasink.options import WriteOptions, parse_options
 from xasink.results import BranchOutcome
-from xasink.schema import plan_target
-from xasink.xid import FORMAT_ID, Xid, new_run_nonce
+from xasink.xid import Xid
 
-SCHEMA = pa.schema([("id", pa.int64()), ("v", pa.string())])
-SECRET = "S3cretPw"
-ADMIN_USER = "xasink_rc_admin"
-PLAIN_USER = "xasink_rc_plain"  # may log in, nothing more
+db = cli_db  # the fixture: PostgreSQL and MariaDB, with its own leak check (conftest.no_prepared_left skips it)
+
 RACE_ROUNDS = 6
-
-
-# --------------------------------------------------------------------------- one backend: URL and plain-driver facts
-
-
-class Backend:
-    """A database under test: its URL and what a test checks with the plain driver (no xasink code)."""
-
-    name = ""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-
-    def prepared(self) -> set[str]:
-        """Every prepared transaction, named as xasink lists it."""
-        raise NotImplementedError
-
-    def rows(self, table: str) -> list[tuple[Any, ...]]:
-        raise NotImplementedError
-
-    def create_table(self, table: str) -> None:
-        raise NotImplementedError
-
-    def make_foreign(self, gid: str, scratch: str, format_id: int = FORMAT_ID) -> str:
-        """Prepare a transaction named ``gid`` (MariaDB: gtrid/bqual split at '/', ``format_id``); its listed name."""
-        raise NotImplementedError
-
-    def finish_foreign(self, name: str) -> None:
-        raise NotImplementedError
-
-    def secret_url(self, user: str = ADMIN_USER) -> str:
-        """The same database as ``user`` with password :data:`SECRET`: all rights for ADMIN_USER, none for others."""
-        raise NotImplementedError
-
-    def drop_secret_user(self, user: str = ADMIN_USER) -> None:
-        raise NotImplementedError
-
-    def unreachable_url(self) -> str:
-        raise NotImplementedError
-
-
-class Postgres(Backend):
-    name = "postgresql"
-
-    def prepared(self) -> set[str]:
-        return set(dbutil.prepared_gids(self.url))
-
-    def rows(self, table: str) -> list[tuple[Any, ...]]:
-        return dbutil.rows(self.url, table)
-
-    def create_table(self, table: str) -> None:
-        with dbutil.connect(self.url) as conn, conn.cursor() as cur:
-            cur.execute(f'CREATE TABLE "{table}" (id bigint, v text)')
-
-    def make_foreign(self, gid: str, scratch: str, format_id: int = FORMAT_ID) -> str:
-        dbutil.make_foreign_prepared(self.url, gid, scratch)
-        return gid
-
-    def finish_foreign(self, name: str) -> None:
-        dbutil.rollback_prepared(self.url, name)
-
-    def secret_url(self, user: str = ADMIN_USER) -> str:
-        # the test server checks this role's password (scram), see tests/conftest.py
-        with dbutil.connect(self.url) as conn, conn.cursor() as cur:
-            cur.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (user,))
-            if cur.fetchone() is None:
-                rights = "SUPERUSER" if user == ADMIN_USER else ""
-                cur.execute(f"CREATE ROLE {user} LOGIN {rights} PASSWORD '{SECRET}'")
-        parts = urlsplit(dbutil.libpq_url(self.url))
-        return f"postgresql://{user}:{SECRET}@{parts.hostname}:{parts.port}{parts.path}"
-
-    def drop_secret_user(self, user: str = ADMIN_USER) -> None:
-        pass  # a role of the private test server; it goes with the server
-
-    def unreachable_url(self) -> str:
-        return f"postgresql://{ADMIN_USER}:{SECRET}@127.0.0.1:{free_port()}/postgres"
-
-
-class MariaDB(Backend):
-    name = "mariadb"
-
-    def prepared(self) -> set[str]:
-        return {self._name(*x) for x in dbutil.mariadb_recover(self.url)}
-
-    @staticmethod
-    def _name(format_id: int, gtrid: bytes, bqual: bytes) -> str:
-        from xasink.dialects.mysql import foreign_gid
-
-        xid = Xid.from_xa(format_id, gtrid, bqual)
-        return xid.gid if xid is not None else foreign_gid(format_id, gtrid, bqual)
-
-    def rows(self, table: str) -> list[tuple[Any, ...]]:
-        return dbutil.mariadb_rows(self.url, table)
-
-    def create_table(self, table: str) -> None:
-        with dbutil.mariadb_connect(self.url) as conn, conn.cursor() as cur:
-            cur.execute(f"CREATE TABLE `{table}` (id bigint, v text) ENGINE=InnoDB")
-
-    def make_foreign(self, gid: str, scratch: str, format_id: int = FORMAT_ID) -> str:
-        gtrid, _, bqual = gid.partition("/")
-        xa = dbutil.mariadb_make_foreign_prepared(self.url, gtrid.encode(), bqual.encode(), format_id, scratch)
-        return self._name(*xa)
-
-    def finish_foreign(self, name: str) -> None:
-        from xasink.dialects.mysql import parse_foreign_gid
-
-        xid = Xid.parse(name)
-        xa = (FORMAT_ID, xid.gtrid.encode(), xid.bqual.encode()) if xid is not None else parse_foreign_gid(name)
-        assert xa is not None, name
-        dbutil.mariadb_rollback_xa(self.url, *xa)
-
-    def _server_sql(self, *statements: str) -> None:
-        with dbutil.mariadb_connect(self.url, database=False) as conn, conn.cursor() as cur:
-            for stmt in statements:
-                cur.execute(stmt)
-
-    def secret_url(self, user: str = ADMIN_USER) -> str:
-        p = dbutil.mariadb_params(self.url)
-        grant = "ALL PRIVILEGES ON *.*" if user == ADMIN_USER else f"USAGE ON `{p['database']}`.*"
-        self._server_sql(
-            f"CREATE USER IF NOT EXISTS '{user}'@'{p['host']}' IDENTIFIED BY '{SECRET}'",
-            f"GRANT {grant} TO '{user}'@'{p['host']}'",
-        )
-        return f"mysql://{user}:{SECRET}@{p['host']}:{p['port']}/{p['database']}"
-
-    def drop_secret_user(self, user: str = ADMIN_USER) -> None:
-        p = dbutil.mariadb_params(self.url)
-        self._server_sql(f"DROP USER IF EXISTS '{user}'@'{p['host']}'")
-
-    def unreachable_url(self) -> str:
-        return f"mysql://{ADMIN_USER}:{SECRET}@127.0.0.1:{free_port()}/db"
-
-
-@dataclass
-class Db:
-    """One test's view of a backend: its sinks and foreign transactions, cleaned up and leak-checked after."""
-
-    backend: Backend
-    sinks: list[Sink] = field(default_factory=list)
-    foreign: list[str] = field(default_factory=list)
-
-    @property
-    def url(self) -> str:
-        return self.backend.url
-
-    def sink(self) -> Sink:
-        table = f"t_{uuid.uuid4().hex[:8]}"
-        self.backend.create_table(table)
-        s = Sink(self.backend, table)
-        self.sinks.append(s)
-        return s
-
-    def make_foreign(self, gid: str, format_id: int = FORMAT_ID) -> str:
-        name = self.backend.make_foreign(gid, "rc_scratch", format_id)
-        self.foreign.append(name)
-        return name
-
-    def snapshot(self) -> set[str]:
-        """What this test left prepared: branches of its sinks and its foreign transactions (the server is shared)."""
-        return self.mine() | (self.backend.prepared() & set(self.foreign))
-
-    def mine(self) -> set[str]:
-        """Prepared branches of this test's sinks (in this test's decision log)."""
-        ids = {s.sink_id for s in self.sinks}
-        logs = {s.coordinator.journal.log_id() for s in self.sinks}
-        return {
-            g
-            for g in self.backend.prepared()
-            if (x := Xid.parse(g)) is not None and x.sink_id in ids and x.log_id in logs
-        }
-
-    def cleanup(self) -> list[str]:
-        """Roll back what the test left; returns the branches of its sinks that were left (a leak)."""
-        left = self.backend.prepared()
-        for name in self.foreign:
-            if name in left:
-                self.backend.finish_foreign(name)
-        leaked = sorted(self.mine())
-        for gid in leaked:
-            self.backend.finish_foreign(gid)
-        for s in self.sinks:
-            s.coordinator.close()
-        return leaked
-
-
-@pytest.fixture(params=["postgresql", pytest.param("mariadb", marks=pytest.mark.mariadb)])
-def db(request: pytest.FixtureRequest) -> Iterator[Db]:
-    backend: Backend
-    if request.param == "postgresql":
-        backend = Postgres(request.getfixturevalue("pg_url"))
-    else:
-        backend = MariaDB(request.getfixturevalue("mariadb_url"))
-    d = Db(backend)
-    try:
-        yield d
-    finally:
-        leaked = d.cleanup()
-    assert not leaked, f"branches of this test's sinks left prepared (rolled back now): {leaked}"
-
-
-# --------------------------------------------------------------------------- a sink driven without Spark
-
-
-def record_batches(ids: range) -> Iterator[pa.RecordBatch]:
-    yield pa.RecordBatch.from_arrays([pa.array(list(ids), pa.int64()), pa.array([f"v{x}" for x in ids])], schema=SCHEMA)
-
-
-def expected(*ranges: range) -> list[tuple[int, str]]:
-    return sorted((x, f"v{x}") for r in ranges for x in r)
-
-
-class Sink:
-    def __init__(self, backend: Backend, table: str) -> None:
-        self.backend = backend
-        self.table = table
-        self.sink_id = f"rc{uuid.uuid4().hex[:10]}"
-        self.options: WriteOptions = parse_options({"url": backend.url, "dbtable": table, "sinkId": self.sink_id})
-        self.coordinator = Coordinator(self.options)
-        self.coordinator.preflight()
-        with self.coordinator.dialect.connect() as conn:
-            self.plan: TargetPlan = plan_target(self.coordinator.dialect, conn, self.options, SCHEMA)
-        self.run = new_run_nonce()
-        self._attempt = 0
-
-    def write(self, batch_id: int, partition: int, ids: range) -> BranchOutcome:
-        self._attempt += 1
-        return write_partition(
-            self.options,
-            self.plan,
-            batch_id=batch_id,
-            partition=partition,
-            task_attempt_id=self._attempt,
-            run=self.run,
-            batches=record_batches(ids),
-        )
-
-    def decide(self, batch_id: int, outcomes: list[BranchOutcome]) -> BatchRecord:
-        """What commit() does up to the decision: the driver is killed right after it."""
-        xids = tuple(sorted(o.xid for o in outcomes if o.xid is not None))
-        record = BatchRecord(self.sink_id, batch_id, "committing", xids, sum(o.rows for o in outcomes), len(xids))
-        self.coordinator._decide(record)
-        return record
-
-    def rows(self) -> list[tuple[Any, ...]]:
-        return self.backend.rows(self.table)
 
 
 @dataclass
@@ -306,7 +44,7 @@ class Killed:
     visible_rows: list[tuple[int, str]]
 
 
-def killed_job(sink: Sink) -> Killed:
+def killed_job(sink: BackendSink) -> Killed:
     b0 = [sink.write(0, 0, range(0, 5))]
     sink.coordinator.commit(0, list(b0))  # a batch that finished before the crash
     b1 = [sink.write(1, 0, range(10, 20)), sink.write(1, 1, range(20, 30))]
@@ -317,7 +55,7 @@ def killed_job(sink: Sink) -> Killed:
     b2 = [sink.write(2, 0, range(40, 50)), sink.write(2, 1, range(50, 60))]  # never decided
     plan = {gid(b1[1]): ("decided", "commit"), gid(orphan): ("orphan", "rollback-orphan")}
     plan.update({gid(o): ("undecided", "rollback") for o in b2})
-    return Killed(plan, expected(range(0, 5), range(10, 30)), expected(range(0, 5), range(10, 20)))
+    return Killed(plan, expected(range(0, 5), range(10, 30), tag="v"), expected(range(0, 5), range(10, 20), tag="v"))
 
 
 def gid(outcome: BranchOutcome) -> str:
@@ -325,20 +63,11 @@ def gid(outcome: BranchOutcome) -> str:
     return outcome.gid
 
 
-def planned(report: admin.RecoverReport, sink: Sink) -> dict[str, tuple[str, str]]:
+def planned(report: admin.RecoverReport, sink: BackendSink) -> dict[str, tuple[str, str]]:
     return {e.gid: (e.decision, e.action) for e in report.entries if e.ours and e.sink_id == sink.sink_id}
 
 
 # --------------------------------------------------------------------------- the CLI
-
-
-def cli(*args: str) -> tuple[int, str, str]:
-    """``xasink ARGS`` in this process: exit code, stdout, stderr (neither shows the superuser's password)."""
-    out, err = io.StringIO(), io.StringIO()
-    with redirect_stdout(out), redirect_stderr(err):
-        code = main(list(args))
-    assert_no_secret(out.getvalue(), err.getvalue(), secret=SUPERUSER_SECRET)
-    return code, out.getvalue(), err.getvalue()
 
 
 def cli_json(*args: str) -> tuple[int, dict[str, Any]]:
@@ -566,7 +295,7 @@ def test_recover_racing_a_live_commit_never_splits_a_batch(db: Db) -> None:
                 outcomes["committed"] += 1
             finally:
                 go.clear()
-            assert sink.rows() == expected(*committed)  # all of the batch or none of it
+            assert sink.rows() == expected(*committed, tag="v")  # all of the batch or none of it
     finally:
         stop.set()
         thread.join(60)
@@ -575,7 +304,7 @@ def test_recover_racing_a_live_commit_never_splits_a_batch(db: Db) -> None:
     assert runs and all(r.errors == [] for r in runs), [r.errors for r in runs if r.errors]
     xasink.recover(db.url, sink_id=sink.sink_id, older_than_s=0)
     assert db.mine() == set()
-    assert sink.rows() == expected(*committed)
+    assert sink.rows() == expected(*committed, tag="v")
     assert sum(outcomes.values()) == RACE_ROUNDS
 
 

@@ -25,7 +25,7 @@ import pytest
 from sqlalchemy.engine import make_url
 
 import xasink
-from tests import dbutil
+from tests import targets
 from tests.leaks import ROOT, SECRET, assert_no_secret, no_secret_in_output  # noqa: F401 - autouse fixture
 from xasink.branch import write_partition
 from xasink.coordinator import Coordinator
@@ -78,7 +78,7 @@ class Server:
 
     @property
     def plain(self) -> str:
-        """The same login for the plain-driver helpers of tests/dbutil.py."""
+        """The same login for the plain-driver helpers of tests/targets.py."""
         scheme = "postgresql" if self.kind == "postgresql" else "mysql"
         return f"{scheme}://{self.user}:{Q}@{self.host}:{self.port}/{self.database}"
 
@@ -88,12 +88,12 @@ def pg_server_login(pg_url: str) -> Iterator[Server]:
     """A PostgreSQL role of its own with password :data:`SECRET` (scram: the test server checks it), dropped after."""
     u = make_url(pg_url)
     user = f"xs_{uuid.uuid4().hex[:10]}"
-    with dbutil.connect(pg_url) as conn, conn.cursor() as cur:
+    with targets.connect(pg_url) as conn, conn.cursor() as cur:
         cur.execute(f"CREATE ROLE {user} LOGIN SUPERUSER PASSWORD %s", (SECRET,))
     try:
         yield Server("postgresql", u.host or "127.0.0.1", u.port or 5432, u.database or "postgres", user).seed()
     finally:
-        with dbutil.connect(pg_url) as conn, conn.cursor() as cur:
+        with targets.connect(pg_url) as conn, conn.cursor() as cur:
             cur.execute(f"DROP OWNED BY {user}")
             cur.execute(f"DROP ROLE {user}")
 
@@ -101,15 +101,15 @@ def pg_server_login(pg_url: str) -> Iterator[Server]:
 @pytest.fixture(scope="module")
 def maria_server_login(mariadb_url: str) -> Iterator[Server]:
     """A MariaDB user of its own with password :data:`SECRET`, dropped after the module."""
-    p = dbutil.mariadb_params(mariadb_url)
+    p = targets.mariadb_params(mariadb_url)
     user = f"xs_{uuid.uuid4().hex[:10]}"
-    with dbutil.mariadb_connect(mariadb_url, database=False) as conn, conn.cursor() as cur:
+    with targets.mariadb_connect(mariadb_url, database=False) as conn, conn.cursor() as cur:
         cur.execute(f"CREATE USER IF NOT EXISTS '{user}'@'{p['host']}' IDENTIFIED BY %s", (SECRET,))
         cur.execute(f"GRANT ALL PRIVILEGES ON *.* TO '{user}'@'{p['host']}'")
     try:
         yield Server("mariadb", p["host"], p["port"], p["database"], user).seed()
     finally:
-        with dbutil.mariadb_connect(mariadb_url, database=False) as conn, conn.cursor() as cur:
+        with targets.mariadb_connect(mariadb_url, database=False) as conn, conn.cursor() as cur:
             cur.execute(f"DROP USER IF EXISTS '{user}'@'{p['host']}'")
 
 
@@ -180,8 +180,8 @@ def form_url(server: Server, form: str, **kw: object) -> str:
 
 def rows(server: Server, table: str) -> list[tuple[object, ...]]:
     if server.kind == "postgresql":
-        return dbutil.rows(server.plain, table)
-    return dbutil.mariadb_rows(server.plain, table)
+        return targets.rows(server.plain, table)
+    return targets.mariadb_rows(server.plain, table)
 
 
 # --------------------------------------------------------------------------- the CLI, every spelling

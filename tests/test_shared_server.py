@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness import BATCH, PARTITIONS, N, expected, run_crash_driver
 from tests.leaks import run_cli
+from tests.procs import tail
 from tests.targets import Target
-from tests.test_crash import BATCH, PARTITIONS, N, expected, run_driver, tail
 from xasink.admin import IGNORE_OTHER_LOG
 from xasink.xid import Xid
 
@@ -40,14 +41,16 @@ def test_another_log_on_the_same_server_never_touches_a_decided_batch(db: Target
     log_a, log_b = {"journalTablePrefix": _prefix("a")}, {"journalTablePrefix": _prefix("b")}
 
     # A decides and dies before any COMMIT: its branches are prepared and listed in A's decision
-    code = run_driver(db.url, table_a, sink, "driver.after_decide", tmp_path / "a.log", direct=True, options=log_a)
+    code = run_crash_driver(
+        db.url, table_a, sink, "driver.after_decide", tmp_path / "a.log", direct=True, options=log_a
+    )
     assert code == -signal.SIGKILL, f"writer A was not killed after its decision:\n{tail(tmp_path / 'a.log')}"
     a_branches = _ours(db, sink)
     assert len(a_branches) == PARTITIONS and len({x.log_id for x in a_branches}) == 1
     assert db.rows(table_a) == []
 
     # B: the same sinkId and batch id in another log; its claim, its sweep and its commit must leave A's alone
-    code = run_driver(db.url, table_b, sink, "none", tmp_path / "b.log", direct=True, options=log_b)
+    code = run_crash_driver(db.url, table_b, sink, "none", tmp_path / "b.log", direct=True, options=log_b)
     assert code == 0, tail(tmp_path / "b.log")
     assert db.rows(table_b) == expected(range(N))
     assert sorted(_ours(db, sink)) == sorted(a_branches)

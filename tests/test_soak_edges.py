@@ -34,9 +34,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness import CRASH_DRIVER, PARTITIONS, N
 from tests.procs import ROOT, TAG_ENV, reap
 from tests.targets import Target
-from tests.test_crash import DRIVER, PARTITIONS, N
 from xasink.dialects import dialect_for
 from xasink.journal import Journal, journal_metadata
 from xasink.options import parse_url
@@ -90,7 +90,16 @@ def _run(db: Target, chain: Chain, kill: str | None, rng: random.Random, log: Pa
     env = {**os.environ, "XASINK_FAULT": f"{point}:kill", TAG_ENV: tag}
     env["XASINK_TEST_WRITE_OPTIONS"] = json.dumps({"journalTablePrefix": chain.prefix})
     env.pop("XASINK_FAULT_PGID", None)
-    cmd = [sys.executable, str(DRIVER), db.url, chain.table, chain.sink, str(chain.batch), str(N), str(PARTITIONS)]
+    cmd = [
+        sys.executable,
+        str(CRASH_DRIVER),
+        db.url,
+        chain.table,
+        chain.sink,
+        str(chain.batch),
+        str(N),
+        str(PARTITIONS),
+    ]
     with log.open("ab") as out:
         proc = subprocess.Popen(
             cmd + ["--direct"],

@@ -10,18 +10,15 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
+from tests.harness import TargetSink, expected
 from tests.targets import Target
-from tests.tcp_proxy import TcpProxy
-from tests.test_after_decision import Sink, expected
-from xasink.branch import write_partition
 from xasink.coordinator import Coordinator
 from xasink.dialects import shared_dialect
 
 
 @pytest.fixture
-def sink(pg: Target) -> Sink:
-    with TcpProxy("127.0.0.1", 1) as unused:  # the Sink's coordinators go through a proxy; unused here
-        return Sink(pg, unused)
+def sink(pg: Target) -> TargetSink:
+    return TargetSink(pg, prefix="sp")
 
 
 def _xasink_backends(pg: Target) -> list[tuple[int, str]]:
@@ -34,9 +31,9 @@ def _xasink_backends(pg: Target) -> list[tuple[int, str]]:
     ]
 
 
-def test_a_spare_the_server_dropped_is_replaced_and_the_batch_is_written_once(sink: Sink, pg: Target) -> None:
+def test_a_spare_the_server_dropped_is_replaced_and_the_batch_is_written_once(sink: TargetSink, pg: Target) -> None:
     first = sink.prepare(1, range(0, 10), parts=1)  # leaves a spare behind for the next branch
-    dialect = shared_dialect(sink.direct.url, sink.direct.branch_settings)
+    dialect = shared_dialect(sink.options.url, sink.options.branch_settings)
     assert dialect.spare is not None and dialect.spare._next is not None
     dialect.spare._next.result(30)  # the spare session is up
     idle = [pid for pid, state in _xasink_backends(pg) if state == "idle"]
@@ -44,10 +41,8 @@ def test_a_spare_the_server_dropped_is_replaced_and_the_batch_is_written_once(si
     for pid in idle:  # the server drops the spare (and idle pooled control connections: they are pinged)
         pg.execute("SELECT pg_terminate_backend(%s)", pid)
     rows = pa.RecordBatch.from_pydict({"id": list(range(10, 20)), "name": [f"n{i}" for i in range(10, 20)]})
-    second = write_partition(
-        sink.direct, sink.plan, batch_id=1, partition=1, task_attempt_id=99, run=sink.run, batches=[rows]
-    )
-    coordinator = Coordinator(sink.direct)
+    second = sink.task(1, 1, [rows], attempt=99)
+    coordinator = Coordinator(sink.options)
     try:
         coordinator.commit(1, [first[0], second])
     finally:

@@ -26,9 +26,19 @@ from pyspark.sql import functions as F  # noqa: N812 - Spark's usual alias
 from pyspark.sql.types import IntegerType
 
 import xasink
-from tests.dbutil import XASINK_FORMAT_ID, libpq_url, with_login
+from tests.harness import expected, frame
 from tests.leaks import texts
-from tests.targets import MARIADB, POSTGRESQL, PostgresTarget, Target, case, make_target
+from tests.targets import (
+    MARIADB,
+    POSTGRESQL,
+    XASINK_FORMAT_ID,
+    PostgresTarget,
+    Target,
+    case,
+    libpq_url,
+    make_target,
+    with_login,
+)
 from xasink import admin
 from xasink.coordinator import Coordinator
 from xasink.embedded import EmbeddedPostgres
@@ -55,15 +65,6 @@ DB_PATHS = [case(POSTGRESQL, "api"), case(POSTGRESQL, "format"), case(MARIADB, "
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def frame(spark: SparkSession, n: int, partitions: int, start: int = 0) -> DataFrame:
-    """ids start..start+n-1 as int, name 'n<id>': contiguous id ranges per partition, the last ids last."""
-    return spark.range(start, start + n, 1, partitions).selectExpr("cast(id as int) as id", "concat('n', id) as name")
-
-
-def expected(ids: range | list[int]) -> list[tuple[int, str]]:
-    return [(i, f"n{i}") for i in ids]
 
 
 def decided_xids(db: Target, sink_id: str, batch_id: int) -> list[Xid]:
@@ -131,7 +132,7 @@ def table(pg: Target) -> str:
 
 def test_write_commits_every_partition_once(spark: SparkSession, db: Target) -> None:
     table = db.new_table()
-    result = write(db, frame(spark, 120, 4), table)
+    result = write(db, frame(spark, range(120), 4), table)
     assert (result.rows, result.branches, result.skipped) == (120, 4, False)
     assert db.rows(table) == expected(range(120))
     assert sorted(x.partition for x in decided_xids(db, result.sink_id, 0)) == [0, 1, 2, 3]
@@ -141,16 +142,16 @@ def test_write_commits_every_partition_once(spark: SparkSession, db: Target) -> 
 
 def test_rerun_of_committed_batch_writes_nothing(spark: SparkSession, db: Target) -> None:
     table, sink = db.new_table(), new_sink()
-    first = write(db, frame(spark, 40, 2), table, sink_id=sink, batch_id=7)
+    first = write(db, frame(spark, range(40), 2), table, sink_id=sink, batch_id=7)
     assert (first.rows, first.skipped) == (40, False)
     # same (sinkId, batchId), even with other rows: nothing new, through both entry points
-    again = write(db, frame(spark, 40, 3, start=1000), table, sink_id=sink, batch_id=7)
+    again = write(db, frame(spark, range(1000, 1040), 3), table, sink_id=sink, batch_id=7)
     assert again.skipped is True
     assert (again.sink_id, again.batch_id, again.rows) == (sink, 7, 40)
-    format_writer(frame(spark, 40, 3, start=2000), db, table, sinkId=sink, batchId=7).save()
+    format_writer(frame(spark, range(2000, 2040), 3), db, table, sinkId=sink, batchId=7).save()
     assert db.rows(table) == expected(range(40))
     # the next batch id does write
-    nxt = write(db, frame(spark, 10, 2, start=500), table, sink_id=sink, batch_id=8)
+    nxt = write(db, frame(spark, range(500, 510), 2), table, sink_id=sink, batch_id=8)
     assert (nxt.rows, nxt.skipped) == (10, False)
     assert db.rows(table) == expected([*range(40), *range(500, 510)])
     assert sorted(db.decisions(sink)) == [7, 8]
@@ -161,12 +162,12 @@ def test_rerun_of_committed_batch_writes_nothing(spark: SparkSession, db: Target
 def test_same_batch_to_another_table_is_refused(spark: SparkSession, db: Target, path: str) -> None:
     """(sinkId, batchId) committed to table A, then aimed at table B: refused, B gets nothing, A unchanged."""
     a, b, sink = db.new_table(), db.new_table(), new_sink()
-    assert not write(db, frame(spark, 40, 2), a, sink_id=sink, batch_id=7).skipped
+    assert not write(db, frame(spark, range(40), 2), a, sink_id=sink, batch_id=7).skipped
     message = rf"batch 7 was committed to table \S*\.{a} in database .* now being written to table \S*\.{b} "
-    failing_write(path, frame(spark, 40, 2, start=100), db, b, BatchIdentityError, message, sinkId=sink, batchId=7)
+    failing_write(path, frame(spark, range(100, 140), 2), db, b, BatchIdentityError, message, sinkId=sink, batchId=7)
     assert not db.table_exists(b) or db.rows(b) == []
     assert db.rows(a) == expected(range(40))
-    assert write(db, frame(spark, 40, 2), a, sink_id=sink, batch_id=7).skipped  # same target: a replay
+    assert write(db, frame(spark, range(40), 2), a, sink_id=sink, batch_id=7).skipped  # same target: a replay
     assert db.rows(a) == expected(range(40))
     assert db.prepared(sink) == []
 
@@ -186,7 +187,7 @@ def test_failing_udf_in_one_partition_leaves_nothing(spark: SparkSession, db: Ta
         return value
 
     boom = F.udf(poisoned, IntegerType())
-    df = frame(spark, 120, 4).withColumn("id", boom("id"))
+    df = frame(spark, range(120), 4).withColumn("id", boom("id"))
     if path == "api":
         err = failing_write(path, df, db, table, BatchAbortedError, r"rolled back.*ValueError: boom: row 119")
         assert "nothing" in str(err) or "no row" in str(err)
@@ -247,7 +248,7 @@ def test_constraint_violation_in_one_partition_leaves_nothing(
     table = db.new_table()
     db.create_table(table, columns)
     db.execute(f"INSERT INTO {db.q(table)} VALUES (5000, 'n5000')")
-    df = frame(spark, 120, 4).selectExpr(f"{id_expr} as id", f"{name_expr} as name")
+    df = frame(spark, range(120), 4).selectExpr(f"{id_expr} as id", f"{name_expr} as name")
     failing_write(path, df, db, table, BranchError, CONSTRAINT_MESSAGES[violation][db.kind])
     assert db.rows(table) == [(5000, "n5000")]
     assert db.prepared() == []
@@ -260,7 +261,7 @@ def test_duplicate_keys_across_partitions_fail_instead_of_hanging(spark: SparkSe
     the same wait (1205) is checked without Spark in tests/test_upsert.py.
     """
     pg.keyed_table(table)
-    df = frame(spark, 4, 2).selectExpr("cast(id % 2 as int) as id", "name")  # partition 0: 0,1; partition 1: 0,1
+    df = frame(spark, range(4), 2).selectExpr("cast(id % 2 as int) as id", "name")  # partition 0: 0,1; partition 1: 0,1
     failing_write("api", df, pg, table, BranchError, r"lock.*lockTimeout.*duplicate keys", lockTimeout=1)
     assert pg.rows(table) == []
     assert pg.prepared() == []
@@ -277,7 +278,7 @@ def test_retried_task_after_prepare_commits_each_row_once(spark: SparkSession, d
     db.keyed_table(table, primary_key=primary_key)
     spark.sparkContext.setLocalProperty(LOCAL_PROPERTY, "task.after_prepare:raise:p=1:a=0")
     try:
-        result = write(db, frame(spark, 80, 4), table, sink_id=sink, batch_id=3, lockTimeout=10)
+        result = write(db, frame(spark, range(80), 4), table, sink_id=sink, batch_id=3, lockTimeout=10)
     finally:
         spark.sparkContext.setLocalProperty(LOCAL_PROPERTY, None)  # type: ignore[arg-type]
     assert (result.rows, result.branches, result.skipped) == (80, 4, False)
@@ -294,7 +295,7 @@ def test_retried_task_after_prepare_commits_each_row_once(spark: SparkSession, d
 
 def test_num_partitions_coalesces(spark: SparkSession, pg: Target, table: str) -> None:
     sink = new_sink()
-    result = write(pg, frame(spark, 60, 6), table, sink_id=sink, numPartitions=2)
+    result = write(pg, frame(spark, range(60), 6), table, sink_id=sink, numPartitions=2)
     assert (result.rows, result.branches) == (60, 2)
     assert sorted(x.partition for x in decided_xids(pg, sink, 0)) == [0, 1]
     assert pg.rows(table) == expected(range(60))
@@ -303,7 +304,7 @@ def test_num_partitions_coalesces(spark: SparkSession, pg: Target, table: str) -
 
 def test_num_partitions_exceeded_by_format_path_fails(spark: SparkSession, pg: Target, table: str) -> None:
     failing_write(
-        "format", frame(spark, 60, 4), pg, table, OptionError, r"numPartitions.*coalesce\(2\)", numPartitions=2
+        "format", frame(spark, range(60), 4), pg, table, OptionError, r"numPartitions.*coalesce\(2\)", numPartitions=2
     )
     assert pg.rows(table) == []  # created by the driver before the tasks ran; partitions 0 and 1 rolled back
     assert pg.prepared() == []
@@ -314,7 +315,9 @@ def test_num_partitions_exceeded_by_format_path_fails(spark: SparkSession, pg: T
 
 @pytest.mark.parametrize("path", PATHS)
 def test_missing_table_without_create(spark: SparkSession, pg: Target, table: str, path: str) -> None:
-    failing_write(path, frame(spark, 10, 2), pg, table, PreflightError, rf"{table} does not exist", createTable="false")
+    failing_write(
+        path, frame(spark, range(10), 2), pg, table, PreflightError, rf"{table} does not exist", createTable="false"
+    )
     assert not pg.table_exists(table)
     assert pg.prepared() == []
 
@@ -385,13 +388,13 @@ def test_unreachable_server_is_explained(spark: SparkSession, pg: Target, path: 
     else:
         url, message = f"jdbc:postgresql://127.0.0.1:{port}/no_such_db", r"no_such_db.*does not exist"
     elsewhere = make_target(POSTGRESQL, url)
-    failing_write(path, frame(spark, 10, 2), elsewhere, "t_never", ConnectError, message, user="postgres")
+    failing_write(path, frame(spark, range(10), 2), elsewhere, "t_never", ConnectError, message, user="postgres")
     assert pg.prepared() == []
 
 
 def test_overwrite_with_upsert_keys_is_rejected(spark: SparkSession, pg: Target, table: str) -> None:
     with pytest.raises(Exception) as info:  # noqa: B017,PT011
-        format_writer(frame(spark, 10, 2), pg, table).option("upsertKeyColumns", "id").mode("overwrite").save()
+        format_writer(frame(spark, range(10), 2), pg, table).option("upsertKeyColumns", "id").mode("overwrite").save()
     text = "\n".join(texts(info.value))
     assert "xasink.errors.OptionError" in text and "mode('overwrite') replaces them" in text
     assert_no_secret(info.value)
@@ -401,7 +404,7 @@ def test_overwrite_with_upsert_keys_is_rejected(spark: SparkSession, pg: Target,
 
 @pytest.mark.parametrize("path", PATHS)
 def test_unknown_option_is_named(spark: SparkSession, pg: Target, table: str, path: str) -> None:
-    failing_write(path, frame(spark, 10, 2), pg, table, OptionError, r"unknown option 'batchIdd'", batchIdd=3)
+    failing_write(path, frame(spark, range(10), 2), pg, table, OptionError, r"unknown option 'batchIdd'", batchIdd=3)
     assert not pg.table_exists(table)
 
 
@@ -428,12 +431,18 @@ def test_wrong_password_is_explained_and_hidden(
     with pytest.raises(psycopg2.OperationalError):  # the rule is in force
         psycopg2.connect(libpq_url(with_login(pg.url, role, "wrong")))
     failing_write(
-        path, frame(spark, 10, 2), pg, table, ConnectError, rf"authentication failed for user '{role}'", user=role
+        path,
+        frame(spark, range(10), 2),
+        pg,
+        table,
+        ConnectError,
+        rf"authentication failed for user '{role}'",
+        user=role,
     )
     assert not pg.table_exists(table)
     # the right password reaches the driver and every executor's branch
     result = xasink.write(
-        frame(spark, 10, 2), pg.url, table, user=role, password=password, journalTablePrefix=f"{role}_"
+        frame(spark, range(10), 2), pg.url, table, user=role, password=password, journalTablePrefix=f"{role}_"
     )
     assert (result.rows, result.branches) == (10, 2)
     assert pg.rows(table) == expected(range(10))
@@ -464,13 +473,13 @@ def test_foreign_prepared_transactions_survive_writes_sweeps_and_recovery(spark:
             assert set(foreign) <= db.listed()
             assert [g for g in db.prepared() if Xid.parse(g) is not None] == []
 
-        write(db, frame(spark, 30, 3), table, sink_id=sink, batch_id=0)  # commit + sweep
+        write(db, frame(spark, range(30), 3), table, sink_id=sink, batch_id=0)  # commit + sweep
         intact()
         boom = F.udf(lambda v: 1 // 0 if v == 59 else v, IntegerType())
         with pytest.raises(BatchAbortedError):  # abort + sweep
-            write(db, frame(spark, 30, 3, start=30).withColumn("id", boom("id")), table, sink_id=sink, batch_id=1)
+            write(db, frame(spark, range(30, 60), 3).withColumn("id", boom("id")), table, sink_id=sink, batch_id=1)
         intact()
-        assert write(db, frame(spark, 30, 3), table, sink_id=sink, batch_id=0).skipped  # replay: recover
+        assert write(db, frame(spark, range(30), 3), table, sink_id=sink, batch_id=0).skipped  # replay: recover
         intact()
         coordinator = Coordinator(parse_options({"url": db.url, "dbtable": table, "sinkId": sink, **credentials(db)}))
         try:

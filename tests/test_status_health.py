@@ -22,12 +22,12 @@ import pymysql
 import pytest
 
 import xasink
-from tests import dbutil, test_recover_cli
-from tests.test_recover_cli import Db, Sink, cli
+from tests import targets
+from tests.harness import BackendSink, Db, cli, cli_db
 from xasink import health
 from xasink.status import StatusReport
 
-db = test_recover_cli.db  # the fixture: PostgreSQL and MariaDB, with its own leak check
+db = cli_db  # the fixture: PostgreSQL and MariaDB, with its own leak check (conftest.no_prepared_left skips it)
 
 BLOCKER_LOCK_TIMEOUT_S = 300  # the blocked INSERT gives up by itself at the latest after this
 WAIT_S = 60.0  # how long a test waits for the blocked INSERT to be seen waiting (a wait, not an assertion)
@@ -47,7 +47,7 @@ class Blocker:
 @dataclass
 class Scene:
     db: Db
-    sink: Sink
+    sink: BackendSink
     gid: str  # the decided, uncommitted branch
     blocker: Blocker
     lock_waits_visible: bool = True
@@ -63,10 +63,10 @@ class Scene:
 
 def _add_key(db: Db, table: str) -> None:
     if db.backend.name == "postgresql":
-        with dbutil.connect(db.url) as conn, conn.cursor() as cur:
+        with targets.connect(db.url) as conn, conn.cursor() as cur:
             cur.execute(f'ALTER TABLE "{table}" ADD PRIMARY KEY (id)')
     else:
-        with dbutil.mariadb_connect(db.url) as conn, conn.cursor() as cur:
+        with targets.mariadb_connect(db.url) as conn, conn.cursor() as cur:
             cur.execute(f"ALTER TABLE `{table}` ADD PRIMARY KEY (id)")
 
 
@@ -83,7 +83,7 @@ def _block(db: Db, table: str, key: int) -> Blocker:
     if db.backend.name == "postgresql":
         import psycopg2
 
-        conn = psycopg2.connect(dbutil.libpq_url(db.url))
+        conn = psycopg2.connect(targets.libpq_url(db.url))
         conn.autocommit = True
         cur = conn.cursor()
         cur.execute(f"SET lock_timeout = '{BLOCKER_LOCK_TIMEOUT_S}s'")
@@ -91,16 +91,16 @@ def _block(db: Db, table: str, key: int) -> Blocker:
         stmt = f"INSERT INTO \"{table}\" VALUES ({key}, 'blocked')"
 
         def cancel() -> None:
-            with dbutil.connect(db.url) as c, c.cursor() as k:
+            with targets.connect(db.url) as c, c.cursor() as k:
                 k.execute("SELECT pg_cancel_backend(%s)", (session,))
 
         def waiting() -> bool:
-            with dbutil.connect(db.url) as c, c.cursor() as k:
+            with targets.connect(db.url) as c, c.cursor() as k:
                 k.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (session,))
                 row = k.fetchone()
                 return row is not None and row[0] == "Lock"
     else:
-        params = dbutil.mariadb_params(db.url)
+        params = targets.mariadb_params(db.url)
         conn = pymysql.connect(**params)
         cur = conn.cursor()
         cur.execute(f"SET SESSION innodb_lock_wait_timeout = {BLOCKER_LOCK_TIMEOUT_S}")
@@ -108,11 +108,11 @@ def _block(db: Db, table: str, key: int) -> Blocker:
         stmt = f"INSERT INTO `{table}` VALUES ({key}, 'blocked')"
 
         def cancel() -> None:
-            with dbutil.mariadb_connect(db.url) as c, c.cursor() as k:
+            with targets.mariadb_connect(db.url) as c, c.cursor() as k:
                 k.execute(f"KILL QUERY {int(session)}")
 
         def waiting() -> bool:  # PROCESSLIST, not INNODB_TRX: that is a cache which can lag (see maria_trx_visible)
-            with dbutil.mariadb_connect(db.url) as c, c.cursor() as k:
+            with targets.mariadb_connect(db.url) as c, c.cursor() as k:
                 k.execute(
                     "SELECT 1 FROM information_schema.PROCESSLIST WHERE ID = %s AND COMMAND = 'Query' "
                     "AND STATE = 'Update' AND TIME_MS >= 500",
@@ -142,7 +142,7 @@ def maria_trx_visible(db: Db, session: int) -> bool:
     """
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
-        with dbutil.mariadb_connect(db.url) as c, c.cursor() as k:
+        with targets.mariadb_connect(db.url) as c, c.cursor() as k:
             k.execute("SELECT 1 FROM information_schema.INNODB_TRX WHERE trx_mysql_thread_id = %s", (session,))
             if k.fetchone() is not None:
                 return True
@@ -182,7 +182,7 @@ def scene(db: Db) -> Iterator[Scene]:
     else:  # INNODB_TRX is a cache that may still show the past wait: PROCESSLIST says the session is gone
 
         def gone() -> bool:
-            with dbutil.mariadb_connect(db.url) as c, c.cursor() as k:
+            with targets.mariadb_connect(db.url) as c, c.cursor() as k:
                 k.execute("SELECT 1 FROM information_schema.PROCESSLIST WHERE ID = %s", (blocker.session,))
                 return k.fetchone() is None
 

@@ -12,9 +12,7 @@ import json
 import os
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +21,11 @@ import pyarrow as pa
 import pytest
 from psycopg2 import sql
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
+from pyspark.sql.streaming import StreamingQuery
 
 import xasink
-from tests.dbutil import connect, prepared_gids, rollback_prepared, rows
+from tests.harness import ROWS, Stream, no_branch_opened
+from tests.targets import connect, prepared_gids, rollback_prepared
 from xasink.branch import write_partition
 from xasink.coordinator import Coordinator
 from xasink.dialects import dialect_for
@@ -34,95 +33,6 @@ from xasink.faults import LOCAL_PROPERTY
 from xasink.options import parse_options
 from xasink.schema import plan_target
 from xasink.xid import Xid, attempt_token, new_run_nonce
-
-ROWS = 60  # per input file, i.e. per micro-batch
-
-
-# --------------------------------------------------------------------------- helpers
-
-
-class Stream:
-    """One streaming query's input, checkpoint, table and sink id."""
-
-    def __init__(self, spark: SparkSession, root: Path, url: str) -> None:
-        self.spark = spark
-        self.url = url
-        self.input = root / "input"
-        self.checkpoint = root / "checkpoint"
-        self.input.mkdir()
-        self.table = f"st_{uuid.uuid4().hex[:8]}"
-        self.sink_id = f"st-{uuid.uuid4().hex[:8]}"
-        self.files = 0
-
-    def add_files(self, n: int) -> None:
-        """Append ``n`` input files; file k holds ids k*ROWS .. (k+1)*ROWS-1 and becomes batch k."""
-        for _ in range(n):
-            k = self.files
-            tmp = self.input.parent / f".part-{k:04d}.json"
-            tmp.write_text("".join(json.dumps({"id": i}) + "\n" for i in range(k * ROWS, (k + 1) * ROWS)))
-            os.utime(tmp, (1_700_000_000 + k, 1_700_000_000 + k))
-            tmp.rename(self.input / f"part-{k:04d}.json")
-            self.files += 1
-
-    def frame(self, partitions: int = 3, transform: Callable[[DataFrame], DataFrame] | None = None) -> DataFrame:
-        df = self.spark.readStream.schema("id LONG").option("maxFilesPerTrigger", 1).json(str(self.input))
-        df = df.repartition(partitions)
-        return transform(df) if transform else df
-
-    def writer(self, df: DataFrame, **options: str) -> DataStreamWriter:
-        opts = {"url": self.url, "dbtable": self.table, "sinkId": self.sink_id, **options}
-        return df.writeStream.format("xasink").options(**opts).option("checkpointLocation", str(self.checkpoint))
-
-    def run(self, partitions: int = 3, **options: str) -> None:
-        """Process all input (availableNow) through ``format("xasink")``."""
-        self.writer(self.frame(partitions), **options).trigger(availableNow=True).start().awaitTermination()
-
-    def ids(self) -> list[int]:
-        return [r[0] for r in rows(self.url, self.table)] if table_exists(self.url, self.table) else []
-
-    def decisions(self) -> dict[int, dict[str, Any]]:
-        return decisions(self.url, self.sink_id)
-
-    def prepared(self) -> list[str]:
-        return prepared_gids(self.url, prefix=f"xasink:{self.sink_id}:")
-
-    def forget_spark_commit(self, batch: int) -> None:
-        """What a kill after our commit and before Spark's commit log leaves: Spark replays ``batch``."""
-        commits = self.checkpoint / "commits"
-        (commits / str(batch)).unlink()
-        (commits / f".{batch}.crc").unlink(missing_ok=True)  # Hadoop's checksum file would block the rewrite
-
-    def assert_exactly_once(self) -> None:
-        assert self.ids() == list(range(self.files * ROWS))
-        assert self.prepared() == []
-        decided = self.decisions()
-        assert sorted(decided) == list(range(self.files))
-        assert all(d["state"] == "committed" for d in decided.values()), decided
-        assert sum(d["rows"] for d in decided.values()) == self.files * ROWS
-
-
-def table_exists(url: str, table: str) -> bool:
-    with connect(url) as conn, conn.cursor() as cur:
-        cur.execute("SELECT to_regclass(%s) IS NOT NULL", (table,))
-        return bool(cur.fetchone()[0])
-
-
-def decisions(url: str, sink_id: str) -> dict[int, dict[str, Any]]:
-    if not table_exists(url, "xasink_batches"):
-        return {}
-    with connect(url) as conn, conn.cursor() as cur:
-        cur.execute(
-            "SELECT batch_id, state, xids, rows, branches, prepare_ms, commit_ms FROM xasink_batches "
-            "WHERE sink_id = %s",
-            (sink_id,),
-        )
-        names = ("batch_id", "state", "xids", "rows", "branches", "prepare_ms", "commit_ms")
-        out = {}
-        for row in cur.fetchall():
-            rec = dict(zip(names, row, strict=True))
-            rec["xids"] = json.loads(rec["xids"])
-            out[int(rec["batch_id"])] = rec
-        return out
 
 
 def wait_for(condition: Callable[[], bool], what: str, timeout: float = 180.0) -> None:
@@ -148,17 +58,6 @@ def hold_partition(flag: Path, partition: int) -> Callable[[Iterator[pa.RecordBa
         yield from batches
 
     return hold
-
-
-@contextmanager
-def no_branch_opened(stream: Stream, batch: int) -> Iterator[None]:
-    """Fail the query if a task of ``batch`` gets past the decision-log check to open a branch."""
-    ctx = stream.spark.sparkContext
-    ctx.setLocalProperty(LOCAL_PROPERTY, f"task.before_load:raise:b={batch}")
-    try:
-        yield
-    finally:
-        ctx.setLocalProperty(LOCAL_PROPERTY, None)  # type: ignore[arg-type]
 
 
 def failure_text(query: StreamingQuery) -> str:

@@ -10,19 +10,16 @@ none (undecided), and nothing of the sink is prepared on either server.
 
 from __future__ import annotations
 
-import os
 import signal
-import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.procs import run_until_exit
-from tests.targets import MARIADB, POSTGRESQL, Target, make_target
+from tests.harness import expected, run_driver, three_tables
+from tests.targets import Target
 from xasink import admin
 from xasink.status import status as xasink_status
 from xasink.xid import Xid
@@ -33,35 +30,8 @@ DRIVER = Path(__file__).resolve().parent / "tx_crash_driver.py"
 BATCH = 11
 
 
-@pytest.fixture
-def maria(mariadb_url: str) -> Iterator[Target]:
-    target = make_target(MARIADB, mariadb_url)
-    try:
-        yield target
-    finally:
-        target.cleanup()
-
-
-@pytest.fixture
-def pgt(pg_url: str) -> Iterator[Target]:
-    target = make_target(POSTGRESQL, pg_url)
-    try:
-        yield target
-    finally:
-        target.cleanup()
-
-
-def run_driver(args: list[str], point: str, log: Path) -> int:
-    env = {**os.environ, "XASINK_FAULT": f"{point}:kill", "PYSPARK_PYTHON": sys.executable}
-    return run_until_exit([sys.executable, str(DRIVER), *args], env, log)
-
-
 def table_rows(t: Target, table: str) -> list[tuple[object, ...]]:
     return t.rows(table) if t.table_exists(table) else []
-
-
-def expect(lo: int, hi: int) -> list[tuple[int, str]]:
-    return [(i, f"n{i}") for i in range(lo, hi)]
 
 
 @pytest.mark.parametrize(
@@ -74,20 +44,20 @@ def expect(lo: int, hi: int) -> list[tuple[int, str]]:
     ],
 )
 def test_killed_transaction_is_all_or_nothing_after_recovery_of_each_database(
-    pgt: Target, maria: Target, tmp_path: Path, point: str, journal: str
+    pg: Target, maria: Target, tmp_path: Path, point: str, journal: str
 ) -> None:
-    orders, lines, events = pgt.new_table(), pgt.new_table(), maria.new_table()
-    for t, name in ((pgt, orders), (pgt, lines), (maria, events)):
-        t.keyed_table(name)
+    orders, lines, events = three_tables(pg, maria)
     sink = f"txc{uuid.uuid4().hex[:8]}"
     log = tmp_path / "driver.log"
-    code = run_driver([pgt.url, maria.url, orders, lines, events, sink, str(BATCH), journal], point, log)
+    code = run_driver(
+        DRIVER, [pg.url, maria.url, orders, lines, events, sink, str(BATCH), journal], f"{point}:kill", log
+    )
     assert code == -signal.SIGKILL, log.read_text(errors="replace")[-3000:]
     decided = point.startswith("driver.")
-    log_db, other_db = (pgt, maria) if journal == "pg" else (maria, pgt)
+    log_db, other_db = (pg, maria) if journal == "pg" else (maria, pg)
 
     # what the kill left: prepared branches, not (all) visible
-    prepared = {t.id: [Xid.parse(g) for g in t.prepared(sink)] for t in (pgt, maria)}
+    prepared = {t.id: [Xid.parse(g) for g in t.prepared(sink)] for t in (pg, maria)}
     if point == "tx.after_write:p=0":
         assert len(prepared["pg"]) == 2 and prepared["mariadb"] == []
     elif point != "driver.after_first_commit":
@@ -110,22 +80,22 @@ def test_killed_transaction_is_all_or_nothing_after_recovery_of_each_database(
     assert other.errors == [], other.errors
 
     if decided:
-        assert table_rows(pgt, orders) == expect(0, 10)
-        assert table_rows(pgt, lines) == expect(100, 120)
-        assert table_rows(maria, events) == expect(200, 205)
+        assert table_rows(pg, orders) == expected(range(10))
+        assert table_rows(pg, lines) == expected(range(100, 120))
+        assert table_rows(maria, events) == expected(range(200, 205))
         (state,) = log_db.execute("SELECT state FROM xasink_batches WHERE sink_id = %s", sink)
         assert state == ("committed",)  # every database's part finished: the batch is marked
         status = xasink_status(log_db.url, sink_id=sink)
         (recent,) = status.sinks[0].recent
         assert sorted(t["table"] for t in recent["targets"]) == sorted([orders, lines, events])
     else:
-        assert table_rows(pgt, orders) == [] and table_rows(pgt, lines) == [] and table_rows(maria, events) == []
+        assert table_rows(pg, orders) == [] and table_rows(pg, lines) == [] and table_rows(maria, events) == []
         assert log_db.execute("SELECT count(*) FROM xasink_batches WHERE sink_id = %s", sink) == [(0,)]
-    assert pgt.prepared(sink) == [] and maria.prepared(sink) == []
+    assert pg.prepared(sink) == [] and maria.prepared(sink) == []
 
 
 def test_two_databases_recovered_at_once_mark_the_transaction_committed(
-    pgt: Target, maria: Target, tmp_path: Path
+    pg: Target, maria: Target, tmp_path: Path
 ) -> None:
     """Recoveries of the two databases of one decided transaction, side by side: whichever marks its part
     last must see the other's mark and mark the batch committed, or it stays in doubt forever.
@@ -133,14 +103,14 @@ def test_two_databases_recovered_at_once_mark_the_transaction_committed(
     The test holds the log's part rows locked until both recoveries have read the parts and wait (on those
     rows, or on the sink lock a serialized mark takes), then lets them go together.
     """
-    orders, lines, events = pgt.new_table(), pgt.new_table(), maria.new_table()
-    for t, name in ((pgt, orders), (pgt, lines), (maria, events)):
-        t.keyed_table(name)
+    orders, lines, events = three_tables(pg, maria)
     sink = f"txc{uuid.uuid4().hex[:8]}"
     log = tmp_path / "driver.log"
-    code = run_driver([pgt.url, maria.url, orders, lines, events, sink, str(BATCH), "pg"], "driver.after_decide", log)
+    code = run_driver(
+        DRIVER, [pg.url, maria.url, orders, lines, events, sink, str(BATCH), "pg"], "driver.after_decide:kill", log
+    )
     assert code == -signal.SIGKILL, log.read_text(errors="replace")[-3000:]
-    assert pgt.execute("SELECT state FROM xasink_batches WHERE sink_id = %s", sink) == [("committing",)]
+    assert pg.execute("SELECT state FROM xasink_batches WHERE sink_id = %s", sink) == [("committing",)]
 
     errors: list[BaseException] = []
 
@@ -155,26 +125,26 @@ def test_two_databases_recovered_at_once_mark_the_transaction_committed(
         "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
         "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
     )
-    with pgt.connect() as holder, holder.cursor() as cur:
+    with pg.connect() as holder, holder.cursor() as cur:
         holder.autocommit = False
         cur.execute("SELECT 1 FROM xasink_parts WHERE sink_id = %s FOR UPDATE", (sink,))
         threads = [
-            threading.Thread(target=recover, args=(pgt.url, None)),
-            threading.Thread(target=recover, args=(maria.url, pgt.url)),
+            threading.Thread(target=recover, args=(pg.url, None)),
+            threading.Thread(target=recover, args=(maria.url, pg.url)),
         ]
         for t in threads:
             t.start()
         deadline = time.monotonic() + 60
-        while pgt.execute(waiting) != [(2,)] and time.monotonic() < deadline:
+        while pg.execute(waiting) != [(2,)] and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert pgt.execute(waiting) == [(2,)]  # both read the parts and now wait to mark theirs
+        assert pg.execute(waiting) == [(2,)]  # both read the parts and now wait to mark theirs
         holder.commit()
     for t in threads:
         t.join(120)
     assert errors == []
-    assert table_rows(pgt, orders) == expect(0, 10) and table_rows(pgt, lines) == expect(100, 120)
-    assert table_rows(maria, events) == expect(200, 205)
-    assert pgt.execute("SELECT committed FROM xasink_parts WHERE sink_id = %s", sink) == [(True,)] * 3
-    assert pgt.execute("SELECT state FROM xasink_batches WHERE sink_id = %s", sink) == [("committed",)]
-    assert xasink_status(pgt.url, sink_id=sink).sinks[0].in_doubt_batches == []
-    assert pgt.prepared(sink) == [] and maria.prepared(sink) == []
+    assert table_rows(pg, orders) == expected(range(10)) and table_rows(pg, lines) == expected(range(100, 120))
+    assert table_rows(maria, events) == expected(range(200, 205))
+    assert pg.execute("SELECT committed FROM xasink_parts WHERE sink_id = %s", sink) == [(True,)] * 3
+    assert pg.execute("SELECT state FROM xasink_batches WHERE sink_id = %s", sink) == [("committed",)]
+    assert xasink_status(pg.url, sink_id=sink).sinks[0].in_doubt_batches == []
+    assert pg.prepared(sink) == [] and maria.prepared(sink) == []

@@ -17,13 +17,18 @@ from typing import Any
 import psycopg2
 import pyarrow as pa
 import pytest
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import SparkSession
 from pyspark.sql import functions as F  # noqa: N812 - Spark's usual alias
 from pyspark.sql.types import IntegerType
 
 import xasink
-from tests.dbutil import (
+from tests.harness import frame
+from tests.targets import (
+    MARIADB,
+    POSTGRESQL,
     XASINK_GID_PREFIX,
+    Target,
+    case,
     connect,
     mariadb_connect,
     mariadb_prepared_gids,
@@ -32,7 +37,6 @@ from tests.dbutil import (
     prepared_gids,
     rows,
 )
-from tests.targets import MARIADB, POSTGRESQL, Target, case
 from xasink.branch import write_partition
 from xasink.coordinator import Coordinator
 from xasink.dialects.postgres import PostgresDialect
@@ -335,10 +339,6 @@ def test_a_unique_index_in_another_column_order_is_a_key(pg_url: str, table: str
 # --------------------------------------------------------------------------- through Spark
 
 
-def frame(spark: SparkSession, start: int, stop: int, partitions: int, label: str) -> DataFrame:
-    return spark.range(start, stop, 1, partitions).selectExpr("cast(id as int) as id", f"concat('{label}', id) as name")
-
-
 def spark_error_text(exc: BaseException) -> str:
     parts = [str(exc), str(getattr(exc, "_desc", "") or "")]
     return "\n".join(parts)
@@ -349,12 +349,12 @@ def test_spark_upsert_updates_inserts_and_replays_nothing(
     spark: SparkSession, pg_url: str, keyed: str, path: str
 ) -> None:
     sink = new_sink()
-    df = frame(spark, 5, 25, 4, "new")
+    df = frame(spark, range(5, 25), 4, "new")
     if path == "api":
         result = xasink.write(df, pg_url, keyed, sink_id=sink, batch_id=1, upsertKeyColumns="id")
         assert (result.rows, result.skipped) == (20, False)
         again = xasink.write(
-            frame(spark, 0, 40, 4, "replay"), pg_url, keyed, sink_id=sink, batch_id=1, upsertKeyColumns="id"
+            frame(spark, range(40), 4, "replay"), pg_url, keyed, sink_id=sink, batch_id=1, upsertKeyColumns="id"
         )
         assert again.skipped
     else:
@@ -381,7 +381,7 @@ def test_spark_failure_in_one_partition_leaves_the_table_exactly_as_before(
             raise ValueError("boom: row 39 is poisoned")
         return value
 
-    df = frame(spark, 0, 40, 4, "new").withColumn("id", F.udf(poisoned, IntegerType())("id"))
+    df = frame(spark, range(40), 4, "new").withColumn("id", F.udf(poisoned, IntegerType())("id"))
     with pytest.raises(XasinkError, match="boom: row 39"):
         xasink.write(df, pg_url, keyed, upsertKeyColumns="id")
     assert rows(pg_url, keyed) == OLD

@@ -11,14 +11,13 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from sqlalchemy.engine import make_url
 
 from tests.procs import run_until_exit, tail
-from tests.targets import POSTGRESQL, Target, make_target
+from tests.targets import Target
 
 pytestmark = [pytest.mark.spark, pytest.mark.usefixtures("driver_cds")]
 
@@ -26,24 +25,15 @@ DRIVER = Path(__file__).resolve().parent / "plain_driver.py"
 FAULTS = "task.before_load:sleep=0:p=0,driver.after_mark:sleep=0"
 
 
-@pytest.fixture
-def pgt(pg_url: str) -> Iterator[Target]:
-    target = make_target(POSTGRESQL, pg_url)
-    try:
-        yield target
-    finally:
-        target.cleanup()
-
-
-def test_a_plain_script_is_told_of_durability_risks_and_warnings_of_workers(pgt: Target, tmp_path: Path) -> None:
-    if pgt.execute("SELECT current_setting('fsync')") != [("off",)]:
+def test_a_plain_script_is_told_of_durability_risks_and_warnings_of_workers(pg: Target, tmp_path: Path) -> None:
+    if pg.execute("SELECT current_setting('fsync')") != [("off",)]:
         pytest.skip("needs a server with fsync = off (the embedded one)")
-    by_format, by_write = pgt.new_table(), pgt.new_table()
+    by_format, by_write = pg.new_table(), pg.new_table()
     for name in (by_format, by_write):
-        pgt.keyed_table(name)
+        pg.keyed_table(name)
     out, err = tmp_path / "stdout.log", tmp_path / "stderr.log"
     env = {**os.environ, "XASINK_FAULT": FAULTS, "PYSPARK_PYTHON": sys.executable}
-    code = run_until_exit([sys.executable, str(DRIVER), pgt.url, by_format, by_write], env, out, stderr=err)
+    code = run_until_exit([sys.executable, str(DRIVER), pg.url, by_format, by_write], env, out, stderr=err)
     stdout, stderr = out.read_text(errors="replace"), err.read_text(errors="replace")
     before, _, after = stdout.partition("FORMAT DONE")
 
@@ -64,9 +54,9 @@ def test_a_plain_script_is_told_of_durability_risks_and_warnings_of_workers(pgt:
     assert not any("partition 1" in w for w in warnings), warnings
     shown = [line for line in lines if "XasinkWarning: " in line]
     assert any("fsync = off" in line for line in shown) and any("driver.after_mark" in line for line in shown)
-    secret = make_url(pgt.url).password
+    secret = make_url(pg.url).password
     assert not secret or str(secret) not in stdout + stderr
 
     expected = [(i, f"n{i}") for i in range(10)]
-    assert pgt.rows(by_format) == expected and pgt.rows(by_write) == expected
+    assert pg.rows(by_format) == expected and pg.rows(by_write) == expected
     assert "WARNINGS" not in before

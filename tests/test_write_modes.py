@@ -27,6 +27,7 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 
 import xasink
+from tests.harness import expected, fill, shadow_rows
 from tests.modes_driver import OPTIONS_ENV, batch_direct, overwrite_direct, prepare_stray_branch, split
 from tests.targets import MARIADB, POSTGRESQL, Target, case
 from xasink import admin
@@ -41,25 +42,8 @@ def sink() -> str:
     return f"wm-{uuid.uuid4().hex[:10]}"
 
 
-def named(ids: Any, prefix: str = "n") -> list[tuple[int, str]]:
-    return [(i, f"{prefix}{i}") for i in sorted(ids)]
-
-
 def frame(spark: SparkSession, rows: list[tuple[int, str]], partitions: int = 3) -> DataFrame:
     return spark.createDataFrame(rows, "id int, name string").repartition(partitions)
-
-
-def fill(db: Target, table: str, rows: list[tuple[int, str]]) -> None:
-    with db.connect() as conn, conn.cursor() as cur:
-        cur.executemany(f"INSERT INTO {db.q(table)} (id, name) VALUES (%s, %s)", rows)
-
-
-def shadow_rows(db: Target) -> int:
-    """Rows in every shadow table of the database (empty between batches)."""
-    here = "current_schema()" if db.kind == POSTGRESQL else "DATABASE()"
-    query = f"SELECT table_name FROM information_schema.tables WHERE table_schema = {here} AND table_name LIKE %s"
-    names = [r[0] for r in db.execute(query, "xasink\\_sh\\_%")]
-    return sum(int(db.execute(f"SELECT count(*) FROM {db.q(n)}")[0][0]) for n in names)
 
 
 def overwrite(df: DataFrame, db: Target, table: str, sink_id: str, batch_id: int, **options: Any) -> None:
@@ -138,7 +122,7 @@ def test_overwrite_replaces_every_row_at_once_and_keeps_the_table(
     """Exactly the batch's rows afterwards; same table (id, index, comment, grant); a replay writes nothing."""
     table = db.new_table()
     db.keyed_table(table)
-    fill(db, table, named(range(300), "o"))
+    fill(db, table, expected(range(300), tag="o"))
     if db.kind == POSTGRESQL:
         db.execute(f"CREATE INDEX {db.q(table + '_nm')} ON {db.q(table)} (name)")
         db.execute(f"COMMENT ON TABLE {db.q(table)} IS 'kept by overwrite'")
@@ -150,7 +134,7 @@ def test_overwrite_replaces_every_row_at_once_and_keeps_the_table(
     before = table_extras(db, table, reader_grantee)
     assert before[1] and before[2] == [("kept by overwrite",)] and before[3] in ([(True,)], [("SELECT",)]), before
     s = sink()
-    new = named(range(200, 500))  # keys 200..299 kept, 0..199 gone, 300..499 new
+    new = expected(range(200, 500))  # keys 200..299 kept, 0..199 gone, 300..499 new
     overwrite(frame(spark, new), db, table, s, 7, truncate="true", cascadeTruncate="false")
     assert db.rows(table) == new
     assert table_extras(db, table, reader_grantee) == before  # never dropped, truncated or recreated
@@ -179,10 +163,10 @@ def test_a_failing_partition_leaves_the_old_rows(db: Target, spark: SparkSession
     """One partition fails (an injected fault before PREPARE, or a value the column refuses): old rows stay exactly."""
     table = db.new_table()
     db.create_table(table, "id int PRIMARY KEY, name varchar(8)")
-    old = named(range(100), "o")
+    old = expected(range(100), tag="o")
     fill(db, table, old)
     s = sink()
-    new = named(range(50, 350))
+    new = expected(range(50, 350))
     rows = new if cause == "fault" else [*new[:-1], (349, "far-too-long-for-varchar-8")]
     df = spark.createDataFrame(rows, "id int, name string").coalesce(3)
     if cause == "fault":
@@ -203,8 +187,8 @@ def test_a_keyed_overwrite_of_mostly_the_same_keys_does_not_wait_on_itself(db: T
     """Primary key, 1800 of 2000 keys kept and 200 new, 3 branches: no branch waits on another (no deadlock)."""
     table = db.new_table()
     db.keyed_table(table)
-    fill(db, table, named(range(2000), "o"))
-    new = named(range(200, 2200))
+    fill(db, table, expected(range(2000), tag="o"))
+    new = expected(range(200, 2200))
     t0 = time.monotonic()
     result = xasink.write(
         frame(spark, new), db.url, table, sink_id=sink(), batch_id=0, mode="overwrite", lockTimeout=30
@@ -219,14 +203,14 @@ def test_an_empty_dataframe_empties_the_table(db: Target, spark: SparkSession) -
     """An empty DataFrame (two empty partitions) empties the table; foreach_batch(mode="overwrite") refills it."""
     table = db.new_table()
     db.keyed_table(table)
-    fill(db, table, named(range(50), "o"))
+    fill(db, table, expected(range(50), tag="o"))
     s = sink()
     overwrite(spark.createDataFrame([], "id int, name string").repartition(2), db, table, s, 0)
     assert db.rows(table) == []
     assert db.prepared(s) == [] and shadow_rows(db) == 0
     write = xasink.foreach_batch(db.url, table, s, mode="overwrite", truncate="yes")
-    result = write(frame(spark, named(range(40, 60)), 2), 1)
-    assert db.rows(table) == named(range(40, 60)) and not result.skipped
+    result = write(frame(spark, expected(range(40, 60)), 2), 1)
+    assert db.rows(table) == expected(range(40, 60)) and not result.skipped
 
 
 def test_a_batch_breaking_a_constraint_leaves_the_old_rows(db: Target, spark: SparkSession) -> None:
@@ -280,7 +264,7 @@ def test_an_overwrite_changes_no_other_table(db: Target, action: str) -> None:
     the user's own DELETE of them would (NO ACTION: the overwrite fails, and nothing changes)."""
     parent, child = db.new_table(), db.new_table()
     db.keyed_table(parent)
-    fill(db, parent, named(range(200), "o"))
+    fill(db, parent, expected(range(200), tag="o"))
     db.create_table(child, f"id int PRIMARY KEY, parent int REFERENCES {db.q(parent)} (id) ON DELETE {action}")
     db.execute(f"INSERT INTO {db.q(child)} (id, parent) SELECT id + 1000, id FROM {db.q(parent)}")
     children = db.rows(child)
@@ -288,17 +272,17 @@ def test_an_overwrite_changes_no_other_table(db: Target, action: str) -> None:
     s = sink()
     try:
         overwrite_direct(db.url, parent, s, 0, split(0, 200, 3))  # the same keys, new names
-        assert db.rows(parent) == named(range(200))
+        assert db.rows(parent) == expected(range(200))
         assert db.rows(child) == children
         moved = split(50, 200, 3)  # keys 0..49 are gone, 200..249 are new
         if action == "NO ACTION":
             with pytest.raises(ApplyError, match="foreign key|constraint"):
                 overwrite_direct(db.url, parent, s, 1, moved)
-            assert db.rows(parent) == named(range(200))
+            assert db.rows(parent) == expected(range(200))
             assert db.rows(child) == children
         else:
             overwrite_direct(db.url, parent, s, 1, moved)
-            assert db.rows(parent) == named(range(50, 250))
+            assert db.rows(parent) == expected(range(50, 250))
             if action == "CASCADE":
                 assert db.rows(child) == [c for c in children if c[1] >= 50]
             else:
@@ -320,9 +304,9 @@ def test_replace_where_of_a_referenced_table_deletes_only_the_gone_keys_it_match
     children = db.rows(child)
     s = sink()
     try:
-        batch = [named(range(5, 10)), named(range(20, 25))]
+        batch = [expected(range(5, 10)), expected(range(20, 25))]
         overwrite_direct(db.url, parent, s, 0, batch, replaceWhere="name LIKE 'a%' OR name LIKE 'n%'")
-        assert db.rows(parent) == named(range(5, 10)) + old[10:] + named(range(20, 25))
+        assert db.rows(parent) == expected(range(5, 10)) + old[10:] + expected(range(20, 25))
         assert db.rows(child) == [c for c in children if c[1] >= 5]
         assert shadow_rows(db) == 0 and db.prepared(s) == []
     finally:
@@ -334,14 +318,14 @@ def test_an_overwrite_of_a_referenced_table_without_a_primary_key_is_refused(db:
     naming the referencing table."""
     parent, child = db.new_table(), db.new_table()
     db.create_table(parent, "id int NOT NULL UNIQUE, name varchar(20)")
-    fill(db, parent, named(range(10), "o"))
+    fill(db, parent, expected(range(10), tag="o"))
     db.create_table(child, f"id int PRIMARY KEY, parent int REFERENCES {db.q(parent)} (id) ON DELETE CASCADE")
     db.execute(f"INSERT INTO {db.q(child)} (id, parent) SELECT id, id FROM {db.q(parent)}")
     s = sink()
     try:
         with pytest.raises(PreflightError, match=f"{child}.*primary key"):
             overwrite_direct(db.url, parent, s, 0, split(0, 10, 2))
-        assert db.rows(parent) == named(range(10), "o")
+        assert db.rows(parent) == expected(range(10), tag="o")
         assert db.rows(child) == [(i, i) for i in range(10)]
         assert db.decision(s, 0) is None and db.prepared(s) == []
     finally:
@@ -385,7 +369,7 @@ def test_readers_see_exactly_the_old_or_the_new_rows(db: Target, monkeypatch: py
     """
     table = db.new_table()
     db.keyed_table(table)
-    old, new = named(range(1000), "o"), named(range(500, 2000))
+    old, new = expected(range(1000), tag="o"), expected(range(500, 2000))
     fill(db, table, old)
     signature = {"old": (1000, sum(range(1000))), "new": (1500, sum(range(500, 2000)))}
     seen: dict[tuple[int, int], int] = {}
@@ -443,7 +427,7 @@ def test_a_snapshot_older_than_the_overwrite_still_sees_the_old_rows(db: Target,
     MVCC-safe: such a snapshot sees the table empty)."""
     table = db.new_table()
     db.keyed_table(table)
-    fill(db, table, named(range(200), "o"))
+    fill(db, table, expected(range(200), tag="o"))
     with db.connect() as conn, conn.cursor() as cur:
         begin_snapshot(db, cur)
         overwrite_direct(db.url, table, sink(), 0, split(100, 200, 2), truncate=truncate)
@@ -459,7 +443,7 @@ def test_readers_do_not_wait_for_an_overwrite(db: Target, truncate: str) -> None
     that session's ACCESS SHARE lock would make every new reader queue behind it)."""
     table = db.new_table()
     db.keyed_table(table)
-    fill(db, table, named(range(200), "o"))
+    fill(db, table, expected(range(200), tag="o"))
     s = sink()
     with db.connect() as report, report.cursor() as held, ThreadPoolExecutor(1) as pool:
         held.execute("BEGIN")
@@ -483,7 +467,7 @@ def test_readers_do_not_wait_for_an_overwrite(db: Target, truncate: str) -> None
         finally:
             held.execute("COMMIT")
             job.result(timeout=60)
-    assert db.rows(table) == named(range(100, 300))
+    assert db.rows(table) == expected(range(100, 300))
 
 
 def test_a_recovery_racing_the_driver_applies_the_batch_once(db: Target, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -491,7 +475,7 @@ def test_a_recovery_racing_the_driver_applies_the_batch_once(db: Target, monkeyp
     applies the batch, it is applied once (no primary key here, so a second apply would double the rows)."""
     table = db.new_table()
     db.keyed_table(table, primary_key=False)
-    fill(db, table, named(range(100), "o"))
+    fill(db, table, expected(range(100), tag="o"))
     monkeypatch.setenv("XASINK_FAULT", "driver.after_commits:sleep=2")
     s = sink()
     with ThreadPoolExecutor(1) as pool:
@@ -504,7 +488,7 @@ def test_a_recovery_racing_the_driver_applies_the_batch_once(db: Target, monkeyp
         assert not report.errors, report.errors
         result = job.result(timeout=60)
     assert d is not None and result.rows == 150
-    assert db.rows(table) == named(range(50, 200))
+    assert db.rows(table) == expected(range(50, 200))
     assert db.decision(s, 0).state == "committed"  # type: ignore[union-attr]
     assert shadow_rows(db) == 0
 
@@ -518,7 +502,7 @@ def test_an_apply_reads_only_its_decided_branches_and_never_waits_on_another_run
     then rolls the stray branch back."""
     table = db.new_table()
     db.keyed_table(table)
-    fill(db, table, named(range(10), "o"))
+    fill(db, table, expected(range(10), tag="o"))
     monkeypatch.setenv("XASINK_FAULT", "driver.after_commits:sleep=3")
     s = sink()
     opts = {"controlLockTimeout": 2, "commitTimeout": 8}  # a wait on the stray's rows fails the write
@@ -533,13 +517,13 @@ def test_an_apply_reads_only_its_decided_branches_and_never_waits_on_another_run
         assert not job.done()
         result = job.result(timeout=60)
     assert result.rows == 20
-    assert db.rows(table) == named(range(100, 120))
+    assert db.rows(table) == expected(range(100, 120))
     assert db.decision(s, 0).state == "committed"  # type: ignore[union-attr]
     assert db.prepared(s) == [stray] if db.kind == POSTGRESQL else len(db.prepared(s)) == 1  # left to its run
     report = admin.recover(db.url, sink_id=s, older_than_s=0)  # the stray's run is gone: it can never commit
     assert not report.errors, report.errors
     assert db.prepared(s) == []
-    assert db.rows(table) == named(range(100, 120))
+    assert db.rows(table) == expected(range(100, 120))
     assert shadow_rows(db) == 0
 
 
@@ -550,7 +534,7 @@ def test_a_batch_decided_before_shadow_rows_carried_their_branch_is_applied_by_r
     an upgrade can find it: recovery applies the batch's rows as they were written."""
     table = db.new_table()
     db.keyed_table(table)
-    fill(db, table, named(range(10), "o"))
+    fill(db, table, expected(range(10), tag="o"))
     monkeypatch.setenv("XASINK_FAULT", "driver.after_commits:raise")
     s = sink()
     with pytest.raises(InjectedFault):
@@ -562,7 +546,7 @@ def test_a_batch_decided_before_shadow_rows_carried_their_branch_is_applied_by_r
     assert shadow_rows(db) == 20
     report = admin.recover(db.url, sink_id=s, older_than_s=0)
     assert not report.errors, report.errors
-    assert db.rows(table) == named(range(100, 120))
+    assert db.rows(table) == expected(range(100, 120))
     assert db.decision(s, 0).state == "committed"  # type: ignore[union-attr]
     assert shadow_rows(db) == 0
 
@@ -573,8 +557,8 @@ def test_two_sinks_overwriting_one_table_at_once_leave_one_batch(db: Target) -> 
     decision log, so they also create it concurrently."""
     table = db.new_table()
     db.keyed_table(table)
-    fill(db, table, named(range(100), "o"))
-    a, b = named(range(0, 300)), named(range(200, 400))
+    fill(db, table, expected(range(100), tag="o"))
+    a, b = expected(range(0, 300)), expected(range(200, 400))
     # two driver processes (tests/modes_driver.py; a process holds one run guard per decision log)
     driver = str(Path(__file__).resolve().parent / "modes_driver.py")
     env = {k: v for k, v in os.environ.items() if not k.startswith("XASINK_FAULT")}
@@ -603,9 +587,9 @@ def test_overwrite_of_a_table_in_another_schema_keeps_its_shadow_there(db: Targe
     try:
         table = f"{schema}.t"
         db.keyed_table(table)
-        fill(db, table, named(range(30), "o"))
+        fill(db, table, expected(range(30), tag="o"))
         overwrite_direct(db.url, table, sink(), 0, split(10, 40, 2))
-        assert db.rows(table) == named(range(10, 50))
+        assert db.rows(table) == expected(range(10, 50))
         shadows = db.execute(
             "SELECT table_schema FROM information_schema.tables WHERE table_name LIKE %s AND table_schema = %s",
             "xasink\\_sh\\_%",
@@ -879,7 +863,7 @@ def table_under_open_insert(
     """A keyed table holding 100 old rows, another session's insert into it left open; the rows to write."""
     table = db.new_table()
     db.keyed_table(table)
-    old, new = named(range(100), "o"), named(range(50, 250))
+    old, new = expected(range(100), tag="o"), expected(range(50, 250))
     fill(db, table, old)
     return table, old, new, open_insert(table)
 

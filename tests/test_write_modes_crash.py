@@ -23,35 +23,25 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sys
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
 
+from tests.harness import expected, fill, run_driver, shadow_rows
 from tests.leaks import run_cli
-from tests.modes_driver import OPTIONS_ENV, complete_query, overwrite_direct, split
-from tests.procs import ROOT, run_until_exit, tail
+from tests.modes_driver import complete_query, overwrite_direct, split
+from tests.procs import ROOT, tail
 from tests.targets import MARIADB, POSTGRESQL, Target, case
-from tests.test_write_modes import fill, named, shadow_rows
 
 pytestmark = pytest.mark.crash
 
 DRIVER = ROOT / "tests" / "modes_driver.py"
 N, FIRST, PARTITIONS, BATCH = 300, 150, 3, 4  # old ids 0..299, new ids 150..449: half the keys kept
-OLD, NEW = named(range(N), "o"), named(range(FIRST, FIRST + N))
-
-
-def run_driver(args: list[str], fault: str, log: Path, timeout_s: float = 300, **options: Any) -> int:
-    """Run tests/modes_driver.py until it exits (or a fault point kills it); its return code."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("XASINK_FAULT")}
-    env.update({"XASINK_FAULT": fault, OPTIONS_ENV: json.dumps(options)})
-    env.update({"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable})
-    return run_until_exit([sys.executable, str(DRIVER), *args], env, log, timeout_s)
+OLD, NEW = expected(range(N), tag="o"), expected(range(FIRST, FIRST + N))
 
 
 @pytest.fixture
@@ -89,7 +79,7 @@ def test_an_overwrite_killed_at_each_step_ends_with_the_old_or_the_new_rows(
     s = f"wmc-{uuid.uuid4().hex[:8]}"
     log = tmp_path / "driver.log"
     args = ["direct", db.url, table, s, str(BATCH), str(FIRST), str(N), str(PARTITIONS)]
-    returncode = run_driver(args, f"{point}:kill", log)
+    returncode = run_driver(DRIVER, args, f"{point}:kill", log)
     assert returncode == -signal.SIGKILL, f"driver exited {returncode}, not killed at {point}:\n{tail(log)}"
 
     # the kill landed where it was meant to
@@ -163,7 +153,9 @@ def test_complete_mode_survives_a_driver_kill_between_commits_and_apply(
         os.utime(path, (base + i, base + i))
     s = f"wmc-{uuid.uuid4().hex[:8]}"
     log = tmp_path / "stream.log"
-    returncode = run_driver(["stream", db.url, table, s, str(src), str(chk)], "driver.after_commits:kill:b=0", log)
+    returncode = run_driver(
+        DRIVER, ["stream", db.url, table, s, str(src), str(chk)], "driver.after_commits:kill:b=0", log
+    )
     assert returncode == -signal.SIGKILL, f"stream driver exited {returncode}:\n{tail(log)}"
     assert db.rows(table) == [("stale", 99)]  # batch 0 is in the shadow, not applied
     assert db.decision(s, 0).state == "committing"  # type: ignore[union-attr]

@@ -12,7 +12,6 @@ takes the whole driver down at once (this Python, the JVM, its workers), like a 
 from __future__ import annotations
 
 import json
-import logging
 import os
 import sys
 
@@ -26,28 +25,13 @@ def main(argv: list[str]) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     pg_url, maria_url, orders, lines, events, sink, batch, journal = argv
-    os.environ["XASINK_FAULT_PGID"] = str(os.getpgid(0))  # before the JVM and its Python workers start
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("xasink").setLevel(logging.INFO)
+    from tests.jvm import driver_java_options, local_spark, start_killable_driver
 
-    from pyspark.sql import SparkSession
+    start_killable_driver()
 
     import xasink
-    from tests.jvm import driver_java_options
 
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("xasink-tx-crash-driver")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.driver.extraJavaOptions", driver_java_options())  # tests/jvm.py: starts sooner
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = local_spark("xasink-tx-crash-driver", java_options=driver_java_options())
 
     def frame(lo: int, hi: int):  # type: ignore[no-untyped-def]
         return spark.range(lo, hi, 1, 2).selectExpr("cast(id as int) as id", "concat('n', id) as name")

@@ -83,25 +83,20 @@ def serve(spark: Any) -> None:
 def main() -> int:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
 
     import xasink
-    from tests.jvm import driver_java_options
+    from tests.jvm import driver_java_options, local_spark
 
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("xasink-values")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.session.timeZone", TZ)
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.jars", JARS)
-        .config("spark.driver.extraJavaOptions", f"{driver_java_options()} -Duser.timezone={TZ}")
-        .config("spark.executor.extraJavaOptions", f"-Duser.timezone={TZ}")
-        .getOrCreate()
+    spark = local_spark(
+        "xasink-values",
+        java_options=f"{driver_java_options()} -Duser.timezone={TZ}",
+        conf={
+            "spark.sql.shuffle.partitions": "2",
+            "spark.sql.session.timeZone": TZ,
+            "spark.jars": JARS,
+            "spark.executor.extraJavaOptions": f"-Duser.timezone={TZ}",
+        },
     )
-    spark.sparkContext.setLogLevel("ERROR")
     xasink.register(spark)
     print("VALUES " + json.dumps({"ready": True}), flush=True)
     try:

@@ -1,0 +1,587 @@
+"""What the test modules share: the rows they write and expect, one sink driven without Spark, and a test
+driver run in its own process.  Test modules import from here (and from tests.targets), never
+from one another.
+
+Rows: a writer of ids ``I`` leaves ``(i, f"{tag}{i}")`` for each ``i`` (tag ``n`` unless a test says other),
+in a table of ``(id, name)`` (:data:`NAMES`, what ``Target.keyed_table`` creates) or ``(id, v)``
+(:data:`VALUES`).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+import pyarrow as pa
+import pytest
+
+from tests import targets
+from tests.leaks import SECRET as SUPERUSER_SECRET  # the test servers' superuser: a url of theirs holds it
+from tests.leaks import assert_no_secret
+from tests.modes_driver import OPTIONS_ENV  # a test driver's extra write options, a JSON object
+from tests.procs import run_until_exit
+from tests.targets import POSTGRESQL, Target
+from xasink.branch import write_partition
+from xasink.cli import main
+from xasink.coordinator import Coordinator
+from xasink.embedded import free_port
+from xasink.faults import LOCAL_PROPERTY
+from xasink.journal import BatchRecord
+from xasink.options import WriteOptions, parse_options
+from xasink.results import BranchOutcome, WriteResult
+from xasink.schema import plan_target
+from xasink.xid import FORMAT_ID, Xid, new_run_nonce
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming import DataStreamWriter
+
+NAMES = pa.schema([pa.field("id", pa.int32(), nullable=False), ("name", pa.string())])
+VALUES = pa.schema([("id", pa.int64()), ("v", pa.string())])
+
+# tests/crash_driver.py's write (test_crash and the tests that kill or race its driver)
+CRASH_DRIVER = Path(__file__).resolve().parent / "crash_driver.py"
+N, PARTITIONS, BATCH = 40, 4, 5
+
+# the recover and status tests' own users (Backend.secret_url) and their password
+SECRET = "S3cretPw"
+ADMIN_USER = "xasink_rc_admin"
+PLAIN_USER = "xasink_rc_plain"  # may log in, nothing more
+
+
+# --------------------------------------------------------------------------- rows
+
+
+def expected(*ids: Iterable[int], tag: str = "n") -> list[tuple[int, str]]:
+    """The rows a writer of ``ids`` (every id of every argument) leaves, ordered by id."""
+    return sorted((i, f"{tag}{i}") for part in ids for i in part)
+
+
+def record_batch(ids: Iterable[int], schema: pa.Schema = NAMES, tag: str = "n") -> pa.RecordBatch:
+    """Arrow rows for ``ids``: ``(i, f"{tag}{i}")`` in the two columns of ``schema``."""
+    ids = list(ids)
+    key, value = schema.names
+    return pa.RecordBatch.from_pydict({key: ids, value: [f"{tag}{i}" for i in ids]}, schema=schema)
+
+
+def frame(spark: SparkSession, ids: range, partitions: int, tag: str = "n") -> DataFrame:
+    """``expected(ids, tag=tag)`` as a DataFrame: contiguous id ranges per partition, the last ids last."""
+    return spark.range(ids.start, ids.stop, 1, partitions).selectExpr(
+        "cast(id as int) as id", f"concat('{tag}', id) as name"
+    )
+
+
+def fill(db: Target, table: str, rows: list[tuple[int, str]]) -> None:
+    """Insert ``rows`` into an ``(id, name)`` table, committed."""
+    with db.connect() as conn, conn.cursor() as cur:
+        cur.executemany(f"INSERT INTO {db.q(table)} (id, name) VALUES (%s, %s)", rows)
+
+
+def shadow_rows(db: Target) -> int:
+    """Rows in every shadow table of the database (empty between batches)."""
+    here = "current_schema()" if db.kind == POSTGRESQL else "DATABASE()"
+    query = f"SELECT table_name FROM information_schema.tables WHERE table_schema = {here} AND table_name LIKE %s"
+    names = [r[0] for r in db.execute(query, "xasink\\_sh\\_%")]
+    return sum(int(db.execute(f"SELECT count(*) FROM {db.q(n)}")[0][0]) for n in names)
+
+
+def three_tables(pg: Target, maria: Target) -> tuple[str, str, str]:
+    """A multi-target transaction's tables: orders and lines on PostgreSQL, events on MariaDB, all keyed."""
+    orders, lines, events = pg.new_table(), pg.new_table(), maria.new_table()
+    for t, name in ((pg, orders), (pg, lines), (maria, events)):
+        t.keyed_table(name)
+    return orders, lines, events
+
+
+# --------------------------------------------------------------------------- a sink driven without Spark
+
+
+class Sink:
+    """One sink id writing one table without Spark: tasks' branches by ``write_partition``, the driver's part
+    by a Coordinator.  ``branches``: what the preflight checks the server can hold (None: no check).
+    Modules add what only their tests do (a proxied coordinator, a half-done decision) in a subclass."""
+
+    def __init__(
+        self,
+        url: str,
+        table: str,
+        *,
+        sink_id: str | None = None,
+        prefix: str = "s",
+        password: str | None = None,
+        schema: pa.Schema = NAMES,
+        tag: str = "n",
+        parts: int = 2,
+        branches: int | None = None,
+        **extra: Any,
+    ) -> None:
+        self.url, self.table, self.password = url, table, password
+        self.schema, self.tag, self.parts = schema, tag, parts
+        self.sink_id = sink_id or f"{prefix}{uuid.uuid4().hex[:10]}"
+        self.options: WriteOptions = self.options_for(url, **extra)
+        self.run = new_run_nonce()
+        self._attempt = 0
+        coordinator = Coordinator(self.options)
+        try:
+            coordinator.preflight(branches)
+            with coordinator.dialect.connect() as conn:
+                self.plan = plan_target(coordinator.dialect, conn, self.options, schema)
+                conn.commit()
+        finally:
+            coordinator.close()
+
+    def options_for(self, url: str, **extra: Any) -> WriteOptions:
+        """This sink's write options, with ``url`` (e.g. through a proxy) and ``extra`` options."""
+        raw: dict[str, Any] = {"url": url, "dbtable": self.table, "sinkId": self.sink_id, **extra}
+        if self.password is not None:
+            raw["password"] = self.password
+        return parse_options(raw)
+
+    def next_attempt(self) -> int:
+        self._attempt += 1
+        return self._attempt
+
+    def task(
+        self,
+        batch_id: int,
+        partition: int,
+        batches: Iterable[pa.RecordBatch],
+        *,
+        attempt: int | None = None,
+        run: str | None = None,
+        **task: Any,
+    ) -> BranchOutcome:
+        """One task attempt of this sink's run writing ``batches`` (``write_partition``, as a Spark task calls it)."""
+        return write_partition(
+            self.options,
+            self.plan,
+            batch_id=batch_id,
+            partition=partition,
+            task_attempt_id=self.next_attempt() if attempt is None else attempt,
+            run=run or self.run,
+            batches=batches,
+            **task,
+        )
+
+    def write(
+        self, batch_id: int, partition: int, ids: Iterable[int], *, chunk: int | None = None, **task: Any
+    ) -> BranchOutcome:
+        """One task attempt writing the rows of ``ids``: one Arrow batch, or batches of ``chunk`` rows."""
+        ids = list(ids)
+        batches: Iterable[pa.RecordBatch]
+        if chunk is None:
+            batches = [record_batch(ids, self.schema, self.tag)]
+        else:
+            batches = (record_batch(ids[i : i + chunk], self.schema, self.tag) for i in range(0, len(ids), chunk))
+        return self.task(batch_id, partition, batches, **task)
+
+    def prepare(self, batch_id: int, ids: range, parts: int | None = None, **task: Any) -> list[BranchOutcome | None]:
+        """The batch's branches as its tasks prepare them: ``ids`` dealt round-robin over ``parts`` partitions."""
+        n = parts or self.parts
+        return [self.write(batch_id, p, list(ids)[p::n], **task) for p in range(n)]
+
+    def batch(self, batch_id: int, ids: range, **task: Any) -> WriteResult:
+        """One whole batch, as a Spark job runs it: tasks, then the driver's commit."""
+        coordinator = Coordinator(self.options)
+        try:
+            return coordinator.commit(batch_id, self.prepare(batch_id, ids, **task))
+        finally:
+            coordinator.close()
+
+
+class TargetSink(Sink):
+    """A :class:`Sink` of a ``tests.targets`` database: a fresh ``(id, name)`` table unless ``table`` names one."""
+
+    def __init__(
+        self, db: Target, *, table: str | None = None, primary_key: bool = True, branches: int = 4, **kwargs: Any
+    ) -> None:
+        self.db = db
+        if table is None:
+            table = db.new_table()
+            db.keyed_table(table, primary_key=primary_key)
+        super().__init__(db.url, table, password=db.password, branches=branches, **kwargs)
+
+    def rows(self) -> list[tuple[int, str]]:
+        return sorted((int(i), str(n)) for i, n in self.db.rows(self.table, "id"))
+
+    def prepared(self) -> list[str]:
+        return self.db.prepared(self.sink_id)
+
+
+# --------------------------------------------------------------------------- a streaming query's input and sink
+
+
+ROWS = 60  # per input file, i.e. per micro-batch
+
+
+class Stream:
+    """One streaming query's input, checkpoint, table and sink id."""
+
+    def __init__(self, spark: SparkSession, root: Path, url: str) -> None:
+        self.spark = spark
+        self.url = url
+        self.input = root / "input"
+        self.checkpoint = root / "checkpoint"
+        self.input.mkdir()
+        self.table = f"st_{uuid.uuid4().hex[:8]}"
+        self.sink_id = f"st-{uuid.uuid4().hex[:8]}"
+        self.files = 0
+
+    def add_files(self, n: int) -> None:
+        """Append ``n`` input files; file k holds ids k*ROWS .. (k+1)*ROWS-1 and becomes batch k."""
+        for _ in range(n):
+            k = self.files
+            tmp = self.input.parent / f".part-{k:04d}.json"
+            tmp.write_text("".join(json.dumps({"id": i}) + "\n" for i in range(k * ROWS, (k + 1) * ROWS)))
+            os.utime(tmp, (1_700_000_000 + k, 1_700_000_000 + k))
+            tmp.rename(self.input / f"part-{k:04d}.json")
+            self.files += 1
+
+    def frame(self, partitions: int = 3, transform: Callable[[DataFrame], DataFrame] | None = None) -> DataFrame:
+        df = self.spark.readStream.schema("id LONG").option("maxFilesPerTrigger", 1).json(str(self.input))
+        df = df.repartition(partitions)
+        return transform(df) if transform else df
+
+    def writer(self, df: DataFrame, **options: str) -> DataStreamWriter:
+        opts = {"url": self.url, "dbtable": self.table, "sinkId": self.sink_id, **options}
+        return df.writeStream.format("xasink").options(**opts).option("checkpointLocation", str(self.checkpoint))
+
+    def run(self, partitions: int = 3, **options: str) -> None:
+        """Process all input (availableNow) through ``format("xasink")``."""
+        self.writer(self.frame(partitions), **options).trigger(availableNow=True).start().awaitTermination()
+
+    def ids(self) -> list[int]:
+        return [r[0] for r in targets.rows(self.url, self.table)] if table_exists(self.url, self.table) else []
+
+    def decisions(self) -> dict[int, dict[str, Any]]:
+        return decisions(self.url, self.sink_id)
+
+    def prepared(self) -> list[str]:
+        return targets.prepared_gids(self.url, prefix=f"xasink:{self.sink_id}:")
+
+    def forget_spark_commit(self, batch: int) -> None:
+        """What a kill after our commit and before Spark's commit log leaves: Spark replays ``batch``."""
+        commits = self.checkpoint / "commits"
+        (commits / str(batch)).unlink()
+        (commits / f".{batch}.crc").unlink(missing_ok=True)  # Hadoop's checksum file would block the rewrite
+
+    def assert_exactly_once(self) -> None:
+        assert self.ids() == list(range(self.files * ROWS))
+        assert self.prepared() == []
+        decided = self.decisions()
+        assert sorted(decided) == list(range(self.files))
+        assert all(d["state"] == "committed" for d in decided.values()), decided
+        assert sum(d["rows"] for d in decided.values()) == self.files * ROWS
+
+
+def table_exists(url: str, table: str) -> bool:
+    with targets.connect(url) as conn, conn.cursor() as cur:
+        cur.execute("SELECT to_regclass(%s) IS NOT NULL", (table,))
+        return bool(cur.fetchone()[0])
+
+
+def decisions(url: str, sink_id: str) -> dict[int, dict[str, Any]]:
+    if not table_exists(url, "xasink_batches"):
+        return {}
+    with targets.connect(url) as conn, conn.cursor() as cur:
+        cur.execute(
+            "SELECT batch_id, state, xids, rows, branches, prepare_ms, commit_ms FROM xasink_batches "
+            "WHERE sink_id = %s",
+            (sink_id,),
+        )
+        names = ("batch_id", "state", "xids", "rows", "branches", "prepare_ms", "commit_ms")
+        out = {}
+        for row in cur.fetchall():
+            rec = dict(zip(names, row, strict=True))
+            rec["xids"] = json.loads(rec["xids"])
+            out[int(rec["batch_id"])] = rec
+        return out
+
+
+@contextmanager
+def no_branch_opened(stream: Stream, batch: int) -> Iterator[None]:
+    """Fail the query if a task of ``batch`` gets past the decision-log check to open a branch."""
+    ctx = stream.spark.sparkContext
+    ctx.setLocalProperty(LOCAL_PROPERTY, f"task.before_load:raise:b={batch}")
+    try:
+        yield
+    finally:
+        ctx.setLocalProperty(LOCAL_PROPERTY, None)  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- the recover CLI's view of a database
+
+
+class Backend:
+    """A database under test: its URL and what a test checks with the plain driver (no xasink code)."""
+
+    name = ""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def prepared(self) -> set[str]:
+        """Every prepared transaction, named as xasink lists it."""
+        raise NotImplementedError
+
+    def rows(self, table: str) -> list[tuple[Any, ...]]:
+        raise NotImplementedError
+
+    def create_table(self, table: str) -> None:
+        raise NotImplementedError
+
+    def make_foreign(self, gid: str, scratch: str, format_id: int = FORMAT_ID) -> str:
+        """Prepare a transaction named ``gid`` (MariaDB: gtrid/bqual split at '/', ``format_id``); its listed name."""
+        raise NotImplementedError
+
+    def finish_foreign(self, name: str) -> None:
+        raise NotImplementedError
+
+    def secret_url(self, user: str = ADMIN_USER) -> str:
+        """The same database as ``user`` with password :data:`SECRET`: all rights for ADMIN_USER, none for others."""
+        raise NotImplementedError
+
+    def drop_secret_user(self, user: str = ADMIN_USER) -> None:
+        raise NotImplementedError
+
+    def unreachable_url(self) -> str:
+        raise NotImplementedError
+
+
+class Postgres(Backend):
+    name = "postgresql"
+
+    def prepared(self) -> set[str]:
+        return set(targets.prepared_gids(self.url))
+
+    def rows(self, table: str) -> list[tuple[Any, ...]]:
+        return targets.rows(self.url, table)
+
+    def create_table(self, table: str) -> None:
+        with targets.connect(self.url) as conn, conn.cursor() as cur:
+            cur.execute(f'CREATE TABLE "{table}" (id bigint, v text)')
+
+    def make_foreign(self, gid: str, scratch: str, format_id: int = FORMAT_ID) -> str:
+        targets.make_foreign_prepared(self.url, gid, scratch)
+        return gid
+
+    def finish_foreign(self, name: str) -> None:
+        targets.rollback_prepared(self.url, name)
+
+    def secret_url(self, user: str = ADMIN_USER) -> str:
+        # the test server checks this role's password (scram), see tests/conftest.py
+        with targets.connect(self.url) as conn, conn.cursor() as cur:
+            cur.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (user,))
+            if cur.fetchone() is None:
+                rights = "SUPERUSER" if user == ADMIN_USER else ""
+                cur.execute(f"CREATE ROLE {user} LOGIN {rights} PASSWORD '{SECRET}'")
+        parts = urlsplit(targets.libpq_url(self.url))
+        return f"postgresql://{user}:{SECRET}@{parts.hostname}:{parts.port}{parts.path}"
+
+    def drop_secret_user(self, user: str = ADMIN_USER) -> None:
+        pass  # a role of the private test server; it goes with the server
+
+    def unreachable_url(self) -> str:
+        return f"postgresql://{ADMIN_USER}:{SECRET}@127.0.0.1:{free_port()}/postgres"
+
+
+class MariaDB(Backend):
+    name = "mariadb"
+
+    def prepared(self) -> set[str]:
+        return {self._name(*x) for x in targets.mariadb_recover(self.url)}
+
+    @staticmethod
+    def _name(format_id: int, gtrid: bytes, bqual: bytes) -> str:
+        from xasink.dialects.mysql import foreign_gid
+
+        xid = Xid.from_xa(format_id, gtrid, bqual)
+        return xid.gid if xid is not None else foreign_gid(format_id, gtrid, bqual)
+
+    def rows(self, table: str) -> list[tuple[Any, ...]]:
+        return targets.mariadb_rows(self.url, table)
+
+    def create_table(self, table: str) -> None:
+        with targets.mariadb_connect(self.url) as conn, conn.cursor() as cur:
+            cur.execute(f"CREATE TABLE `{table}` (id bigint, v text) ENGINE=InnoDB")
+
+    def make_foreign(self, gid: str, scratch: str, format_id: int = FORMAT_ID) -> str:
+        gtrid, _, bqual = gid.partition("/")
+        xa = targets.mariadb_make_foreign_prepared(self.url, gtrid.encode(), bqual.encode(), format_id, scratch)
+        return self._name(*xa)
+
+    def finish_foreign(self, name: str) -> None:
+        from xasink.dialects.mysql import parse_foreign_gid
+
+        xid = Xid.parse(name)
+        xa = (FORMAT_ID, xid.gtrid.encode(), xid.bqual.encode()) if xid is not None else parse_foreign_gid(name)
+        assert xa is not None, name
+        targets.mariadb_rollback_xa(self.url, *xa)
+
+    def _server_sql(self, *statements: str) -> None:
+        with targets.mariadb_connect(self.url, database=False) as conn, conn.cursor() as cur:
+            for stmt in statements:
+                cur.execute(stmt)
+
+    def secret_url(self, user: str = ADMIN_USER) -> str:
+        p = targets.mariadb_params(self.url)
+        grant = "ALL PRIVILEGES ON *.*" if user == ADMIN_USER else f"USAGE ON `{p['database']}`.*"
+        self._server_sql(
+            f"CREATE USER IF NOT EXISTS '{user}'@'{p['host']}' IDENTIFIED BY '{SECRET}'",
+            f"GRANT {grant} TO '{user}'@'{p['host']}'",
+        )
+        return f"mysql://{user}:{SECRET}@{p['host']}:{p['port']}/{p['database']}"
+
+    def drop_secret_user(self, user: str = ADMIN_USER) -> None:
+        p = targets.mariadb_params(self.url)
+        self._server_sql(f"DROP USER IF EXISTS '{user}'@'{p['host']}'")
+
+    def unreachable_url(self) -> str:
+        return f"mysql://{ADMIN_USER}:{SECRET}@127.0.0.1:{free_port()}/db"
+
+
+@dataclass
+class Db:
+    """One test's view of a backend: its sinks and foreign transactions, cleaned up and leak-checked after."""
+
+    backend: Backend
+    sinks: list[BackendSink] = field(default_factory=list)
+    foreign: list[str] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return self.backend.url
+
+    def sink(self) -> BackendSink:
+        table = f"t_{uuid.uuid4().hex[:8]}"
+        self.backend.create_table(table)
+        s = BackendSink(self.backend, table)
+        self.sinks.append(s)
+        return s
+
+    def make_foreign(self, gid: str, format_id: int = FORMAT_ID) -> str:
+        name = self.backend.make_foreign(gid, "rc_scratch", format_id)
+        self.foreign.append(name)
+        return name
+
+    def snapshot(self) -> set[str]:
+        """What this test left prepared: branches of its sinks and its foreign transactions (the server is shared)."""
+        return self.mine() | (self.backend.prepared() & set(self.foreign))
+
+    def mine(self) -> set[str]:
+        """Prepared branches of this test's sinks (in this test's decision log)."""
+        ids = {s.sink_id for s in self.sinks}
+        logs = {s.coordinator.journal.log_id() for s in self.sinks}
+        return {
+            g
+            for g in self.backend.prepared()
+            if (x := Xid.parse(g)) is not None and x.sink_id in ids and x.log_id in logs
+        }
+
+    def cleanup(self) -> list[str]:
+        """Roll back what the test left; returns the branches of its sinks that were left (a leak)."""
+        left = self.backend.prepared()
+        for name in self.foreign:
+            if name in left:
+                self.backend.finish_foreign(name)
+        leaked = sorted(self.mine())
+        for gid in leaked:
+            self.backend.finish_foreign(gid)
+        for s in self.sinks:
+            s.coordinator.close()
+        return leaked
+
+
+@pytest.fixture(name="db", params=["postgresql", pytest.param("mariadb", marks=pytest.mark.mariadb)])
+def cli_db(request: pytest.FixtureRequest) -> Iterator[Db]:
+    """A :class:`Db` on PostgreSQL, then on MariaDB (test_recover_cli, test_status_health: the ``db`` fixture)."""
+    backend: Backend
+    if request.param == "postgresql":
+        backend = Postgres(request.getfixturevalue("pg_url"))
+    else:
+        backend = MariaDB(request.getfixturevalue("mariadb_url"))
+    d = Db(backend)
+    try:
+        yield d
+    finally:
+        leaked = d.cleanup()
+    assert not leaked, f"branches of this test's sinks left prepared (rolled back now): {leaked}"
+
+
+class BackendSink(Sink):
+    """A :class:`Sink` of a recover test's backend: ``(id, v)`` rows; its coordinator stays open (Db closes it)."""
+
+    def __init__(self, backend: Backend, table: str) -> None:
+        super().__init__(backend.url, table, prefix="rc", schema=VALUES, tag="v")
+        self.backend = backend
+        self.coordinator = Coordinator(self.options)
+        self.coordinator.preflight()
+
+    def decide(self, batch_id: int, outcomes: list[BranchOutcome]) -> BatchRecord:
+        """What commit() does up to the decision: the driver is killed right after it."""
+        xids = tuple(sorted(o.xid for o in outcomes if o.xid is not None))
+        record = BatchRecord(self.sink_id, batch_id, "committing", xids, sum(o.rows for o in outcomes), len(xids))
+        self.coordinator._decide(record)
+        return record
+
+    def rows(self) -> list[tuple[Any, ...]]:
+        return self.backend.rows(self.table)
+
+
+# --------------------------------------------------------------------------- the CLI
+
+
+def cli(*args: str) -> tuple[int, str, str]:
+    """``xasink ARGS`` in this process: exit code, stdout, stderr (neither shows the superuser's password)."""
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = main(list(args))
+    assert_no_secret(out.getvalue(), err.getvalue(), secret=SUPERUSER_SECRET)
+    return code, out.getvalue(), err.getvalue()
+
+
+# --------------------------------------------------------------------------- a test driver in its own process
+
+
+def run_driver(
+    driver: Path,
+    args: list[str],
+    fault: str,
+    log: Path,
+    timeout_s: float = 300,
+    options: dict[str, Any] | None = None,
+) -> int:
+    """Run a test driver (``tests/*_driver.py ARGS``) with the fault point ``fault`` (``XASINK_FAULT``; none of
+    this process's) and ``options`` as its extra write options; its exit status once it and its children
+    are gone."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("XASINK_FAULT")}
+    env.update({"XASINK_FAULT": fault, OPTIONS_ENV: json.dumps(options or {})})
+    env.update({"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable})
+    return run_until_exit([sys.executable, str(driver), *args], env, log, timeout_s)
+
+
+def run_crash_driver(
+    url: str,
+    table: str,
+    sink: str,
+    point: str,
+    log: Path,
+    direct: bool = False,
+    options: dict[str, str] | None = None,
+    batch: int = BATCH,
+) -> int:
+    """tests/crash_driver.py writing ids 0..N-1 as batch ``batch``, killed at ``point``; its exit status.
+
+    ``direct``: the driver without Spark (crash_driver.py --direct), with ``options`` as extra write options.
+    """
+    args = [url, table, sink, str(batch), str(N), str(PARTITIONS), *(["--direct"] if direct else [])]
+    return run_driver(CRASH_DRIVER, args, f"{point}:kill", log, options=options)
