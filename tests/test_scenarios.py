@@ -260,6 +260,18 @@ def test_scenarios_multi_long(pg_url: str, mariadb_url: str, tmp_path: Path) -> 
     run_multi(pg_url, mariadb_url, tmp_path, seeds("XASINK_SCENARIO_LONG", 1000))
 
 
+def test_oracle_accepts_exit_2_only_for_a_withdrawn_batch_of_a_killed_writer() -> None:
+    """PostgreSQL seed 1708: w0 (a row outside replaceWhere) killed after its decision; the final recover
+    withdraws the batch and exits 2, as docs/operations.md says.  Exit 2 without such a batch is a violation."""
+    outside = model.Writer("w0", 1, [[(1, "w0"), (5, "w0")]], "driver.after_first_commit:kill", 0.0)
+    s = model.Schedule(0, "replaceWhere", [outside])
+    killed = {"w0": model.Told("killed", 0, 1)}
+    table = model.initial_rows("replaceWhere")
+    assert model.check(s, killed, table, [], True, CHILD, 2) == []
+    s.writers[0].partitions = [[(4, "w0"), (5, "w0")]]  # rows that fit: its batch is finished, never withdrawn
+    assert any("exited 2" in v for v in model.check(s, killed, table, [], True, CHILD, 2))
+
+
 def test_oracle_rejects_a_skip_for_another_query() -> None:
     """A restart from a new checkpoint (query qB) must be refused, never told 'skipped' for qA's batch."""
     s = upsert_schedule(("w0", 1, [1]), ("w1", 1, [2]))
