@@ -337,3 +337,5 @@ def test_multi_oracle() -> None:
     assert any("must be refused" in v for v in check_multi(none, ok, both, [], [0]))
     other = {**refused, "w1": model.Told("error", 0, 1, "RuntimeError", phase="tasks")}
     assert any("must be refused" in v for v in check_multi(none, other, {"pg": [], "maria": []}, [], [0]))
+    lost = {**refused, "w1": model.Told("error", 0, 1, "LateBranchError XasinkError", phase="tasks")}
+    assert check_multi(none, lost, {"pg": [], "maria": []}, [], [0]) == []  # taken over before its 2nd database

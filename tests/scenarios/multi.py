@@ -239,8 +239,12 @@ def check_multi(
             found.append(f"{label} {t.outcome} {t.error.split(' ')[0]} but its rows are not on the targets")
         if must is False and present[label]:
             found.append(f"{label} {t.outcome} {t.phase} {t.error.split(' ')[0]} but its rows are on the targets")
+        # refused with OptionError at its second database, unless it lost the batch before it got there: a
+        # concurrent run of the same batch took it over (ConcurrentWriterError, LateBranchError; nothing of it
+        # is visible, checked above).  CI seed 29: w1 took the batch over while w2 wrote its first database
+        lost = any(e in t.error for e in ("ConcurrentWriterError", "LateBranchError"))
         unrefused = t.outcome in ("written", "skipped") or (
-            t.outcome == "error" and not w.fault and "OptionError" not in t.error
+            t.outcome == "error" and not w.fault and "OptionError" not in t.error and not lost
         )
         if schedule.log == "none" and unrefused:
             found.append(
