@@ -10,8 +10,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from .admin import recover
-from .errors import (
+from xasink.admin import recover
+from xasink.errors import (
     BatchAbortedError,
     BatchIdentityError,
     BranchError,
@@ -27,12 +27,12 @@ from .errors import (
     XasinkError,
     XasinkWarning,
 )
-from .results import TransactionResult, WriteResult
-from .status import status
+from xasink.results import TransactionResult, WriteResult
+from xasink.status import status
 
 if TYPE_CHECKING:
-    from .spark.api import foreach_batch, register, write
-    from .spark.transaction import foreach_batch_multi, transaction
+    from xasink.spark.api import foreach_batch, register, write
+    from xasink.spark.transaction import foreach_batch_multi, transaction
 
 __version__ = "0.1.0"
 
@@ -45,11 +45,11 @@ _TX = {"transaction", "foreach_batch_multi"}
 def __getattr__(name: str) -> Any:
     # pyspark is imported only when a Spark entry point is used: the CLI's recover stays light
     if name in _SPARK:
-        from .spark import api
+        from xasink.spark import api
 
         return getattr(api, name)
     if name in _TX:
-        from .spark import transaction as tx
+        from xasink.spark import transaction as tx
 
         return getattr(tx, name)
     raise AttributeError(f"module 'xasink' has no attribute {name!r}")

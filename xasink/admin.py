@@ -16,14 +16,14 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from .coordinator import Coordinator
-from .dialects import Dialect, PreparedTxn, dialect_for
-from .errors import OptionError, XasinkError
-from .journal import BatchRecord, Journal
-from .liveness import runs_alive
-from .masking import display_url, redact, url_secrets
-from .options import TableName, WriteOptions, parse_url
-from .recovery import (  # noqa: F401 - re-exported for the CLI
+from xasink.coordinator import Coordinator
+from xasink.dialects import Dialect, PreparedTxn, dialect_for
+from xasink.errors import OptionError, XasinkError
+from xasink.journal import BatchRecord, Journal
+from xasink.liveness import runs_alive
+from xasink.masking import display_url, redact, url_secrets
+from xasink.options import TableName, WriteOptions, parse_url
+from xasink.recovery import (  # noqa: F401 - re-exported for the CLI
     COMMIT,
     ROLLBACK_ORPHAN,
     ROLLBACK_UNDECIDED,
@@ -31,7 +31,7 @@ from .recovery import (  # noqa: F401 - re-exported for the CLI
     age_seconds,
     branch_action,
 )
-from .xid import Xid
+from xasink.xid import Xid
 
 log = logging.getLogger(__name__)
 

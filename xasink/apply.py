@@ -29,11 +29,11 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from .dialects.base import SHADOW_INDEX_SUFFIX, Dialect, TargetPlan
-from .errors import ApplyError, PreflightError
-from .faults import fault
-from .options import TableName, WriteOptions
-from .xid import Xid
+from xasink.dialects.base import SHADOW_INDEX_SUFFIX, Dialect, TargetPlan
+from xasink.errors import ApplyError, PreflightError
+from xasink.faults import fault
+from xasink.options import TableName, WriteOptions
+from xasink.xid import Xid
 
 log = logging.getLogger(__name__)
 

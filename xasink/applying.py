@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from .apply import ApplySpec, apply_lock_name, apply_statements, decided_branches, withdraw
-from .dialects.base import Dialect, ErrorKind
-from .errors import ApplyError, CommitIncompleteError
-from .journal import BatchRecord
-from .xid import Xid
+from xasink.apply import ApplySpec, apply_lock_name, apply_statements, decided_branches, withdraw
+from xasink.dialects.base import Dialect, ErrorKind
+from xasink.errors import ApplyError, CommitIncompleteError
+from xasink.journal import BatchRecord
+from xasink.xid import Xid
 
 if TYPE_CHECKING:  # the coordinator imports this module: only its type is needed here
-    from .coordinator import Coordinator
+    from xasink.coordinator import Coordinator
 
 log = logging.getLogger(__name__)
 

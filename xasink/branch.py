@@ -19,18 +19,18 @@ from dataclasses import dataclass
 import pyarrow as pa
 import sqlalchemy as sa
 
-from .dialects import shared_dialect
-from .dialects.base import BranchSession, Dialect, ErrorKind, TargetPlan, check_required
-from .errors import BatchIdentityError, ConcurrentWriterError, ForgottenBatchError, LateBranchError
-from .faults import fault
-from .journal import Journal
-from .liveness import runs_alive
-from .options import WriteOptions
-from .phases import phase, worker_started
-from .results import BranchOutcome
-from .schema import conform
-from .targets import forgotten_message, identity_message, same_target, taken_over_message, target_identity
-from .xid import Xid, attempt_token
+from xasink.dialects import shared_dialect
+from xasink.dialects.base import BranchSession, Dialect, ErrorKind, TargetPlan, check_required
+from xasink.errors import BatchIdentityError, ConcurrentWriterError, ForgottenBatchError, LateBranchError
+from xasink.faults import fault
+from xasink.journal import Journal
+from xasink.liveness import runs_alive
+from xasink.options import WriteOptions
+from xasink.phases import phase, worker_started
+from xasink.results import BranchOutcome
+from xasink.schema import conform
+from xasink.targets import forgotten_message, identity_message, same_target, taken_over_message, target_identity
+from xasink.xid import Xid, attempt_token
 
 log = logging.getLogger(__name__)
 

@@ -18,12 +18,12 @@ from collections.abc import Sequence
 from importlib import metadata
 from typing import Any
 
-from . import admin, health, prometheus
-from .ddl import DIALECTS, ddl
-from .errors import OptionError, XasinkError
-from .masking import RedactingFormatter, redact, url_secrets
-from .options import parse_url
-from .status import StatusReport, status
+from xasink import admin, health, prometheus
+from xasink.ddl import DIALECTS, ddl
+from xasink.errors import OptionError, XasinkError
+from xasink.masking import RedactingFormatter, redact, url_secrets
+from xasink.options import parse_url
+from xasink.status import StatusReport, status
 
 _LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -386,7 +386,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(ddl(args.dialect), end="")
             return 0
         if args.command == "demo":
-            from .spark.demo import run_demo
+            from xasink.spark.demo import run_demo
 
             return run_demo(rows=args.rows, partitions=args.partitions)
         older = admin.parse_duration(args.older_than)

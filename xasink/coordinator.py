@@ -23,12 +23,12 @@ from typing import TypeVar
 
 from sqlalchemy.engine import Connection
 
-from . import group_ops, recovery
-from .apply import ApplySpec
-from .applying import apply_decided
-from .dialects import dialect_for, shared_dialect
-from .dialects.base import Dialect, ErrorKind
-from .errors import (
+from xasink import group_ops, recovery
+from xasink.apply import ApplySpec
+from xasink.applying import apply_decided
+from xasink.dialects import dialect_for, shared_dialect
+from xasink.dialects.base import Dialect, ErrorKind
+from xasink.errors import (
     BatchAbortedError,
     BatchIdentityError,
     CommitIncompleteError,
@@ -38,12 +38,12 @@ from .errors import (
     ForgottenBatchError,
     ReplayIncompleteError,
 )
-from .faults import fault
-from .journal import BatchRecord, Journal
-from .masking import redact, url_secrets
-from .options import WriteOptions
-from .phases import phase
-from .recovery import (  # noqa: F401 - re-exported: callers name them from here
+from xasink.faults import fault
+from xasink.journal import BatchRecord, Journal
+from xasink.masking import redact, url_secrets
+from xasink.options import WriteOptions
+from xasink.phases import phase
+from xasink.recovery import (  # noqa: F401 - re-exported: callers name them from here
     COMMIT,
     ROLLBACK_ORPHAN,
     ROLLBACK_UNDECIDED,
@@ -53,9 +53,9 @@ from .recovery import (  # noqa: F401 - re-exported: callers name them from here
     branch_action,
     list_prepared,
 )
-from .results import BranchOutcome, WriteResult
-from .targets import forgotten_message, identity_message, same_target, taken_over_message, target_identity
-from .xid import Xid, new_run_nonce
+from xasink.results import BranchOutcome, WriteResult
+from xasink.targets import forgotten_message, identity_message, same_target, taken_over_message, target_identity
+from xasink.xid import Xid, new_run_nonce
 
 log = logging.getLogger(__name__)
 

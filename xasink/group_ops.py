@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from .dialects.base import ErrorKind
-from .errors import CommitIncompleteError, ConnectError
-from .faults import armed, fault
-from .xid import Xid
+from xasink.dialects.base import ErrorKind
+from xasink.errors import CommitIncompleteError, ConnectError
+from xasink.faults import armed, fault
+from xasink.xid import Xid
 
 if TYPE_CHECKING:  # the coordinator imports this module: only its type is needed here
-    from .coordinator import Coordinator
+    from xasink.coordinator import Coordinator
 
 log = logging.getLogger("xasink.coordinator")  # the coordinator's steps: logged under its name
 

@@ -39,16 +39,16 @@ from typing import cast
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from .dialects.base import Dialect
-from .errors import ConcurrentWriterError, JournalError, PreflightError
-from .journal_tables import (  # noqa: F401 - re-exported: callers name them from here
+from xasink.dialects.base import Dialect
+from xasink.errors import ConcurrentWriterError, JournalError, PreflightError
+from xasink.journal_tables import (  # noqa: F401 - re-exported: callers name them from here
     COMMITTED,
     COMMITTING,
     JournalTables,
     journal_metadata,
     parts_table,
 )
-from .targets import (  # noqa: F401 - re-exported: callers name them from here
+from xasink.targets import (  # noqa: F401 - re-exported: callers name them from here
     describe_target,
     forgotten_message,
     identity_message,
@@ -57,7 +57,7 @@ from .targets import (  # noqa: F401 - re-exported: callers name them from here
     taken_over_message,
     target_identity,
 )
-from .xid import Xid, valid_log_id
+from xasink.xid import Xid, valid_log_id
 
 
 @dataclass(frozen=True)

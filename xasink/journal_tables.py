@@ -19,9 +19,9 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
 from sqlalchemy.engine import Connection
 
-from .dialects.base import Dialect
-from .errors import PreflightError
-from .xid import Xid, new_log_id, valid_log_id
+from xasink.dialects.base import Dialect
+from xasink.errors import PreflightError
+from xasink.xid import Xid, new_log_id, valid_log_id
 
 log = logging.getLogger(__name__)
 

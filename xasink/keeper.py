@@ -16,8 +16,8 @@ import time
 
 from sqlalchemy.engine import make_url
 
-from .dialects import dialect_for
-from .liveness import DriverProcess
+from xasink.dialects import dialect_for
+from xasink.liveness import DriverProcess
 
 POLL_S = 0.5
 PING_S = 5.0

@@ -30,9 +30,9 @@ from datetime import timedelta
 
 from sqlalchemy.engine import Connection
 
-from .dialects.base import Dialect
-from .errors import PreflightError
-from .journal import ClaimState
+from xasink.dialects.base import Dialect
+from xasink.errors import PreflightError
+from xasink.journal import ClaimState
 
 log = logging.getLogger(__name__)
 

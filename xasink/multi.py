@@ -17,9 +17,9 @@ import threading
 import time
 from dataclasses import replace
 
-from .coordinator import Coordinator
-from .dialects import dialect_for
-from .errors import (
+from xasink.coordinator import Coordinator
+from xasink.dialects import dialect_for
+from xasink.errors import (
     BatchAbortedError,
     BatchIdentityError,
     CommitIncompleteError,
@@ -29,13 +29,21 @@ from .errors import (
     OptionError,
     ReplayIncompleteError,
 )
-from .faults import fault
-from .journal import BatchRecord, Journal
-from .liveness import InProcessGuard
-from .options import WriteOptions
-from .parts import Part, ensure_parts, mark_parts_committed, multi_target, read_parts, recorded_targets, server_identity
-from .targets import UNKNOWN_QUERY, describe_target, forgotten_message, target_identity
-from .xid import Xid, new_run_nonce
+from xasink.faults import fault
+from xasink.journal import BatchRecord, Journal
+from xasink.liveness import InProcessGuard
+from xasink.options import WriteOptions
+from xasink.parts import (
+    Part,
+    ensure_parts,
+    mark_parts_committed,
+    multi_target,
+    read_parts,
+    recorded_targets,
+    server_identity,
+)
+from xasink.targets import UNKNOWN_QUERY, describe_target, forgotten_message, target_identity
+from xasink.xid import Xid, new_run_nonce
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ import warnings
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
-from .errors import XasinkWarning
+from xasink.errors import XasinkWarning
 
 log = logging.getLogger("xasink")
 

@@ -17,10 +17,10 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
-from .dialects.base import BranchSettings
-from .errors import OptionError
-from .masking import display_url
-from .xid import MAX_BATCH_ID, MAX_SINK_ID, valid_sink_id
+from xasink.dialects.base import BranchSettings
+from xasink.errors import OptionError
+from xasink.masking import display_url
+from xasink.xid import MAX_BATCH_ID, MAX_SINK_ID, valid_sink_id
 
 # backend name -> SQLAlchemy driver we use for the control connections
 DRIVERS = {"postgresql": "postgresql+psycopg2", "mysql": "mysql+pymysql"}

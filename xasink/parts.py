@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from .errors import PreflightError
-from .journal import Journal
-from .xid import Xid
+from xasink.errors import PreflightError
+from xasink.journal import Journal
+from xasink.xid import Xid
 
 
 @dataclass(frozen=True)

@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from . import health
+from xasink import health
 
 if TYPE_CHECKING:
-    from .status import StatusReport
+    from xasink.status import StatusReport
 
 Sample = tuple[dict[str, str], float]
 

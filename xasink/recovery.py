@@ -23,17 +23,17 @@ from typing import TYPE_CHECKING
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from .apply import ApplySpec
-from .applying import apply_decided
-from .dialects.base import Dialect, PreparedTxn
-from .errors import ApplyError, CommitIncompleteError, ConnectError
-from .journal import BatchRecord, Journal
-from .liveness import runs_alive
-from .parts import decided_parts, mark_parts_done, server_identity
-from .xid import Xid
+from xasink.apply import ApplySpec
+from xasink.applying import apply_decided
+from xasink.dialects.base import Dialect, PreparedTxn
+from xasink.errors import ApplyError, CommitIncompleteError, ConnectError
+from xasink.journal import BatchRecord, Journal
+from xasink.liveness import runs_alive
+from xasink.parts import decided_parts, mark_parts_done, server_identity
+from xasink.xid import Xid
 
 if TYPE_CHECKING:  # the coordinator imports this module: only its type is needed here
-    from .coordinator import Coordinator
+    from xasink.coordinator import Coordinator
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .xid import Xid
+from xasink.xid import Xid
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,9 @@ import pyarrow.compute as pc
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from .dialects.base import Dialect, TargetPlan
-from .errors import BranchError, PreflightError
-from .options import WriteOptions
+from xasink.dialects.base import Dialect, TargetPlan
+from xasink.errors import BranchError, PreflightError
+from xasink.options import WriteOptions
 
 
 def _kind(t: pa.DataType) -> str:

@@ -14,8 +14,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from . import health
-from .admin import (
+from xasink import health
+from xasink.admin import (
     DEFAULT_OLDER_THAN_S,
     WAIT,
     PreparedEntry,
@@ -27,9 +27,9 @@ from .admin import (
     _server_error,
     _survey,
 )
-from .dialects import Dialect
-from .journal import Journal
-from .parts import recorded_targets
+from xasink.dialects import Dialect
+from xasink.journal import Journal
+from xasink.parts import recorded_targets
 
 
 @dataclass

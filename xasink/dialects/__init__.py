@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy.engine import URL
 
-from .base import BranchSession, BranchSettings, Dialect, ErrorKind, PreparedTxn, TargetPlan
+from xasink.dialects.base import BranchSession, BranchSettings, Dialect, ErrorKind, PreparedTxn, TargetPlan
 
 
 def dialect_for(url: URL, settings: BranchSettings | None = None, pool_size: int = 0) -> Dialect:
@@ -12,11 +12,11 @@ def dialect_for(url: URL, settings: BranchSettings | None = None, pool_size: int
     (the coordinator: a commit runs a dozen short transactions); 0 opens one per use (executors, tools)."""
     backend = url.get_backend_name()
     if backend == "postgresql":
-        from .postgres import PostgresDialect
+        from xasink.dialects.postgres import PostgresDialect
 
         return PostgresDialect(url, settings, pool_size)
     if backend == "mysql":
-        from .mysql import MySQLDialect  # type: ignore[import-not-found,unused-ignore]
+        from xasink.dialects.mysql import MySQLDialect  # type: ignore[import-not-found,unused-ignore]
 
         return MySQLDialect(url, settings, pool_size)  # type: ignore[no-any-return,unused-ignore]
     raise ValueError(f"unsupported database {backend!r}")

@@ -20,11 +20,11 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.pool import NullPool
 
-from .. import phases
-from ..errors import BranchError, ConnectError, XasinkError
-from ..masking import display_url, redact, url_secrets
-from ..xid import Xid
-from .pooling import watch_checkouts
+from xasink import phases
+from xasink.dialects.pooling import watch_checkouts
+from xasink.errors import BranchError, ConnectError, XasinkError
+from xasink.masking import display_url, redact, url_secrets
+from xasink.xid import Xid
 
 if TYPE_CHECKING:  # rows and types only: the driver's commit path never loads pyarrow
     import pyarrow as pa

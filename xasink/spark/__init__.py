@@ -1,5 +1,5 @@
 """Spark adapters: the only modules that import pyspark."""
 
-from .api import foreach_batch, register, write
+from xasink.spark.api import foreach_batch, register, write
 
 __all__ = ["foreach_batch", "register", "write"]

@@ -16,15 +16,15 @@ from urllib.parse import urlparse
 
 from pyspark.sql import DataFrame, SparkSession
 
-from .. import errors, notices
-from ..coordinator import Coordinator
-from ..journal import Journal
-from ..masking import redact, url_secrets
-from ..options import WriteOptions, parse_options
-from ..results import WriteResult
-from ..targets import UNKNOWN_QUERY
-from ..xid import new_run_nonce
-from .datasource import QUERY_OPTION, RUN_OPTION, STREAM_QUERY_PROPERTY, XasinkDataSource, check_batch_order
+from xasink import errors, notices
+from xasink.coordinator import Coordinator
+from xasink.journal import Journal
+from xasink.masking import redact, url_secrets
+from xasink.options import WriteOptions, parse_options
+from xasink.results import WriteResult
+from xasink.spark.datasource import QUERY_OPTION, RUN_OPTION, STREAM_QUERY_PROPERTY, XasinkDataSource, check_batch_order
+from xasink.targets import UNKNOWN_QUERY
+from xasink.xid import new_run_nonce
 
 log = logging.getLogger("xasink")
 

@@ -27,17 +27,17 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from .. import faults, notices
-from ..apply import ApplySpec, check_predicate, ensure_shadow, shadow_plan, spec_for
-from ..coordinator import Coordinator
-from ..dialects.base import TargetPlan
-from ..errors import OptionError, PreflightError
-from ..liveness import ensure_keeper, guard_name, spark_driver_process
-from ..options import WriteOptions, parse_options
-from ..phases import phase, worker_started
-from ..results import BranchOutcome
-from ..xid import new_run_nonce
-from .txwrite import TX_URL_OPTION, TxWrite, abort_tx_write, prepare_tx_write, record_tx_part, tx_write
+from xasink import faults, notices
+from xasink.apply import ApplySpec, check_predicate, ensure_shadow, shadow_plan, spec_for
+from xasink.coordinator import Coordinator
+from xasink.dialects.base import TargetPlan
+from xasink.errors import OptionError, PreflightError
+from xasink.liveness import ensure_keeper, guard_name, spark_driver_process
+from xasink.options import WriteOptions, parse_options
+from xasink.phases import phase, worker_started
+from xasink.results import BranchOutcome
+from xasink.spark.txwrite import TX_URL_OPTION, TxWrite, abort_tx_write, prepare_tx_write, record_tx_part, tx_write
+from xasink.xid import new_run_nonce
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -104,7 +104,7 @@ class WritePlan:
 
 def _prepare(options: WriteOptions, schema: StructType, branches: int | None) -> WritePlan:
     """Driver-side: server checks, journal, table plan.  Everything that can be wrong fails here."""
-    from ..schema import plan_target
+    from xasink.schema import plan_target
 
     worker_started("driver", sink=options.sink_id)
     coordinator = Coordinator(options, shared=True)
@@ -190,7 +190,7 @@ def _write_partition(
     ctx: TaskContext,
     query: str | None,
 ) -> BranchOutcome:
-    from ..branch import write_partition  # the rows' path: not imported by the planning and commit workers
+    from xasink.branch import write_partition  # the rows' path: not imported by the planning and commit workers
 
     partition = ctx.partitionId()
     return write_partition(

@@ -20,16 +20,16 @@ from typing import Any
 
 from pyspark.sql import DataFrame
 
-from .. import errors
-from ..faults import fault
-from ..masking import redact, url_secrets
-from ..multi import MultiCoordinator
-from ..options import WriteOptions, parse_options
-from ..results import TargetResult, TransactionResult, WriteResult
-from ..xid import MAX_BATCH_ID, valid_sink_id
-from .api import _summary, _unwrap, is_connect, micro_batch_query, register, shape
-from .datasource import RUN_OPTION
-from .txwrite import TX_GUARD_OPTION, TX_PART_OPTION, TX_URL_OPTION
+from xasink import errors
+from xasink.faults import fault
+from xasink.masking import redact, url_secrets
+from xasink.multi import MultiCoordinator
+from xasink.options import WriteOptions, parse_options
+from xasink.results import TargetResult, TransactionResult, WriteResult
+from xasink.spark.api import _summary, _unwrap, is_connect, micro_batch_query, register, shape
+from xasink.spark.datasource import RUN_OPTION
+from xasink.spark.txwrite import TX_GUARD_OPTION, TX_PART_OPTION, TX_URL_OPTION
+from xasink.xid import MAX_BATCH_ID, valid_sink_id
 
 log = logging.getLogger("xasink")
 

@@ -16,17 +16,17 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql.types import StructType
 from sqlalchemy.engine import URL, make_url
 
-from ..coordinator import Coordinator
-from ..dialects import dialect_for
-from ..errors import BatchAbortedError, OptionError
-from ..journal import Journal
-from ..options import WriteOptions
-from ..parts import Part, record_part, server_identity
-from ..results import BranchOutcome
-from ..targets import target_identity
+from xasink.coordinator import Coordinator
+from xasink.dialects import dialect_for
+from xasink.errors import BatchAbortedError, OptionError
+from xasink.journal import Journal
+from xasink.options import WriteOptions
+from xasink.parts import Part, record_part, server_identity
+from xasink.results import BranchOutcome
+from xasink.targets import target_identity
 
 if TYPE_CHECKING:
-    from .datasource import WritePlan
+    from xasink.spark.datasource import WritePlan
 
 log = logging.getLogger("xasink")
 
@@ -63,8 +63,8 @@ def _journal(options: WriteOptions, tx: TxWrite) -> Journal:
 
 def prepare_tx_write(options: WriteOptions, schema: StructType, tx: TxWrite) -> WritePlan:
     """Driver side: the target table's plan and the log's identity (the transaction pre-flighted the server)."""
-    from ..schema import plan_target
-    from .datasource import WritePlan, arrow_schema
+    from xasink.schema import plan_target
+    from xasink.spark.datasource import WritePlan, arrow_schema
 
     journal = _journal(options, tx)
     dialect = dialect_for(options.url, options.branch_settings)

@@ -32,10 +32,10 @@ driver's XA verbs, tying the rest together).
 
 from typing import TYPE_CHECKING, Any
 
-from .dialect import MySQLDialect
-from .errors import BranchBusyError
-from .sql import BRANCH_SQL_MODE
-from .xa import (
+from xasink.dialects.mysql.dialect import MySQLDialect
+from xasink.dialects.mysql.errors import BranchBusyError
+from xasink.dialects.mysql.sql import BRANCH_SQL_MODE
+from xasink.dialects.mysql.xa import (
     foreign_gid,
     owner_lock,
     parse_foreign_gid,
@@ -46,8 +46,8 @@ from .xa import (
 )
 
 if TYPE_CHECKING:
-    from .branch import MySQLBranch
-    from .encoding import encode_tsv, hex_column, python_rows, text_column
+    from xasink.dialects.mysql.branch import MySQLBranch
+    from xasink.dialects.mysql.encoding import encode_tsv, hex_column, python_rows, text_column
 
 # the executor's side (pyarrow, numpy) is imported on first use: the driver's commit path needs none of it
 _LAZY = {

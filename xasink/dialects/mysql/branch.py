@@ -13,16 +13,16 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pymysql
 
-from ...errors import BranchError
-from ...xid import FORMAT_ID, Xid
-from ..base import BranchSession, TargetPlan, check_upsert_keys
-from .encoding import encode_tsv, python_rows
-from .errors import PRIVILEGE_CODES
-from .sql import BRANCH_SQL_MODE, MAX_LOCK_WAIT, errno_of, quote_ident, table_name
-from .xa import owner_lock, parse_recover_row, recover_statement, xid_literal
+from xasink.dialects.base import BranchSession, TargetPlan, check_upsert_keys
+from xasink.dialects.mysql.encoding import encode_tsv, python_rows
+from xasink.dialects.mysql.errors import PRIVILEGE_CODES
+from xasink.dialects.mysql.sql import BRANCH_SQL_MODE, MAX_LOCK_WAIT, errno_of, quote_ident, table_name
+from xasink.dialects.mysql.xa import owner_lock, parse_recover_row, recover_statement, xid_literal
+from xasink.errors import BranchError
+from xasink.xid import FORMAT_ID, Xid
 
 if TYPE_CHECKING:
-    from .dialect import MySQLDialect
+    from xasink.dialects.mysql.dialect import MySQLDialect
 
 log = logging.getLogger("xasink.dialects.mysql")
 

@@ -12,10 +12,7 @@ import pymysql
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from ...errors import BranchError
-from ...masking import redact, url_secrets
-from ...xid import FORMAT_ID, Xid
-from ..base import (
+from xasink.dialects.base import (
     SHADOW_INDEX_SUFFIX,
     BlockedSession,
     BranchSession,
@@ -26,11 +23,14 @@ from ..base import (
     TargetPlan,
     set_keepalive,
 )
-from . import errors, health, preflight
-from .errors import BranchBusyError, LockBusyError
-from .owner import DETACH_TIMEOUT_S, OWNER_WAIT_S, OwnerWatch
-from .sql import BRANCH_SQL_MODE, SA_DIALECT, errno_of, quote_ident
-from .xa import ER_XAER_NOTA, foreign_gid, parse_foreign_gid, recovered, xa_literal, xid_literal
+from xasink.dialects.mysql import errors, health, preflight
+from xasink.dialects.mysql.errors import BranchBusyError, LockBusyError
+from xasink.dialects.mysql.owner import DETACH_TIMEOUT_S, OWNER_WAIT_S, OwnerWatch
+from xasink.dialects.mysql.sql import BRANCH_SQL_MODE, SA_DIALECT, errno_of, quote_ident
+from xasink.dialects.mysql.xa import ER_XAER_NOTA, foreign_gid, parse_foreign_gid, recovered, xa_literal, xid_literal
+from xasink.errors import BranchError
+from xasink.masking import redact, url_secrets
+from xasink.xid import FORMAT_ID, Xid
 
 if TYPE_CHECKING:  # rows and types only: the driver's commit path never loads pyarrow
     import pyarrow as pa
@@ -304,17 +304,17 @@ class MySQLDialect(Dialect):
 
     # -- tables -------------------------------------------------------------------------
     def arrow_type(self, column: Any, source: pa.DataType) -> pa.DataType | None:
-        from . import types
+        from xasink.dialects.mysql import types
 
         return types.arrow_type(column, source)
 
     def sql_type(self, arrow_type: pa.DataType) -> sa.types.TypeEngine[Any] | None:
-        from . import types
+        from xasink.dialects.mysql import types
 
         return types.sql_type(arrow_type)
 
     def parse_type(self, text: str) -> sa.types.TypeEngine[Any]:
-        from . import types
+        from xasink.dialects.mysql import types
 
         return types.parse_type(text)
 
@@ -323,6 +323,6 @@ class MySQLDialect(Dialect):
 
     # -- branch ------------------------------------------------------------------------
     def open_branch(self, xid: Xid, plan: TargetPlan) -> BranchSession:
-        from .branch import MySQLBranch  # the executor's side: pyarrow and the row encoding
+        from xasink.dialects.mysql.branch import MySQLBranch  # the executor's side: pyarrow and the row encoding
 
         return MySQLBranch(self, xid, plan)

@@ -15,11 +15,11 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from ...errors import BranchError
-from ...xid import Xid
-from .errors import PRIVILEGE_CODES
-from .sql import errno_of
-from .xa import owner_lock
+from xasink.dialects.mysql.errors import PRIVILEGE_CODES
+from xasink.dialects.mysql.sql import errno_of
+from xasink.dialects.mysql.xa import owner_lock
+from xasink.errors import BranchError
+from xasink.xid import Xid
 
 log = logging.getLogger("xasink.dialects.mysql")
 

@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from ...errors import PreflightError
-from ..base import DurabilityRisk, TargetPlan
-from .errors import PRIVILEGE_CODES
-from .sql import errno_of
+from xasink.dialects.base import DurabilityRisk, TargetPlan
+from xasink.dialects.mysql.errors import PRIVILEGE_CODES
+from xasink.dialects.mysql.sql import errno_of
+from xasink.errors import PreflightError
 
 if TYPE_CHECKING:
-    from .dialect import MySQLDialect
+    from xasink.dialects.mysql.dialect import MySQLDialect
 
 log = logging.getLogger("xasink.dialects.mysql")
 

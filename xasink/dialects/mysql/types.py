@@ -10,8 +10,8 @@ import pyarrow as pa
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
 
-from ...errors import PreflightError
-from .sql import SA_DIALECT
+from xasink.dialects.mysql.sql import SA_DIALECT
+from xasink.errors import PreflightError
 
 
 def arrow_type(column: Any, source: pa.DataType) -> pa.DataType | None:

@@ -8,13 +8,13 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from ...errors import BranchError
-from ...xid import Xid
-from ..base import BranchSession, TargetPlan, check_upsert_keys
-from .sql import _literal, insert_sql, upsert_sql
+from xasink.dialects.base import BranchSession, TargetPlan, check_upsert_keys
+from xasink.dialects.postgres.sql import _literal, insert_sql, upsert_sql
+from xasink.errors import BranchError
+from xasink.xid import Xid
 
 if TYPE_CHECKING:
-    from .dialect import PostgresDialect
+    from xasink.dialects.postgres.dialect import PostgresDialect
 
 log = logging.getLogger("xasink.dialects.postgres")
 

@@ -12,10 +12,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.engine import Connection
 
-from ...errors import BranchError, PreflightError
-from ...masking import redact, url_secrets
-from ...xid import Xid
-from ..base import (
+from xasink.dialects.base import (
     BlockedSession,
     BranchSession,
     Dialect,
@@ -25,9 +22,8 @@ from ..base import (
     TargetPlan,
     branch_failed,
 )
-from ..spare import Spare
-from . import health as pg_health
-from .sql import (
+from xasink.dialects.postgres import health as pg_health
+from xasink.dialects.postgres.sql import (
     _ADBC_DB_OPTIONS,
     _BRANCH_HINTS,
     _KEEPALIVES,
@@ -41,6 +37,10 @@ from .sql import (
     _sqlstate,
     advisory_key,
 )
+from xasink.dialects.spare import Spare
+from xasink.errors import BranchError, PreflightError
+from xasink.masking import redact, url_secrets
+from xasink.xid import Xid
 
 if TYPE_CHECKING:  # rows and types only: the driver's commit path never loads pyarrow
     import pyarrow as pa
@@ -408,6 +408,6 @@ class PostgresDialect(Dialect):
         return stmt.on_conflict_do_update(index_elements=keys, set_=updates, where=newer)
 
     def open_branch(self, xid: Xid, plan: TargetPlan) -> BranchSession:
-        from .branch import PostgresBranch  # the executor's side: pyarrow and ADBC
+        from xasink.dialects.postgres.branch import PostgresBranch  # the executor's side: pyarrow and ADBC
 
         return PostgresBranch(self, xid, plan)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from sqlalchemy.engine import Connection
 
-from ..base import BlockedSession
+from xasink.dialects.base import BlockedSession
 
 _TARGET = (
     "locktype",

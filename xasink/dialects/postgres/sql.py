@@ -7,7 +7,7 @@ import re
 
 from sqlalchemy.dialects import postgresql as pg
 
-from ..base import KEEPALIVE_COUNT, KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, TargetPlan
+from xasink.dialects.base import KEEPALIVE_COUNT, KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, TargetPlan
 
 _SA_DIALECT = pg.psycopg2.dialect()
 
