@@ -1,6 +1,6 @@
 """The set-up every benchmark shares: the servers, the Spark session, small database helpers, a polling reader.
 
-PostgreSQL is a private :class:`xasink.embedded.EmbeddedPostgres` (fsync off, as for the tests) with room for
+PostgreSQL is a private :class:`xasink.support.embedded.EmbeddedPostgres` (fsync off, as for the tests) with room for
 300 prepared transactions; MariaDB is the machine's server at 127.0.0.1:3306 (root, empty password) with a
 scratch database.  The set-up is recorded in the results, so a figure is never read without it.
 """
@@ -26,7 +26,7 @@ import psycopg2.extensions
 import pymysql
 from psycopg2 import sql as pgsql
 
-from xasink.embedded import EmbeddedPostgres
+from xasink.support.embedded import EmbeddedPostgres
 
 log = logging.getLogger("benchmarks")
 
@@ -181,7 +181,7 @@ def start_postgres(max_prepared: int = 300, durable: bool = False) -> tuple[Embe
         database="postgres",
     )
     db.settings = {name: db.scalar(f"SHOW {name}") for name in PG_SETTINGS}
-    db.settings["embedded"] = "xasink.embedded.EmbeddedPostgres (private cluster, " + (
+    db.settings["embedded"] = "xasink.support.embedded.EmbeddedPostgres (private cluster, " + (
         "durable: PostgreSQL defaults)" if durable else "fsync/synchronous_commit off)"
     )
     return server, db

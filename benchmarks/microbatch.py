@@ -6,7 +6,7 @@ each size, interleaving xasink (``format("xasink")``, one batch id per batch) an
 configured as users run them (PostgreSQL with fsync and synchronous_commit on; the machine's MariaDB, whose
 ``innodb_flush_log_at_trx_commit`` is recorded).  Per batch it keeps the wall time, the CPU seconds of the
 database, the Spark JVM and the Python workers, and for xasink every phase the library records under
-``XASINK_PHASE_LOG`` (xasink/phases.py): planning, the tasks' claim/connect/load/PREPARE/late check, and
+``XASINK_PHASE_LOG`` (xasink/support/phases.py): planning, the tasks' claim/connect/load/PREPARE/late check, and
 the commit call's check/decide/COMMIT PREPARED/mark/sweep/trim.  What no phase covers is Spark's own
 scheduling and the hand-off of rows.
 

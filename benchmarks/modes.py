@@ -225,7 +225,7 @@ def step(name: str, fn: Callable[[], None]) -> None:
     STEPS[name] = time.perf_counter() - t0
 
 
-# xasink's phases (xasink/phases.py) summed per run: task phases are the slowest partition's
+# xasink's phases (xasink/support/phases.py) summed per run: task phases are the slowest partition's
 XASINK_PARTS = (
     ("plan", ("plan.preflight", "plan.target", "plan.keeper", "plan.recover", "plan.shadow")),
     ("load into shadow (slowest task)", ("task.claim", "task.open_wait", "task.load")),
@@ -506,7 +506,7 @@ class Reader(benv.Poller):
 
 def reader_view(spark: Any, db: benv.Database, shape: Shape, delay: float) -> list[dict[str, Any]]:
     """A failed and a successful overwrite per contender, a reader polling throughout."""
-    from xasink.faults import LOCAL_PROPERTY
+    from xasink.support.faults import LOCAL_PROPERTY
 
     n = shape.rows
     seed = f"seed_rd_{db.kind[:2]}"

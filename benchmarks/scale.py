@@ -1,7 +1,7 @@
 """Coordinator scale: the time to decide and commit a batch of N prepared branches (no Spark).
 
-Branches are prepared with :func:`xasink.branch.write_partition` on one-row batches, then
-:meth:`xasink.coordinator.Coordinator.commit` is timed: the decision record (under the sink lock, after
+Branches are prepared with :func:`xasink.protocol.partition_writer.write_partition` on one-row batches, then
+:meth:`xasink.protocol.coordinator.Coordinator.commit` is timed: the decision record (under the sink lock, after
 checking every branch is prepared), COMMIT PREPARED of each branch in a small pool, the mark, and the sweep.
 """
 
@@ -14,11 +14,11 @@ from typing import Any
 import pyarrow as pa
 
 from benchmarks.env import Database
-from xasink.branch import write_partition
-from xasink.coordinator import Coordinator
 from xasink.options import parse_options
-from xasink.schema import plan_target
-from xasink.xid import new_run_nonce
+from xasink.protocol.coordinator import Coordinator
+from xasink.protocol.partition_writer import write_partition
+from xasink.protocol.xid import new_run_nonce
+from xasink.write_modes.schema import plan_target
 
 
 def run_scale(db: Database, counts: list[int], runs: int, parallelism: list[int]) -> list[dict[str, Any]]:

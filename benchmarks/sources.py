@@ -29,9 +29,9 @@ from pyspark.sql.types import StructType
 from xasink.dialects import dialect_for
 from xasink.dialects.base import TargetPlan
 from xasink.options import WriteOptions, parse_options
-from xasink.schema import conform
+from xasink.protocol.xid import Xid, attempt_token, new_run_nonce
 from xasink.spark.datasource import XasinkBatchWriter, XasinkCommitMessage, XasinkDataSource, _prepare
-from xasink.xid import Xid, attempt_token, new_run_nonce
+from xasink.write_modes.schema import conform
 
 STATS_OPTION = "benchstatsdir"
 

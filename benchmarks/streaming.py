@@ -231,7 +231,7 @@ def run_step(spark: Any, db: benv.Database, name: str, rate: int, args: argparse
     leftover = prepared_of(db, sink)
     if leftover:
         log.error("%s: %d prepared branches left %ds after stopping %s: recovering them", db.kind, leftover, 10, sink)
-        from xasink import admin
+        from xasink.ops import survey as admin
 
         done = admin.recover(db.xasink_url, sink_id=sink, older_than_s=0)  # the query is stopped: nothing is live
         log.error("recovery of %s: %s", sink, [(e.gid, e.action, e.outcome) for e in done.entries])

@@ -447,7 +447,7 @@ def _serve(master: str) -> None:
     from pyspark.sql import SparkSession
 
     import xasink
-    from xasink.faults import LOCAL_PROPERTY
+    from xasink.support.faults import LOCAL_PROPERTY
 
     builder = (
         SparkSession.builder.master(master)

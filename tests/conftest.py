@@ -43,7 +43,7 @@ from tests.targets import (
     prepared_gids,
     rollback_prepared,
 )
-from xasink.embedded import EmbeddedPostgres
+from xasink.support.embedded import EmbeddedPostgres
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 

@@ -31,12 +31,12 @@ def direct(url: str, table: str, sink_id: str, batch_id: int, n: int, partitions
     """The write without Spark: the executor side partition by partition, then the driver side."""
     import pyarrow as pa
 
-    from xasink.branch import write_partition
-    from xasink.coordinator import Coordinator
-    from xasink.liveness import InProcessGuard
     from xasink.options import parse_options
-    from xasink.schema import plan_target
-    from xasink.xid import new_run_nonce
+    from xasink.protocol.coordinator import Coordinator
+    from xasink.protocol.liveness import InProcessGuard
+    from xasink.protocol.partition_writer import write_partition
+    from xasink.protocol.xid import new_run_nonce
+    from xasink.write_modes.schema import plan_target
 
     schema = pa.schema([pa.field("id", pa.int32(), nullable=False), ("name", pa.string())])
     extra = json.loads(os.environ.get(OPTIONS_ENV, "{}"))  # more write options, e.g. journalTablePrefix

@@ -30,16 +30,16 @@ from tests.leaks import assert_no_secret
 from tests.modes_driver import OPTIONS_ENV  # a test driver's extra write options, a JSON object
 from tests.procs import run_until_exit
 from tests.targets import POSTGRESQL, Target
-from xasink.branch import write_partition
-from xasink.cli import main
-from xasink.coordinator import Coordinator
-from xasink.embedded import free_port
-from xasink.faults import LOCAL_PROPERTY
-from xasink.journal import BatchRecord
+from xasink.journal.log import BatchRecord
+from xasink.ops.cli import main
 from xasink.options import WriteOptions, parse_options
+from xasink.protocol.coordinator import Coordinator
+from xasink.protocol.partition_writer import write_partition
+from xasink.protocol.xid import FORMAT_ID, Xid, new_run_nonce
 from xasink.results import BranchOutcome, WriteResult
-from xasink.schema import plan_target
-from xasink.xid import FORMAT_ID, Xid, new_run_nonce
+from xasink.support.embedded import free_port
+from xasink.support.faults import LOCAL_PROPERTY
+from xasink.write_modes.schema import plan_target
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -66,9 +66,9 @@ def no_secret_in_output(caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureF
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    """``python -m xasink.cli ARGS`` in a subprocess, as an operator runs it; its output must not show the password."""
+    """``python -m xasink.ops.cli ARGS`` in a subprocess, as an operator runs it; it must not show the password."""
     cli = subprocess.run(
-        [sys.executable, "-m", "xasink.cli", *args], capture_output=True, text=True, cwd=ROOT, timeout=120
+        [sys.executable, "-m", "xasink.ops.cli", *args], capture_output=True, text=True, cwd=ROOT, timeout=120
     )
     assert_no_secret(cli.stdout, cli.stderr)
     return cli

@@ -94,10 +94,10 @@ def batch_direct(
     options), of rows with ``columns`` (name: Spark type), one branch per list, without Spark."""
     import pyarrow as pa
 
-    from xasink.branch import write_partition
-    from xasink.coordinator import Coordinator
-    from xasink.liveness import InProcessGuard
-    from xasink.xid import new_run_nonce
+    from xasink.protocol.coordinator import Coordinator
+    from xasink.protocol.liveness import InProcessGuard
+    from xasink.protocol.partition_writer import write_partition
+    from xasink.protocol.xid import new_run_nonce
 
     opts, plan, arrow = _direct_plan(url, table, sink_id, batch_id, columns, mode, len(partitions), options)
     coordinator = Coordinator(opts)
@@ -136,8 +136,8 @@ def prepare_stray_branch(
     import pyarrow as pa
 
     from xasink.dialects import dialect_for
-    from xasink.schema import conform
-    from xasink.xid import Xid, attempt_token, new_run_nonce
+    from xasink.protocol.xid import Xid, attempt_token, new_run_nonce
+    from xasink.write_modes.schema import conform
 
     columns = {"id": "int", "name": "string"}
     opts, plan, arrow = _direct_plan(url, table, sink_id, batch_id, columns, "overwrite", 1, options)

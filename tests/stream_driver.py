@@ -39,7 +39,7 @@ def _plain_partition(url: str, table: str, batch_id: int) -> Any:
         from pyspark import TaskContext
 
         from tests.targets import libpq_url
-        from xasink import faults
+        from xasink.support import faults
 
         ids = [(r["id"],) for r in rows]
         if not ids:
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     from pyspark.sql import DataFrame
 
     import xasink
-    from xasink import faults
+    from xasink.support import faults
 
     spark = local_spark(
         "xasink-stream-driver",

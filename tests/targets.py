@@ -36,7 +36,7 @@ import pytest
 from psycopg2 import sql
 
 from tests.leaks import SECRET
-from xasink.xid import Xid
+from xasink.protocol.xid import Xid
 
 # --------------------------------------------------------------------------- plain helpers: a URL in, rows out
 
@@ -113,7 +113,7 @@ def commit_prepared(url: str, gid: str) -> None:
 
 # --------------------------------------------------------------------------- MariaDB / MySQL (plain pymysql)
 
-XASINK_FORMAT_ID = 0x78617331  # xasink.xid.FORMAT_ID, repeated here so these helpers stay independent of xasink
+XASINK_FORMAT_ID = 0x78617331  # xasink.protocol.xid.FORMAT_ID, repeated: these helpers stay independent of xasink
 
 
 def mariadb_params(url: str) -> dict[str, Any]:

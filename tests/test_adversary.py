@@ -16,14 +16,14 @@ import pytest
 
 from tests.scenarios.driver import _Phase, arrow_schema, record_batch, write
 from tests.targets import MARIADB, POSTGRESQL, Target, case
-from xasink.apply import apply_lock_name, shadow_plan, spec_for
-from xasink.branch import write_partition
-from xasink.coordinator import Coordinator
 from xasink.errors import ApplyError, CommitIncompleteError, ReplayIncompleteError
-from xasink.liveness import InProcessGuard
 from xasink.options import parse_options
-from xasink.schema import plan_target
-from xasink.xid import new_run_nonce
+from xasink.protocol.coordinator import Coordinator
+from xasink.protocol.liveness import InProcessGuard
+from xasink.protocol.partition_writer import write_partition
+from xasink.protocol.xid import new_run_nonce
+from xasink.write_modes.schema import plan_target
+from xasink.write_modes.statements import apply_lock_name, shadow_plan, spec_for
 
 
 def change_data_options(db: Target, table: str, sink: str, batch: int) -> dict[str, Any]:

@@ -16,17 +16,17 @@ from typing import Any
 
 import pytest
 
-import xasink.coordinator
+import xasink.protocol.coordinator
 from tests.harness import TargetSink, expected
 from tests.targets import Target
 from tests.tcp_proxy import TcpProxy
-from xasink.coordinator import Coordinator
 from xasink.dialects import dialect_for
 from xasink.dialects.base import Dialect
 from xasink.errors import BatchAbortedError, CommitIncompleteError, DecisionUnknownError, JournalError
 from xasink.options import WriteOptions
+from xasink.protocol.coordinator import Coordinator
+from xasink.protocol.xid import Xid
 from xasink.results import BranchOutcome
-from xasink.xid import Xid
 
 OUTAGE_S = 15.0  # three times the whole retry budget of the old commit (commitRetries=5: under 5 s)
 DECISION = b"INSERT INTO xasink_batches"  # arms a cut of the COMMIT that follows on the same connection
@@ -209,7 +209,7 @@ def test_sweep_and_trim_failing_after_the_commit_are_warnings(
 ) -> None:
     """The database goes away right after the batch is marked committed: the sweep and the trim fail, the
     write still succeeds (warnings only), and what the sweep left is finished by the next recovery."""
-    monkeypatch.setattr(xasink.coordinator, "TRIM_EVERY", 1)  # this batch's turn to trim
+    monkeypatch.setattr(xasink.protocol.coordinator, "TRIM_EVERY", 1)  # this batch's turn to trim
     stale = sink.prepare(4, range(900, 906), parts=1)  # an undecided batch the sweep of batch 5 rolls back
     outcomes = sink.prepare(5, range(300, 330))
     sink.proxy.cut_on(b"COMMIT", armed_by=MARK, relay_reply=True, then_down_for=600)

@@ -16,11 +16,11 @@ import sqlalchemy as sa
 
 from tests.harness import TargetSink, expected
 from tests.targets import Target
-from xasink.coordinator import Coordinator
 from xasink.dialects import dialect_for
 from xasink.errors import BatchIdentityError, ForgottenBatchError
-from xasink.journal import Journal, journal_metadata
+from xasink.journal.log import Journal, journal_metadata
 from xasink.options import parse_url
+from xasink.protocol.coordinator import Coordinator
 
 
 class Sink(TargetSink):

@@ -29,15 +29,15 @@ from tests.targets import (
     rows,
     with_login,
 )
-from xasink.branch import write_partition
-from xasink.coordinator import Coordinator
-from xasink.embedded import EmbeddedPostgres
 from xasink.errors import BatchAbortedError, BranchError, ConcurrentWriterError, LateBranchError, PreflightError
-from xasink.journal import BatchRecord
+from xasink.journal.log import BatchRecord
 from xasink.options import WriteOptions, parse_options
+from xasink.protocol.coordinator import Coordinator
+from xasink.protocol.partition_writer import write_partition
+from xasink.protocol.xid import Xid, new_run_nonce
 from xasink.results import BranchOutcome
-from xasink.schema import plan_target
-from xasink.xid import Xid, new_run_nonce
+from xasink.support.embedded import EmbeddedPostgres
+from xasink.write_modes.schema import plan_target
 
 # --------------------------------------------------------------------------- helpers
 
@@ -594,7 +594,7 @@ def test_prepared_transactions_disabled_is_explained(fresh_table_name: str) -> N
 
 
 def test_connect_error_is_clear_and_hides_the_password(fresh_table_name: str) -> None:
-    from xasink.embedded import free_port
+    from xasink.support.embedded import free_port
 
     opts = make_options(f"postgresql://u:hunter2@127.0.0.1:{free_port()}/db", fresh_table_name)
     with pytest.raises(PreflightError) as info:

@@ -30,8 +30,8 @@ import xasink
 from tests.harness import BATCH, PARTITIONS, N, expected, frame, run_crash_driver
 from tests.procs import tail
 from tests.targets import MARIADB, Target, is_lock_timeout
-from xasink import admin
-from xasink.xid import Xid
+from xasink.ops import survey as admin
+from xasink.protocol.xid import Xid
 
 pytestmark = pytest.mark.crash
 

@@ -14,7 +14,7 @@ from tests.targets import mariadb_connect, mariadb_recover
 from xasink.dialects.base import TargetPlan
 from xasink.dialects.mysql import MySQLBranch, MySQLDialect, xid_literal
 from xasink.options import parse_options
-from xasink.xid import FORMAT_ID, Xid, new_run_nonce
+from xasink.protocol.xid import FORMAT_ID, Xid, new_run_nonce
 
 ID = pa.schema([("id", pa.int64())])
 
@@ -166,8 +166,8 @@ def test_a_control_step_blocked_by_a_lock_times_out_as_transient(request: pytest
 
     import sqlalchemy as sa
 
-    from xasink.coordinator import Coordinator
     from xasink.dialects.base import ErrorKind
+    from xasink.protocol.coordinator import Coordinator
 
     url = _url(request, kind)
     sink = f"lk{uuid.uuid4().hex[:8]}"
@@ -239,9 +239,9 @@ def test_control_connections_keep_tcp_alive_and_bound_lock_waits(request: pytest
 
 def _write(url: str, table: str, sink: str, batch_id: int) -> None:
     """One batch of two rows through the protocol (preflight, a branch, decide, commit), as a job would."""
-    from xasink.branch import write_partition
-    from xasink.coordinator import Coordinator
-    from xasink.schema import plan_target
+    from xasink.protocol.coordinator import Coordinator
+    from xasink.protocol.partition_writer import write_partition
+    from xasink.write_modes.schema import plan_target
 
     opts = parse_options({"url": url, "dbtable": table, "sinkId": sink, "batchId": str(batch_id)})
     coordinator = Coordinator(opts)
@@ -301,7 +301,7 @@ RISKY = [
     pytest.param("pg", "full_page_writes", "off", id="pg-full_page_writes"),
     pytest.param("mariadb", "innodb_flush_log_at_trx_commit", "2", id="mariadb", marks=pytest.mark.mariadb),
 ]
-# the test cluster runs without them (speed, xasink.embedded); the shared MariaDB runs with them
+# the test cluster runs without them (speed, xasink.support.embedded); the shared MariaDB runs with them
 DURABLE = {"pg": {"fsync": "on", "full_page_writes": "on"}, "mariadb": {}}
 
 
@@ -362,9 +362,9 @@ def test_names_and_values_with_backslashes_and_quotes_are_written_exactly(
     """Item 11, end to end: a table whose name holds quotes and backslashes, values full of them, the journal in
     a schema-qualified log; on PostgreSQL with standard_conforming_strings off.  Exact rows, nothing prepared."""
     from tests.targets import mariadb_prepared_gids, prepared_gids
-    from xasink.branch import write_partition
-    from xasink.coordinator import Coordinator
-    from xasink.schema import plan_target
+    from xasink.protocol.coordinator import Coordinator
+    from xasink.protocol.partition_writer import write_partition
+    from xasink.write_modes.schema import plan_target
 
     url = _url(request, kind)
     session_url = _pg_scs_off(url) if kind == "pg" else url

@@ -141,16 +141,21 @@ def test_the_link_check_catches_what_it_should(tmp_path: Path) -> None:
 
 def test_the_code_layout_lists_every_module() -> None:
     """docs/protocol.md's code layout names every module of the package (a dialect's modules may share a line,
-    as ``dialects/mysql/__init__.py, dialect.py, ...``, continued on a deeper-indented line)."""
+    as ``dialects/mysql/__init__.py, dialect.py, ...``, continued on a deeper-indented line; a folder's
+    own line, ``  protocol/``, holds the deeper-indented modules below it)."""
     text = (ROOT / "docs" / "protocol.md").read_text(encoding="utf-8")
     layout = text[text.index("## Code layout") :].split("```")[1]
     named: set[str] = set()
     folder = ""
     for line in layout.splitlines():
+        heading = re.match(r"  (\w+)/\s", line)  # a folder's own line: the modules below it are in it
+        if heading:
+            folder = heading.group(1) + "/"
+            continue
         head = re.match(r"(\s*)((?:[\w/]+/)?)([\w.]+\.py)", line)
         if not head:
             continue
-        if head.group(2) or len(head.group(1)) <= 2:  # else a continuation of the line above: the same folder
+        if head.group(2) or len(head.group(1)) <= 2:  # else the folder above, or the continued line above
             folder = head.group(2)
         for name in re.findall(r"([\w/]+\.py)", line):
             named.add(name if "/" in name else folder + name)

@@ -19,7 +19,7 @@ from tests.targets import (
     rows,
     with_login,
 )
-from xasink.embedded import EmbeddedPostgres
+from xasink.support.embedded import EmbeddedPostgres
 
 
 def test_max_prepared_transactions(pg_server: EmbeddedPostgres | None, pg_conn: psycopg2.extensions.connection) -> None:

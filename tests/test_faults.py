@@ -41,11 +41,8 @@ from tests.cluster import (
 from tests.leaks import SECRET, assert_no_secret, no_secret_in_output, run_cli  # noqa: F401 - autouse fixture
 from tests.targets import connect, prepared_gids
 from tests.tcp_proxy import TcpProxy
-from xasink.branch import write_partition
-from xasink.coordinator import Coordinator
 from xasink.dialects import dialect_for
 from xasink.dialects.base import Dialect, TargetPlan
-from xasink.embedded import EmbeddedPostgres
 from xasink.errors import (
     BatchAbortedError,
     BranchError,
@@ -54,9 +51,12 @@ from xasink.errors import (
     LateBranchError,
 )
 from xasink.options import WriteOptions, parse_options
+from xasink.protocol.coordinator import Coordinator
+from xasink.protocol.partition_writer import write_partition
+from xasink.protocol.xid import Xid, new_run_nonce
 from xasink.results import BranchOutcome
-from xasink.schema import plan_target
-from xasink.xid import Xid, new_run_nonce
+from xasink.support.embedded import EmbeddedPostgres
+from xasink.write_modes.schema import plan_target
 
 RUN_TIMEOUT = 600.0  # seconds a cluster job may take on a loaded machine before it counts as hung
 KILL_BATCH = {"driver.before_decide": 9001, "driver.after_decide": 9002}  # batch ids whose decision kills the driver

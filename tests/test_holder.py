@@ -22,21 +22,21 @@ import sqlalchemy as sa
 from pyspark.sql.types import IntegerType, StringType, StructField, StructType
 
 from tests.targets import MariaDBTarget, Target
-from xasink import cli
-from xasink.branch import write_partition
-from xasink.coordinator import Coordinator
 from xasink.dialects import dialect_for
 from xasink.dialects.base import Dialect, ErrorKind
 from xasink.errors import BatchAbortedError, CommitIncompleteError, ConcurrentWriterError
-from xasink.faults import InjectedFault
-from xasink.liveness import InProcessGuard
-from xasink.multi import MultiCoordinator
+from xasink.ops import cli
 from xasink.options import WriteOptions, parse_options
+from xasink.protocol.coordinator import Coordinator
+from xasink.protocol.liveness import InProcessGuard
+from xasink.protocol.multi_target import MultiCoordinator
+from xasink.protocol.partition_writer import write_partition
+from xasink.protocol.xid import new_run_nonce
 from xasink.results import BranchOutcome, WriteResult
-from xasink.schema import plan_target
 from xasink.spark.datasource import WritePlan, _prepare
 from xasink.spark.txwrite import TxWrite, record_tx_part
-from xasink.xid import new_run_nonce
+from xasink.support.faults import InjectedFault
+from xasink.write_modes.schema import plan_target
 
 STRUCT = StructType([StructField("id", IntegerType(), False), StructField("name", StringType(), True)])
 ARROW = pa.schema([pa.field("id", pa.int32(), nullable=False), ("name", pa.string())])

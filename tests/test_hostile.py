@@ -29,8 +29,6 @@ from tests.cluster import Tally, host_port, tally_fixture
 from tests.leaks import SECRET, assert_no_secret, no_secret_in_output, run_cli, texts  # noqa: F401 - autouse fixture
 from tests.targets import connect, make_foreign_prepared, prepared_gids, rollback_prepared
 from tests.tcp_proxy import TcpProxy
-from xasink.coordinator import Coordinator
-from xasink.embedded import EmbeddedPostgres
 from xasink.errors import (
     BatchAbortedError,
     BranchError,
@@ -40,6 +38,8 @@ from xasink.errors import (
     XasinkError,
 )
 from xasink.options import parse_options, parse_table
+from xasink.protocol.coordinator import Coordinator
+from xasink.support.embedded import EmbeddedPostgres
 
 VICTIMS = ("victim", "students")
 

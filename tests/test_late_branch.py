@@ -17,13 +17,13 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-import xasink.branch
+import xasink.protocol.partition_writer
 from tests.harness import TargetSink, expected, record_batch
 from tests.targets import POSTGRESQL, Target
-from xasink.coordinator import Coordinator
 from xasink.errors import LateBranchError
+from xasink.protocol.coordinator import Coordinator
+from xasink.protocol.xid import Xid
 from xasink.results import BranchOutcome
-from xasink.xid import Xid
 
 P0 = range(0, 10)  # partition 0
 P1 = range(10, 20)  # partition 1
@@ -171,7 +171,7 @@ def test_upsert_copy_blocked_by_the_prepared_original_does_not_deadlock_and_roll
     sink = Sink(db, primary_key=True, upsertKeyColumns="id", lockTimeout=60)
     opened, original_prepared = threading.Event(), threading.Event()
     failure: list[BaseException] = []
-    real_fault = xasink.branch.fault
+    real_fault = xasink.protocol.partition_writer.fault
 
     def hold_the_copy(point: str, **where: Any) -> None:
         """The copy's branch is open (batch claimed, nothing loaded): hold it there until the original prepared."""
@@ -180,7 +180,7 @@ def test_upsert_copy_blocked_by_the_prepared_original_does_not_deadlock_and_roll
             assert original_prepared.wait(60)
         real_fault(point, **where)
 
-    monkeypatch.setattr(xasink.branch, "fault", hold_the_copy)
+    monkeypatch.setattr(xasink.protocol.partition_writer, "fault", hold_the_copy)
 
     def run_copy() -> None:
         try:
@@ -216,9 +216,9 @@ def test_a_branch_the_decision_lists_is_kept_by_its_late_check(db: Target) -> No
     sink = Sink(db, primary_key=False)
     outcomes: list[BranchOutcome | None] = [sink.attempt(0, 1, P0)]
     sink.commit(outcomes)
-    from xasink.branch import settle_prepared
     from xasink.dialects import dialect_for
-    from xasink.journal import Journal
+    from xasink.journal.log import Journal
+    from xasink.protocol.partition_writer import settle_prepared
 
     dialect = dialect_for(sink.options.url, sink.options.branch_settings)
     try:

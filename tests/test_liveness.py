@@ -28,8 +28,8 @@ from tests.harness import CRASH_DRIVER, PARTITIONS, N, expected, run_crash_drive
 from tests.leaks import run_cli
 from tests.procs import ROOT, tail
 from tests.targets import Target
-from xasink.coordinator import WAIT
-from xasink.xid import Xid
+from xasink.protocol.coordinator import WAIT
+from xasink.protocol.xid import Xid
 
 pytestmark = pytest.mark.crash
 

@@ -1,5 +1,5 @@
 """The decision log's tables (issue 28, items 6, 7 and 9): identities compare byte for byte, a log made by any
-earlier released version is upgraded to every column it needs (automatically, and by ``xasink/sql/*.sql``),
+earlier released version is upgraded to every column it needs (automatically, and by ``xasink/journal/sql/*.sql``),
 and a decision the log cannot store whole fails instead of being truncated.
 
 The earlier layouts are their original DDL, kept verbatim in ``tests/journal_layouts`` (see its README).
@@ -21,13 +21,14 @@ import xasink
 from tests.harness import TargetSink, cli, expected
 from tests.modes_driver import overwrite_direct, split
 from tests.targets import MARIADB, POSTGRESQL, MariaDBTarget, Target, with_login
-from xasink import admin, ddl
 from xasink.dialects import dialect_for
 from xasink.errors import BatchAbortedError
-from xasink.faults import InjectedFault
-from xasink.journal import Journal
+from xasink.journal.log import Journal
+from xasink.journal.parts import ensure_parts
+from xasink.ops import ddl
+from xasink.ops import survey as admin
 from xasink.options import parse_url
-from xasink.parts import ensure_parts
+from xasink.support.faults import InjectedFault
 
 ROOT = Path(__file__).resolve().parent
 LAYOUTS = ("4689743", "0eaf902", "64bf378", "338ceb4", "4f4d6a9")  # oldest first; see journal_layouts/README.md
@@ -176,7 +177,7 @@ def test_log_of_each_earlier_layout_is_upgraded_by_the_first_write(db: Target, c
 
 @pytest.mark.parametrize("commit", LAYOUTS)
 def test_hand_written_upgrade_yields_the_automatic_layout(db: Target, commit: str) -> None:
-    """``xasink/sql/*.sql`` run by hand on an old log gives the layout this version's writers make of it (and
+    """``xasink/journal/sql/*.sql`` run by hand on an old log gives the layout this version's writers make of it (and
     the one it makes anew); running it twice changes nothing."""
     by_hand, auto = f"xh{uuid.uuid4().hex[:6]}_", f"xa{uuid.uuid4().hex[:6]}_"
     old_log(db, commit, by_hand)
@@ -218,7 +219,7 @@ def test_sink_ids_that_differ_only_in_case_are_two_sinks(db: Target) -> None:
     assert len(db.prepared(upper.sink_id)) == len(db.prepared(lower.sink_id)) == 2
     url = db.url if db.password is None else with_login(db.url, urlsplit(db.url).username or "", db.password)
     for s in (upper, lower):  # xasink status: each sink's own batch and branches
-        st = xasink.status(url, sink_id=s.sink_id, older_than_s=0)
+        st = xasink.ops.status(url, sink_id=s.sink_id, older_than_s=0)
         assert [x.sink_id for x in st.sinks] == [s.sink_id]
         assert [(r["batch_id"], r["state"], r["rows"]) for r in st.sinks[0].recent] == [(7, "committed", 10)]
         assert st.sinks[0].prepared_branches == 2

@@ -41,8 +41,6 @@ from tests.targets import (
     mariadb_rows,
     mariadb_wait_detached,
 )
-from xasink.branch import write_partition
-from xasink.coordinator import Coordinator
 from xasink.dialects import dialect_for
 from xasink.dialects.base import ErrorKind, TargetPlan
 from xasink.dialects.mysql import (
@@ -56,12 +54,14 @@ from xasink.dialects.mysql import (
     xid_literal,
 )
 from xasink.errors import BranchError, ConnectError, PreflightError
-from xasink.faults import InjectedFault
-from xasink.journal import journal_metadata, parts_table
+from xasink.journal.log import journal_metadata, parts_table
 from xasink.options import WriteOptions, parse_options
+from xasink.protocol.coordinator import Coordinator
+from xasink.protocol.partition_writer import write_partition
+from xasink.protocol.xid import FORMAT_ID, Xid, new_run_nonce
 from xasink.results import BranchOutcome
-from xasink.schema import plan_target
-from xasink.xid import FORMAT_ID, Xid, new_run_nonce
+from xasink.support.faults import InjectedFault
+from xasink.write_modes.schema import plan_target
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -597,7 +597,7 @@ def _ddl_blocks(path: Path) -> dict[str, set[str]]:
 
 @pytest.mark.parametrize(
     ("dialect", "path"),
-    [(mysql.pymysql.dialect(), "xasink/sql/mysql.sql"), (postgresql.psycopg2.dialect(), "xasink/sql/postgres.sql")],
+    [(mysql.pymysql.dialect(), "xasink/journal/sql/mysql.sql"), (postgresql.psycopg2.dialect(), "xasink/journal/sql/postgres.sql")],
     ids=["mysql", "postgres"],
 )
 def test_sql_files_match_the_journal_tables(dialect: sa.engine.Dialect, path: str) -> None:
@@ -618,7 +618,7 @@ def test_sql_file_runs_on_mariadb(mariadb_url: str) -> None:
         cur.execute(f"CREATE DATABASE `{scratch}`")
         try:
             cur.execute(f"USE `{scratch}`")
-            for statement in re.sub(r"--[^\n]*", "", (ROOT / "xasink/sql/mysql.sql").read_text()).split(";"):
+            for statement in re.sub(r"--[^\n]*", "", (ROOT / "xasink/journal/sql/mysql.sql").read_text()).split(";"):
                 if statement.strip():
                     cur.execute(statement)
             cur.execute(

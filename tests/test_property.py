@@ -31,14 +31,14 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from tests.cluster import Tally, tally_fixture
 from tests.leaks import SECRET, no_secret_in_output  # noqa: F401 - autouse fixture
 from tests.targets import connect, make_foreign_prepared, prepared_gids, rollback_prepared
-from xasink.branch import write_partition
-from xasink.coordinator import Coordinator
 from xasink.errors import BatchAbortedError, CommitIncompleteError, ConcurrentWriterError
-from xasink.journal import BatchRecord
+from xasink.journal.log import BatchRecord
 from xasink.options import parse_options
+from xasink.protocol.coordinator import Coordinator
+from xasink.protocol.partition_writer import write_partition
+from xasink.protocol.xid import Xid, attempt_token, new_run_nonce
 from xasink.results import BranchOutcome
-from xasink.schema import plan_target
-from xasink.xid import Xid, attempt_token, new_run_nonce
+from xasink.write_modes.schema import plan_target
 
 SCHEMA = pa.schema([("id", pa.int64()), ("tag", pa.string())])
 BATCHES = st.integers(0, 2)

@@ -1,4 +1,4 @@
-"""The operator's tool: ``xasink recover`` / ``xasink status`` (xasink.admin and xasink.cli), without Spark.
+"""The operator's tool: ``xasink recover`` / ``xasink status`` (xasink.ops.survey and xasink.ops.cli), without Spark.
 
 Every test runs on PostgreSQL and on MariaDB (skipped when no MariaDB server is reachable, see
 ``mariadb_url`` in conftest).  The states a killed job leaves behind are built with the real protocol
@@ -25,10 +25,10 @@ import pytest
 
 import xasink
 from tests.harness import ADMIN_USER, PLAIN_USER, SECRET, BackendSink, Db, cli, cli_db, expected
-from xasink import admin
 from xasink.errors import ConcurrentWriterError, OptionError
+from xasink.ops import survey as admin
+from xasink.protocol.xid import Xid
 from xasink.results import BranchOutcome
-from xasink.xid import Xid
 
 db = cli_db  # the fixture: PostgreSQL and MariaDB, with its own leak check (conftest.no_prepared_left skips it)
 
@@ -156,7 +156,7 @@ def test_status_reports_the_killed_job_then_the_recovered_one(db: Db) -> None:
     sink = db.sink()
     killed = killed_job(sink)
 
-    st = xasink.status(db.url, sink_id=sink.sink_id, older_than_s=0)
+    st = xasink.ops.status(db.url, sink_id=sink.sink_id, older_than_s=0)
     assert [s.sink_id for s in st.sinks] == [sink.sink_id]
     s = st.sinks[0]
     assert (s.last_committed_batch, s.in_doubt_batches, s.prepared_branches) == (0, [1], len(killed.plan))
@@ -166,7 +166,7 @@ def test_status_reports_the_killed_job_then_the_recovered_one(db: Db) -> None:
         (0, "committed", 5, 1),
     ]
     assert st.exit_code == 1
-    young = xasink.status(db.url, sink_id=sink.sink_id)  # default threshold: all of it is seconds old
+    young = xasink.ops.status(db.url, sink_id=sink.sink_id)  # default threshold: all of it is seconds old
     assert young.exit_code == 0
 
     code, doc = cli_json("status", "--url", db.url, "--sink-id", sink.sink_id, "--older-than", "0s")
@@ -389,13 +389,14 @@ def test_password_never_appears_in_any_output(db: Db) -> None:
                 assert "***" in out  # the URL is shown, masked
         report = xasink.recover(url, sink_id=sink.sink_id, older_than_s=0)
         assert SECRET not in json.dumps(report.to_dict(), default=str)
-        assert SECRET not in repr(report) + repr(xasink.status(url))
+        assert SECRET not in repr(report) + repr(xasink.ops.status(url))
         assert report.exit_code == 0 and sink.rows() == killed.decided_rows
 
         # a real process acting, with its logs at INFO: exit code, and no password anywhere
         extra = sink.write(7, 0, range(300, 310))
         args = ["-v", "recover", "--url", url, "--sink-id", sink.sink_id, "--older-than", "0s", "--json"]
-        proc = subprocess.run([sys.executable, "-m", "xasink.cli", *args], capture_output=True, text=True, timeout=120)
+        cmd = [sys.executable, "-m", "xasink.ops.cli", *args]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         doc = json.loads(proc.stdout)
         assert doc["exit_code"] == 0
@@ -410,7 +411,7 @@ def test_password_never_appears_in_any_output(db: Db) -> None:
 def test_unreachable_server_is_exit_code_2_without_the_password(db: Db) -> None:
     url = db.backend.unreachable_url()
     proc = subprocess.run(
-        [sys.executable, "-m", "xasink.cli", "recover", "--url", url, "--dry-run"],
+        [sys.executable, "-m", "xasink.ops.cli", "recover", "--url", url, "--dry-run"],
         capture_output=True,
         text=True,
         timeout=120,

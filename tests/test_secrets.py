@@ -27,13 +27,13 @@ from sqlalchemy.engine import make_url
 import xasink
 from tests import targets
 from tests.leaks import ROOT, SECRET, assert_no_secret, no_secret_in_output  # noqa: F401 - autouse fixture
-from xasink.branch import write_partition
-from xasink.coordinator import Coordinator
-from xasink.embedded import free_port
 from xasink.errors import OptionError
 from xasink.options import parse_options
-from xasink.schema import plan_target
-from xasink.xid import new_run_nonce
+from xasink.protocol.coordinator import Coordinator
+from xasink.protocol.partition_writer import write_partition
+from xasink.protocol.xid import new_run_nonce
+from xasink.support.embedded import free_port
+from xasink.write_modes.schema import plan_target
 
 Q = quote(SECRET, safe="")  # as it stands in a URL: the '#' in it is %23
 
@@ -127,7 +127,7 @@ def no_secret(*items: BaseException | str | None) -> None:
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(
-        [sys.executable, "-m", "xasink.cli", *args], capture_output=True, text=True, cwd=ROOT, timeout=120
+        [sys.executable, "-m", "xasink.ops.cli", *args], capture_output=True, text=True, cwd=ROOT, timeout=120
     )
     no_secret(proc.stdout, proc.stderr)
     return proc
@@ -222,7 +222,7 @@ def test_cli_masks_the_password_in_every_spelling(server: Server, form: str) -> 
 @pytest.mark.parametrize("form", FORMS)
 def test_python_api_reports_mask_the_password(server: Server, form: str) -> None:
     for name, url in [(form, form_url(server, form))]:
-        status = xasink.status(url, sink_id=server.sink)
+        status = xasink.ops.status(url, sink_id=server.sink)
         report = xasink.recover(url, dry_run=True, sink_id=server.sink)
         assert [s.sink_id for s in status.sinks] == [server.sink] and not status.errors, status
         for text in (
@@ -249,7 +249,7 @@ def test_wrong_password_is_refused_without_showing_it(server: Server, form: str)
             out = proc.stdout + proc.stderr
             assert "authentication failed" in out and server.user in out, (name, out)
         with pytest.raises(xasink.ConnectError) as info:
-            xasink.status(url)
+            xasink.ops.status(url)
         no_secret(info.value)
         with pytest.raises(xasink.ConnectError) as info:
             Coordinator(parse_options({"url": url, "dbtable": "t"})).preflight()
@@ -357,8 +357,8 @@ def test_spark_writes_and_failures_show_no_password(
 
 
 def test_display_url_masks_password_and_secret_query_values() -> None:
-    from xasink.masking import display_url, url_secrets
     from xasink.options import parse_url
+    from xasink.support.masking import display_url, url_secrets
 
     url = parse_url(f"postgresql://etl:{Q}@h:5432/db?sslmode=require&sslpassword={Q}")
     assert display_url(url) == "postgresql+psycopg2://etl:***@h:5432/db?sslmode=require&sslpassword=***"
@@ -367,7 +367,7 @@ def test_display_url_masks_password_and_secret_query_values() -> None:
 
 
 def test_redact_removes_every_quoting_and_credential_shapes() -> None:
-    from xasink.masking import redact
+    from xasink.support.masking import redact
 
     text = (
         f"raw {SECRET} sql '{SECRET}' url {Q} "
@@ -381,7 +381,7 @@ def test_redact_removes_every_quoting_and_credential_shapes() -> None:
 
 
 def test_cli_log_formatter_cleans_tracebacks() -> None:
-    from xasink.masking import RedactingFormatter
+    from xasink.support.masking import RedactingFormatter
 
     try:
         raise RuntimeError(f"driver said: cannot use {SECRET}")

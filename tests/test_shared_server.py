@@ -21,8 +21,8 @@ from tests.harness import BATCH, PARTITIONS, N, expected, run_crash_driver
 from tests.leaks import run_cli
 from tests.procs import tail
 from tests.targets import Target
-from xasink.admin import IGNORE_OTHER_LOG
-from xasink.xid import Xid
+from xasink.ops.survey import IGNORE_OTHER_LOG
+from xasink.protocol.xid import Xid
 
 pytestmark = pytest.mark.crash
 

@@ -38,7 +38,7 @@ from tests.harness import CRASH_DRIVER, PARTITIONS, N
 from tests.procs import ROOT, TAG_ENV, reap
 from tests.targets import Target
 from xasink.dialects import dialect_for
-from xasink.journal import Journal, journal_metadata
+from xasink.journal.log import Journal, journal_metadata
 from xasink.options import parse_url
 
 # 200 kills take ~7 min per database on a quiet machine, several times that beside other work
@@ -153,7 +153,7 @@ def _cron(db: Target, prefixes: list[str], stop: threading.Event, totals: Totals
                 [
                     sys.executable,
                     "-m",
-                    "xasink.cli",
+                    "xasink.ops.cli",
                     "recover",
                     "--url",
                     db.url,
@@ -258,7 +258,7 @@ def test_soak_kills_with_two_logs_cron_recover_and_backfills(db: Target, tmp_pat
                 [
                     sys.executable,
                     "-m",
-                    "xasink.cli",
+                    "xasink.ops.cli",
                     "recover",
                     "--url",
                     db.url,

@@ -12,8 +12,8 @@ import pytest
 
 from tests.harness import TargetSink, expected
 from tests.targets import Target
-from xasink.coordinator import Coordinator
 from xasink.dialects import shared_dialect
+from xasink.protocol.coordinator import Coordinator
 
 
 @pytest.fixture

@@ -39,9 +39,6 @@ from tests.targets import (
     make_target,
     with_login,
 )
-from xasink import admin
-from xasink.coordinator import Coordinator
-from xasink.embedded import EmbeddedPostgres
 from xasink.errors import (
     BatchAbortedError,
     BatchIdentityError,
@@ -51,10 +48,13 @@ from xasink.errors import (
     PreflightError,
     XasinkError,
 )
-from xasink.faults import LOCAL_PROPERTY
+from xasink.ops import survey as admin
 from xasink.options import parse_options
+from xasink.protocol.coordinator import Coordinator
+from xasink.protocol.xid import Xid
 from xasink.results import WriteResult
-from xasink.xid import Xid
+from xasink.support.embedded import EmbeddedPostgres
+from xasink.support.faults import LOCAL_PROPERTY
 
 # The superuser's real password (the test server checks it on every TCP login): the tests pass it as the
 # ``password`` option, and it must never appear in any error text.  (test_wrong_password_* uses a role of its own.)

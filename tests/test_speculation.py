@@ -30,7 +30,7 @@ import pytest
 
 from tests.cluster import ClusterDriver, StandaloneCluster
 from tests.targets import MARIADB, Target
-from xasink.xid import Xid
+from xasink.protocol.xid import Xid
 
 pytestmark = [pytest.mark.spark, pytest.mark.crash]
 

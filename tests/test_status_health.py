@@ -24,8 +24,8 @@ import pytest
 import xasink
 from tests import targets
 from tests.harness import BackendSink, Db, cli, cli_db
-from xasink import health
-from xasink.status import StatusReport
+from xasink.ops import alerts as health
+from xasink.ops.status import StatusReport
 
 db = cli_db  # the fixture: PostgreSQL and MariaDB, with its own leak check (conftest.no_prepared_left skips it)
 
@@ -175,7 +175,7 @@ def scene(db: Db) -> Iterator[Scene]:
         assert xasink.recover(db.url, sink_id=sink.sink_id, older_than_s=0).exit_code == 0
     # cleaned up: nothing of the sink prepared, the blocked session gone, the decided batch committed once
     assert db.mine() == set()
-    after = xasink.status(db.url, sink_id=sink.sink_id)
+    after = xasink.ops.status(db.url, sink_id=sink.sink_id)
     if db.backend.name == "postgresql":
         assert after.blocked_sessions is not None
         assert [b for b in after.blocked_sessions if b["session"] == blocker.session] == []
@@ -200,7 +200,7 @@ def _status_json(scene: Scene, *flags: str) -> tuple[int, dict[str, Any]]:
 
 
 def _schema() -> dict[str, Any]:
-    text = resources.files("xasink").joinpath("status.schema.json").read_text(encoding="utf-8")
+    text = resources.files("xasink.ops").joinpath("status.schema.json").read_text(encoding="utf-8")
     schema: dict[str, Any] = json.loads(text)
     return schema
 
@@ -416,7 +416,7 @@ def test_each_threshold_gives_its_exit_code(
 
 def test_python_api_takes_the_thresholds(scene: Scene) -> None:
     need_lock_waits(scene)
-    report: StatusReport = xasink.status(
+    report: StatusReport = xasink.ops.status(
         scene.url, sink_id=scene.sink.sink_id, older_than_s=86400, thresholds=health.Thresholds(crit_blocked=0)
     )
     assert report.exit_code == 2 and report.state == "CRITICAL"

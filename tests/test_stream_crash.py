@@ -79,7 +79,7 @@ class RunResult:
 
     @property
     def phases(self) -> list[dict[str, Any]]:
-        """The run's phase records (xasink.phases), one per timed step of every process it started."""
+        """The run's phase records (xasink.support.phases), one per timed step of every process it started."""
         path = self.log.with_suffix(".phases.jsonl")
         return [json.loads(ln) for ln in path.read_text().splitlines()] if path.exists() else []
 

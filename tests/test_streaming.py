@@ -26,13 +26,13 @@ from pyspark.sql.streaming import StreamingQuery
 import xasink
 from tests.harness import ROWS, Stream, no_branch_opened
 from tests.targets import connect, prepared_gids, rollback_prepared
-from xasink.branch import write_partition
-from xasink.coordinator import Coordinator
 from xasink.dialects import dialect_for
-from xasink.faults import LOCAL_PROPERTY
 from xasink.options import parse_options
-from xasink.schema import plan_target
-from xasink.xid import Xid, attempt_token, new_run_nonce
+from xasink.protocol.coordinator import Coordinator
+from xasink.protocol.partition_writer import write_partition
+from xasink.protocol.xid import Xid, attempt_token, new_run_nonce
+from xasink.support.faults import LOCAL_PROPERTY
+from xasink.write_modes.schema import plan_target
 
 
 def wait_for(condition: Callable[[], bool], what: str, timeout: float = 180.0) -> None:

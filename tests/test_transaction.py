@@ -18,7 +18,8 @@ from pyspark.sql import DataFrame, SparkSession
 import xasink
 from tests.harness import ROWS, Stream, expected, frame, no_branch_opened, three_tables
 from tests.targets import Target
-from xasink import admin, liveness
+from xasink.ops import survey as admin
+from xasink.protocol import liveness
 
 pytestmark = [pytest.mark.spark, pytest.mark.mariadb]
 
@@ -274,7 +275,7 @@ def test_foreach_batch_multi_refuses_a_reset_checkpoint(spark, pg, maria, sink):
 def test_cli_status_lists_the_targets_and_recover_takes_journal_url(  # type: ignore[no-untyped-def]
     spark, pg, maria, sink, capsys
 ):
-    from xasink import cli
+    from xasink.ops import cli
 
     orders, _, events = three_tables(pg, maria)
     with xasink.transaction(sink_id=sink, batch_id=12, journal_url=pg.url) as tx:

@@ -20,9 +20,9 @@ import pytest
 
 from tests.harness import expected, run_driver, three_tables
 from tests.targets import Target
-from xasink import admin
-from xasink.status import status as xasink_status
-from xasink.xid import Xid
+from xasink.ops import survey as admin
+from xasink.ops.status import status as xasink_status
+from xasink.protocol.xid import Xid
 
 pytestmark = [pytest.mark.crash, pytest.mark.mariadb, pytest.mark.usefixtures("driver_cds")]
 

@@ -37,15 +37,15 @@ from tests.targets import (
     prepared_gids,
     rows,
 )
-from xasink.branch import write_partition
-from xasink.coordinator import Coordinator
 from xasink.dialects.postgres import PostgresDialect
 from xasink.errors import BranchError, PreflightError, XasinkError
-from xasink.faults import InjectedFault
 from xasink.options import parse_options
+from xasink.protocol.coordinator import Coordinator
+from xasink.protocol.partition_writer import write_partition
+from xasink.protocol.xid import Xid, new_run_nonce
 from xasink.results import BranchOutcome, WriteResult
-from xasink.schema import plan_target
-from xasink.xid import Xid, new_run_nonce
+from xasink.support.faults import InjectedFault
+from xasink.write_modes.schema import plan_target
 
 # --------------------------------------------------------------------------- helpers
 

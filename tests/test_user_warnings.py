@@ -3,7 +3,7 @@
 The data source's planning, tasks and commit run in Spark's Python workers, where no logging is set up and
 nobody reads a log; a durability risk of the server (the private PostgreSQL runs with fsync = off), a fault
 point's warning in a task or in the commit, must still reach the script's standard error, and
-``xasink.write`` returns them in ``WriteResult.warnings`` (xasink/notices.py).
+``xasink.write`` returns them in ``WriteResult.warnings`` (xasink/support/notices.py).
 """
 
 from __future__ import annotations

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from xasink.cli import main
-from xasink.ddl import DIALECTS, ddl
+from xasink.ops.cli import main
+from xasink.ops.ddl import DIALECTS, ddl
 
 ROOT = Path(__file__).resolve().parent.parent
 VERSION = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M)[1]  # type: ignore[index]
@@ -83,7 +83,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
 
 
 def test_wheel_and_sdist_hold_the_package_data(installed: Installed) -> None:
-    assert {"xasink/py.typed", "xasink/sql/postgres.sql", "xasink/sql/mysql.sql"} <= set(PACKAGE_DATA)
+    assert {"xasink/py.typed", "xasink/journal/sql/postgres.sql", "xasink/journal/sql/mysql.sql"} <= set(PACKAGE_DATA)
     names = set(zipfile.ZipFile(installed.wheel).namelist())
     assert set(PACKAGE_DATA) <= names
     assert not any(n.startswith(("tests/", "benchmarks/", "sql/")) for n in names)

@@ -30,12 +30,12 @@ import xasink
 from tests.harness import expected, fill, shadow_rows
 from tests.modes_driver import OPTIONS_ENV, batch_direct, overwrite_direct, prepare_stray_branch, split
 from tests.targets import MARIADB, POSTGRESQL, Target, case
-from xasink import admin
-from xasink.apply import shadow_name, tombstone_name
 from xasink.errors import ApplyError, BatchAbortedError, CommitIncompleteError, OptionError, PreflightError
-from xasink.faults import LOCAL_PROPERTY, InjectedFault
+from xasink.ops import survey as admin
 from xasink.options import parse_options
-from xasink.xid import Xid
+from xasink.protocol.xid import Xid
+from xasink.support.faults import LOCAL_PROPERTY, InjectedFault
+from xasink.write_modes.statements import shadow_name, tombstone_name
 
 
 def sink() -> str:

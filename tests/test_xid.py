@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from xasink.xid import FORMAT_ID, MAX_BATCH_ID, Xid, attempt_token, new_log_id, new_run_nonce, valid_sink_id
+from xasink.protocol.xid import FORMAT_ID, MAX_BATCH_ID, Xid, attempt_token, new_log_id, new_run_nonce, valid_sink_id
 
 SINK32 = "S" * 16 + "a_.-" * 4  # 32 characters, every allowed kind
 MAX_PARTITION = 9_999_999_999

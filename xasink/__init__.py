@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from xasink.admin import recover
 from xasink.errors import (
     BatchAbortedError,
     BatchIdentityError,
@@ -27,8 +26,9 @@ from xasink.errors import (
     XasinkError,
     XasinkWarning,
 )
+from xasink.ops.status import status
+from xasink.ops.survey import recover
 from xasink.results import TransactionResult, WriteResult
-from xasink.status import status
 
 if TYPE_CHECKING:
     from xasink.spark.api import foreach_batch, register, write

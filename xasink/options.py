@@ -19,8 +19,8 @@ from sqlalchemy.exc import ArgumentError
 
 from xasink.dialects.base import BranchSettings
 from xasink.errors import OptionError
-from xasink.masking import display_url
-from xasink.xid import MAX_BATCH_ID, MAX_SINK_ID, valid_sink_id
+from xasink.protocol.xid import MAX_BATCH_ID, MAX_SINK_ID, valid_sink_id
+from xasink.support.masking import display_url
 
 # backend name -> SQLAlchemy driver we use for the control connections
 DRIVERS = {"postgresql": "postgresql+psycopg2", "mysql": "mysql+pymysql"}
@@ -138,7 +138,7 @@ def _credentials_from_query(query: Mapping[str, Any]) -> tuple[dict[str, Any], s
     """Take user and password out of a URL's query (keys in any case): the rest, the user, the password.
 
     They go into the URL's credentials, the one place a password is kept and masked
-    (:func:`xasink.masking.display_url`).
+    (:func:`xasink.support.masking.display_url`).
     """
     rest: dict[str, Any] = {}
     user = password = None

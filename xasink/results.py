@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from xasink.xid import Xid
+from xasink.protocol.xid import Xid
 
 
 @dataclass(frozen=True)

@@ -28,20 +28,20 @@ import pyarrow as pa
 from pyspark.sql.types import IntegerType, StringType, StructField, StructType
 from sqlalchemy.engine import make_url
 
-from xasink.apply import check_predicate, ensure_shadow, shadow_plan, spec_for
-from xasink.branch import write_partition
-from xasink.cli import main as cli_main
-from xasink.coordinator import Coordinator
-from xasink.faults import fault
-from xasink.liveness import InProcessGuard
-from xasink.multi import MultiCoordinator
+from xasink.ops.cli import main as cli_main
 from xasink.options import parse_options
+from xasink.protocol.coordinator import Coordinator
+from xasink.protocol.liveness import InProcessGuard
+from xasink.protocol.multi_target import MultiCoordinator
+from xasink.protocol.partition_writer import write_partition
+from xasink.protocol.xid import new_run_nonce
 from xasink.results import BranchOutcome, WriteResult
-from xasink.schema import plan_target
 from xasink.spark import datasource  # noqa: F401  (imported by prepare_tx_write: loaded once, in the fork server)
 from xasink.spark.transaction import LOG_TABLE_PLACEHOLDER
 from xasink.spark.txwrite import TxWrite, abort_tx_write, prepare_tx_write, record_tx_part
-from xasink.xid import new_run_nonce
+from xasink.support.faults import fault
+from xasink.write_modes.schema import plan_target
+from xasink.write_modes.statements import check_predicate, ensure_shadow, shadow_plan, spec_for
 
 FLAG = "is_delete"  # the change-data delete flag's column (not written to the table)
 

@@ -3,7 +3,7 @@
 Each writer is a process of its own (tests/scenarios/driver.py), forked by a ``multiprocessing`` fork
 server that imported xasink once, so a schedule of four writers starts in milliseconds rather than
 seconds; it can be SIGKILLed by its fault point and is killed here if it outlives its time limit.
-Recovery runs as the real ``xasink recover`` command (the console script's entry point, ``xasink.cli:main``,
+Recovery runs as the real ``xasink recover`` command (the console script's entry point, ``xasink.ops.cli:main``,
 in a forked process; ``XASINK_SCENARIO_CLI=1``: the installed script itself), some runs under a short
 statement timeout; a final one runs after every writer is gone.  Then the
 table, its child table, a sibling table and the prepared branches are read with the plain driver
@@ -268,7 +268,7 @@ class Runner:
 
 
 class RecoverRun:
-    """One ``xasink recover``: the CLI's entry point (``xasink.cli:main``, what the console script runs) in a
+    """One ``xasink recover``: the CLI's entry point (``xasink.ops.cli:main``, what the console script runs) in a
     process forked by the fork server, or with ``XASINK_SCENARIO_CLI=1`` the installed console script itself
     (an interpreter start per run: about a second on a busy machine)."""
 

@@ -20,11 +20,11 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.pool import NullPool
 
-from xasink import phases
 from xasink.dialects.pooling import watch_checkouts
 from xasink.errors import BranchError, ConnectError, XasinkError
-from xasink.masking import display_url, redact, url_secrets
-from xasink.xid import Xid
+from xasink.protocol.xid import Xid
+from xasink.support import phases
+from xasink.support.masking import display_url, redact, url_secrets
 
 if TYPE_CHECKING:  # rows and types only: the driver's commit path never loads pyarrow
     import pyarrow as pa
@@ -90,8 +90,8 @@ class TargetPlan:
     # index) and inserts the rest plainly, so any other unique conflict fails the batch
     upsert_by_update: bool = False
     upsert_index: str | None = None
-    # the shadow table of an overwrite / replaceWhere / change-data write (xasink.apply): this column of each
-    # row is the batch id, filled in by the task
+    # the shadow table of an overwrite / replaceWhere / change-data write (xasink.write_modes.statements):
+    # this column of each row is the batch id, filled in by the task
     batch_column: str | None = None
     branch_column: str | None = None  # the shadow's column of each row's branch (its xid's bqual), ditto
     required: tuple[str, ...] = ()  # columns that must not be NULL in any row (change-data keys and sequence)
@@ -425,7 +425,7 @@ class Dialect(ABC):
         UPDATE`` gives the transaction an id and a WAL record, so its commit waits for a flush otherwise.
         """
 
-    # -- overwrite, replaceWhere, change-data apply (xasink.apply) ---------------
+    # -- overwrite, replaceWhere, change-data apply (xasink.write_modes.statements) ---------------
     # whether the shadow gets an index on (batch, branch) (named <shadow>SHADOW_INDEX_SUFFIX), and the isolation
     # level of the apply's transaction: InnoDB's locking reads (INSERT .. SELECT, DELETE, at REPEATABLE READ)
     # lock every row they scan, so an apply would wait on another run's prepared rows of the shadow

@@ -16,15 +16,16 @@ from urllib.parse import urlparse
 
 from pyspark.sql import DataFrame, SparkSession
 
-from xasink import errors, notices
-from xasink.coordinator import Coordinator
-from xasink.journal import Journal
-from xasink.masking import redact, url_secrets
+from xasink import errors
+from xasink.journal.log import Journal
+from xasink.journal.targets import UNKNOWN_QUERY
 from xasink.options import WriteOptions, parse_options
+from xasink.protocol.coordinator import Coordinator
+from xasink.protocol.xid import new_run_nonce
 from xasink.results import WriteResult
 from xasink.spark.datasource import QUERY_OPTION, RUN_OPTION, STREAM_QUERY_PROPERTY, XasinkDataSource, check_batch_order
-from xasink.targets import UNKNOWN_QUERY
-from xasink.xid import new_run_nonce
+from xasink.support import notices
+from xasink.support.masking import redact, url_secrets
 
 log = logging.getLogger("xasink")
 

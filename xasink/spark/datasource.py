@@ -27,17 +27,17 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from xasink import faults, notices
-from xasink.apply import ApplySpec, check_predicate, ensure_shadow, shadow_plan, spec_for
-from xasink.coordinator import Coordinator
 from xasink.dialects.base import TargetPlan
 from xasink.errors import OptionError, PreflightError
-from xasink.liveness import ensure_keeper, guard_name, spark_driver_process
 from xasink.options import WriteOptions, parse_options
-from xasink.phases import phase, worker_started
+from xasink.protocol.coordinator import Coordinator
+from xasink.protocol.liveness import ensure_keeper, guard_name, spark_driver_process
+from xasink.protocol.xid import new_run_nonce
 from xasink.results import BranchOutcome
 from xasink.spark.txwrite import TX_URL_OPTION, TxWrite, abort_tx_write, prepare_tx_write, record_tx_part, tx_write
-from xasink.xid import new_run_nonce
+from xasink.support import faults, notices
+from xasink.support.phases import phase, worker_started
+from xasink.write_modes.statements import ApplySpec, check_predicate, ensure_shadow, shadow_plan, spec_for
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -97,14 +97,14 @@ class WritePlan:
 
     target: TargetPlan
     log_id: str  # the decision log's identity: every branch's xid carries it
-    guard: str | None = None  # the session lock this driver holds while its runs live (xasink.liveness)
+    guard: str | None = None  # the session lock this driver holds while its runs live (xasink.protocol.liveness)
     apply: ApplySpec | None = None  # overwrite / replaceWhere / change-data: tasks load the shadow table
     claimed: bool = False  # the driver took the batch over for this run: first task attempts skip their claim
 
 
 def _prepare(options: WriteOptions, schema: StructType, branches: int | None) -> WritePlan:
     """Driver-side: server checks, journal, table plan.  Everything that can be wrong fails here."""
-    from xasink.schema import plan_target
+    from xasink.write_modes.schema import plan_target
 
     worker_started("driver", sink=options.sink_id)
     coordinator = Coordinator(options, shared=True)
@@ -152,7 +152,7 @@ def session_time_zone(ctx: TaskContext) -> str | None:
     """The session time zone of the write, as Spark hands its SQL settings to tasks (a local property).
 
     A session that never set it runs in the JVM's default zone, which a Python worker cannot see: None then
-    (xasink.schema.conform takes the zone Spark labels TimestampType columns with, else UTC)."""
+    (xasink.write_modes.schema.conform takes the zone Spark labels TimestampType columns with, else UTC)."""
     return ctx.getLocalProperty(SESSION_TIME_ZONE) or None
 
 
@@ -175,7 +175,7 @@ def _write_task(
         )
     with notices.captured() as warned:
         outcome = _write_partition(options, plan, run, batch_id, iterator, tx, ctx, query)
-    if warned:  # the task's log is nobody's to read: the driver reports them (xasink.notices)
+    if warned:  # the task's log is nobody's to read: the driver reports them (xasink.support.notices)
         outcome = replace(outcome, warnings=tuple(f"partition {partition}: {w}" for w in warned))
     return XasinkCommitMessage(outcome)
 
@@ -190,7 +190,9 @@ def _write_partition(
     ctx: TaskContext,
     query: str | None,
 ) -> BranchOutcome:
-    from xasink.branch import write_partition  # the rows' path: not imported by the planning and commit workers
+    from xasink.protocol.partition_writer import (
+        write_partition,  # the rows' path: not imported by the planning and commit workers
+    )
 
     partition = ctx.partitionId()
     return write_partition(
@@ -272,7 +274,7 @@ class XasinkBatchWriter(DataSourceArrowWriter):
         self.plan = plan
         self.run = run or new_run_nonce()
         self.tx = tx
-        self.notices = notices_path  # xasink.write's file for warnings (xasink.notices); None: to stderr
+        self.notices = notices_path  # xasink.write's file for warnings (xasink.support.notices); None: to stderr
         self.sink_without_batch = sink_without_batch
         self.query = query
 
@@ -463,7 +465,7 @@ class XasinkStreamWriter(DataSourceStreamArrowWriter):
             coordinator.close()
 
     def _guard(self, coordinator: Coordinator) -> str | None:
-        """This driver's run guard for the sink's log (:func:`xasink.liveness.ensure_keeper` names it so)."""
+        """This driver's run guard for the sink's log (:func:`xasink.protocol.liveness.ensure_keeper` names it so)."""
         if self._plan is not None:
             return self._plan.guard
         driver = spark_driver_process()

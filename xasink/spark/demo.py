@@ -21,8 +21,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from xasink.embedded import EmbeddedPostgres, EmbeddedPostgresError
 from xasink.errors import XasinkError
+from xasink.support.embedded import EmbeddedPostgres, EmbeddedPostgresError
 
 TABLE = "demo_orders"
 SINK = "demo-orders"

@@ -5,7 +5,7 @@
         tx.write(audit, maria_url, "events")
 
 Each ``tx.write`` prepares its branches (a Spark job, like ``xasink.write``) and records them in the
-decision log without deciding; leaving the block decides once over every write (xasink.multi).
+decision log without deciding; leaving the block decides once over every write (xasink.protocol.multi_target).
 Writes may run in several threads; the decision waits for all of them.
 """
 
@@ -21,15 +21,15 @@ from typing import Any
 from pyspark.sql import DataFrame
 
 from xasink import errors
-from xasink.faults import fault
-from xasink.masking import redact, url_secrets
-from xasink.multi import MultiCoordinator
 from xasink.options import WriteOptions, parse_options
+from xasink.protocol.multi_target import MultiCoordinator
+from xasink.protocol.xid import MAX_BATCH_ID, valid_sink_id
 from xasink.results import TargetResult, TransactionResult, WriteResult
 from xasink.spark.api import _summary, _unwrap, is_connect, micro_batch_query, register, shape
 from xasink.spark.datasource import RUN_OPTION
 from xasink.spark.txwrite import TX_GUARD_OPTION, TX_PART_OPTION, TX_URL_OPTION
-from xasink.xid import MAX_BATCH_ID, valid_sink_id
+from xasink.support.faults import fault
+from xasink.support.masking import redact, url_secrets
 
 log = logging.getLogger("xasink")
 

@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql.types import StructType
 from sqlalchemy.engine import URL, make_url
 
-from xasink.coordinator import Coordinator
 from xasink.dialects import dialect_for
 from xasink.errors import BatchAbortedError, OptionError
-from xasink.journal import Journal
+from xasink.journal.log import Journal
+from xasink.journal.parts import Part, record_part, server_identity
+from xasink.journal.targets import target_identity
 from xasink.options import WriteOptions
-from xasink.parts import Part, record_part, server_identity
+from xasink.protocol.coordinator import Coordinator
 from xasink.results import BranchOutcome
-from xasink.targets import target_identity
 
 if TYPE_CHECKING:
     from xasink.spark.datasource import WritePlan
@@ -63,8 +63,8 @@ def _journal(options: WriteOptions, tx: TxWrite) -> Journal:
 
 def prepare_tx_write(options: WriteOptions, schema: StructType, tx: TxWrite) -> WritePlan:
     """Driver side: the target table's plan and the log's identity (the transaction pre-flighted the server)."""
-    from xasink.schema import plan_target
     from xasink.spark.datasource import WritePlan, arrow_schema
+    from xasink.write_modes.schema import plan_target
 
     journal = _journal(options, tx)
     dialect = dialect_for(options.url, options.branch_settings)

@@ -19,7 +19,7 @@ from xasink.dialects.mysql.errors import PRIVILEGE_CODES
 from xasink.dialects.mysql.sql import BRANCH_SQL_MODE, MAX_LOCK_WAIT, errno_of, quote_ident, table_name
 from xasink.dialects.mysql.xa import owner_lock, parse_recover_row, recover_statement, xid_literal
 from xasink.errors import BranchError
-from xasink.xid import FORMAT_ID, Xid
+from xasink.protocol.xid import FORMAT_ID, Xid
 
 if TYPE_CHECKING:
     from xasink.dialects.mysql.dialect import MySQLDialect

@@ -29,8 +29,8 @@ from xasink.dialects.mysql.owner import DETACH_TIMEOUT_S, OWNER_WAIT_S, OwnerWat
 from xasink.dialects.mysql.sql import BRANCH_SQL_MODE, SA_DIALECT, errno_of, quote_ident
 from xasink.dialects.mysql.xa import ER_XAER_NOTA, foreign_gid, parse_foreign_gid, recovered, xa_literal, xid_literal
 from xasink.errors import BranchError
-from xasink.masking import redact, url_secrets
-from xasink.xid import FORMAT_ID, Xid
+from xasink.protocol.xid import FORMAT_ID, Xid
+from xasink.support.masking import redact, url_secrets
 
 if TYPE_CHECKING:  # rows and types only: the driver's commit path never loads pyarrow
     import pyarrow as pa

@@ -11,7 +11,7 @@ from xasink.dialects.base import ErrorKind, TargetPlan, branch_failed
 from xasink.dialects.mysql.sql import errno_of
 from xasink.dialects.mysql.xa import ER_XAER_NOTA
 from xasink.errors import BranchError, XasinkError
-from xasink.xid import Xid
+from xasink.protocol.xid import Xid
 
 TRANSIENT_CODES = {
     1399,  # XAER_RMFAIL: the control session is in the wrong XA state; a fresh connection fixes it

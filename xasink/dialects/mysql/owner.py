@@ -19,7 +19,7 @@ from xasink.dialects.mysql.errors import PRIVILEGE_CODES
 from xasink.dialects.mysql.sql import errno_of
 from xasink.dialects.mysql.xa import owner_lock
 from xasink.errors import BranchError
-from xasink.xid import Xid
+from xasink.protocol.xid import Xid
 
 log = logging.getLogger("xasink.dialects.mysql")
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
-from xasink.xid import FORMAT_ID, Xid
+from xasink.protocol.xid import FORMAT_ID, Xid
 
 ER_XAER_NOTA = 1397  # the server knows no (finishable) branch of this xid
 

@@ -11,7 +11,7 @@ import pyarrow as pa
 from xasink.dialects.base import BranchSession, TargetPlan, check_upsert_keys
 from xasink.dialects.postgres.sql import _literal, insert_sql, upsert_sql
 from xasink.errors import BranchError
-from xasink.xid import Xid
+from xasink.protocol.xid import Xid
 
 if TYPE_CHECKING:
     from xasink.dialects.postgres.dialect import PostgresDialect

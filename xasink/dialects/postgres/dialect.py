@@ -39,8 +39,8 @@ from xasink.dialects.postgres.sql import (
 )
 from xasink.dialects.spare import Spare
 from xasink.errors import BranchError, PreflightError
-from xasink.masking import redact, url_secrets
-from xasink.xid import Xid
+from xasink.protocol.xid import Xid
+from xasink.support.masking import redact, url_secrets
 
 if TYPE_CHECKING:  # rows and types only: the driver's commit path never loads pyarrow
     import pyarrow as pa

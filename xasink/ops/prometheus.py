@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from xasink import health
+from xasink.ops import alerts as health
 
 if TYPE_CHECKING:
-    from xasink.status import StatusReport
+    from xasink.ops.status import StatusReport
 
 Sample = tuple[dict[str, str], float]
 

@@ -6,9 +6,9 @@ invariant 4) and rolls back those that can never commit, and only then finishes 
 log alone (commit, then apply or mark), whatever crashed: an apply never waits on an orphan's locks.  A decided
 batch is only finished forward; one that cannot be finished now is reported in ``unfinished``.
 :func:`branch_action` is the one rule for a prepared branch, shared with
-``xasink recover``'s dry run (:mod:`xasink.admin`), so what is shown is what is done.
+``xasink recover``'s dry run (:mod:`xasink.ops.survey`), so what is shown is what is done.
 
-The pass runs through a :class:`~xasink.coordinator.Coordinator`: its connection pool, and the same commit
+The pass runs through a :class:`~xasink.protocol.coordinator.Coordinator`: its connection pool, and the same commit
 and roll-back steps (with their retries) as a live commit, so a finish by recovery behaves like one by the
 driver.
 """
@@ -23,17 +23,17 @@ from typing import TYPE_CHECKING
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from xasink.apply import ApplySpec
-from xasink.applying import apply_decided
 from xasink.dialects.base import Dialect, PreparedTxn
 from xasink.errors import ApplyError, CommitIncompleteError, ConnectError
-from xasink.journal import BatchRecord, Journal
-from xasink.liveness import runs_alive
-from xasink.parts import decided_parts, mark_parts_done, server_identity
-from xasink.xid import Xid
+from xasink.journal.log import BatchRecord, Journal
+from xasink.journal.parts import decided_parts, mark_parts_done, server_identity
+from xasink.protocol.apply_step import apply_decided
+from xasink.protocol.liveness import runs_alive
+from xasink.protocol.xid import Xid
+from xasink.write_modes.statements import ApplySpec
 
 if TYPE_CHECKING:  # the coordinator imports this module: only its type is needed here
-    from xasink.coordinator import Coordinator
+    from xasink.protocol.coordinator import Coordinator
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from xasink.errors import PreflightError
-from xasink.journal import Journal
-from xasink.xid import Xid
+from xasink.journal.log import Journal
+from xasink.protocol.xid import Xid
 
 
 @dataclass(frozen=True)

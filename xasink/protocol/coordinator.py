@@ -1,7 +1,8 @@
 """Driver side: decide, commit, sweep and abort a sink's batches.
 
-Recovery's pass (:mod:`xasink.recovery`) and a write mode's apply step (:mod:`xasink.applying`) run through
-a coordinator too, for its pool and its retried commit and roll-back steps; they live in modules of their own.
+Recovery's pass (:mod:`xasink.protocol.recovery`) and a write mode's apply step (:mod:`xasink.protocol.apply_step`)
+run through a coordinator too, for its pool and its retried commit and roll-back steps; they live in modules of
+their own.
 
 The decision (a journal row listing the exact xids) is written under the
 sink's row lock after checking every listed branch is still prepared; every
@@ -23,9 +24,6 @@ from typing import TypeVar
 
 from sqlalchemy.engine import Connection
 
-from xasink import group_ops, recovery
-from xasink.apply import ApplySpec
-from xasink.applying import apply_decided
 from xasink.dialects import dialect_for, shared_dialect
 from xasink.dialects.base import Dialect, ErrorKind
 from xasink.errors import (
@@ -38,12 +36,13 @@ from xasink.errors import (
     ForgottenBatchError,
     ReplayIncompleteError,
 )
-from xasink.faults import fault
-from xasink.journal import BatchRecord, Journal
-from xasink.masking import redact, url_secrets
+from xasink.journal.log import BatchRecord, Journal
+from xasink.journal.targets import forgotten_message, identity_message, same_target, taken_over_message, target_identity
 from xasink.options import WriteOptions
-from xasink.phases import phase
-from xasink.recovery import (  # noqa: F401 - re-exported: callers name them from here
+from xasink.protocol import branch_group as group_ops
+from xasink.protocol import recovery
+from xasink.protocol.apply_step import apply_decided
+from xasink.protocol.recovery import (  # noqa: F401 - re-exported: callers name them from here
     COMMIT,
     ROLLBACK_ORPHAN,
     ROLLBACK_UNDECIDED,
@@ -53,9 +52,12 @@ from xasink.recovery import (  # noqa: F401 - re-exported: callers name them fro
     branch_action,
     list_prepared,
 )
+from xasink.protocol.xid import Xid, new_run_nonce
 from xasink.results import BranchOutcome, WriteResult
-from xasink.targets import forgotten_message, identity_message, same_target, taken_over_message, target_identity
-from xasink.xid import Xid, new_run_nonce
+from xasink.support.faults import fault
+from xasink.support.masking import redact, url_secrets
+from xasink.support.phases import phase
+from xasink.write_modes.statements import ApplySpec
 
 log = logging.getLogger(__name__)
 
@@ -516,7 +518,8 @@ class Coordinator:
 
         ``sweep`` False: the decision saw no branch of this sink up to this batch but the decided ones, so
         there is nothing to sweep (an attempt that prepares after the decision rolls itself back:
-        :func:`xasink.branch.settle_prepared`).  The trim runs for about one batch in ``TRIM_EVERY`` (each
+        :func:`xasink.protocol.partition_writer.settle_prepared`).
+        The trim runs for about one batch in ``TRIM_EVERY`` (each
         every time when the retention is smaller): it reads every uncompacted batch of the sink.
         """
         try:
@@ -548,10 +551,10 @@ class Coordinator:
     def _commit_branches(
         self, xids: Sequence[Xid], first_commit_fault: bool = False, deadline: float | None = None
     ) -> list[Xid]:
-        """COMMIT every decided branch (:func:`xasink.group_ops.commit_branches`)."""
+        """COMMIT every decided branch (:func:`xasink.protocol.branch_group.commit_branches`)."""
         return group_ops.commit_branches(self, xids, first_commit_fault, deadline)
 
-    # -- abort, sweep, recovery (xasink.recovery) -----------------------------------------------------------
+    # -- abort, sweep, recovery (xasink.protocol.recovery) -----------------------------------------------------------
     def abort(
         self,
         batch_id: int,
@@ -597,7 +600,7 @@ class Coordinator:
         batch may still decide them); decided ones are always finished.  With
         ``run``, the caller is a writer of batch ``upto``: branches of that
         batch held by another run (one that took the batch over) are left to it.
-        (:func:`xasink.recovery.recover`.)
+        (:func:`xasink.protocol.recovery.recover`.)
         """
         return recovery.recover(self, upto, min_age_s, run)
 

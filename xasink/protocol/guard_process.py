@@ -1,6 +1,6 @@
-"""``python -m xasink.keeper``: hold one Spark driver's run guard for as long as the driver lives.
+"""``python -m xasink.protocol.guard_process``: hold one Spark driver's run guard for as long as the driver lives.
 
-Started by :func:`xasink.liveness.ensure_keeper` with its settings on standard input (the URL carries a
+Started by :func:`xasink.protocol.liveness.ensure_keeper` with its settings on standard input (the URL carries a
 password, so never on the command line).  It forks so its starter can reap it at once, takes the session
 lock, answers ``ready`` (or ``held`` when another keeper already has it), and then watches: when the
 driver's JVM is gone it exits and the lock goes with its connection.  A lost connection (a database
@@ -17,7 +17,7 @@ import time
 from sqlalchemy.engine import make_url
 
 from xasink.dialects import dialect_for
-from xasink.liveness import DriverProcess
+from xasink.protocol.liveness import DriverProcess
 
 POLL_S = 0.5
 PING_S = 5.0

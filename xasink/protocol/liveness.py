@@ -4,10 +4,10 @@ A run's branches may only be rolled back as undecided once the run is dead: a li
 them.  Ages cannot tell (a long batch outlives any threshold; two backfills of one sink run side by side),
 so every Spark driver holds a **guard**: a session lock named after the decision log and the driver
 (``xasink:<log>:<driver>``), taken on the log's database by a small keeper process
-(``python -m xasink.keeper``) that lives exactly as long as the driver's JVM.  A run records its guard in
-its claim before any branch opens.  The lock vanishes with its connection, so when the driver dies the
-server knows at once, with no clock: sweeps and ``xasink recover`` roll back branches of runs whose guard
-is free and leave the others alone, whatever their age.
+(``python -m xasink.protocol.guard_process``) that lives exactly as long as the driver's JVM.
+A run records its guard in its claim before any branch opens.  The lock vanishes with its connection, so when the
+driver dies the server knows at once, with no clock: sweeps and ``xasink recover`` roll back branches of runs
+whose guard is free and leave the others alone, whatever their age.
 
 A database restart drops every session lock while prepared branches survive; for a short grace period
 after the server started, a free guard counts as alive so the keepers can take their locks again.
@@ -32,7 +32,7 @@ from sqlalchemy.engine import Connection
 
 from xasink.dialects.base import Dialect
 from xasink.errors import PreflightError
-from xasink.journal import ClaimState
+from xasink.journal.log import ClaimState
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ def ensure_keeper(dialect: Dialect, log_id: str, driver: DriverProcess) -> str:
         "start": driver.start,
     }
     proc = subprocess.Popen(
-        [sys.executable, "-m", "xasink.keeper"],
+        [sys.executable, "-m", "xasink.protocol.guard_process"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,

@@ -18,13 +18,13 @@ from sqlalchemy.engine import Connection
 
 from xasink.dialects.base import ErrorKind
 from xasink.errors import CommitIncompleteError, ConnectError
-from xasink.faults import armed, fault
-from xasink.xid import Xid
+from xasink.protocol.xid import Xid
+from xasink.support.faults import armed, fault
 
 if TYPE_CHECKING:  # the coordinator imports this module: only its type is needed here
-    from xasink.coordinator import Coordinator
+    from xasink.protocol.coordinator import Coordinator
 
-log = logging.getLogger("xasink.coordinator")  # the coordinator's steps: logged under its name
+log = logging.getLogger("xasink.protocol.coordinator")  # the coordinator's steps: logged under its name
 
 _COMMIT_THREADS: ThreadPoolExecutor | None = None
 _COMMIT_THREADS_LOCK = threading.Lock()

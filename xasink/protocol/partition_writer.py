@@ -22,15 +22,15 @@ import sqlalchemy as sa
 from xasink.dialects import shared_dialect
 from xasink.dialects.base import BranchSession, Dialect, ErrorKind, TargetPlan, check_required
 from xasink.errors import BatchIdentityError, ConcurrentWriterError, ForgottenBatchError, LateBranchError
-from xasink.faults import fault
-from xasink.journal import Journal
-from xasink.liveness import runs_alive
+from xasink.journal.log import Journal
+from xasink.journal.targets import forgotten_message, identity_message, same_target, taken_over_message, target_identity
 from xasink.options import WriteOptions
-from xasink.phases import phase, worker_started
+from xasink.protocol.liveness import runs_alive
+from xasink.protocol.xid import Xid, attempt_token
 from xasink.results import BranchOutcome
-from xasink.schema import conform
-from xasink.targets import forgotten_message, identity_message, same_target, taken_over_message, target_identity
-from xasink.xid import Xid, attempt_token
+from xasink.support.faults import fault
+from xasink.support.phases import phase, worker_started
+from xasink.write_modes.schema import conform
 
 log = logging.getLogger(__name__)
 
@@ -256,7 +256,7 @@ def write_partition(
     ``journal_url`` names the decision log of a multi-target transaction (xasink.transaction), which
     claimed the batch and cleared stale branches before this write began: the task only prepares, and
     checks under that log's lock that it did not prepare too late.
-    ``guard`` names the session lock the run's driver holds (xasink.liveness): sweeps leave the run's
+    ``guard`` names the session lock the run's driver holds (xasink.protocol.liveness): sweeps leave the run's
     branches alone while it is held.  ``query`` is the streaming query's id, recorded with the batch.
     ``claimed``: the driver took the batch over for ``run`` and rolled back other runs' branches of it
     before the tasks started (:meth:`Coordinator.claim`), so a first attempt goes straight to its rows; a

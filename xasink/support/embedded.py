@@ -90,7 +90,7 @@ class EmbeddedPostgres:
 
     @property
     def url(self) -> str:
-        """The superuser's URL, with its password when it has one (never log it: xasink/masking.py)."""
+        """The superuser's URL, with its password when it has one (never log it: xasink/support/masking.py)."""
         if self.password is None:
             return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
         secret = quote(self.password, safe="")

@@ -18,12 +18,14 @@ from collections.abc import Sequence
 from importlib import metadata
 from typing import Any
 
-from xasink import admin, health, prometheus
-from xasink.ddl import DIALECTS, ddl
 from xasink.errors import OptionError, XasinkError
-from xasink.masking import RedactingFormatter, redact, url_secrets
+from xasink.ops import alerts as health
+from xasink.ops import prometheus
+from xasink.ops import survey as admin
+from xasink.ops.ddl import DIALECTS, ddl
+from xasink.ops.status import StatusReport, status
 from xasink.options import parse_url
-from xasink.status import StatusReport, status
+from xasink.support.masking import RedactingFormatter, redact, url_secrets
 
 _LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 

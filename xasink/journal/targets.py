@@ -3,7 +3,7 @@
 A (sinkId, batchId) names one batch of one target: a rerun of a committed batch id is skipped only when it
 writes the same table (and the same streaming query); one that writes another target is refused, never
 skipped silently (:func:`same_target`).  The identity is a JSON document, read back by recovery too
-(:meth:`xasink.apply.ApplySpec.from_target` finds a write mode's apply step in it).
+(:meth:`xasink.write_modes.statements.ApplySpec.from_target` finds a write mode's apply step in it).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from xasink.errors import XasinkWarning
 
 log = logging.getLogger("xasink")
 
-NOTICES_OPTION = "xasink.notices"  # internal option: the file the driver-side workers append warnings to
+NOTICES_OPTION = "xasink.support.notices"  # internal option: the file the driver-side workers append warnings to
 
 
 class _Collector(logging.Handler):

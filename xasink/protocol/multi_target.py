@@ -1,7 +1,7 @@
 """Driver side of a multi-target transaction: one decision over the branches of several writes.
 
 Every write of the transaction prepares its branches in its own database and records them as a *part*
-in the one decision log (xasink.parts) without deciding.  This object, living in the user's process for
+in the one decision log (xasink.journal.parts) without deciding.  This object, living in the user's process for
 the whole block, holds the run's guard (a session lock on the log's database) so no sweep or recovery
 rolls back an early write's prepared branches while later writes run; at the end it decides once, under
 the log's sink lock, after checking every part's branches are still prepared in their databases, then
@@ -17,7 +17,6 @@ import threading
 import time
 from dataclasses import replace
 
-from xasink.coordinator import Coordinator
 from xasink.dialects import dialect_for
 from xasink.errors import (
     BatchAbortedError,
@@ -29,11 +28,8 @@ from xasink.errors import (
     OptionError,
     ReplayIncompleteError,
 )
-from xasink.faults import fault
-from xasink.journal import BatchRecord, Journal
-from xasink.liveness import InProcessGuard
-from xasink.options import WriteOptions
-from xasink.parts import (
+from xasink.journal.log import BatchRecord, Journal
+from xasink.journal.parts import (
     Part,
     ensure_parts,
     mark_parts_committed,
@@ -42,8 +38,12 @@ from xasink.parts import (
     recorded_targets,
     server_identity,
 )
-from xasink.targets import UNKNOWN_QUERY, describe_target, forgotten_message, target_identity
-from xasink.xid import Xid, new_run_nonce
+from xasink.journal.targets import UNKNOWN_QUERY, describe_target, forgotten_message, target_identity
+from xasink.options import WriteOptions
+from xasink.protocol.coordinator import Coordinator
+from xasink.protocol.liveness import InProcessGuard
+from xasink.protocol.xid import Xid, new_run_nonce
+from xasink.support.faults import fault
 
 log = logging.getLogger(__name__)
 

@@ -1,10 +1,10 @@
 """The decision log's tables: their layout, creating them on first use, upgrading a log made by an older
 xasink, the log's identity, and compacting old batches.
 
-What each table is for is told in :mod:`xasink.journal`, whose :class:`~xasink.journal.Journal` runs the
+What each table is for is told in :mod:`xasink.journal.log`, whose :class:`~xasink.journal.log.Journal` runs the
 protocol's reads and writes on them (claims, decisions, marks).  This part is upkeep: a batch's path only
 pays :meth:`JournalTables.ensure`'s one round trip when the log is ready, and the trim runs for about one
-batch in ``TRIM_EVERY`` (:mod:`xasink.coordinator`).  ``xasink/sql/*.sql`` (``xasink ddl``) holds
+batch in ``TRIM_EVERY`` (:mod:`xasink.protocol.coordinator`).  ``xasink/sql/*.sql`` (``xasink ddl``) holds
 the same DDL for DBAs.
 """
 
@@ -21,7 +21,7 @@ from sqlalchemy.engine import Connection
 
 from xasink.dialects.base import Dialect
 from xasink.errors import PreflightError
-from xasink.xid import Xid, new_log_id, valid_log_id
+from xasink.protocol.xid import Xid, new_log_id, valid_log_id
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ def journal_metadata(
         sa.Column("run", sa.String(8), primary_key=True),
         sa.Column("superseded", sa.Boolean(create_constraint=False), nullable=False),
         sa.Column("claimed_at", sa.DateTime, nullable=False),
-        # the session lock a live run's driver holds (xasink.liveness); NULL for runs that keep none
+        # the session lock a live run's driver holds (xasink.protocol.liveness); NULL for runs that keep none
         sa.Column("guard", sa.String(64)),
         **_MYSQL_TABLE,
     )
@@ -155,7 +155,7 @@ def _ready_query(schema: str | None, prefix: str, mysql: bool) -> sa.Select[tupl
 
 
 class JournalTables:
-    """The decision log's tables in one schema and prefix, and their upkeep; :class:`xasink.journal.Journal`
+    """The decision log's tables in one schema and prefix, and their upkeep; :class:`xasink.journal.log.Journal`
     builds the protocol's operations on it."""
 
     def __init__(self, dialect: Dialect, schema: str | None = None, prefix: str = "xasink_") -> None:
@@ -165,7 +165,7 @@ class JournalTables:
 
     @property
     def tables(self) -> tuple[sa.Table, ...]:
-        return (self.logs, self.sinks, self.batches, self.claims)  # parts: made by a transaction (xasink.parts)
+        return (self.logs, self.sinks, self.batches, self.claims)  # parts: made by a transaction (xasink.journal.parts)
 
     # -- set-up ---------------------------------------------------------------
     def exists(self, conn: Connection) -> bool:

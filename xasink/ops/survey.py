@@ -1,6 +1,6 @@
 """The operator's view: what is prepared on a server, what xasink will do with it, and per-sink status.
 
-Used by ``xasink recover`` (and ``xasink status``, in :mod:`xasink.status`) and importable as
+Used by ``xasink recover`` (and ``xasink status``, in :mod:`xasink.ops.status`) and importable as
 ``xasink.recover(...)``.  Acting always goes through
 :meth:`Coordinator.recover`, so the serialization of DESIGN invariant 4
 holds here too.  A branch is acted on only when its sink is registered in
@@ -16,14 +16,13 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from xasink.coordinator import Coordinator
 from xasink.dialects import Dialect, PreparedTxn, dialect_for
 from xasink.errors import OptionError, XasinkError
-from xasink.journal import BatchRecord, Journal
-from xasink.liveness import runs_alive
-from xasink.masking import display_url, redact, url_secrets
+from xasink.journal.log import BatchRecord, Journal
 from xasink.options import TableName, WriteOptions, parse_url
-from xasink.recovery import (  # noqa: F401 - re-exported for the CLI
+from xasink.protocol.coordinator import Coordinator
+from xasink.protocol.liveness import runs_alive
+from xasink.protocol.recovery import (  # noqa: F401 - re-exported for the CLI
     COMMIT,
     ROLLBACK_ORPHAN,
     ROLLBACK_UNDECIDED,
@@ -31,7 +30,8 @@ from xasink.recovery import (  # noqa: F401 - re-exported for the CLI
     age_seconds,
     branch_action,
 )
-from xasink.xid import Xid
+from xasink.protocol.xid import Xid
+from xasink.support.masking import display_url, redact, url_secrets
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
 """The apply step of a decided batch of a write mode (overwrite, replaceWhere, change-data apply).
 
-:mod:`xasink.apply` holds the statements; this is what runs them after the decision, for the driver's commit
-and for recovery alike: in one local transaction with the batch's mark, retried through transient errors like
-the branches' commits, and withdrawn when no retry can help, so the target keeps its rows.
+:mod:`xasink.write_modes.statements` holds the statements; this is what runs them after the decision, for the
+driver's commit and for recovery alike: in one local transaction with the batch's mark, retried through transient
+errors like the branches' commits, and withdrawn when no retry can help, so the target keeps its rows.
 """
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from xasink.apply import ApplySpec, apply_lock_name, apply_statements, decided_branches, withdraw
 from xasink.dialects.base import Dialect, ErrorKind
 from xasink.errors import ApplyError, CommitIncompleteError
-from xasink.journal import BatchRecord
-from xasink.xid import Xid
+from xasink.journal.log import BatchRecord
+from xasink.protocol.xid import Xid
+from xasink.write_modes.statements import ApplySpec, apply_lock_name, apply_statements, decided_branches, withdraw
 
 if TYPE_CHECKING:  # the coordinator imports this module: only its type is needed here
-    from xasink.coordinator import Coordinator
+    from xasink.protocol.coordinator import Coordinator
 
 log = logging.getLogger(__name__)
 

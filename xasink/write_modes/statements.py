@@ -31,9 +31,9 @@ from sqlalchemy.engine import Connection
 
 from xasink.dialects.base import SHADOW_INDEX_SUFFIX, Dialect, TargetPlan
 from xasink.errors import ApplyError, PreflightError
-from xasink.faults import fault
 from xasink.options import TableName, WriteOptions
-from xasink.xid import Xid
+from xasink.protocol.xid import Xid
+from xasink.support.faults import fault
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +148,7 @@ def _shadow_table(spec: ApplySpec, types: dict[str, Any] | None = None) -> sa.Ta
 def apply_lock_name(spec: ApplySpec) -> str:
     """The lock serializing the applies of one sink (its shadow names the log and the sink) and target."""
     key = hashlib.blake2b(f"{spec.shadow}|{spec.schema or ''}|{spec.table}".encode(), digest_size=8).hexdigest()
-    return f"xasink.apply.{key}"
+    return f"xasink.write_modes.statements.{key}"
 
 
 def check_predicate(conn: Connection, spec: ApplySpec) -> None:

@@ -23,8 +23,8 @@ ordinary transactions, never inside a branch:
   over (rolling back what other runs prepared); a run that was taken over
   can never come back, so two writers of one batch cannot both lose.
 
-The tables' layout, creation, upgrade, identity and trim are :mod:`xasink.journal_tables`; what a batch
-writes, as recorded with it, is :mod:`xasink.targets`.
+The tables' layout, creation, upgrade, identity and trim are :mod:`xasink.journal.tables`; what a batch
+writes, as recorded with it, is :mod:`xasink.journal.targets`.
 """
 
 from __future__ import annotations
@@ -41,14 +41,14 @@ from sqlalchemy.engine import Connection
 
 from xasink.dialects.base import Dialect
 from xasink.errors import ConcurrentWriterError, JournalError, PreflightError
-from xasink.journal_tables import (  # noqa: F401 - re-exported: callers name them from here
+from xasink.journal.tables import (  # noqa: F401 - re-exported: callers name them from here
     COMMITTED,
     COMMITTING,
     JournalTables,
     journal_metadata,
     parts_table,
 )
-from xasink.targets import (  # noqa: F401 - re-exported: callers name them from here
+from xasink.journal.targets import (  # noqa: F401 - re-exported: callers name them from here
     describe_target,
     forgotten_message,
     identity_message,
@@ -57,7 +57,7 @@ from xasink.targets import (  # noqa: F401 - re-exported: callers name them from
     taken_over_message,
     target_identity,
 )
-from xasink.xid import Xid, valid_log_id
+from xasink.protocol.xid import Xid, valid_log_id
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ class ClaimState:
 
 class Journal(JournalTables):
     """The protocol's reads and writes in the decision log; set-up, identity and trim come from
-    :class:`~xasink.journal_tables.JournalTables`."""
+    :class:`~xasink.journal.tables.JournalTables`."""
 
     def __init__(
         self,

@@ -14,8 +14,11 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from xasink import health
-from xasink.admin import (
+from xasink.dialects import Dialect
+from xasink.journal.log import Journal
+from xasink.journal.parts import recorded_targets
+from xasink.ops import alerts as health
+from xasink.ops.survey import (
     DEFAULT_OLDER_THAN_S,
     WAIT,
     PreparedEntry,
@@ -27,9 +30,6 @@ from xasink.admin import (
     _server_error,
     _survey,
 )
-from xasink.dialects import Dialect
-from xasink.journal import Journal
-from xasink.parts import recorded_targets
 
 
 @dataclass

@@ -1,0 +1,1 @@
+"""Support: fault points, phase timings, password masking, user notices, and the embedded PostgreSQL server."""
