@@ -219,7 +219,7 @@ def test_sink_ids_that_differ_only_in_case_are_two_sinks(db: Target) -> None:
     assert len(db.prepared(upper.sink_id)) == len(db.prepared(lower.sink_id)) == 2
     url = db.url if db.password is None else with_login(db.url, urlsplit(db.url).username or "", db.password)
     for s in (upper, lower):  # xasink status: each sink's own batch and branches
-        st = xasink.ops.status(url, sink_id=s.sink_id, older_than_s=0)
+        st = xasink.status(url, sink_id=s.sink_id, older_than_s=0)
         assert [x.sink_id for x in st.sinks] == [s.sink_id]
         assert [(r["batch_id"], r["state"], r["rows"]) for r in st.sinks[0].recent] == [(7, "committed", 10)]
         assert st.sinks[0].prepared_branches == 2

@@ -156,7 +156,7 @@ def test_status_reports_the_killed_job_then_the_recovered_one(db: Db) -> None:
     sink = db.sink()
     killed = killed_job(sink)
 
-    st = xasink.ops.status(db.url, sink_id=sink.sink_id, older_than_s=0)
+    st = xasink.status(db.url, sink_id=sink.sink_id, older_than_s=0)
     assert [s.sink_id for s in st.sinks] == [sink.sink_id]
     s = st.sinks[0]
     assert (s.last_committed_batch, s.in_doubt_batches, s.prepared_branches) == (0, [1], len(killed.plan))
@@ -166,7 +166,7 @@ def test_status_reports_the_killed_job_then_the_recovered_one(db: Db) -> None:
         (0, "committed", 5, 1),
     ]
     assert st.exit_code == 1
-    young = xasink.ops.status(db.url, sink_id=sink.sink_id)  # default threshold: all of it is seconds old
+    young = xasink.status(db.url, sink_id=sink.sink_id)  # default threshold: all of it is seconds old
     assert young.exit_code == 0
 
     code, doc = cli_json("status", "--url", db.url, "--sink-id", sink.sink_id, "--older-than", "0s")
@@ -389,7 +389,7 @@ def test_password_never_appears_in_any_output(db: Db) -> None:
                 assert "***" in out  # the URL is shown, masked
         report = xasink.recover(url, sink_id=sink.sink_id, older_than_s=0)
         assert SECRET not in json.dumps(report.to_dict(), default=str)
-        assert SECRET not in repr(report) + repr(xasink.ops.status(url))
+        assert SECRET not in repr(report) + repr(xasink.status(url))
         assert report.exit_code == 0 and sink.rows() == killed.decided_rows
 
         # a real process acting, with its logs at INFO: exit code, and no password anywhere

@@ -222,7 +222,7 @@ def test_cli_masks_the_password_in_every_spelling(server: Server, form: str) -> 
 @pytest.mark.parametrize("form", FORMS)
 def test_python_api_reports_mask_the_password(server: Server, form: str) -> None:
     for name, url in [(form, form_url(server, form))]:
-        status = xasink.ops.status(url, sink_id=server.sink)
+        status = xasink.status(url, sink_id=server.sink)
         report = xasink.recover(url, dry_run=True, sink_id=server.sink)
         assert [s.sink_id for s in status.sinks] == [server.sink] and not status.errors, status
         for text in (
@@ -249,7 +249,7 @@ def test_wrong_password_is_refused_without_showing_it(server: Server, form: str)
             out = proc.stdout + proc.stderr
             assert "authentication failed" in out and server.user in out, (name, out)
         with pytest.raises(xasink.ConnectError) as info:
-            xasink.ops.status(url)
+            xasink.status(url)
         no_secret(info.value)
         with pytest.raises(xasink.ConnectError) as info:
             Coordinator(parse_options({"url": url, "dbtable": "t"})).preflight()

@@ -175,7 +175,7 @@ def scene(db: Db) -> Iterator[Scene]:
         assert xasink.recover(db.url, sink_id=sink.sink_id, older_than_s=0).exit_code == 0
     # cleaned up: nothing of the sink prepared, the blocked session gone, the decided batch committed once
     assert db.mine() == set()
-    after = xasink.ops.status(db.url, sink_id=sink.sink_id)
+    after = xasink.status(db.url, sink_id=sink.sink_id)
     if db.backend.name == "postgresql":
         assert after.blocked_sessions is not None
         assert [b for b in after.blocked_sessions if b["session"] == blocker.session] == []
@@ -416,7 +416,7 @@ def test_each_threshold_gives_its_exit_code(
 
 def test_python_api_takes_the_thresholds(scene: Scene) -> None:
     need_lock_waits(scene)
-    report: StatusReport = xasink.ops.status(
+    report: StatusReport = xasink.status(
         scene.url, sink_id=scene.sink.sink_id, older_than_s=86400, thresholds=health.Thresholds(crit_blocked=0)
     )
     assert report.exit_code == 2 and report.state == "CRITICAL"
