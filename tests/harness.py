@@ -530,7 +530,7 @@ class BackendSink(Sink):
         """What commit() does up to the decision: the driver is killed right after it."""
         xids = tuple(sorted(o.xid for o in outcomes if o.xid is not None))
         record = BatchRecord(self.sink_id, batch_id, "committing", xids, sum(o.rows for o in outcomes), len(xids))
-        self.coordinator._decide(record)
+        self.coordinator.decider.decide(record)
         return record
 
     def rows(self) -> list[tuple[Any, ...]]:

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-import xasink.protocol.coordinator
+import xasink.protocol.recovery
 from tests.harness import TargetSink, expected
 from tests.targets import Target
 from tests.tcp_proxy import TcpProxy
@@ -209,7 +209,7 @@ def test_sweep_and_trim_failing_after_the_commit_are_warnings(
 ) -> None:
     """The database goes away right after the batch is marked committed: the sweep and the trim fail, the
     write still succeeds (warnings only), and what the sweep left is finished by the next recovery."""
-    monkeypatch.setattr(xasink.protocol.coordinator, "TRIM_EVERY", 1)  # this batch's turn to trim
+    monkeypatch.setattr(xasink.protocol.recovery, "TRIM_EVERY", 1)  # this batch's turn to trim
     stale = sink.prepare(4, range(900, 906), parts=1)  # an undecided batch the sweep of batch 5 rolls back
     outcomes = sink.prepare(5, range(300, 330))
     sink.proxy.cut_on(b"COMMIT", armed_by=MARK, relay_reply=True, then_down_for=600)

@@ -294,7 +294,7 @@ def decide(sink: Sink, batch_id: int, outcomes: list[BranchOutcome | None]) -> B
     record = BatchRecord(
         sink.options.sink_id, batch_id, "committing", xids, sum(o.rows for o in outcomes if o), len(xids)
     )
-    sink.coordinator._decide(record)
+    sink.coordinator.decider.decide(record)
     return record
 
 
@@ -361,7 +361,7 @@ def test_decision_wins_the_race_then_recovery_commits(sink: Sink) -> None:
     assert sorted(x.gid for x in report.committed) == gids(outcomes)
     assert report.rolled_back == []
     # the live driver goes on committing: the branches are gone, which means committed
-    assert sorted(sink.coordinator._commit_branches(record.xids)) == list(record.xids)
+    assert sorted(sink.coordinator.group.commit(record.xids)) == list(record.xids)
     assert sink.rows() == expected(range(20), tag="v")
     assert sink.mine() == []
 

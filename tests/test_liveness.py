@@ -28,7 +28,7 @@ from tests.harness import CRASH_DRIVER, PARTITIONS, N, expected, run_crash_drive
 from tests.leaks import run_cli
 from tests.procs import ROOT, tail
 from tests.targets import Target
-from xasink.protocol.coordinator import WAIT
+from xasink.protocol.judgement import WAIT
 from xasink.protocol.xid import Xid
 
 pytestmark = pytest.mark.crash

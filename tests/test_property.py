@@ -1,7 +1,7 @@
 """Property-based test of the protocol: random interleavings of prepare, decide, commit, crash and recover.
 
-A hypothesis state machine drives ``write_partition`` (a task's branch), ``Coordinator._decide``,
-``Coordinator.commit`` / ``_commit_branches`` (a commit that stops half-way), ``Coordinator.abort`` and
+A hypothesis state machine drives ``write_partition`` (a task's branch), ``Decider.decide``,
+``Coordinator.commit`` / ``BranchGroup.commit`` (a commit that stops half-way), ``Coordinator.abort`` and
 ``Coordinator.recover`` against the real embedded PostgreSQL, for one sink with three batches.  A crash
 abandons the coordinator and the driver's reports and starts a new run, as a restarted driver would.
 After every step it checks the six invariants of DESIGN.md on what the database holds:
@@ -151,7 +151,7 @@ class Protocol(RuleBasedStateMachine):
         xids = tuple(sorted(x for x in (Xid.parse(g) for g in chosen) if x is not None))
         record = BatchRecord(self.sink, batch, "committing", xids, 0, len(xids))
         try:
-            self.coordinator._decide(record)
+            self.coordinator.decider.decide(record)
             self.seen["decide: recorded"] += 1
         except ConcurrentWriterError:
             self.seen["decide: refused"] += 1
@@ -180,7 +180,7 @@ class Protocol(RuleBasedStateMachine):
             return
         some = data.draw(st.lists(st.sampled_from(listed[1]), unique=True, min_size=1))
         xids = [x for x in (Xid.parse(g) for g in some) if x is not None]
-        self.coordinator._commit_branches(xids)
+        self.coordinator.group.commit(xids)
 
     @rule(batch=BATCHES)
     def abort(self, batch: int) -> None:

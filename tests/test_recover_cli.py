@@ -2,7 +2,7 @@
 
 Every test runs on PostgreSQL and on MariaDB (skipped when no MariaDB server is reachable, see
 ``mariadb_url`` in conftest).  The states a killed job leaves behind are built with the real protocol
-pieces: ``write_partition`` prepares branches, ``Coordinator._decide`` records a decision without
+pieces: ``write_partition`` prepares branches, ``Decider.decide`` records a decision without
 committing, and a prepared branch of a decided batch that is not in its list is an orphan.  Each test
 checks the exact rows of the target table, what is left prepared, and the exit code.
 
@@ -51,7 +51,7 @@ def killed_job(sink: BackendSink) -> Killed:
     orphan = sink.write(1, 2, range(100, 105))  # an attempt whose report never made it into the decision
     sink.decide(1, b1)
     assert b1[0].xid is not None
-    sink.coordinator._commit_branches([b1[0].xid])  # the killed driver got one COMMIT through
+    sink.coordinator.group.commit([b1[0].xid])  # the killed driver got one COMMIT through
     b2 = [sink.write(2, 0, range(40, 50)), sink.write(2, 1, range(50, 60))]  # never decided
     plan = {gid(b1[1]): ("decided", "commit"), gid(orphan): ("orphan", "rollback-orphan")}
     plan.update({gid(o): ("undecided", "rollback") for o in b2})

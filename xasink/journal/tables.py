@@ -4,7 +4,7 @@ xasink, the log's identity, and compacting old batches.
 What each table is for is told in :mod:`xasink.journal.log`, whose :class:`~xasink.journal.log.Journal` runs the
 protocol's reads and writes on them (claims, decisions, marks).  This part is upkeep: a batch's path only
 pays :meth:`JournalTables.ensure`'s one round trip when the log is ready, and the trim runs for about one
-batch in ``TRIM_EVERY`` (:mod:`xasink.protocol.coordinator`).  ``xasink/sql/*.sql`` (``xasink ddl``) holds
+batch in ``TRIM_EVERY`` (:mod:`xasink.protocol.recovery`).  ``xasink/journal/sql/*.sql`` (``xasink ddl``) holds
 the same DDL for DBAs.
 """
 

@@ -21,23 +21,21 @@ from xasink.errors import OptionError, XasinkError
 from xasink.journal.log import BatchRecord, Journal
 from xasink.options import TableName, WriteOptions, parse_url
 from xasink.protocol.coordinator import Coordinator
-from xasink.protocol.liveness import runs_alive
-from xasink.protocol.recovery import (  # noqa: F401 - re-exported for the CLI
+from xasink.protocol.judgement import (  # noqa: F401 - re-exported for the CLI
     COMMIT,
+    IGNORE_FOREIGN,
+    IGNORE_OTHER_LOG,
+    IGNORE_UNKNOWN_SINK,
     ROLLBACK_ORPHAN,
     ROLLBACK_UNDECIDED,
     WAIT,
-    age_seconds,
-    branch_action,
+    judge,
 )
 from xasink.protocol.xid import Xid
 from xasink.support.masking import display_url, redact, url_secrets
 
 log = logging.getLogger(__name__)
 
-IGNORE_FOREIGN = "ignore"  # not ours: never touched
-IGNORE_UNKNOWN_SINK = "ignore-unknown-sink"  # ours, but its sink is not in this decision log
-IGNORE_OTHER_LOG = "ignore-other-log"  # an xasink branch of another decision log (its log id differs)
 ROLLBACK_FOREIGN = "rollback-foreign"  # named explicitly by the operator
 DEFAULT_OLDER_THAN_S = 600.0
 
@@ -134,64 +132,35 @@ def _survey(
         known_sinks = set(journal.sink_ids(conn)) if has_journal else set()
         log_id = journal.find_log_id(conn) if has_journal else None
         pending: dict[str, list[BatchRecord]] = {}
-        decisions: dict[tuple[str, int], BatchRecord] = {}
-        claimed: dict[tuple[str, int, str], Any] = {}  # when a run claimed its batch: ages XA RECOVER does not give
-        alive: dict[tuple[str, int, str], bool | None] = {}  # whether each run's driver still holds its guard
         if has_journal:
             for rec in journal.pending(conn, sink_filter):
                 pending.setdefault(rec.sink_id, []).append(rec)
-            by_sink: dict[str, set[int]] = {}
-            for p in prepared:
-                if (
-                    p.xid is not None
-                    and p.xid.log_id == log_id
-                    and (sink_filter is None or p.xid.sink_id == sink_filter)
-                ):
-                    by_sink.setdefault(p.xid.sink_id, set()).add(p.xid.batch_id)
-            for sink, batches in by_sink.items():
-                for b, rec in journal.get_many(conn, sink, batches).items():
-                    decisions[(sink, b)] = rec
-                undated = {p.xid.batch_id for p in prepared if p.xid and p.xid.sink_id == sink and not p.prepared_at}
-                for (b, run), at in journal.claimed_at(conn, sink, undated).items():
-                    claimed[(sink, b, run)] = at
-                undecided = batches - {b for (s, b) in decisions if s == sink}
-                claims = journal.claim_states(conn, sink, undecided)
-                for (b, run), live in runs_alive(journal.dialect, conn, claims).items():
-                    alive[(sink, b, run)] = live
+        # the one judgement recovery acts on (xasink.protocol.judgement): what is shown is what is done
+        verdicts = judge(
+            journal, conn, prepared, now, log_id, sinks=known_sinks, sink_id=sink_filter, min_age_s=older_than_s
+        )
     entries = []
-    for p in prepared:
-        x = p.xid
-        when = p.prepared_at or (claimed.get((x.sink_id, x.batch_id, x.run)) if x is not None else None)
-        age = age_seconds(now, when)
+    for v in verdicts:
+        p, x = v.txn, v.txn.xid
         if x is None:
             action = ROLLBACK_FOREIGN if p.gid in rollback_foreign else IGNORE_FOREIGN
             entries.append(
-                PreparedEntry(p.gid, False, None, None, None, None, age, p.database, p.owner, "foreign", action)
+                PreparedEntry(p.gid, False, None, None, None, None, v.age_s, p.database, p.owner, v.state, action)
             )
             continue
-        if sink_filter is not None and x.sink_id != sink_filter:
-            continue
-        decision = decisions.get((x.sink_id, x.batch_id))
-        if log_id is not None and x.log_id != log_id:
-            state, action = "other-log", IGNORE_OTHER_LOG
-        elif x.sink_id not in known_sinks:
-            state, action = "unknown-sink", IGNORE_UNKNOWN_SINK
-        else:
-            action = branch_action(x, decision, age, older_than_s, alive.get((x.sink_id, x.batch_id, x.run), False))
-            state = "undecided" if decision is None else ("decided" if action == COMMIT else "orphan")
         entries.append(
             PreparedEntry(
                 p.gid,
-                action != IGNORE_OTHER_LOG,
+                v.action != IGNORE_OTHER_LOG,
                 x.sink_id,
                 x.batch_id,
                 x.partition,
                 x.attempt,
-                age,
+                v.age_s,
                 p.database,
                 p.owner,
-                state,
-                action,
+                v.state,
+                v.action,
                 log_id=x.log_id,
             )
         )

@@ -9,104 +9,136 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from xasink.dialects.base import Dialect, ErrorKind
 from xasink.errors import ApplyError, CommitIncompleteError
-from xasink.journal.log import BatchRecord
+from xasink.journal.log import BatchRecord, Journal
+from xasink.protocol.retry import RetryPolicy
 from xasink.protocol.xid import Xid
 from xasink.write_modes.statements import ApplySpec, apply_lock_name, apply_statements, decided_branches, withdraw
-
-if TYPE_CHECKING:  # the coordinator imports this module: only its type is needed here
-    from xasink.protocol.coordinator import Coordinator
 
 log = logging.getLogger(__name__)
 
 
-def apply_decided(
-    c: Coordinator, batch_id: int, spec: ApplySpec, xids: Sequence[Xid], commit_ms: int | None, deadline: float
-) -> None:
-    """Replace the target's rows from the shadow and mark the batch committed, in one local transaction.
+class ApplyStep:
+    """Runs a decided batch's apply for one sink: the decision log's database holds the target and its shadow."""
 
-    ``xids`` is the decision this run finishes: once another run withdrew it (its rows proven wrong), the
-    batch may be decided again by a newer writer, whose decision this run neither applies nor withdraws nor
-    reports as its own.
+    def __init__(self, journal: Journal, policy: RetryPolicy, sink_id: str) -> None:
+        self.journal = journal
+        self.policy = policy
+        self.sink_id = sink_id
 
-    Transient errors are retried like the commits (the branches are committed into the shadow, so the
-    batch is only ever finished, by this run or by recovery).  Only a proven property of the rows (a
-    constraint of the table they violate, a row outside replaceWhere: the dialect's ``ErrorKind.ROWS``, or
-    the apply's own :class:`ApplyError`) withdraws the decision: the target keeps its rows.  Anything else
-    (a timeout, a cancellation, a read-only or full server, a missing privilege) leaves the batch decided:
-    :class:`CommitIncompleteError`, naming the batch and what blocked it; a later run or recover finishes it.
-    """
-    dialect = c.journal.dialect
-    lock = apply_lock_name(spec)
+    def apply(
+        self, batch_id: int, spec: ApplySpec, xids: Sequence[Xid], commit_ms: int | None, deadline: float
+    ) -> None:
+        """Replace the target's rows from the shadow and mark the batch committed, in one local transaction.
 
-    def step() -> bool:
-        with dialect.connect() as conn:
-            if dialect.apply_isolation is not None:
-                conn.execution_options(isolation_level=dialect.apply_isolation)
-            conn.begin()
-            try:
-                # first the sink and target's apply lock: two applies of one sink (a backfill beside the
-                # stream) never interleave, so the result is that of one after the other
-                dialect.lock_apply(conn, lock)
-                decided = c.journal.get(conn, c.sink_id, batch_id)
-                if not _same(decided, xids) or not c.journal.mark_within(conn, c.sink_id, batch_id, commit_ms):
-                    conn.rollback()
-                    return False
-                dialect.durable_commit(conn)
-                branches = decided_branches(conn, spec, tuple(xids))
-                rows = apply_statements(dialect, conn, spec, batch_id, branches)
-                conn.commit()
-            except BaseException:
-                conn.rollback()
-                raise
-            finally:
-                _unlock(dialect, conn, lock)
-            log.info("sink %s batch %s: %s (%d rows)", c.sink_id, batch_id, spec.describe(), rows)
-        return True
+        ``xids`` is the decision this run finishes: once another run withdrew it (its rows proven wrong), the
+        batch may be decided again by a newer writer, whose decision this run neither applies nor withdraws nor
+        reports as its own.
 
-    what = f"applying sink {c.sink_id} batch {batch_id} ({spec.describe()})"
-    try:
-        if not c._forward(what, step, deadline):
+        Transient errors are retried like the commits (the branches are committed into the shadow, so the
+        batch is only ever finished, by this run or by recovery).  Only a proven property of the rows (a
+        constraint of the table they violate, a row outside replaceWhere: the dialect's ``ErrorKind.ROWS``, or
+        the apply's own :class:`ApplyError`) withdraws the decision: the target keeps its rows.  Anything else
+        (a timeout, a cancellation, a read-only or full server, a missing privilege) leaves the batch decided:
+        :class:`CommitIncompleteError`, naming the batch and what blocked it; a later run or recover finishes it.
+        """
+        dialect = self.journal.dialect
+        lock = apply_lock_name(spec)
+
+        def step() -> bool:
             with dialect.connect() as conn:
-                found = c.journal.get(conn, c.sink_id, batch_id)
-            if not _same(found, xids):  # withdrawn (and perhaps decided again by a newer writer since)
-                raise ApplyError(
-                    f"sink {c.sink_id} batch {batch_id}: another run found it could not {spec.describe()} "
-                    "and withdrew the decision; the table keeps its rows"
+                if dialect.apply_isolation is not None:
+                    conn.execution_options(isolation_level=dialect.apply_isolation)
+                conn.begin()
+                try:
+                    # first the sink and target's apply lock: two applies of one sink (a backfill beside the
+                    # stream) never interleave, so the result is that of one after the other
+                    dialect.lock_apply(conn, lock)
+                    decided = self.journal.get(conn, self.sink_id, batch_id)
+                    if not _same(decided, xids) or not self.journal.mark_within(
+                        conn, self.sink_id, batch_id, commit_ms
+                    ):
+                        conn.rollback()
+                        return False
+                    dialect.durable_commit(conn)
+                    branches = decided_branches(conn, spec, tuple(xids))
+                    rows = apply_statements(dialect, conn, spec, batch_id, branches)
+                    conn.commit()
+                except BaseException:
+                    conn.rollback()
+                    raise
+                finally:
+                    _unlock(dialect, conn, lock)
+                log.info("sink %s batch %s: %s (%d rows)", self.sink_id, batch_id, spec.describe(), rows)
+            return True
+
+        what = f"applying sink {self.sink_id} batch {batch_id} ({spec.describe()})"
+        try:
+            if not self.policy.forward(what, step, deadline):
+                with dialect.connect() as conn:
+                    found = self.journal.get(conn, self.sink_id, batch_id)
+                if not _same(found, xids):  # withdrawn (and perhaps decided again by a newer writer since)
+                    raise ApplyError(
+                        f"sink {self.sink_id} batch {batch_id}: another run found it could not {spec.describe()} "
+                        "and withdrew the decision; the table keeps its rows"
+                    )
+                log.info("sink %s batch %s was applied already (by a recovery run)", self.sink_id, batch_id)
+        except ApplyError as exc:
+            if not self.withdraw_decision(batch_id, spec, xids, str(exc)):
+                return  # another run applied it meanwhile: its rows are visible
+            raise
+        except Exception as exc:
+            server = isinstance(exc, sa.exc.DBAPIError)
+            if not server and not self.policy.transient(exc):
+                raise  # not the server's answer: nothing proves the rows wrong, the batch stays decided
+            # a transient error of xasink's own (the apply lock not granted, no connection) is not about the rows
+            # either: the writer is told the batch is decided, and recovery counts it unfinished
+            if not server or dialect.classify(exc) != ErrorKind.ROWS:
+                # not about the rows: the batch stays decided and is only ever finished forward
+                within = f"within commitTimeout ({self.policy.timeout_s} s: " if self.policy.transient(exc) else "("
+                raise CommitIncompleteError(
+                    f"sink {self.sink_id} batch {batch_id} is decided and its rows are loaded, but the step that "
+                    f"makes them visible ({spec.describe()}) failed {within}{self.policy.describe(exc)}); the "
+                    f"table still holds its old rows. The next run of this sink (sinkId '{self.sink_id}') or "
+                    "'xasink recover' finishes it once that is fixed; no row is lost or doubled."
+                ) from exc
+            reason = self.policy.describe(exc)
+            if not self.withdraw_decision(batch_id, spec, xids, reason):
+                return  # another run applied it meanwhile: its rows are visible
+            raise ApplyError(
+                f"sink {self.sink_id} batch {batch_id}: could not {spec.describe()}: {reason}. The table keeps "
+                "its old rows and nothing of this batch is visible; fix the data (or the table) and run it again"
+            ) from None
+
+    def withdraw_decision(self, batch_id: int, spec: ApplySpec, xids: Sequence[Xid], reason: str) -> bool:
+        """Withdraw a decision whose apply can never succeed: its rows only ever reached the shadow.
+
+        False when there was nothing to withdraw because another run (a recovery) applied the batch and marked it
+        committed between this run's failed apply and the sink lock: its rows are visible, so saying "nothing of
+        this batch is visible" would be false (DESIGN invariant 11)."""
+        with self.journal.locked(self.sink_id) as conn:
+            decided = self.journal.get(conn, self.sink_id, batch_id)
+            if not _same(decided, xids):  # withdrawn by another run already; a newer decision is not ours to touch
+                decided = None
+            if decided is not None and decided.committed:
+                log.warning(
+                    "sink %s batch %s: this run's apply failed (%s), but another run applied it meanwhile",
+                    self.sink_id,
+                    batch_id,
+                    reason,
                 )
-            log.info("sink %s batch %s was applied already (by a recovery run)", c.sink_id, batch_id)
-    except ApplyError as exc:
-        if not withdraw_decision(c, batch_id, spec, xids, str(exc)):
-            return  # another run applied it meanwhile: its rows are visible
-        raise
-    except Exception as exc:
-        server = isinstance(exc, sa.exc.DBAPIError)
-        if not server and not c._transient(exc):
-            raise  # not the server's answer: nothing proves the rows wrong, the batch stays decided
-        # a transient error of xasink's own (the apply lock not granted, no connection) is not about the rows
-        # either: the writer is told the batch is decided, and recovery counts it unfinished
-        if not server or dialect.classify(exc) != ErrorKind.ROWS:
-            # not about the rows: the batch stays decided and is only ever finished forward
-            within = f"within commitTimeout ({c.options.commit_timeout} s: " if c._transient(exc) else "("
-            raise CommitIncompleteError(
-                f"sink {c.sink_id} batch {batch_id} is decided and its rows are loaded, but the step that "
-                f"makes them visible ({spec.describe()}) failed {within}{c._describe(exc)}); the table still "
-                f"holds its old rows. The next run of this sink (sinkId '{c.sink_id}') or 'xasink recover' "
-                "finishes it once that is fixed; no row is lost or doubled."
-            ) from exc
-        reason = c._describe(exc)
-        if not withdraw_decision(c, batch_id, spec, xids, reason):
-            return  # another run applied it meanwhile: its rows are visible
-        raise ApplyError(
-            f"sink {c.sink_id} batch {batch_id}: could not {spec.describe()}: {reason}. The table keeps "
-            "its old rows and nothing of this batch is visible; fix the data (or the table) and run it again"
-        ) from None
+                return False
+            if decided is not None and self.journal.withdraw(conn, self.sink_id, batch_id):
+                withdraw(self.journal.dialect, conn, spec, batch_id, decided_branches(conn, spec, decided.xids))
+        log.warning(
+            "sink %s batch %s: decision withdrawn, nothing of it is visible (%s)", self.sink_id, batch_id, reason
+        )
+        return True
 
 
 def _unlock(dialect: Dialect, conn: Connection, lock: str) -> None:
@@ -125,27 +157,3 @@ def _unlock(dialect: Dialect, conn: Connection, lock: str) -> None:
 def _same(decided: BatchRecord | None, xids: Sequence[Xid]) -> bool:
     """Is the log's decision of the batch the one this run finishes (not withdrawn, not another run's)?"""
     return decided is not None and set(decided.xids) == set(xids)
-
-
-def withdraw_decision(c: Coordinator, batch_id: int, spec: ApplySpec, xids: Sequence[Xid], reason: str) -> bool:
-    """Withdraw a decision whose apply can never succeed: its rows only ever reached the shadow.
-
-    False when there was nothing to withdraw because another run (a recovery) applied the batch and marked it
-    committed between this run's failed apply and the sink lock: its rows are visible, so saying "nothing of
-    this batch is visible" would be false (DESIGN invariant 11)."""
-    with c.journal.locked(c.sink_id) as conn:
-        decided = c.journal.get(conn, c.sink_id, batch_id)
-        if not _same(decided, xids):  # withdrawn by another run already; a newer decision is not ours to touch
-            decided = None
-        if decided is not None and decided.committed:
-            log.warning(
-                "sink %s batch %s: this run's apply failed (%s), but another run applied it meanwhile",
-                c.sink_id,
-                batch_id,
-                reason,
-            )
-            return False
-        if decided is not None and c.journal.withdraw(conn, c.sink_id, batch_id):
-            withdraw(c.journal.dialect, conn, spec, batch_id, decided_branches(conn, spec, decided.xids))
-    log.warning("sink %s batch %s: decision withdrawn, nothing of it is visible (%s)", c.sink_id, batch_id, reason)
-    return True

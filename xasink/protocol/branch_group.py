@@ -1,7 +1,8 @@
 """Operations on a group of branches: COMMIT every decided branch in lanes, roll back many.
 
 Kept apart from the coordinator's decisions, as Flink keeps its XA group operations apart from its facade:
-the coordinator decides what to finish, these finish it (with its retries and its pool).
+the coordinator and recovery decide what to finish, a :class:`BranchGroup` finishes it, with the dialect's
+connections and the sink's :class:`~xasink.protocol.retry.RetryPolicy`.
 """
 
 from __future__ import annotations
@@ -11,18 +12,15 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
-from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from xasink.dialects.base import ErrorKind
+from xasink.dialects.base import Dialect, ErrorKind
 from xasink.errors import CommitIncompleteError, ConnectError
+from xasink.protocol.retry import RetryPolicy
 from xasink.protocol.xid import Xid
 from xasink.support.faults import armed, fault
-
-if TYPE_CHECKING:  # the coordinator imports this module: only its type is needed here
-    from xasink.protocol.coordinator import Coordinator
 
 log = logging.getLogger("xasink.protocol.coordinator")  # the coordinator's steps: logged under its name
 
@@ -43,31 +41,48 @@ def _commit_threads() -> ThreadPoolExecutor:
         return _COMMIT_THREADS
 
 
-def rollback_branches(c: Coordinator, xids: Sequence[Xid]) -> None:
-    """ROLLBACK each branch on one connection; one the server no longer knows is gone already."""
-    if not xids:
-        return
-    with c.dialect.connect(autocommit=True) as xa:
-        for xid in xids:
-            try:
-                c.dialect.rollback_prepared(xa, xid)
-                log.info("rolled back branch %s", xid)
-            except sa.exc.DBAPIError as exc:
-                if c.dialect.classify(exc) != ErrorKind.UNKNOWN_XID:
-                    raise
-                xa.rollback()
+class BranchGroup:
+    """COMMIT or roll back many prepared branches of one sink in one database."""
+
+    def __init__(self, dialect: Dialect, policy: RetryPolicy, parallelism: int) -> None:
+        self.dialect = dialect
+        self.policy = policy
+        self.parallelism = parallelism
+
+    def rollback(self, xids: Sequence[Xid]) -> None:
+        """ROLLBACK each branch on one connection; one the server no longer knows is gone already."""
+        if not xids:
+            return
+        with self.dialect.connect(autocommit=True) as xa:
+            for xid in xids:
+                try:
+                    self.dialect.rollback_prepared(xa, xid)
+                    log.info("rolled back branch %s", xid)
+                except sa.exc.DBAPIError as exc:
+                    if self.dialect.classify(exc) != ErrorKind.UNKNOWN_XID:
+                        raise
+                    xa.rollback()
+
+    def commit(self, xids: Sequence[Xid], first_commit_fault: bool = False, deadline: float | None = None) -> list[Xid]:
+        """COMMIT every decided branch (:func:`commit_branches`)."""
+        return commit_branches(self.dialect, self.policy, self.parallelism, xids, first_commit_fault, deadline)
 
 
 def commit_branches(
-    c: Coordinator, xids: Sequence[Xid], first_commit_fault: bool = False, deadline: float | None = None
+    dialect: Dialect,
+    policy: RetryPolicy,
+    parallelism: int,
+    xids: Sequence[Xid],
+    first_commit_fault: bool = False,
+    deadline: float | None = None,
 ) -> list[Xid]:
-    """COMMIT every decided branch in a small pool; transient errors are retried with backoff until
+    """COMMIT every decided branch in ``parallelism`` lanes; transient errors are retried with backoff until
     ``deadline`` (time.monotonic; default commitTimeout from now), or ``commitRetries`` times if set."""
     if not xids:
         return []
     t0 = time.monotonic()
     if deadline is None:
-        deadline = t0 + c.options.commit_timeout
+        deadline = policy.deadline()
     local = threading.local()
     conns: list[Connection] = []
     lock = threading.Lock()
@@ -76,19 +91,19 @@ def commit_branches(
     def connection() -> Connection:
         conn = getattr(local, "conn", None)
         if conn is None:
-            conn = local.conn = c.dialect.connect(autocommit=True)
+            conn = local.conn = dialect.connect(autocommit=True)
             with lock:
                 conns.append(conn)
         return conn
 
     def commit_once(xid: Xid) -> None:
         try:
-            c.dialect.commit_prepared(connection(), xid)
+            dialect.commit_prepared(connection(), xid)
         except Exception as exc:
-            if not isinstance(exc, ConnectError) and c.dialect.classify(exc) == ErrorKind.UNKNOWN_XID:
+            if not isinstance(exc, ConnectError) and dialect.classify(exc) == ErrorKind.UNKNOWN_XID:
                 log.info("branch %s unknown to the server: committed by an earlier attempt", xid)
                 return
-            if c._transient(exc):  # the next try starts on a fresh connection
+            if policy.transient(exc):  # the next try starts on a fresh connection
                 old = getattr(local, "conn", None)
                 local.conn = None
                 if old is not None:
@@ -99,7 +114,7 @@ def commit_branches(
             raise
 
     def commit_one(xid: Xid) -> None:
-        c._forward(f"commit of {xid}", lambda: commit_once(xid), deadline, c.options.commit_retries)
+        policy.forward(f"commit of {xid}", lambda: commit_once(xid), deadline, policy.retries)
         with lock:
             committed.append(xid)
             first = len(committed) == 1
@@ -123,7 +138,7 @@ def commit_branches(
         if first_commit_fault and armed("driver.after_first_commit"):  # a test's kill lands between commits
             errors += lane(pending[:1])
             pending = pending[1:]
-        workers = max(1, min(c.options.commit_parallelism, len(pending)))
+        workers = max(1, min(parallelism, len(pending)))
         lanes = [pending[i::workers] for i in range(workers)]
         futures = [_commit_threads().submit(lane, chunk) for chunk in lanes[1:]]
         try:
@@ -139,10 +154,10 @@ def commit_branches(
         batches = sorted({x.batch_id for x in xids})
         which = f"batch {batches[0]} is" if len(batches) == 1 else f"batches {', '.join(map(str, batches))} are"
         raise CommitIncompleteError(
-            f"sink {c.sink_id} {which} decided: {len(errors)} of {len(xids)} decided branches could not be "
+            f"sink {policy.sink_id} {which} decided: {len(errors)} of {len(xids)} decided branches could not be "
             f"committed yet after {time.monotonic() - t0:.0f} s of retries (commitTimeout "
-            f"{c.options.commit_timeout} s; {c._describe(errors[0])}). The decision is durable: the "
-            f"next run of this sink (sinkId '{c.sink_id}') or 'xasink recover' commits the rest; no row is "
+            f"{policy.timeout_s} s; {policy.describe(errors[0])}). The decision is durable: the "
+            f"next run of this sink (sinkId '{policy.sink_id}') or 'xasink recover' commits the rest; no row is "
             "lost or doubled. Do not rerun it under another sink id: its rows would be written twice."
         ) from errors[0]
     return committed

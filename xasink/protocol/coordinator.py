@@ -1,84 +1,42 @@
-"""Driver side: decide, commit, sweep and abort a sink's batches.
+"""Driver side: claim, decide, commit, sweep and abort a sink's batches.
 
-Recovery's pass (:mod:`xasink.protocol.recovery`) and a write mode's apply step (:mod:`xasink.protocol.apply_step`)
-run through a coordinator too, for its pool and its retried commit and roll-back steps; they live in modules of
-their own.
-
-The decision (a journal row listing the exact xids) is written under the
-sink's row lock after checking every listed branch is still prepared; every
-roll-back of an undecided branch happens under the same lock.  So a batch is
-either decided with all its branches intact, or its branches are rolled back
-and it can never be decided (DESIGN invariant 4).
+A facade over the protocol's parts, as Flink's XA sink is over its own: the decision
+(:mod:`xasink.protocol.decision`), the group operations on branches (:mod:`xasink.protocol.branch_group`), the
+apply step of a write mode (:mod:`xasink.protocol.apply_step`) and recovery (:mod:`xasink.protocol.recovery`),
+which share one retry policy (:mod:`xasink.protocol.retry`).  None of them knows the coordinator.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import random
 import time
-import zlib
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import TypeVar
-
-from sqlalchemy.engine import Connection
+from collections.abc import Sequence
 
 from xasink.dialects import dialect_for, shared_dialect
-from xasink.dialects.base import Dialect, ErrorKind
+from xasink.dialects.base import Dialect
 from xasink.errors import (
     BatchAbortedError,
     BatchIdentityError,
     CommitIncompleteError,
     ConcurrentWriterError,
-    ConnectError,
-    DecisionUnknownError,
     ForgottenBatchError,
     ReplayIncompleteError,
 )
 from xasink.journal.log import BatchRecord, Journal
-from xasink.journal.targets import forgotten_message, identity_message, same_target, taken_over_message, target_identity
+from xasink.journal.targets import forgotten_message, identity_message, same_target, taken_over_message
 from xasink.options import WriteOptions
-from xasink.protocol import branch_group as group_ops
-from xasink.protocol import recovery
-from xasink.protocol.apply_step import apply_decided
-from xasink.protocol.recovery import (  # noqa: F401 - re-exported: callers name them from here
-    COMMIT,
-    ROLLBACK_ORPHAN,
-    ROLLBACK_UNDECIDED,
-    WAIT,
-    RecoveryReport,
-    age_seconds,
-    branch_action,
-    list_prepared,
-)
-from xasink.protocol.xid import Xid, new_run_nonce
+from xasink.protocol.decision import Decider, Refusal
+from xasink.protocol.recovery import RecoveryReport, sink_recovery
 from xasink.results import BranchOutcome, WriteResult
 from xasink.support.faults import fault
-from xasink.support.masking import redact, url_secrets
 from xasink.support.phases import phase
 from xasink.write_modes.statements import ApplySpec
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
+ABORT_SETTLE_S = 4.0  # an abort's sweeps repeat this long: cancelled tasks may PREPARE until their worker is killed
 # (shared dialect, journal schema, prefix) -> the sinks registered in that log by this process
 _SHARED_SINKS: dict[tuple[int, str | None, str], set[str]] = {}
-BACKOFF_FIRST_S = 0.1  # the first retry's delay after the decision; doubled per retry ...
-BACKOFF_CAP_S = 5.0  # ... up to this: an outage of minutes is noticed within seconds of its end
-TRIM_EVERY = 16  # compact the decision log after about one committed batch in this many
-
-
-@dataclass(frozen=True)
-class _Refusal:
-    """Why :meth:`Coordinator._decide` did not decide: a replay to finish, or what to abort the batch with.
-
-    All empty: a task saw a decision the log no longer holds."""
-
-    replay: BatchRecord | None = None  # decided already, for this very target
-    error: Exception | None = None  # BatchIdentityError / ForgottenBatchError
-    strangers: list[Xid] = field(default_factory=list)  # branches of another decision log
-    log_id: str | None = None  # this log's identity (with strangers)
 
 
 class Coordinator:
@@ -100,7 +58,6 @@ class Coordinator:
         # check_server reads the branch settings; the pool serves the commit's parallel COMMITs and its journal steps
         pool = options.commit_parallelism + 2
         self._owns_dialect = dialect is None and not shared
-        self._leftovers = True  # the last decision saw branches of this sink besides its own: sweep after it
         if dialect is None:
             make = shared_dialect if shared else dialect_for
             dialect = make(options.url, options.branch_settings, pool)
@@ -111,6 +68,10 @@ class Coordinator:
                 known = _SHARED_SINKS.setdefault((id(dialect), options.journal_schema, options.journal_prefix), set())
             journal = Journal(self.dialect, options.journal_schema, options.journal_prefix, known)
         self.journal = journal
+        self.recovery = sink_recovery(options, dialect, journal)
+        self.policy = self.recovery.policy
+        self.group = self.recovery.group
+        self.decider = Decider(self.sink_id, options.table, dialect, journal, self.group, self.policy)
 
     def close(self) -> None:
         if self._owns_dialect:
@@ -124,17 +85,13 @@ class Coordinator:
         self.journal.ensure()
 
     # -- commit ---------------------------------------------------------------------
-    def target(self, conn: Connection, query: str | None = None) -> str:
-        """What this sink's batches write (the identity the decision log records with each batch)."""
-        return target_identity(conn, self.options.table.schema, self.options.table.name, query)
-
     def check_batch(self, batch_id: int, query: str | None = None) -> bool:
         """Before a batch writes: True when it is a replay of a committed batch (same target), False when it
         is new.  Raises :class:`BatchIdentityError` when the log holds it for another target, and
         :class:`ForgottenBatchError` when the log can no longer tell (an old log's trim)."""
         with self.dialect.connect(autocommit=True) as conn:  # reads only
             decided, recorded, horizon = self.journal.batch_view(conn, self.sink_id, batch_id)
-            mine = self.target(conn, query)
+            mine = self.decider.target(conn, query)
         if decided:
             if not same_target(recorded, mine):
                 raise BatchIdentityError(identity_message(self.sink_id, batch_id, recorded, mine))
@@ -198,26 +155,26 @@ class Coordinator:
         # one transaction under the sink lock checks the batch (a replay, another target's batch, a batch the
         # log forgot, branches of another log, tasks that saw a decision) and records the decision
         with phase("commit.decide", **ids):
-            verdict = self._decide(record, query, apply, checks=True, skipped=skipped, run=run)
+            verdict = self.decider.decide(record, query, apply, checks=True, skipped=skipped, run=run)
         if verdict is not None:
             return self._refused(verdict, record, outcomes, t0)
         # after the decision, only forward: commit and mark through transient errors until commitTimeout
         fault("driver.after_decide", batch=batch_id)
         t_commit = time.perf_counter()
-        deadline = time.monotonic() + self.options.commit_timeout
+        deadline = self.policy.deadline()
         with phase("commit.commit_prepared", **ids):
-            self._commit_branches(record.xids, first_commit_fault=True, deadline=deadline)
+            self.group.commit(record.xids, first_commit_fault=True, deadline=deadline)
         fault("driver.after_commits", batch=batch_id)
         commit_ms = int((time.perf_counter() - t_commit) * 1000)
         if apply is not None:
             with phase("commit.apply", **ids):
-                apply_decided(self, batch_id, apply, record.xids, commit_ms, deadline)
+                self.recovery.apply_step.apply(batch_id, apply, record.xids, commit_ms, deadline)
         else:
             with phase("commit.mark", **ids):
                 self._mark(batch_id, commit_ms, deadline)
         fault("driver.after_mark", batch=batch_id)
         t_sweep = time.perf_counter()
-        self._after_commit(batch_id, sweep=self._leftovers)
+        self.recovery.after_commit(batch_id, self.options.journal_retention, sweep=self.decider.leftovers)
         t_end = time.perf_counter()
         result = WriteResult(
             self.sink_id,
@@ -237,7 +194,7 @@ class Coordinator:
         return result
 
     def _refused(
-        self, verdict: _Refusal, record: BatchRecord, outcomes: Sequence[BranchOutcome | None], t0: float
+        self, verdict: Refusal, record: BatchRecord, outcomes: Sequence[BranchOutcome | None], t0: float
     ) -> WriteResult:
         """What the decision's checks found instead of deciding: a replay is finished, the rest aborted."""
         batch_id = record.batch_id
@@ -247,7 +204,7 @@ class Coordinator:
             self.abort(batch_id, outcomes)
             raise verdict.error
         if verdict.strangers:  # the log was dropped and made anew while the batch ran: its branches name the old one
-            self._rollback(verdict.strangers)
+            self.group.rollback(verdict.strangers)
             self.abort(batch_id, outcomes)
             raise BatchAbortedError(
                 f"sink {self.sink_id} batch {batch_id}: branches carry decision log id "
@@ -277,7 +234,7 @@ class Coordinator:
         except ReplayIncompleteError:
             raise
         except CommitIncompleteError as exc:  # finishing another decided batch of the pass failed first
-            raise ReplayIncompleteError(self._replay_incomplete(batch, self._describe(exc))) from exc
+            raise ReplayIncompleteError(self._replay_incomplete(batch, self.policy.describe(exc))) from exc
         if batch in report.unfinished:  # "skipped" would say its rows are there: they are not yet
             raise ReplayIncompleteError(self._replay_incomplete(batch, report.unfinished[batch]))
         with self.journal.dialect.connect(autocommit=True) as conn:
@@ -299,191 +256,6 @@ class Coordinator:
             "'xasink recover' finishes it; no row is lost or doubled"
         )
 
-    def _decide(
-        self,
-        record: BatchRecord,
-        query: str | None = None,
-        apply: ApplySpec | None = None,
-        checks: bool = False,
-        skipped: bool = False,
-        run: str | None = None,
-    ) -> _Refusal | None:
-        """Record the decision under the sink lock, after checking every listed branch is still prepared.
-
-        The decision is recorded (by :meth:`Journal.record_decision`, the one place that does) only if no
-        decision exists, ``run`` (default: the run of the listed branches) holds the batch's claim, every
-        listed branch is that run's and is still prepared; else the listed branches are rolled back and
-        :class:`ConcurrentWriterError` raised.  With ``checks`` (the commit), the same transaction first
-        checks what :meth:`check_batch` checks before a write (a decided batch is a replay of the same
-        target, or refused for another; an undecided one at or below an old log's horizon is refused), that
-        the branches carry this log's identity and that no task (``skipped``) saw a decision, and returns
-        what it found instead of deciding: the commit finishes a replay and aborts the rest.
-
-        Once the decision is sent, a failure (above all a connection broken during its COMMIT) leaves its
-        fate unknown to us: :meth:`_settle_decision` reads the log again instead of guessing.
-        """
-        sent = False
-        run = run or next((x.run for x in record.xids), None) or new_run_nonce()
-        try:
-            with self.journal.locked_sink(self.sink_id) as (conn, horizon):
-                state = self.journal.decision_state(conn, self.sink_id, record.batch_id, run)
-                mine = self.target(conn, query)
-                other = state.decision
-                if checks and other is not None:  # decided: a replay of the same target, or another target's
-                    if not same_target(state.target, mine):
-                        message = identity_message(self.sink_id, record.batch_id, state.target, mine)
-                        return _Refusal(error=BatchIdentityError(message))
-                    return _Refusal(replay=other)
-                if checks and horizon is not None and record.batch_id <= horizon:
-                    return _Refusal(
-                        error=ForgottenBatchError(
-                            forgotten_message(self.sink_id, record.batch_id, horizon, self.journal.sinks.fullname)
-                        )
-                    )
-                strangers = [x for x in record.xids if x.log_id != state.log_id]
-                if checks and strangers:
-                    return _Refusal(strangers=strangers, log_id=state.log_id)
-                if checks and skipped:
-                    return _Refusal()
-                prepared = {
-                    p.xid
-                    for p in list_prepared(self.dialect, self.journal, conn)
-                    if p.xid is not None and p.xid.log_id == state.log_id
-                }
-                self._leftovers = any(
-                    x.sink_id == self.sink_id and x.batch_id <= record.batch_id and x not in record.xids
-                    for x in prepared
-                )
-                missing = [x for x in record.xids if x not in prepared]
-                # checked whatever the list holds: an empty list proves nothing about who holds the batch
-                taken_over = not state.holds() or any(x.run != run for x in record.xids)
-                if other is None and not missing and not taken_over:
-                    target = mine
-                    if apply is not None:  # recovery finishes the batch from the log alone
-                        target = json.dumps({**json.loads(target), "apply": apply.to_dict()}, sort_keys=True)
-                    too_long = self.journal.target_too_long(conn, self.sink_id, record.batch_id, target)
-                    if too_long is not None:  # never recorded truncated: the commit aborts the batch
-                        return _Refusal(error=BatchAbortedError(too_long))
-                    self.journal.record_decision(conn, state, record, run, target)
-                    sent = True
-                else:
-                    doomed = [x for x in record.xids if x in prepared and (other is None or x not in other.xids)]
-                    self._rollback(doomed)
-        except Exception as exc:  # leaving locked() sends the decision's COMMIT: a failure there is ambiguous
-            if not sent:
-                raise
-            self._settle_decision(record, exc, run)
-            return None
-        if sent:
-            log.info(
-                "decided sink %s batch %s: %d branches, %d rows",
-                self.sink_id,
-                record.batch_id,
-                record.branches,
-                record.rows,
-            )
-            return None
-        if other is None and taken_over:
-            raise ConcurrentWriterError(
-                f"sink {self.sink_id} batch {record.batch_id} was taken over by a newer writer with the same "
-                "sinkId before this one decided; this attempt's branches were rolled back and it wrote nothing. "
-                "Run one writer per sinkId at a time."
-            )
-        if other is not None:
-            raise ConcurrentWriterError(
-                f"sink {self.sink_id} batch {record.batch_id} was decided by another writer "
-                "first; this attempt's branches were rolled back and it wrote nothing"
-            )
-        raise ConcurrentWriterError(
-            f"sink {self.sink_id} batch {record.batch_id}: {len(missing)} prepared branches vanished before the "
-            f"decision (rolled back by a recovery run or another writer of the same sinkId, e.g. {missing[0]}); "
-            "nothing of this batch is visible, run it again"
-        )
-
-    def _settle_decision(self, record: BatchRecord, cause: Exception, run: str) -> None:
-        """The decision was sent but not confirmed: read the log again and follow it, never guess.
-
-        The re-read takes the sink lock, which the broken session held: by the time it is granted that
-        session's transaction has ended one way or the other, so the log's answer is final.  Decided by this
-        run (:meth:`Journal.decided_by`) with our exact list: go on committing.  Not decided: roll back the
-        batch's branches under the same lock (so it can never be decided later) and raise
-        :class:`BatchAbortedError`.
-        """
-        batch = record.batch_id
-        log.warning(
-            "sink %s batch %s: the decision was sent but not confirmed (%s); reading the decision log again",
-            self.sink_id,
-            batch,
-            self._describe(cause),
-        )
-
-        def reread() -> tuple[BatchRecord | None, bool]:
-            """(the batch's decision, whether it is this run's with our exact list), our losers rolled back."""
-            with self.journal.locked(self.sink_id) as conn:
-                found = self.journal.get(conn, self.sink_id, batch)
-                mine = self.journal.decided_by(conn, self.sink_id, batch, run) if found is not None else None
-                ours = mine is not None and set(mine.xids) == set(record.xids)
-                if not ours:
-                    prepared = {p.xid for p in list_prepared(self.dialect, self.journal, conn) if p.xid is not None}
-                    kept = set(found.xids) if found is not None else set()
-                    self._rollback([x for x in record.xids if x in prepared and x not in kept])
-                return found, ours
-
-        deadline = time.monotonic() + self.options.commit_timeout
-        try:
-            found, ours = self._forward(
-                f"re-reading the decision of sink {self.sink_id} batch {batch}", reread, deadline
-            )
-        except Exception as exc:
-            if not self._transient(exc):
-                raise
-            raise DecisionUnknownError(
-                f"sink {self.sink_id} batch {batch}: the connection broke while the decision was committed and "
-                f"the decision log could not be read again within commitTimeout ({self.options.commit_timeout} s: "
-                f"{self._describe(exc)}), so whether the batch is decided is not known. Run it again with the "
-                f"same sinkId ('{self.sink_id}') and batchId, or run 'xasink recover': either finishes it if it "
-                "was decided and rolls it back if not; no row is lost or doubled. Do not rerun it under another "
-                "sink id: its rows could be written twice."
-            ) from exc
-        if found is None:
-            raise BatchAbortedError(
-                f"sink {self.sink_id} batch {batch}: the connection broke while the decision was committed, and "
-                "the decision log shows it was not recorded: the batch's branches were rolled back and nothing "
-                "of it is visible; run it again"
-            ) from cause
-        if not ours:
-            raise ConcurrentWriterError(
-                f"sink {self.sink_id} batch {batch}: the connection broke while the decision was committed, and "
-                "the decision log shows another writer's decision for it; this attempt's branches were rolled "
-                "back and it wrote nothing"
-            ) from cause
-        log.warning("sink %s batch %s: the decision log holds the decision; committing it", self.sink_id, batch)
-
-    def _transient(self, exc: BaseException) -> bool:
-        """Worth retrying: the server unreachable or restarting, a connection cut, a lock or deadlock timeout."""
-        return isinstance(exc, ConnectError) or self.dialect.classify(exc) == ErrorKind.TRANSIENT
-
-    def _describe(self, exc: BaseException) -> str:
-        """An exception in one short line for a log or message, without the password."""
-        text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        return redact(f"{type(exc).__name__}: {text}"[:300], url_secrets(self.options.url))
-
-    def _forward(self, what: str, step: Callable[[], T], deadline: float, retries: int | None = None) -> T:
-        """Run a step of a decided batch, retrying transient errors with capped exponential backoff and
-        jitter until it succeeds, ``deadline`` (time.monotonic) passes, or ``retries`` retries were made."""
-        attempt = 0
-        while True:
-            try:
-                return step()
-            except Exception as exc:
-                left = deadline - time.monotonic()
-                if not self._transient(exc) or left <= 0 or (retries is not None and attempt >= retries):
-                    raise
-                delay = min(left, min(BACKOFF_CAP_S, BACKOFF_FIRST_S * 2**attempt) * random.uniform(0.5, 1.0))
-                attempt += 1
-                log.warning("%s failed (%s), retry %d in %.1f s", what, self._describe(exc), attempt, delay)
-                time.sleep(delay)
-
     def _mark(self, batch_id: int, commit_ms: int, deadline: float) -> None:
         """Mark the batch committed (retried like the commits); its rows are all visible by now."""
 
@@ -495,7 +267,7 @@ class Coordinator:
                 return self.journal.mark_committed(conn, self.sink_id, batch_id, commit_ms)
 
         try:
-            if not self._forward(f"marking sink {self.sink_id} batch {batch_id} committed", mark, deadline):
+            if not self.policy.forward(f"marking sink {self.sink_id} batch {batch_id} committed", mark, deadline):
                 log.info(
                     "sink %s batch %s was already marked committed (by a recovery run, or by a try whose reply "
                     "was lost)",
@@ -503,56 +275,15 @@ class Coordinator:
                     batch_id,
                 )
         except Exception as exc:
-            if not self._transient(exc):
+            if not self.policy.transient(exc):
                 raise
             raise CommitIncompleteError(
                 f"sink {self.sink_id} batch {batch_id} is decided and all its branches are committed (its rows "
                 f"are visible), but marking it committed in the decision log failed within commitTimeout "
-                f"({self.options.commit_timeout} s: {self._describe(exc)}). The next run of this sink (sinkId "
+                f"({self.options.commit_timeout} s: {self.policy.describe(exc)}). The next run of this sink (sinkId "
                 f"'{self.sink_id}') or 'xasink recover' marks it; no row is lost or doubled. Do not rerun this "
                 "batch under another sink id: its rows would be written twice."
             ) from exc
-
-    def _after_commit(self, batch_id: int, sweep: bool = True) -> None:
-        """Sweep and trim after a committed batch: housekeeping, so a failure is a warning, never an error.
-
-        ``sweep`` False: the decision saw no branch of this sink up to this batch but the decided ones, so
-        there is nothing to sweep (an attempt that prepares after the decision rolls itself back:
-        :func:`xasink.protocol.partition_writer.settle_prepared`).
-        The trim runs for about one batch in ``TRIM_EVERY`` (each
-        every time when the retention is smaller): it reads every uncompacted batch of the sink.
-        """
-        try:
-            with phase("commit.sweep", sink=self.sink_id, batch=batch_id):
-                if sweep:
-                    self.recover(upto=batch_id)
-        except Exception as exc:  # noqa: BLE001 - the batch is committed; the next write or recover sweeps
-            log.warning(
-                "sink %s batch %s is committed, but the sweep after it failed (%s): branches it would have "
-                "rolled back or finished are left to the next write of this sink or 'xasink recover'",
-                self.sink_id,
-                batch_id,
-                self._describe(exc),
-            )
-        try:
-            with phase("commit.trim", sink=self.sink_id, batch=batch_id):
-                self._trim(batch_id)
-        except Exception as exc:  # noqa: BLE001 - the batch is committed; the next write trims
-            log.warning(
-                "sink %s batch %s is committed, but trimming the decision log failed (%s); the next write trims it",
-                self.sink_id,
-                batch_id,
-                self._describe(exc),
-            )
-
-    def _rollback(self, xids: Sequence[Xid]) -> None:
-        group_ops.rollback_branches(self, xids)
-
-    def _commit_branches(
-        self, xids: Sequence[Xid], first_commit_fault: bool = False, deadline: float | None = None
-    ) -> list[Xid]:
-        """COMMIT every decided branch (:func:`xasink.protocol.branch_group.commit_branches`)."""
-        return group_ops.commit_branches(self, xids, first_commit_fault, deadline)
 
     # -- abort, sweep, recovery (xasink.protocol.recovery) -----------------------------------------------------------
     def abort(
@@ -600,13 +331,5 @@ class Coordinator:
         batch may still decide them); decided ones are always finished.  With
         ``run``, the caller is a writer of batch ``upto``: branches of that
         batch held by another run (one that took the batch over) are left to it.
-        (:func:`xasink.protocol.recovery.recover`.)
         """
-        return recovery.recover(self, upto, min_age_s, run)
-
-    def _trim(self, batch_id: int) -> None:
-        keep = self.options.journal_retention
-        if keep >= TRIM_EVERY and zlib.crc32(f"{self.sink_id}:{batch_id}".encode()) % TRIM_EVERY:
-            return  # not this batch's turn (ids in any pattern: a hash, not the id itself, picks the turn)
-        with self.journal.dialect.connect() as conn:
-            self.journal.trim(conn, self.sink_id, self.options.journal_retention)
+        return self.recovery.recover(upto, min_age_s, run)

@@ -40,8 +40,8 @@ from xasink.journal.parts import (
 )
 from xasink.journal.targets import UNKNOWN_QUERY, describe_target, forgotten_message, target_identity
 from xasink.options import WriteOptions
-from xasink.protocol.coordinator import Coordinator
 from xasink.protocol.liveness import InProcessGuard
+from xasink.protocol.recovery import sink_recovery
 from xasink.protocol.xid import Xid, new_run_nonce
 from xasink.support.faults import fault
 
@@ -49,13 +49,19 @@ log = logging.getLogger(__name__)
 
 
 class TargetDb:
-    """One database the transaction writes into: its coordinator (branches there, decisions in the log)."""
+    """One database the transaction writes into: its branches there, finished by the decisions in the log."""
 
     def __init__(self, options: WriteOptions, journal: Journal) -> None:
-        self.coordinator = Coordinator(options, journal=journal)
-        with self.coordinator.dialect.connect() as conn:
+        # the commit's parallel COMMITs, and the recovery's journal steps when the log is here
+        self.dialect = dialect_for(options.url, options.branch_settings, options.commit_parallelism + 2)
+        self.recovery = sink_recovery(options, self.dialect, journal)
+        self.retention = options.journal_retention
+        with self.dialect.connect() as conn:
             self.server = server_identity(conn)
         self.branches = 0  # planned so far: what max_prepared_transactions must cover
+
+    def close(self) -> None:
+        self.dialect.dispose()
 
 
 class MultiCoordinator:
@@ -164,7 +170,7 @@ class MultiCoordinator:
                 )
                 found = TargetDb(opts, self.journal)
                 if not self.fixed and found.server != self.log_server:
-                    found.coordinator.close()
+                    found.close()
                     self._refuse_unfixed_log(found)
                 self.targets[key] = found
             return found
@@ -186,7 +192,7 @@ class MultiCoordinator:
 
     def check_replay(self, options: WriteOptions) -> None:
         """A write of a replayed transaction: its table must be among those the transaction wrote."""
-        with self.target(options).coordinator.dialect.connect() as conn:
+        with self.target(options).dialect.connect() as conn:
             mine = json.loads(target_identity(conn, options.table.schema, options.table.name))
         targets = recorded_targets(self.recorded)
         same = targets is not None and any(all(t.get(k) == mine[k] for k in ("db", "schema", "table")) for t in targets)
@@ -215,9 +221,9 @@ class MultiCoordinator:
             db.branches += branches
             server = db.server.rsplit("/", 1)[0]  # one server's databases share its max_prepared_transactions
             total = sum(d.branches for d in self.targets.values() if d.server.rsplit("/", 1)[0] == server)
-        with db.coordinator.dialect.connect() as conn:
-            db.coordinator.dialect.check_server(conn, total)
-        db.coordinator.recover(upto=self.batch_id)  # dead runs' branches of this sink there; ours are guarded
+        with db.dialect.connect() as conn:
+            db.dialect.check_server(conn, total)
+        db.recovery.recover(upto=self.batch_id)  # dead runs' branches of this sink there; ours are guarded
         return db
 
     def part(self, number: int) -> Part | None:
@@ -252,7 +258,7 @@ class MultiCoordinator:
         first = True
         for part in parts:
             db = by_server[part.server]
-            db.coordinator._commit_branches(part.xids, first_commit_fault=first)
+            db.recovery.group.commit(part.xids, first_commit_fault=first)
             first = first and not part.xids
             with self.dialect.connect() as conn:
                 mark_parts_committed(conn, self.journal, [part])
@@ -263,7 +269,7 @@ class MultiCoordinator:
         fault("driver.after_mark", batch=self.batch_id)
         t_sweep = time.perf_counter()
         for db in self.targets.values():
-            db.coordinator._after_commit(self.batch_id)  # sweep and trim: a failure is a warning
+            db.recovery.after_commit(self.batch_id, db.retention)  # sweep and trim: a failure is a warning
         timings = {"decide": t_commit - t0, "commit": commit_s, "sweep": time.perf_counter() - t_sweep}
         return parts, timings
 
@@ -277,8 +283,8 @@ class MultiCoordinator:
             missing: list[Xid] = []
             for server in {p.server for p in parts}:
                 db = by_server[server]
-                with db.coordinator.dialect.connect() as tconn:
-                    prepared = {p.xid for p in db.coordinator.dialect.list_prepared(tconn)}
+                with db.dialect.connect() as tconn:
+                    prepared = {p.xid for p in db.dialect.list_prepared(tconn)}
                 missing += [x for p in parts if p.server == server for x in p.xids if x not in prepared]
             if state.decision is not None:
                 return False, parts, "another writer decided it first"
@@ -349,7 +355,7 @@ class MultiCoordinator:
             if self.journal.get(conn, self.sink_id, self.batch_id) is None:  # decided by another: ours are orphans
                 self.journal.end_run(conn, self.sink_id, self.batch_id, self.run)
         for db in self.targets.values():
-            db.coordinator.recover(upto=self.batch_id)
+            db.recovery.recover(upto=self.batch_id)
 
     def finish_replay(self) -> None:
         """A replay of a decided transaction: finish what a crashed run left in the databases written now.
@@ -360,7 +366,7 @@ class MultiCoordinator:
         unfinished: list[str] = []
         for db in self.targets.values():
             try:
-                report = db.coordinator.recover(upto=self.batch_id)
+                report = db.recovery.recover(upto=self.batch_id)
             except CommitIncompleteError as exc:  # another decided batch of the pass could not be finished
                 unfinished.append(f"{db.server}: {type(exc).__name__}: {exc}")
                 continue
@@ -376,5 +382,5 @@ class MultiCoordinator:
     def close(self) -> None:
         self.guard.close()
         for db in self.targets.values():
-            db.coordinator.close()
+            db.close()
         self.dialect.dispose()

@@ -30,7 +30,7 @@ from pyspark.sql.types import StructType
 from xasink.dialects.base import TargetPlan
 from xasink.errors import OptionError, PreflightError
 from xasink.options import WriteOptions, parse_options
-from xasink.protocol.coordinator import Coordinator
+from xasink.protocol.coordinator import ABORT_SETTLE_S, Coordinator
 from xasink.protocol.liveness import ensure_keeper, guard_name, spark_driver_process
 from xasink.protocol.xid import new_run_nonce
 from xasink.results import BranchOutcome
@@ -51,7 +51,6 @@ STREAM_COMMIT_MODULE = "pyspark.sql.worker.python_streaming_sink_runner"
 # the streaming query's id, kept in its checkpoint across restarts: recorded with each batch it writes
 STREAM_QUERY_PROPERTY = "sql.streaming.queryId"
 # Spark kills a cancelled task's Python worker after spark.python.task.killTimeout (2 s): sweep past that
-ABORT_SETTLE_S = 4.0
 # internal option: xasink.write() names the run, so it can tell its own decision from a concurrent writer's
 RUN_OPTION = "xasink.run"
 # internal option: foreach_batch names the streaming query when its tasks cannot (Spark Connect)

@@ -8,7 +8,6 @@ in another database, of another dialect), and the transaction decides over all p
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -22,7 +21,7 @@ from xasink.journal.log import Journal
 from xasink.journal.parts import Part, record_part, server_identity
 from xasink.journal.targets import target_identity
 from xasink.options import WriteOptions
-from xasink.protocol.coordinator import Coordinator
+from xasink.protocol.coordinator import ABORT_SETTLE_S, Coordinator
 from xasink.results import BranchOutcome
 
 if TYPE_CHECKING:
@@ -124,16 +123,8 @@ def abort_tx_write(options: WriteOptions, tx: TxWrite, run: str, outcomes: Seque
     write's branches; the transaction rolls back every other write's when its block ends."""
     journal = _journal(options, tx)
     coordinator = Coordinator(options, journal=journal)
-    try:
-        with journal.locked(options.sink_id) as conn:
-            if journal.get(conn, options.sink_id, options.batch_id) is None:
-                journal.end_run(conn, options.sink_id, options.batch_id, run)
-        coordinator._rollback([o.xid for o in outcomes if o is not None and o.xid is not None])
-        deadline = time.monotonic() + 4.0  # cancelled tasks may PREPARE until their worker is killed
-        coordinator.recover(upto=options.batch_id)
-        while time.monotonic() < deadline:
-            time.sleep(1.0)
-            coordinator.recover(upto=options.batch_id)
+    try:  # the abort's settle: cancelled tasks may PREPARE until their worker is killed
+        coordinator.abort(options.batch_id, outcomes, settle_s=ABORT_SETTLE_S, run=run)
     finally:
         coordinator.close()
         journal.dialect.dispose()

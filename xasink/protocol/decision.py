@@ -1,0 +1,232 @@
+"""The decision of a single-table batch: record it under the sink lock, or say why not.
+
+The decision (a journal row listing the exact xids) is written under the sink's row lock after checking every
+listed branch is still prepared and that the deciding run holds the batch's claim (:meth:`Journal.record_decision`,
+the one place a decision is recorded, for a multi-target transaction too); every roll-back of an undecided
+branch happens under the same lock.  So a batch is either decided with all its branches intact, or its branches
+are rolled back and it can never be decided (DESIGN invariant 4).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+
+from sqlalchemy.engine import Connection
+
+from xasink.dialects.base import Dialect
+from xasink.errors import (
+    BatchAbortedError,
+    BatchIdentityError,
+    ConcurrentWriterError,
+    DecisionUnknownError,
+    ForgottenBatchError,
+)
+from xasink.journal.log import BatchRecord, Journal
+from xasink.journal.targets import forgotten_message, identity_message, same_target, target_identity
+from xasink.options import TableName
+from xasink.protocol.branch_group import BranchGroup
+from xasink.protocol.recovery import list_prepared
+from xasink.protocol.retry import RetryPolicy
+from xasink.protocol.xid import Xid, new_run_nonce
+from xasink.write_modes.statements import ApplySpec
+
+log = logging.getLogger("xasink.protocol.coordinator")  # the coordinator's steps: logged under its name
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why :meth:`Decider.decide` did not decide: a replay to finish, or what to abort the batch with.
+
+    All empty: a task saw a decision the log no longer holds."""
+
+    replay: BatchRecord | None = None  # decided already, for this very target
+    error: Exception | None = None  # BatchIdentityError / ForgottenBatchError
+    strangers: list[Xid] = field(default_factory=list)  # branches of another decision log
+    log_id: str | None = None  # this log's identity (with strangers)
+
+
+class Decider:
+    """Decides one sink's batches in the database its branches are prepared in."""
+
+    def __init__(
+        self,
+        sink_id: str,
+        table: TableName,
+        dialect: Dialect,
+        journal: Journal,
+        group: BranchGroup,
+        policy: RetryPolicy,
+    ) -> None:
+        self.sink_id = sink_id
+        self.table = table
+        self.dialect = dialect
+        self.journal = journal
+        self.group = group
+        self.policy = policy
+        self.leftovers = True  # the last decision saw branches of this sink besides its own: sweep after it
+
+    def target(self, conn: Connection, query: str | None = None) -> str:
+        """What this sink's batches write (the identity the decision log records with each batch)."""
+        return target_identity(conn, self.table.schema, self.table.name, query)
+
+    def decide(
+        self,
+        record: BatchRecord,
+        query: str | None = None,
+        apply: ApplySpec | None = None,
+        checks: bool = False,
+        skipped: bool = False,
+        run: str | None = None,
+    ) -> Refusal | None:
+        """Record the decision under the sink lock, after checking every listed branch is still prepared.
+
+        The decision is recorded (by :meth:`Journal.record_decision`, the one place that does) only if no
+        decision exists, ``run`` (default: the run of the listed branches) holds the batch's claim, every
+        listed branch is that run's and is still prepared; else the listed branches are rolled back and
+        :class:`ConcurrentWriterError` raised.  With ``checks`` (the commit), the same transaction first
+        checks what :meth:`Coordinator.check_batch` checks before a write (a decided batch is a replay of the same
+        target, or refused for another; an undecided one at or below an old log's horizon is refused), that
+        the branches carry this log's identity and that no task (``skipped``) saw a decision, and returns
+        what it found instead of deciding: the commit finishes a replay and aborts the rest.
+
+        Once the decision is sent, a failure (above all a connection broken during its COMMIT) leaves its
+        fate unknown to us: :meth:`_settle` reads the log again instead of guessing.
+        """
+        sent = False
+        run = run or next((x.run for x in record.xids), None) or new_run_nonce()
+        try:
+            with self.journal.locked_sink(self.sink_id) as (conn, horizon):
+                state = self.journal.decision_state(conn, self.sink_id, record.batch_id, run)
+                mine = self.target(conn, query)
+                other = state.decision
+                if checks and other is not None:  # decided: a replay of the same target, or another target's
+                    if not same_target(state.target, mine):
+                        message = identity_message(self.sink_id, record.batch_id, state.target, mine)
+                        return Refusal(error=BatchIdentityError(message))
+                    return Refusal(replay=other)
+                if checks and horizon is not None and record.batch_id <= horizon:
+                    return Refusal(
+                        error=ForgottenBatchError(
+                            forgotten_message(self.sink_id, record.batch_id, horizon, self.journal.sinks.fullname)
+                        )
+                    )
+                strangers = [x for x in record.xids if x.log_id != state.log_id]
+                if checks and strangers:
+                    return Refusal(strangers=strangers, log_id=state.log_id)
+                if checks and skipped:
+                    return Refusal()
+                prepared = {
+                    p.xid
+                    for p in list_prepared(self.dialect, self.journal, conn)
+                    if p.xid is not None and p.xid.log_id == state.log_id
+                }
+                self.leftovers = any(
+                    x.sink_id == self.sink_id and x.batch_id <= record.batch_id and x not in record.xids
+                    for x in prepared
+                )
+                missing = [x for x in record.xids if x not in prepared]
+                # checked whatever the list holds: an empty list proves nothing about who holds the batch
+                taken_over = not state.holds() or any(x.run != run for x in record.xids)
+                if other is None and not missing and not taken_over:
+                    target = mine
+                    if apply is not None:  # recovery finishes the batch from the log alone
+                        target = json.dumps({**json.loads(target), "apply": apply.to_dict()}, sort_keys=True)
+                    too_long = self.journal.target_too_long(conn, self.sink_id, record.batch_id, target)
+                    if too_long is not None:  # never recorded truncated: the commit aborts the batch
+                        return Refusal(error=BatchAbortedError(too_long))
+                    self.journal.record_decision(conn, state, record, run, target)
+                    sent = True
+                else:
+                    doomed = [x for x in record.xids if x in prepared and (other is None or x not in other.xids)]
+                    self.group.rollback(doomed)
+        except Exception as exc:  # leaving locked() sends the decision's COMMIT: a failure there is ambiguous
+            if not sent:
+                raise
+            self._settle(record, exc, run)
+            return None
+        if sent:
+            log.info(
+                "decided sink %s batch %s: %d branches, %d rows",
+                self.sink_id,
+                record.batch_id,
+                record.branches,
+                record.rows,
+            )
+            return None
+        if other is None and taken_over:
+            raise ConcurrentWriterError(
+                f"sink {self.sink_id} batch {record.batch_id} was taken over by a newer writer with the same "
+                "sinkId before this one decided; this attempt's branches were rolled back and it wrote nothing. "
+                "Run one writer per sinkId at a time."
+            )
+        if other is not None:
+            raise ConcurrentWriterError(
+                f"sink {self.sink_id} batch {record.batch_id} was decided by another writer "
+                "first; this attempt's branches were rolled back and it wrote nothing"
+            )
+        raise ConcurrentWriterError(
+            f"sink {self.sink_id} batch {record.batch_id}: {len(missing)} prepared branches vanished before the "
+            f"decision (rolled back by a recovery run or another writer of the same sinkId, e.g. {missing[0]}); "
+            "nothing of this batch is visible, run it again"
+        )
+
+    def _settle(self, record: BatchRecord, cause: Exception, run: str) -> None:
+        """The decision was sent but not confirmed: read the log again and follow it, never guess.
+
+        The re-read takes the sink lock, which the broken session held: by the time it is granted that
+        session's transaction has ended one way or the other, so the log's answer is final.  Decided by this
+        run (:meth:`Journal.decided_by`) with our exact list: go on committing.  Not decided: roll back the
+        batch's branches under the same lock (so it can never be decided later) and raise
+        :class:`BatchAbortedError`.
+        """
+        batch = record.batch_id
+        log.warning(
+            "sink %s batch %s: the decision was sent but not confirmed (%s); reading the decision log again",
+            self.sink_id,
+            batch,
+            self.policy.describe(cause),
+        )
+
+        def reread() -> tuple[BatchRecord | None, bool]:
+            """(the batch's decision, whether it is this run's with our exact list), our losers rolled back."""
+            with self.journal.locked(self.sink_id) as conn:
+                found = self.journal.get(conn, self.sink_id, batch)
+                mine = self.journal.decided_by(conn, self.sink_id, batch, run) if found is not None else None
+                ours = mine is not None and set(mine.xids) == set(record.xids)
+                if not ours:
+                    prepared = {p.xid for p in list_prepared(self.dialect, self.journal, conn) if p.xid is not None}
+                    kept = set(found.xids) if found is not None else set()
+                    self.group.rollback([x for x in record.xids if x in prepared and x not in kept])
+                return found, ours
+
+        deadline = self.policy.deadline()
+        try:
+            found, ours = self.policy.forward(
+                f"re-reading the decision of sink {self.sink_id} batch {batch}", reread, deadline
+            )
+        except Exception as exc:
+            if not self.policy.transient(exc):
+                raise
+            raise DecisionUnknownError(
+                f"sink {self.sink_id} batch {batch}: the connection broke while the decision was committed and "
+                f"the decision log could not be read again within commitTimeout ({self.policy.timeout_s} s: "
+                f"{self.policy.describe(exc)}), so whether the batch is decided is not known. Run it again with the "
+                f"same sinkId ('{self.sink_id}') and batchId, or run 'xasink recover': either finishes it if it "
+                "was decided and rolls it back if not; no row is lost or doubled. Do not rerun it under another "
+                "sink id: its rows could be written twice."
+            ) from exc
+        if found is None:
+            raise BatchAbortedError(
+                f"sink {self.sink_id} batch {batch}: the connection broke while the decision was committed, and "
+                "the decision log shows it was not recorded: the batch's branches were rolled back and nothing "
+                "of it is visible; run it again"
+            ) from cause
+        if not ours:
+            raise ConcurrentWriterError(
+                f"sink {self.sink_id} batch {batch}: the connection broke while the decision was committed, and "
+                "the decision log shows another writer's decision for it; this attempt's branches were rolled "
+                "back and it wrote nothing"
+            ) from cause
+        log.warning("sink %s batch %s: the decision log holds the decision; committing it", self.sink_id, batch)

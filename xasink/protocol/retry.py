@@ -1,0 +1,66 @@
+"""Retrying the steps of a decided batch: which errors are worth another try, and for how long.
+
+Every step after a decision (a branch's COMMIT, the mark, the apply, re-reading the log) only goes forward: a
+transient error is retried with capped exponential backoff and jitter until the step succeeds or its deadline
+passes.  One policy per sink, shared by the group operations, the apply step and recovery, so a finish by
+recovery behaves like one by the driver.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from xasink.dialects.base import Dialect, ErrorKind
+from xasink.errors import ConnectError
+from xasink.options import WriteOptions
+from xasink.support.masking import redact, url_secrets
+
+log = logging.getLogger("xasink.protocol.coordinator")  # the coordinator's steps: logged under its name
+
+T = TypeVar("T")
+BACKOFF_FIRST_S = 0.1  # the first retry's delay after the decision; doubled per retry ...
+BACKOFF_CAP_S = 5.0  # ... up to this: an outage of minutes is noticed within seconds of its end
+
+
+class RetryPolicy:
+    """The dialect's judgement of an error, and the sink's commitTimeout / commitRetries budget."""
+
+    def __init__(self, dialect: Dialect, options: WriteOptions) -> None:
+        self.dialect = dialect
+        self.sink_id = options.sink_id
+        self.timeout_s = options.commit_timeout
+        self.retries = options.commit_retries
+        self._secrets = url_secrets(options.url)
+
+    def deadline(self) -> float:
+        """commitTimeout from now, on the time.monotonic clock."""
+        return time.monotonic() + self.timeout_s
+
+    def transient(self, exc: BaseException) -> bool:
+        """Worth retrying: the server unreachable or restarting, a connection cut, a lock or deadlock timeout."""
+        return isinstance(exc, ConnectError) or self.dialect.classify(exc) == ErrorKind.TRANSIENT
+
+    def describe(self, exc: BaseException) -> str:
+        """An exception in one short line for a log or message, without the password."""
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return redact(f"{type(exc).__name__}: {text}"[:300], self._secrets)
+
+    def forward(self, what: str, step: Callable[[], T], deadline: float, retries: int | None = None) -> T:
+        """Run a step of a decided batch, retrying transient errors until it succeeds, ``deadline``
+        (time.monotonic) passes, or ``retries`` retries were made."""
+        attempt = 0
+        while True:
+            try:
+                return step()
+            except Exception as exc:
+                left = deadline - time.monotonic()
+                if not self.transient(exc) or left <= 0 or (retries is not None and attempt >= retries):
+                    raise
+                delay = min(left, min(BACKOFF_CAP_S, BACKOFF_FIRST_S * 2**attempt) * random.uniform(0.5, 1.0))
+                attempt += 1
+                log.warning("%s failed (%s), retry %d in %.1f s", what, self.describe(exc), attempt, delay)
+                time.sleep(delay)
