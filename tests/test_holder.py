@@ -173,8 +173,8 @@ def test_a_transaction_whose_decision_was_lost_does_not_take_a_newer_empty_decis
     old = MultiCoordinator(sink_id, 3, opts)
     try:
         target = old.before_write(opts, 1)
-        with target.coordinator.dialect.connect() as conn:
-            plan = plan_target(target.coordinator.dialect, conn, opts, ARROW)
+        with target.dialect.connect() as conn:
+            plan = plan_target(target.dialect, conn, opts, ARROW)
             conn.commit()
         chunk = named(range(5))
         batch = pa.RecordBatch.from_pydict({"id": [r[0] for r in chunk], "name": [r[1] for r in chunk]}, ARROW)
