@@ -36,7 +36,6 @@ from xasink.journal.parts import (
     multi_target,
     read_parts,
     recorded_targets,
-    server_identity,
 )
 from xasink.journal.targets import UNKNOWN_QUERY, describe_target, forgotten_message, target_identity
 from xasink.options import WriteOptions
@@ -54,7 +53,7 @@ class TargetDb:
     def __init__(self, options: WriteOptions, journal: Journal) -> None:
         self.coordinator = Coordinator(options, journal=journal)
         with self.coordinator.dialect.connect() as conn:
-            self.server = server_identity(conn)
+            self.server = self.coordinator.dialect.server_identity(conn)
         self.branches = 0  # planned so far: what max_prepared_transactions must cover
 
 
@@ -96,7 +95,7 @@ class MultiCoordinator:
         ensure_parts(self.journal)
         self.log_id = self.journal.log_id()
         with self.dialect.connect() as conn:
-            self.log_server = server_identity(conn)
+            self.log_server = self.dialect.server_identity(conn)
         self.guard = InProcessGuard(self.dialect, self.log_id, self.run)
         try:
             self._claim()

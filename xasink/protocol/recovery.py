@@ -26,7 +26,7 @@ from sqlalchemy.engine import Connection
 from xasink.dialects.base import Dialect, PreparedTxn
 from xasink.errors import ApplyError, CommitIncompleteError, ConnectError
 from xasink.journal.log import BatchRecord, Journal
-from xasink.journal.parts import decided_parts, mark_parts_done, server_identity
+from xasink.journal.parts import decided_parts, mark_parts_done
 from xasink.protocol.apply_step import apply_decided
 from xasink.protocol.liveness import runs_alive
 from xasink.protocol.xid import Xid
@@ -251,7 +251,7 @@ def _finish_parts(c: Coordinator, record: BatchRecord, report: RecoveryReport) -
     the last part: marking and reading every part's mark run under the sink's lock.
     """
     with c.dialect.connect() as conn:
-        here = server_identity(conn)
+        here = c.dialect.server_identity(conn)
     with c.journal.dialect.connect() as conn:
         parts = decided_parts(conn, c.journal, c.sink_id, record.batch_id, record.xids)
     if not parts:

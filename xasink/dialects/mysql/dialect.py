@@ -12,22 +12,14 @@ import pymysql
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from xasink.dialects.base import (
-    SHADOW_INDEX_SUFFIX,
-    BlockedSession,
-    BranchSession,
-    Dialect,
-    DurabilityRisk,
-    ErrorKind,
-    PreparedTxn,
-    TargetPlan,
-    set_keepalive,
-)
+from xasink.dialects.base import SHADOW_INDEX_SUFFIX, BranchSession, Dialect
+from xasink.dialects.keepalive import set_keepalive
 from xasink.dialects.mysql import errors, health, preflight
 from xasink.dialects.mysql.errors import BranchBusyError, LockBusyError
 from xasink.dialects.mysql.owner import DETACH_TIMEOUT_S, OWNER_WAIT_S, OwnerWatch
 from xasink.dialects.mysql.sql import BRANCH_SQL_MODE, SA_DIALECT, errno_of, quote_ident
 from xasink.dialects.mysql.xa import ER_XAER_NOTA, foreign_gid, parse_foreign_gid, recovered, xa_literal, xid_literal
+from xasink.dialects.values import BlockedSession, DurabilityRisk, ErrorKind, PreparedTxn, TargetPlan
 from xasink.errors import BranchError
 from xasink.protocol.xid import FORMAT_ID, Xid
 from xasink.support.masking import redact, url_secrets
@@ -147,6 +139,16 @@ class MySQLDialect(Dialect):
     def server_uptime_s(self, conn: Connection) -> float:
         row = conn.exec_driver_sql("SHOW GLOBAL STATUS LIKE 'Uptime'").one()
         return float(row[1])
+
+    @classmethod
+    def server_identity(cls, conn: Connection) -> str:
+        """The server's host name and port, and the database."""
+        row = conn.execute(sa.text("SELECT @@hostname, @@port, DATABASE()")).one()
+        return f"mysql://{row[0]}:{row[1]}/{row[2]}"
+
+    @classmethod
+    def session_database(cls, conn: Connection) -> str:
+        return str(conn.execute(sa.text("SELECT DATABASE()")).scalar())
 
     def list_prepared(self, conn: Connection) -> list[PreparedTxn]:
         """Every prepared XA transaction of the server (XA RECOVER has no database): ours parse, others are foreign."""
