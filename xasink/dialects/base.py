@@ -23,11 +23,10 @@ from xasink.dialects.values import (  # noqa: F401 - re-exported: callers outsid
     BranchSettings,
     DurabilityRisk,
     ErrorKind,
+    Merge,
     PreparedTxn,
     TargetPlan,
-    branch_failed,
     check_required,
-    check_upsert_keys,
 )
 from xasink.errors import ConnectError, XasinkError
 from xasink.protocol.xid import Xid
@@ -246,18 +245,22 @@ class Dialect(ABC):
         return conn.execute(sa.select(self.utc_now())).scalar()
 
     # -- where a connection is ----------------------------------------------------------
+    # which database a connection reaches, as the server itself names it (not the URL's host alias): a query
+    # whose row fills the format.  A multi-target transaction's decision log records it with each part and
+    # recovery compares it, so the string of a server and database must never change
+    identity_sql = ""
+    identity_format = ""
+    database_sql = ""  # the database the session is in (the decision log records it with each batch)
+
     @classmethod
-    @abstractmethod
     def server_identity(cls, conn: Connection) -> str:
-        """Which database a connection reaches, as the server itself names it (not the URL's host alias).
-
-        A multi-target transaction's decision log records it with each part, and recovery compares it: the
-        string of a server and database must never change."""
+        """Which database a connection reaches (see ``identity_sql``)."""
+        return cls.identity_format.format(*conn.execute(sa.text(cls.identity_sql)).one())
 
     @classmethod
-    @abstractmethod
     def session_database(cls, conn: Connection) -> str:
-        """The database this connection's session is in (the decision log records it with each batch)."""
+        """The database this connection's session is in."""
+        return str(conn.execute(sa.text(cls.database_sql)).scalar())
 
     def ping(self, conn: Connection) -> None:
         """One round trip on an open connection, raising when its session is gone (a run guard's watch)."""
@@ -346,28 +349,13 @@ class Dialect(ABC):
         return sa.delete(target).where(condition)
 
     @abstractmethod
-    def upsert_from_select(
-        self,
-        target: sa.TableClause,
-        columns: list[str],
-        select: sa.Select[Any],
-        keys: list[str],
-        sequence: str | None,
-    ) -> sa.Insert:
-        """INSERT the selected rows, updating the row of an existing key (only when ``sequence`` is not older)."""
+    def upsert_from_select(self, merge: Merge) -> sa.Insert:
+        """INSERT the selected rows, updating the row of an existing key (only when its ``sequence`` is not older)."""
 
-    def merge_from_select(
-        self,
-        conn: Connection,
-        target: sa.TableClause,
-        columns: list[str],
-        select: sa.Select[Any],
-        keys: list[str],
-        sequence: str | None,
-    ) -> int:
+    def merge_from_select(self, conn: Connection, merge: Merge) -> int:
         """Upsert the selected rows into the target, touching only rows whose key matches (any other unique
         conflict is an error), inside the caller's transaction; the rows written as the server counts them."""
-        return max(conn.execute(self.upsert_from_select(target, columns, select, keys, sequence)).rowcount or 0, 0)
+        return max(conn.execute(self.upsert_from_select(merge)).rowcount or 0, 0)
 
     def server_cast(self, column: Any, source: pa.DataType, target: pa.DataType) -> str | None:
         """The SQL type to cast to on the server when values of ``target`` go into the reflected column, or None.

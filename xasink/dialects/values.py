@@ -6,7 +6,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
 
 from xasink.errors import BranchError
 from xasink.protocol.xid import Xid
@@ -81,6 +83,18 @@ class TargetPlan:
     # columns whose values the server casts to the column's type (a double into numeric, a decimal into an
     # unconstrained numeric), as it does for Spark's JDBC writer: the PostgreSQL branch inserts them with a cast
     server_casts: tuple[tuple[str, str], ...] = ()  # (column, SQL type)
+
+
+@dataclass(frozen=True)
+class Merge:
+    """Rows to upsert by key into a table (the apply step of a change-data write): what a merge statement is
+    made of."""
+
+    target: sa.TableClause
+    columns: list[str]  # the target's columns the selected rows fill, in the select's order
+    select: sa.Select[Any]
+    keys: list[str]
+    sequence: str | None = None  # a row older than the stored one by this column leaves it as it is
 
 
 def branch_failed(xid: Xid, plan: TargetPlan, what: str, hint: str | None = None) -> BranchError:

@@ -28,7 +28,15 @@ from xasink.dialects.postgres.sql import (
 )
 from xasink.dialects.postgres.types import PostgresTypes
 from xasink.dialects.spare import Spare
-from xasink.dialects.values import BlockedSession, DurabilityRisk, ErrorKind, PreparedTxn, TargetPlan, branch_failed
+from xasink.dialects.values import (
+    BlockedSession,
+    DurabilityRisk,
+    ErrorKind,
+    Merge,
+    PreparedTxn,
+    TargetPlan,
+    branch_failed,
+)
 from xasink.errors import BranchError, PreflightError
 from xasink.protocol.xid import Xid
 from xasink.support.masking import redact, url_secrets
@@ -43,6 +51,10 @@ _SYNCHRONOUS = "xasink_synchronous_commit"  # a control session's pool-record fl
 class PostgresDialect(PostgresTypes, Dialect):
     name = "PostgreSQL"
     default_port = 5432
+    # the cluster's system identifier (drawn by initdb; any role may read it) and the database
+    identity_sql = "SELECT system_identifier, current_database() FROM pg_control_system()"
+    identity_format = "postgresql://{}/{}"
+    database_sql = "SELECT current_database()"
     upsert_chunk_rows = 10_000  # rows per upsert statement (array parameters)
 
     def connect_args(self) -> dict[str, Any]:
@@ -147,16 +159,6 @@ class PostgresDialect(PostgresTypes, Dialect):
 
     def utc_now(self) -> sa.sql.ColumnElement[Any]:
         return sa.func.timezone("UTC", sa.func.now())
-
-    @classmethod
-    def server_identity(cls, conn: Connection) -> str:
-        """The cluster's system identifier (drawn by initdb; any role may read it) and the database."""
-        pg = conn.execute(sa.text("SELECT system_identifier, current_database() FROM pg_control_system()")).one()
-        return f"postgresql://{pg[0]}/{pg[1]}"
-
-    @classmethod
-    def session_database(cls, conn: Connection) -> str:
-        return str(conn.execute(sa.text("SELECT current_database()")).scalar())
 
     def list_prepared(self, conn: Connection) -> list[PreparedTxn]:
         rows = conn.exec_driver_sql(
@@ -273,18 +275,12 @@ class PostgresDialect(PostgresTypes, Dialect):
         else:
             conn.execute(sa.delete(shadow).where(batch))
 
-    def upsert_from_select(
-        self,
-        target: sa.TableClause,
-        columns: list[str],
-        select: sa.Select[Any],
-        keys: list[str],
-        sequence: str | None,
-    ) -> sa.Insert:
+    def upsert_from_select(self, merge: Merge) -> sa.Insert:
         from sqlalchemy.dialects.postgresql import insert
 
-        stmt = insert(target).from_select(columns, select)
-        updates = {c: stmt.excluded[c] for c in columns if c not in keys}
+        target, keys, sequence = merge.target, merge.keys, merge.sequence
+        stmt = insert(target).from_select(merge.columns, merge.select)
+        updates = {c: stmt.excluded[c] for c in merge.columns if c not in keys}
         if not updates:
             return stmt.on_conflict_do_nothing(index_elements=keys)
         newer = None
