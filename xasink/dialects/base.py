@@ -1,6 +1,6 @@
 """What every database dialect provides: the XA verbs, recovery, bulk load and checks.
 
-Dialects are the only modules that speak SQL.  The control side (the
+Dialects (and the decision log) are the only modules that speak SQL.  The control side (the
 driver's journal, commit and sweep) runs through a SQLAlchemy engine; the
 branch side (an executor loading rows) uses whatever driver API is fastest.
 """
