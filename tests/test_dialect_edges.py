@@ -207,7 +207,7 @@ def test_control_connections_keep_tcp_alive_and_bound_lock_waits(request: pytest
     import socket
 
     from xasink.dialects import dialect_for
-    from xasink.dialects.base import KEEPALIVE_IDLE_S
+    from xasink.dialects.keepalive import KEEPALIVE_IDLE_S
 
     url = _url(request, kind)
     for given, expected in ((None, 60), ("7", 7)):

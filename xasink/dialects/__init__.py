@@ -4,22 +4,28 @@ from __future__ import annotations
 
 from sqlalchemy.engine import URL
 
-from xasink.dialects.base import BranchSession, BranchSettings, Dialect, ErrorKind, PreparedTxn, TargetPlan
+from xasink.dialects.base import BranchSession, Dialect
+from xasink.dialects.values import BranchSettings, ErrorKind, PreparedTxn, TargetPlan
+
+
+def dialect_class(url: URL) -> type[Dialect]:
+    """The dialect class of a URL's database, imported on first use (the driver's side never loads the other)."""
+    backend = url.get_backend_name()
+    if backend == "postgresql":
+        from xasink.dialects.postgres import PostgresDialect
+
+        return PostgresDialect
+    if backend == "mysql":
+        from xasink.dialects.mysql import MySQLDialect  # type: ignore[import-not-found,unused-ignore]
+
+        return MySQLDialect  # type: ignore[no-any-return,unused-ignore]
+    raise ValueError(f"unsupported database {backend!r}")
 
 
 def dialect_for(url: URL, settings: BranchSettings | None = None, pool_size: int = 0) -> Dialect:
     """The dialect of a URL.  ``pool_size`` > 0 keeps that many control connections open until ``dispose()``
     (the coordinator: a commit runs a dozen short transactions); 0 opens one per use (executors, tools)."""
-    backend = url.get_backend_name()
-    if backend == "postgresql":
-        from xasink.dialects.postgres import PostgresDialect
-
-        return PostgresDialect(url, settings, pool_size)
-    if backend == "mysql":
-        from xasink.dialects.mysql import MySQLDialect  # type: ignore[import-not-found,unused-ignore]
-
-        return MySQLDialect(url, settings, pool_size)  # type: ignore[no-any-return,unused-ignore]
-    raise ValueError(f"unsupported database {backend!r}")
+    return dialect_class(url)(url, settings, pool_size)
 
 
 _SHARED: dict[tuple[str, BranchSettings, int], Dialect] = {}
@@ -51,6 +57,7 @@ __all__ = [
     "ErrorKind",
     "PreparedTxn",
     "TargetPlan",
+    "dialect_class",
     "dialect_for",
     "shared_dialect",
 ]

@@ -1,19 +1,16 @@
 """What every database dialect provides: the XA verbs, recovery, bulk load and checks.
 
-Dialects are the only modules that speak SQL.  The control side (the
+Dialects (and the decision log) are the only modules that speak SQL.  The control side (the
 driver's journal, commit and sweep) runs through a SQLAlchemy engine; the
 branch side (an executor loading rows) uses whatever driver API is fastest.
 """
 
 from __future__ import annotations
 
-import enum
 import logging
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
-from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -21,7 +18,17 @@ from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.pool import NullPool
 
 from xasink.dialects.pooling import watch_checkouts
-from xasink.errors import BranchError, ConnectError, XasinkError
+from xasink.dialects.values import (  # noqa: F401 - re-exported: callers outside the dialects name them from here
+    BlockedSession,
+    BranchSettings,
+    DurabilityRisk,
+    ErrorKind,
+    Merge,
+    PreparedTxn,
+    TargetPlan,
+    check_required,
+)
+from xasink.errors import ConnectError, XasinkError
 from xasink.protocol.xid import Xid
 from xasink.support import phases
 from xasink.support.masking import display_url, redact, url_secrets
@@ -35,110 +42,12 @@ log = logging.getLogger(__name__)
 SHADOW_INDEX_SUFFIX = "_br"
 
 
-class ErrorKind(enum.Enum):
-    """What an error says about a batch, decided by the dialect from the error's class and nowhere else.
-
-    Only ``ROWS`` may withdraw a decided batch (while none of its rows is visible); ``TRANSIENT`` and
-    ``FATAL`` both mean "not finished yet" (the batch stays decided, a later run or recover finishes it);
-    ``UNKNOWN_XID`` is settled by reading again, never assumed.
-    """
-
-    ROWS = "rows"  # the rows are wrong: a constraint of the table they violate, a value the column cannot hold
-    TRANSIENT = "transient"  # not finished, worth retrying: a lost connection, a lock or statement timeout, a
-    # cancelled statement, a read-only, full or restarting server (only ever retried outside a branch)
-    UNKNOWN_XID = "unknown_xid"  # the server no longer knows the branch
-    FATAL = "fatal"  # not finished, and no retry of this step helps (a missing privilege, a bug): say so
-
-
-@dataclass(frozen=True)
-class PreparedTxn:
-    """One prepared transaction on the server, ours (``xid`` set) or foreign."""
-
-    gid: str
-    xid: Xid | None
-    prepared_at: datetime | None = None
-    owner: str | None = None
-    database: str | None = None
-
-
-@dataclass(frozen=True)
-class BlockedSession:
-    """A session waiting for a lock that a prepared transaction holds: what an on-call engineer alerts on."""
-
-    session: int  # PostgreSQL: the backend's pid; MySQL: the thread (connection) id
-    database: str | None
-    user: str | None
-    query_age_s: float | None  # since the blocked statement started (server clock)
-    wait_age_s: float | None  # since the lock wait started, where the server says (PostgreSQL 14+, InnoDB)
-    blockers: tuple[str, ...]  # PostgreSQL: gids of the prepared transactions; MySQL: ``innodb-trx:<id>``
-
-
-@dataclass(frozen=True)
-class TargetPlan:
-    """How rows reach the target table: decided on the driver, shipped to executors."""
-
-    schema: str | None
-    table: str
-    arrow_schema: pa.Schema  # column names and exact types the table takes
-    source_names: tuple[str, ...]  # DataFrame column for each arrow_schema field
-    upsert_keys: tuple[str, ...] = ()
-    # MySQL family: the table is such that loading with REPLACE gives exactly the upsert's rows
-    # (MySQLDialect.replace_is_upsert), so the merge needs no staging table
-    upsert_by_replace: bool = False
-    # MySQL family: the table has unique indexes besides the key's, where ON DUPLICATE KEY UPDATE would hit
-    # another key's row: the branch updates rows found by the key (through ``upsert_index``, the key's unique
-    # index) and inserts the rest plainly, so any other unique conflict fails the batch
-    upsert_by_update: bool = False
-    upsert_index: str | None = None
-    # the shadow table of an overwrite / replaceWhere / change-data write (xasink.write_modes.statements):
-    # this column of each row is the batch id, filled in by the task
-    batch_column: str | None = None
-    branch_column: str | None = None  # the shadow's column of each row's branch (its xid's bqual), ditto
-    required: tuple[str, ...] = ()  # columns that must not be NULL in any row (change-data keys and sequence)
-    # Spark's session time zone (spark.sql.session.timeZone), set in each task: a TimestampNTZType written to a
-    # column that holds an instant is that wall time in this zone, as Spark casts it (None: not known)
-    time_zone: str | None = None
-    # columns whose values the server casts to the column's type (a double into numeric, a decimal into an
-    # unconstrained numeric), as it does for Spark's JDBC writer: the PostgreSQL branch inserts them with a cast
-    server_casts: tuple[tuple[str, str], ...] = ()  # (column, SQL type)
-
-
-def branch_failed(xid: Xid, plan: TargetPlan, what: str, hint: str | None = None) -> BranchError:
-    """The one shape of a branch's error: which partition, which table, what went wrong, what to do."""
-    target = f"{plan.schema}.{plan.table}" if plan.schema else plan.table
-    msg = f"partition {xid.partition} could not be written to {target}: {what}"
-    if hint:
-        msg += f". {hint}"
-    return BranchError(msg + ". The branch was rolled back; nothing of this batch is visible.")
-
-
-def check_required(batch: pa.RecordBatch, plan: TargetPlan, partition: int) -> None:
-    """A change without its key or sequence cannot be applied: say so before the branch prepares."""
-    for name in plan.required:
-        column = batch.column(plan.arrow_schema.get_field_index(name))
-        if column.null_count:
-            raise BranchError(
-                f"partition {partition}: column '{name}' is NULL in some rows; a change needs its key and "
-                "sequence to be applied. Filter or fill those rows first. Nothing of this batch is visible."
-            )
-
-
-def check_upsert_keys(batch: pa.RecordBatch, plan: TargetPlan, key_index: list[int], partition: int) -> None:
-    """A NULL key never matches a row (ON CONFLICT / ON DUPLICATE KEY), so it cannot be upserted: say so."""
-    for i in key_index:
-        if batch.column(i).null_count:
-            name = plan.arrow_schema.field(i).name
-            raise BranchError(
-                f"partition {partition}: upsert key column '{name}' is NULL in some rows; a row without a key "
-                "cannot be merged. Filter or fill those rows first. Nothing of this batch is visible."
-            )
-
-
 class BranchSession(ABC):
     """One XA branch on its own connection, owned by one task attempt."""
 
-    def __init__(self, xid: Xid) -> None:
+    def __init__(self, xid: Xid, plan: TargetPlan) -> None:
         self.xid = xid
+        self.plan = plan
 
     @abstractmethod
     def load(self, batches: Iterator[pa.RecordBatch]) -> int:
@@ -153,62 +62,8 @@ class BranchSession(ABC):
         """Roll back an unprepared branch and disconnect; never raises."""
 
 
-@dataclass(frozen=True)
-class BranchSettings:
-    """How a branch loads its rows: the options that reach a dialect (``WriteOptions.branch_settings``)."""
-
-    # seconds a branch waits for a row lock (0: no limit).  A key held by a prepared branch of the same
-    # batch (duplicate keys across partitions) is never released before the task ends: without a limit
-    # the task and the driver wait for each other forever.  Option lockTimeout.
-    lock_timeout: int = 60
-    # rows per bulk statement where the database loads in chunks (MySQL: LOAD DATA / INSERT); option batchsize
-    batch_size: int = 10_000
-    # MySQL: load with LOAD DATA LOCAL when the server allows it; option localInfile
-    local_infile: bool = True
-    # seconds a control connection (decide, commit, sweep, recover) waits for a lock (0: no limit): the
-    # error is transient, so the step is retried instead of the coordinator waiting forever; option
-    # controlLockTimeout
-    control_lock_timeout: int = 60
-
-
-# TCP keepalives of every connection: a peer that died without closing (a server host lost, a cut network)
-# is noticed after about IDLE + INTERVAL * COUNT seconds instead of the system default of hours
-KEEPALIVE_IDLE_S = 30
-KEEPALIVE_INTERVAL_S = 10
-KEEPALIVE_COUNT = 3
-
-
-def set_keepalive(sock: Any) -> None:
-    """Turn on TCP keepalives with xasink's timings on a connected socket (a no-op for a Unix socket)."""
-    import socket
-
-    if sock is None or getattr(sock, "family", None) not in (socket.AF_INET, socket.AF_INET6):
-        return
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-        for name, value in (
-            ("TCP_KEEPIDLE", KEEPALIVE_IDLE_S),
-            ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL_S),
-            ("TCP_KEEPCNT", KEEPALIVE_COUNT),
-        ):
-            opt = getattr(socket, name, None)
-            if opt is not None:
-                sock.setsockopt(socket.IPPROTO_TCP, opt, value)
-    except OSError as exc:  # a platform without these options: the connection works, only less watched
-        log.debug("TCP keepalive not set: %s", exc)
-
-
 # (dialect, host:port, setting, value) already warned about in this process: once per run, not per batch
 _DURABILITY_WARNED: set[tuple[str, str, str]] = set()
-
-
-@dataclass(frozen=True)
-class DurabilityRisk:
-    """A server setting under which a crash can lose prepared branches or decisions."""
-
-    setting: str
-    value: str
-    fix: str  # what to set, as the operator would type it
 
 
 def _stamp_connect(dialect: Any, conn_rec: Any, cargs: Any, cparams: Any) -> None:
@@ -389,6 +244,28 @@ class Dialect(ABC):
         """The server's clock in UTC, to age prepared transactions by the clock that stamped them."""
         return conn.execute(sa.select(self.utc_now())).scalar()
 
+    # -- where a connection is ----------------------------------------------------------
+    # which database a connection reaches, as the server itself names it (not the URL's host alias): a query
+    # whose row fills the format.  A multi-target transaction's decision log records it with each part and
+    # recovery compares it, so the string of a server and database must never change
+    identity_sql = ""
+    identity_format = ""
+    database_sql = ""  # the database the session is in (the decision log records it with each batch)
+
+    @classmethod
+    def server_identity(cls, conn: Connection) -> str:
+        """Which database a connection reaches (see ``identity_sql``)."""
+        return cls.identity_format.format(*conn.execute(sa.text(cls.identity_sql)).one())
+
+    @classmethod
+    def session_database(cls, conn: Connection) -> str:
+        """The database this connection's session is in."""
+        return str(conn.execute(sa.text(cls.database_sql)).scalar())
+
+    def ping(self, conn: Connection) -> None:
+        """One round trip on an open connection, raising when its session is gone (a run guard's watch)."""
+        conn.exec_driver_sql("SELECT 1")
+
     # -- session locks: the liveness of writer runs ---------------------------------
     @abstractmethod
     def try_session_lock(self, conn: Connection, name: str) -> bool:
@@ -472,28 +349,13 @@ class Dialect(ABC):
         return sa.delete(target).where(condition)
 
     @abstractmethod
-    def upsert_from_select(
-        self,
-        target: sa.TableClause,
-        columns: list[str],
-        select: sa.Select[Any],
-        keys: list[str],
-        sequence: str | None,
-    ) -> sa.Insert:
-        """INSERT the selected rows, updating the row of an existing key (only when ``sequence`` is not older)."""
+    def upsert_from_select(self, merge: Merge) -> sa.Insert:
+        """INSERT the selected rows, updating the row of an existing key (only when its ``sequence`` is not older)."""
 
-    def merge_from_select(
-        self,
-        conn: Connection,
-        target: sa.TableClause,
-        columns: list[str],
-        select: sa.Select[Any],
-        keys: list[str],
-        sequence: str | None,
-    ) -> int:
+    def merge_from_select(self, conn: Connection, merge: Merge) -> int:
         """Upsert the selected rows into the target, touching only rows whose key matches (any other unique
         conflict is an error), inside the caller's transaction; the rows written as the server counts them."""
-        return max(conn.execute(self.upsert_from_select(target, columns, select, keys, sequence)).rowcount or 0, 0)
+        return max(conn.execute(self.upsert_from_select(merge)).rowcount or 0, 0)
 
     def server_cast(self, column: Any, source: pa.DataType, target: pa.DataType) -> str | None:
         """The SQL type to cast to on the server when values of ``target`` go into the reflected column, or None.

@@ -33,19 +33,6 @@ class Part:
     committed: bool
 
 
-def server_identity(conn: Connection) -> str:
-    """Which database a connection reaches, as the server itself names it (not the URL's host alias).
-
-    PostgreSQL: the cluster's system identifier (drawn by initdb; any role may read it) and the database;
-    MariaDB/MySQL: the server's host name and port, and the database.
-    """
-    if conn.dialect.name == "postgresql":
-        pg = conn.execute(sa.text("SELECT system_identifier, current_database() FROM pg_control_system()")).one()
-        return f"postgresql://{pg[0]}/{pg[1]}"
-    row = conn.execute(sa.text("SELECT @@hostname, @@port, DATABASE()")).one()
-    return f"mysql://{row[0]}:{row[1]}/{row[2]}"
-
-
 def ensure_parts(journal: Journal) -> None:
     """Create the parts table on a transaction's first use of a log (single-table writers never need it)."""
     with journal.dialect.connect() as conn:

@@ -13,6 +13,8 @@ import json
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from xasink.dialects import dialect_class
+
 # (dialect, URL without its password) -> (database, default schema) of that URL's sessions: the same for
 # every session of a URL, so read once per process instead of at every check, decision and task
 _SESSION_TARGETS: dict[tuple[str, str], tuple[str, str]] = {}
@@ -24,15 +26,13 @@ UNKNOWN_QUERY = "unknown"
 
 
 def session_target(conn: Connection) -> tuple[str, str]:
-    """The database and default schema of this connection's sessions (``current_database()`` / ``DATABASE()``
-    and the schema SQLAlchemy found at connect), read once per URL and process."""
+    """The database and default schema of this connection's sessions (:meth:`Dialect.session_database` of the
+    connection's own database, and the schema SQLAlchemy found at connect), read once per URL and process."""
     key = (conn.dialect.name, conn.engine.url.render_as_string(hide_password=True))
     found = _SESSION_TARGETS.get(key)
     if found is None:
-        db = conn.execute(
-            sa.text("SELECT current_database()" if conn.dialect.name == "postgresql" else "SELECT DATABASE()")
-        ).scalar()
-        found = _SESSION_TARGETS[key] = (str(db), str(sa.inspect(conn).default_schema_name))
+        db = dialect_class(conn.engine.url).session_database(conn)
+        found = _SESSION_TARGETS[key] = (db, str(sa.inspect(conn).default_schema_name))
     return found
 
 

@@ -59,7 +59,7 @@ def main() -> int:
                     answered = True
                 last_ping = time.monotonic()
             elif time.monotonic() - last_ping > PING_S:
-                conn.exec_driver_sql("SELECT 1")
+                dialect.ping(conn)
                 last_ping = time.monotonic()
         except Exception as exc:  # noqa: BLE001 - a lost server: connect again
             if not answered:

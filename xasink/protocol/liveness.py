@@ -158,7 +158,7 @@ class InProcessGuard:
                 return
             if self._conn is not None:
                 try:
-                    self._conn.exec_driver_sql("SELECT 1")
+                    self._dialect.ping(self._conn)
                     return
                 except Exception:  # noqa: BLE001 - a lost session: taken again below
                     self._drop()

@@ -36,7 +36,6 @@ from xasink.journal.parts import (
     multi_target,
     read_parts,
     recorded_targets,
-    server_identity,
 )
 from xasink.journal.targets import UNKNOWN_QUERY, describe_target, forgotten_message, target_identity
 from xasink.options import WriteOptions
@@ -57,7 +56,7 @@ class TargetDb:
         self.recovery = sink_recovery(options, self.dialect, journal)
         self.retention = options.journal_retention
         with self.dialect.connect() as conn:
-            self.server = server_identity(conn)
+            self.server = self.dialect.server_identity(conn)
         self.branches = 0  # planned so far: what max_prepared_transactions must cover
 
     def close(self) -> None:
@@ -102,7 +101,7 @@ class MultiCoordinator:
         ensure_parts(self.journal)
         self.log_id = self.journal.log_id()
         with self.dialect.connect() as conn:
-            self.log_server = server_identity(conn)
+            self.log_server = self.dialect.server_identity(conn)
         self.guard = InProcessGuard(self.dialect, self.log_id, self.run)
         try:
             self._claim()

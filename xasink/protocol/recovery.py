@@ -23,7 +23,7 @@ from sqlalchemy.engine import Connection
 from xasink.dialects.base import Dialect, PreparedTxn
 from xasink.errors import ApplyError, CommitIncompleteError, ConnectError
 from xasink.journal.log import BatchRecord, Journal
-from xasink.journal.parts import decided_parts, mark_parts_done, server_identity
+from xasink.journal.parts import decided_parts, mark_parts_done
 from xasink.options import WriteOptions
 from xasink.protocol.apply_step import ApplyStep
 from xasink.protocol.branch_group import BranchGroup
@@ -237,7 +237,7 @@ class Recovery:
         the last part: marking and reading every part's mark run under the sink's lock.
         """
         with self.dialect.connect() as conn:
-            here = server_identity(conn)
+            here = self.dialect.server_identity(conn)
         with self.journal.dialect.connect() as conn:
             parts = decided_parts(conn, self.journal, self.sink_id, record.batch_id, record.xids)
         if not parts:

@@ -18,7 +18,7 @@ from sqlalchemy.engine import URL, make_url
 from xasink.dialects import dialect_for
 from xasink.errors import BatchAbortedError, OptionError
 from xasink.journal.log import Journal
-from xasink.journal.parts import Part, record_part, server_identity
+from xasink.journal.parts import Part, record_part
 from xasink.journal.targets import target_identity
 from xasink.options import WriteOptions
 from xasink.protocol.coordinator import ABORT_SETTLE_S, Coordinator
@@ -90,7 +90,7 @@ def record_tx_part(options: WriteOptions, tx: TxWrite, run: str, outcomes: Seque
     journal = _journal(options, tx)
     try:
         with dialect.connect() as conn:
-            server = server_identity(conn)
+            server = dialect.server_identity(conn)
             target = target_identity(conn, options.table.schema, options.table.name)
         part = Part(
             options.sink_id,

@@ -29,7 +29,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from xasink.dialects.base import SHADOW_INDEX_SUFFIX, Dialect, TargetPlan
+from xasink.dialects.base import SHADOW_INDEX_SUFFIX, Dialect, Merge, TargetPlan
 from xasink.errors import ApplyError, PreflightError
 from xasink.options import TableName, WriteOptions
 from xasink.protocol.xid import Xid
@@ -457,12 +457,12 @@ def _apply_changes(
                 deletes, ~sa.exists().where(same_key)
             )
             cols = [*spec.keys, spec.sequence]
-            conn.execute(dialect.upsert_from_select(tomb, cols, gone, list(spec.keys), spec.sequence))
+            conn.execute(dialect.upsert_from_select(Merge(tomb, cols, gone, list(spec.keys), spec.sequence)))
     upserts = sa.select(*(ranked.c[c] for c in spec.columns)).where(last)
     if spec.flag is not None:
         upserts = upserts.where(sa.func.coalesce(ranked.c[spec.flag], False).is_(False))
     # only rows whose key matches are updated; any other unique conflict fails the apply
-    result = dialect.merge_from_select(conn, target, list(spec.columns), upserts, list(spec.keys), spec.sequence)
+    result = dialect.merge_from_select(conn, Merge(target, list(spec.columns), upserts, list(spec.keys), spec.sequence))
     if tomb is not None:  # a key upserted again is alive: its tombstone goes
         alive = sa.exists().where(*(target.c[k] == tomb.c[k] for k in spec.keys))
         changed = sa.exists().where(*(ranked.c[k] == tomb.c[k] for k in spec.keys))  # only this batch's keys

@@ -8,32 +8,47 @@ import logging
 import os
 import tempfile
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import pyarrow as pa
 import pymysql
 
-from xasink.dialects.base import BranchSession, TargetPlan, check_upsert_keys
+from xasink.dialects.base import BranchSession
 from xasink.dialects.mysql.encoding import encode_tsv, python_rows
 from xasink.dialects.mysql.errors import PRIVILEGE_CODES
 from xasink.dialects.mysql.sql import BRANCH_SQL_MODE, MAX_LOCK_WAIT, errno_of, quote_ident, table_name
 from xasink.dialects.mysql.xa import owner_lock, parse_recover_row, recover_statement, xid_literal
+from xasink.dialects.values import BranchSettings, TargetPlan, check_upsert_keys
 from xasink.errors import BranchError
 from xasink.protocol.xid import FORMAT_ID, Xid
 
-if TYPE_CHECKING:
-    from xasink.dialects.mysql.dialect import MySQLDialect
-
 log = logging.getLogger("xasink.dialects.mysql")
+
+
+class BranchHost(Protocol):
+    """What a branch uses of its dialect (:class:`.dialect.MySQLDialect`), which imports this module."""
+
+    settings: BranchSettings
+    load_data_max_bytes: int
+    max_stmt_bytes: int
+
+    def raw_connect(self, local_infile: bool = False) -> pymysql.connections.Connection: ...
+
+    def wait_detached(self, connection_id: int) -> None: ...
+
+    def branch_error(self, exc: BaseException, xid: Xid, plan: TargetPlan) -> BranchError: ...
+
+    def load_warning_error(
+        self, warnings: list[tuple[Any, ...]], loaded: int, expected: int, xid: Xid, plan: TargetPlan
+    ) -> BranchError: ...
 
 
 class MySQLBranch(BranchSession):
     """A branch: one pymysql connection inside XA START .. XA PREPARE."""
 
-    def __init__(self, dialect: MySQLDialect, xid: Xid, plan: TargetPlan) -> None:
-        super().__init__(xid)
+    def __init__(self, dialect: BranchHost, xid: Xid, plan: TargetPlan) -> None:
+        super().__init__(xid, plan)
         self.dialect = dialect
-        self.plan = plan
         self._xa = xid_literal(xid)
         self.conn = dialect.raw_connect(local_infile=dialect.settings.local_infile)
         self.cursor = self.conn.cursor()

@@ -12,22 +12,14 @@ import pymysql
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from xasink.dialects.base import (
-    SHADOW_INDEX_SUFFIX,
-    BlockedSession,
-    BranchSession,
-    Dialect,
-    DurabilityRisk,
-    ErrorKind,
-    PreparedTxn,
-    TargetPlan,
-    set_keepalive,
-)
+from xasink.dialects.base import SHADOW_INDEX_SUFFIX, BranchSession, Dialect
+from xasink.dialects.keepalive import set_keepalive
 from xasink.dialects.mysql import errors, health, preflight
 from xasink.dialects.mysql.errors import BranchBusyError, LockBusyError
 from xasink.dialects.mysql.owner import DETACH_TIMEOUT_S, OWNER_WAIT_S, OwnerWatch
 from xasink.dialects.mysql.sql import BRANCH_SQL_MODE, SA_DIALECT, errno_of, quote_ident
 from xasink.dialects.mysql.xa import ER_XAER_NOTA, foreign_gid, parse_foreign_gid, recovered, xa_literal, xid_literal
+from xasink.dialects.values import BlockedSession, DurabilityRisk, ErrorKind, Merge, PreparedTxn, TargetPlan
 from xasink.errors import BranchError
 from xasink.protocol.xid import FORMAT_ID, Xid
 from xasink.support.masking import redact, url_secrets
@@ -41,6 +33,9 @@ log = logging.getLogger("xasink.dialects.mysql")
 class MySQLDialect(Dialect):
     name = "MySQL"
     default_port = 3306
+    # the server's host name and port, and the database
+    identity_sql, identity_format = "SELECT @@hostname, @@port, DATABASE()", "mysql://{}:{}/{}"
+    database_sql = "SELECT DATABASE()"
     load_data_max_bytes = 64 << 20  # a LOAD DATA file is loaded once it reaches this size
     max_stmt_bytes = 4 << 20  # largest multi-row INSERT statement (capped by max_allowed_packet)
 
@@ -233,18 +228,12 @@ class MySQLDialect(Dialect):
         name = conn.dialect.identifier_preparer.format_table(target)
         conn.exec_driver_sql(f"DELETE {name} FROM {text[len(head) :]}", params)
 
-    def upsert_from_select(
-        self,
-        target: sa.TableClause,
-        columns: list[str],
-        select: sa.Select[Any],
-        keys: list[str],
-        sequence: str | None,
-    ) -> sa.Insert:
+    def upsert_from_select(self, merge: Merge) -> sa.Insert:
         from sqlalchemy.dialects.mysql import insert
 
-        stmt = insert(target).from_select(columns, select)
-        rest = [c for c in columns if c not in keys]
+        target, keys, sequence = merge.target, merge.keys, merge.sequence
+        stmt = insert(target).from_select(merge.columns, merge.select)
+        rest = [c for c in merge.columns if c not in keys]
         if sequence is not None:  # assigned left to right: the sequence last, so every test sees the stored one
             rest = [c for c in rest if c != sequence] + [sequence]
         if not rest:
@@ -258,19 +247,12 @@ class MySQLDialect(Dialect):
             updates.append((c, value))
         return stmt.on_duplicate_key_update(updates)
 
-    def merge_from_select(
-        self,
-        conn: Connection,
-        target: sa.TableClause,
-        columns: list[str],
-        select: sa.Select[Any],
-        keys: list[str],
-        sequence: str | None,
-    ) -> int:
+    def merge_from_select(self, conn: Connection, merge: Merge) -> int:
         """UPDATE the rows whose key matches, then a plain INSERT of the other keys: ON DUPLICATE KEY UPDATE
         would update the row that conflicts on whichever unique index comes first, even another key's, where
         this fails on any conflict but the key's (as PostgreSQL's ON CONFLICT on the key does)."""
-        src = select.subquery("xasink_src")
+        target, columns, keys, sequence = merge.target, merge.columns, merge.keys, merge.sequence
+        src = merge.select.subquery("xasink_src")
         same_key = sa.and_(*(target.c[k] == src.c[k] for k in keys))
         written = 0
         rest = [c for c in columns if c not in keys]

@@ -7,9 +7,9 @@ from typing import Any
 import pymysql
 import sqlalchemy as sa
 
-from xasink.dialects.base import ErrorKind, TargetPlan, branch_failed
 from xasink.dialects.mysql.sql import errno_of
 from xasink.dialects.mysql.xa import ER_XAER_NOTA
+from xasink.dialects.values import ErrorKind, TargetPlan, branch_failed
 from xasink.errors import BranchError, XasinkError
 from xasink.protocol.xid import Xid
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from sqlalchemy.engine import Connection
 
-from xasink.dialects.base import BlockedSession
 from xasink.dialects.mysql.xa import recovered
+from xasink.dialects.values import BlockedSession
 
 # the blocking transaction has no session: thread id 0, or a thread that is no longer listed (MariaDB can go on
 # showing a gone session's id on a detached branch); a transaction being rolled back is not a prepared one

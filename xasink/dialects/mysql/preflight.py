@@ -6,18 +6,15 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
-from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from xasink.dialects.base import DurabilityRisk, TargetPlan
+from xasink.dialects.base import Dialect
 from xasink.dialects.mysql.errors import PRIVILEGE_CODES
 from xasink.dialects.mysql.sql import errno_of
+from xasink.dialects.values import DurabilityRisk, TargetPlan
 from xasink.errors import PreflightError
-
-if TYPE_CHECKING:
-    from xasink.dialects.mysql.dialect import MySQLDialect
 
 log = logging.getLogger("xasink.dialects.mysql")
 
@@ -36,7 +33,7 @@ def durability_risks(conn: Connection) -> list[DurabilityRisk]:
     return risks
 
 
-def check_server(dialect: MySQLDialect, conn: Connection) -> None:
+def check_server(dialect: Dialect, conn: Connection) -> None:
     version = str(conn.exec_driver_sql("SELECT VERSION()").scalar_one())
     is_mariadb = "mariadb" in version.lower()
     nums = tuple(int(x) for x in re.findall(r"\d+", version)[:2])
@@ -73,7 +70,7 @@ def check_server(dialect: MySQLDialect, conn: Connection) -> None:
         )
 
 
-def check_table(dialect: MySQLDialect, conn: Connection, plan: TargetPlan) -> TargetPlan:
+def check_table(dialect: Dialect, conn: Connection, plan: TargetPlan) -> TargetPlan:
     row = conn.execute(
         sa.text(
             "SELECT ENGINE, TABLE_TYPE FROM information_schema.TABLES "

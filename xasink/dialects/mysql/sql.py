@@ -8,7 +8,7 @@ from typing import Any
 import pymysql
 from sqlalchemy.dialects.mysql import pymysql as sa_pymysql
 
-from xasink.dialects.base import TargetPlan
+from xasink.dialects.values import TargetPlan
 
 
 def _share_preferred_tls_context() -> None:

@@ -3,7 +3,6 @@ createTableColumnTypes option."""
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import pyarrow as pa
@@ -11,7 +10,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
 
 from xasink.dialects.mysql.sql import SA_DIALECT
-from xasink.errors import PreflightError
+from xasink.dialects.type_text import parse_type_text
 
 
 def arrow_type(column: Any, source: pa.DataType) -> pa.DataType | None:
@@ -89,40 +88,25 @@ def sql_type(arrow_type: pa.DataType) -> sa.types.TypeEngine[Any] | None:
     return None
 
 
+_ALIASES = {
+    "bool": "boolean",
+    "integer": "int",
+    "long": "bigint",
+    "string": "longtext",
+    "double precision": "double",
+    "real": "double",
+    "character varying": "varchar",
+    "character": "char",
+    "numeric": "decimal",
+    "dec": "decimal",
+}
+
+
+def _build(cls: Any, name: str, args: list[int], unsigned: bool) -> sa.types.TypeEngine[Any]:
+    if name in ("datetime", "timestamp", "time"):
+        return cls(fsp=args[0] if args else None)  # type: ignore[no-any-return]
+    return cls(*args, **({"unsigned": True} if unsigned else {}))  # type: ignore[no-any-return]
+
+
 def parse_type(text: str) -> sa.types.TypeEngine[Any]:
-    m = re.fullmatch(
-        r"\s*([A-Za-z][A-Za-z0-9 ]*?)\s*(?:\(\s*(\d+)\s*(?:,\s*(\d+)\s*)?\))?\s*(unsigned)?\s*", text, re.I
-    )
-    if m is None:
-        raise PreflightError(f"createTableColumnTypes: cannot parse type {text!r}")
-    name = " ".join(m.group(1).lower().split())
-    unsigned = m.group(4) is not None
-    if name.endswith(" unsigned"):
-        name, unsigned = name[: -len(" unsigned")], True
-    name = {
-        "bool": "boolean",
-        "integer": "int",
-        "long": "bigint",
-        "string": "longtext",
-        "double precision": "double",
-        "real": "double",
-        "character varying": "varchar",
-        "character": "char",
-        "numeric": "decimal",
-        "dec": "decimal",
-    }.get(name, name)
-    cls = SA_DIALECT.ischema_names.get(name)
-    if cls is None:
-        raise PreflightError(f"createTableColumnTypes: unknown MySQL type {text!r}")
-    args = [int(a) for a in m.groups()[1:3] if a is not None]
-    kwargs: dict[str, Any] = {}
-    if unsigned:
-        if not issubclass(cls, (sa.Integer, sa.Numeric)):
-            raise PreflightError(f"createTableColumnTypes: type {text!r} cannot be UNSIGNED")
-        kwargs["unsigned"] = True
-    try:
-        if name in ("datetime", "timestamp", "time"):
-            return cls(fsp=args[0] if args else None)  # type: ignore[no-any-return]
-        return cls(*args, **kwargs)  # type: ignore[no-any-return]
-    except TypeError:
-        raise PreflightError(f"createTableColumnTypes: type {text!r} takes no such arguments") from None
+    return parse_type_text(text, "MySQL", SA_DIALECT.ischema_names, _ALIASES, _build, unsigned=(sa.Integer, sa.Numeric))

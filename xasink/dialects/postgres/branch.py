@@ -4,28 +4,38 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import pyarrow as pa
 
-from xasink.dialects.base import BranchSession, TargetPlan, check_upsert_keys
-from xasink.dialects.postgres.sql import _literal, insert_sql, upsert_sql
+from xasink.dialects.base import BranchSession
+from xasink.dialects.postgres.sql import insert_sql, string_literal, upsert_sql
+from xasink.dialects.spare import Spare
+from xasink.dialects.values import BranchSettings, TargetPlan, check_upsert_keys
 from xasink.errors import BranchError
 from xasink.protocol.xid import Xid
 
-if TYPE_CHECKING:
-    from xasink.dialects.postgres.dialect import PostgresDialect
-
 log = logging.getLogger("xasink.dialects.postgres")
+
+
+class BranchHost(Protocol):
+    """What a branch uses of its dialect (:class:`.dialect.PostgresDialect`), which imports this module."""
+
+    settings: BranchSettings
+    spare: Spare[Any] | None
+    upsert_chunk_rows: int
+
+    def adbc_connect(self) -> Any: ...
+
+    def branch_error(self, exc: BaseException, xid: Xid, plan: TargetPlan) -> BranchError: ...
 
 
 class PostgresBranch(BranchSession):
     """A branch: one ADBC connection in a transaction, rows loaded by binary COPY, then PREPAREd."""
 
-    def __init__(self, dialect: PostgresDialect, xid: Xid, plan: TargetPlan) -> None:
-        super().__init__(xid)
+    def __init__(self, dialect: BranchHost, xid: Xid, plan: TargetPlan) -> None:
+        super().__init__(xid, plan)
         self.dialect = dialect
-        self.plan = plan
         spare = dialect.spare.take() if dialect.spare is not None else None
         self.conn = spare if spare is not None else dialect.adbc_connect()
         self.cursor = self.conn.cursor()
@@ -109,7 +119,7 @@ class PostgresBranch(BranchSession):
 
     def prepare(self) -> None:
         try:
-            self.cursor.execute(f"PREPARE TRANSACTION {_literal(self.xid.gid)}")
+            self.cursor.execute(f"PREPARE TRANSACTION {string_literal(self.xid.gid)}")
             self.cursor.execute("SELECT count(*) FROM pg_prepared_xacts WHERE gid = $1", parameters=(self.xid.gid,))
             row = self.cursor.fetchone()
         except Exception as exc:

@@ -9,49 +9,52 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.engine import Connection
 
-from xasink.dialects.base import (
+from xasink.dialects.base import BranchSession, Dialect
+from xasink.dialects.postgres import health as pg_health
+from xasink.dialects.postgres.sql import (
+    ADBC_DB_OPTIONS,
+    BRANCH_HINTS,
+    KEEPALIVES,
+    ROWS_CLASSES,
+    TRANSIENT_STATES,
+    UNKNOWN_XID_STATE,
+    UPSERT_LOCK_HINT,
+    advisory_key,
+    driver_sql,
+    sqlstate_of,
+    string_literal,
+)
+from xasink.dialects.postgres.types import PostgresTypes
+from xasink.dialects.spare import Spare
+from xasink.dialects.values import (
     BlockedSession,
-    BranchSession,
-    Dialect,
     DurabilityRisk,
     ErrorKind,
+    Merge,
     PreparedTxn,
     TargetPlan,
     branch_failed,
 )
-from xasink.dialects.postgres import health as pg_health
-from xasink.dialects.postgres.sql import (
-    _ADBC_DB_OPTIONS,
-    _BRANCH_HINTS,
-    _KEEPALIVES,
-    _ROWS_CLASSES,
-    _SA_DIALECT,
-    _TRANSIENT_STATES,
-    _UNKNOWN_XID_STATE,
-    _UPSERT_LOCK_HINT,
-    _driver_sql,
-    _literal,
-    _sqlstate,
-    advisory_key,
-)
-from xasink.dialects.spare import Spare
 from xasink.errors import BranchError, PreflightError
 from xasink.protocol.xid import Xid
 from xasink.support.masking import redact, url_secrets
 
 if TYPE_CHECKING:  # rows and types only: the driver's commit path never loads pyarrow
-    import pyarrow as pa
+    pass
 
 log = logging.getLogger("xasink.dialects.postgres")
 _SYNCHRONOUS = "xasink_synchronous_commit"  # a control session's pool-record flag: it commits durably by default
 
 
-class PostgresDialect(Dialect):
+class PostgresDialect(PostgresTypes, Dialect):
     name = "PostgreSQL"
     default_port = 5432
+    # the cluster's system identifier (drawn by initdb; any role may read it) and the database
+    identity_sql = "SELECT system_identifier, current_database() FROM pg_control_system()"
+    identity_format = "postgresql://{}/{}"
+    database_sql = "SELECT current_database()"
     upsert_chunk_rows = 10_000  # rows per upsert statement (array parameters)
 
     def connect_args(self) -> dict[str, Any]:
@@ -59,7 +62,7 @@ class PostgresDialect(Dialect):
         args: dict[str, Any] = {
             "connect_timeout": 10,
             "application_name": self.url.query.get("application_name", "xasink"),
-            **_KEEPALIVES,
+            **KEEPALIVES,
         }
         # control transactions flush their commit unless one says otherwise (relaxed_commit); a session's
         # startup setting outranks the server's file and a reload, so the decision needs no SET of its own
@@ -94,7 +97,7 @@ class PostgresDialect(Dialect):
     def _adbc_connect_raw(self) -> Any:
         import adbc_driver_postgresql.dbapi as adbc
 
-        return adbc.connect(self.libpq_uri(), db_kwargs=_ADBC_DB_OPTIONS, autocommit=False)
+        return adbc.connect(self.libpq_uri(), db_kwargs=ADBC_DB_OPTIONS, autocommit=False)
 
     def adbc_connect(self) -> Any:
         """A new branch connection; failures become a ConnectError that says what to do."""
@@ -105,7 +108,7 @@ class PostgresDialect(Dialect):
 
     def libpq_uri(self) -> str:
         """A libpq URI for ADBC; it carries the password, so it is never logged."""
-        query = {"application_name": "xasink", **{k: str(v) for k, v in _KEEPALIVES.items()}, **dict(self.url.query)}
+        query = {"application_name": "xasink", **{k: str(v) for k, v in KEEPALIVES.items()}, **dict(self.url.query)}
         if self.url.password is not None and not self.url.username:  # a URL renders no password without a user
             query["password"] = self.url.password
         base = self.url.set(drivername="postgresql", query={}).render_as_string(hide_password=False)
@@ -114,13 +117,13 @@ class PostgresDialect(Dialect):
 
     # -- XA verbs ----------------------------------------------------------
     def commit_prepared(self, conn: Connection, xid: Xid) -> None:
-        conn.exec_driver_sql(_driver_sql(f"COMMIT PREPARED {_literal(xid.gid)}"))
+        conn.exec_driver_sql(driver_sql(f"COMMIT PREPARED {string_literal(xid.gid)}"))
 
     def rollback_prepared(self, conn: Connection, xid: Xid) -> None:
-        conn.exec_driver_sql(_driver_sql(f"ROLLBACK PREPARED {_literal(xid.gid)}"))
+        conn.exec_driver_sql(driver_sql(f"ROLLBACK PREPARED {string_literal(xid.gid)}"))
 
     def rollback_foreign(self, conn: Connection, gid: str) -> None:
-        conn.exec_driver_sql(_driver_sql(f"ROLLBACK PREPARED {_literal(gid)}"))
+        conn.exec_driver_sql(driver_sql(f"ROLLBACK PREPARED {string_literal(gid)}"))
 
     def durable_commit(self, conn: Connection) -> None:
         # with synchronous_commit = off a crash right after the decision's COMMIT may lose it; a session
@@ -171,12 +174,12 @@ class PostgresDialect(Dialect):
         return pg_health.blocked_by_prepared(conn)
 
     def classify(self, exc: BaseException) -> ErrorKind:
-        state = _sqlstate(exc)
-        if state == _UNKNOWN_XID_STATE:
+        state = sqlstate_of(exc)
+        if state == UNKNOWN_XID_STATE:
             return ErrorKind.UNKNOWN_XID
-        if state in _TRANSIENT_STATES or (state or "").startswith("08"):
+        if state in TRANSIENT_STATES or (state or "").startswith("08"):
             return ErrorKind.TRANSIENT
-        if state is not None and state.startswith(_ROWS_CLASSES):
+        if state is not None and state.startswith(ROWS_CLASSES):
             return ErrorKind.ROWS
         if state == "55000" and "is busy" in str(exc):  # another session is finishing the same gid right now
             return ErrorKind.TRANSIENT
@@ -215,15 +218,15 @@ class PostgresDialect(Dialect):
                 )
 
     def branch_error(self, exc: BaseException, xid: Xid, plan: TargetPlan) -> BranchError:
-        state = _sqlstate(exc)
+        state = sqlstate_of(exc)
         text = redact(str(getattr(exc, "orig", exc)), url_secrets(self.url))
         text = re.sub(r"^[A-Z_]+: \[libpq\] ", "", text.strip())
         text = re.sub(r"Failed to execute query '.*?': (?=ERROR:)", "", text, count=1, flags=re.S)
         text = re.sub(r"^Failed to execute COPY statement: (?:PGRES_[A-Z_]+ )?(?=ERROR:)", "", text, count=1)
-        hint = _BRANCH_HINTS.get(state or "")
+        hint = BRANCH_HINTS.get(state or "")
         if plan.upsert_keys and state in ("55P03", "40P01"):
             keys = plan.upsert_keys
-            hint = _UPSERT_LOCK_HINT.format(keys=", ".join(keys), quoted=", ".join(repr(k) for k in keys))
+            hint = UPSERT_LOCK_HINT.format(keys=", ".join(keys), quoted=", ".join(repr(k) for k in keys))
         if state == "53200" and "prepared transactions" not in text:  # a real out-of-memory
             hint = None
         what = text.splitlines()[0] if text else str(exc)
@@ -233,121 +236,6 @@ class PostgresDialect(Dialect):
         err = branch_failed(xid, plan, what, hint)
         err.sqlstate = state  # type: ignore[attr-defined]
         return err
-
-    # -- tables ------------------------------------------------------------
-    def arrow_type(self, column: Any, source: pa.DataType) -> pa.DataType | None:
-        import pyarrow as pa
-
-        t = column["type"]
-        while isinstance(t, pg.DOMAIN):  # a domain loads as its base type; the server checks its constraint
-            t = t.data_type
-        if isinstance(t, sa.SmallInteger):
-            return pa.int16()
-        if isinstance(t, sa.BigInteger):
-            return pa.int64()
-        if isinstance(t, sa.Integer):
-            return pa.int32()
-        if isinstance(t, sa.REAL):
-            return pa.float32()
-        if isinstance(t, sa.Float):
-            return pa.float64()
-        if isinstance(t, sa.Numeric):
-            if pa.types.is_floating(source) or pa.types.is_decimal(source):
-                return source  # the server casts it, as it does what Spark's JDBC writer sends (server_cast)
-            if t.precision is None:
-                return pa.decimal128(20, 0) if pa.types.is_integer(source) else pa.decimal128(38, 12)
-            if t.precision <= 38:
-                return pa.decimal128(t.precision, t.scale or 0)
-            return pa.decimal256(t.precision, t.scale or 0)
-        if isinstance(t, sa.Boolean):
-            return pa.bool_()
-        if isinstance(t, (sa.String,)) and not isinstance(t, sa.Enum):
-            return pa.string()
-        if isinstance(t, sa.LargeBinary):
-            return pa.binary()
-        if isinstance(t, sa.DateTime):
-            return pa.timestamp("us", tz="UTC") if t.timezone else pa.timestamp("us")
-        if isinstance(t, sa.Date):
-            return pa.date32()
-        return None
-
-    def server_cast(self, column: Any, source: pa.DataType, target: pa.DataType) -> str | None:
-        """A double or a decimal of another precision into numeric: the server's cast (float8 to numeric keeps 15
-        significant digits, then rounds half away from zero to the column's scale; a decimal keeps its display
-        scale in an unconstrained numeric), which no Arrow cast reproduces."""
-        import pyarrow as pa
-
-        t = column["type"]
-        while isinstance(t, pg.DOMAIN):
-            t = t.data_type
-        if not isinstance(t, sa.Numeric) or isinstance(t, sa.Float):
-            return None
-        if pa.types.is_floating(target):
-            return str(t.compile(dialect=_SA_DIALECT))
-        if pa.types.is_decimal(target) and (t.precision, t.scale or 0) != (target.precision, target.scale):
-            return str(t.compile(dialect=_SA_DIALECT))  # an unconstrained numeric too: its precision is None
-        return None
-
-    def sql_type(self, arrow_type: pa.DataType) -> sa.types.TypeEngine[Any] | None:
-        import pyarrow as pa
-
-        t = arrow_type
-        if pa.types.is_int8(t) or pa.types.is_int16(t):
-            return sa.SmallInteger()
-        if pa.types.is_int32(t):
-            return sa.Integer()
-        if pa.types.is_int64(t):
-            return sa.BigInteger()
-        if pa.types.is_float32(t):
-            return pg.REAL()
-        if pa.types.is_float64(t):
-            return pg.DOUBLE_PRECISION()
-        if pa.types.is_decimal(t):
-            return sa.Numeric(t.precision, t.scale)
-        if pa.types.is_boolean(t):
-            return sa.Boolean()
-        if pa.types.is_string(t) or pa.types.is_large_string(t):
-            return sa.Text()
-        if pa.types.is_binary(t) or pa.types.is_large_binary(t):
-            return pg.BYTEA()
-        if pa.types.is_date(t):
-            return sa.Date()
-        if pa.types.is_timestamp(t):
-            return pg.TIMESTAMP(timezone=t.tz is not None)
-        if pa.types.is_null(t):
-            return sa.Text()
-        return None
-
-    def parse_type(self, text: str) -> sa.types.TypeEngine[Any]:
-        m = re.fullmatch(r"\s*([A-Za-z][A-Za-z0-9 ]*?)\s*(?:\(\s*(\d+)\s*(?:,\s*(\d+)\s*)?\))?\s*", text)
-        if m is None:
-            raise PreflightError(f"createTableColumnTypes: cannot parse type {text!r}")
-        name = " ".join(m.group(1).lower().split())
-        name = {
-            "int": "integer",
-            "int4": "integer",
-            "int8": "bigint",
-            "int2": "smallint",
-            "varchar": "character varying",
-            "char": "character",
-            "float8": "double precision",
-            "float4": "real",
-            "bool": "boolean",
-            "decimal": "numeric",
-            "timestamptz": "timestamp with time zone",
-            "double": "double precision",
-            "string": "text",
-            "long": "bigint",
-            "binary": "bytea",
-        }.get(name, name)
-        cls = _SA_DIALECT.ischema_names.get(name)
-        if cls is None:
-            raise PreflightError(f"createTableColumnTypes: unknown PostgreSQL type {text!r}")
-        args = [int(a) for a in m.groups()[1:] if a is not None]
-        try:
-            return cls(*args) if args else cls()  # type: ignore[no-any-return]
-        except TypeError:
-            raise PreflightError(f"createTableColumnTypes: type {text!r} takes no such arguments") from None
 
     # -- branch ------------------------------------------------------------
     def lock_for_overwrite(self, conn: Connection, schema: str | None, table: str) -> None:
@@ -387,18 +275,12 @@ class PostgresDialect(Dialect):
         else:
             conn.execute(sa.delete(shadow).where(batch))
 
-    def upsert_from_select(
-        self,
-        target: sa.TableClause,
-        columns: list[str],
-        select: sa.Select[Any],
-        keys: list[str],
-        sequence: str | None,
-    ) -> sa.Insert:
+    def upsert_from_select(self, merge: Merge) -> sa.Insert:
         from sqlalchemy.dialects.postgresql import insert
 
-        stmt = insert(target).from_select(columns, select)
-        updates = {c: stmt.excluded[c] for c in columns if c not in keys}
+        target, keys, sequence = merge.target, merge.keys, merge.sequence
+        stmt = insert(target).from_select(merge.columns, merge.select)
+        updates = {c: stmt.excluded[c] for c in merge.columns if c not in keys}
         if not updates:
             return stmt.on_conflict_do_nothing(index_elements=keys)
         newer = None

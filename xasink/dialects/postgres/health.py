@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from sqlalchemy.engine import Connection
 
-from xasink.dialects.base import BlockedSession
+from xasink.dialects.values import BlockedSession
 
 _TARGET = (
     "locktype",

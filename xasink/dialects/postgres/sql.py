@@ -7,11 +7,12 @@ import re
 
 from sqlalchemy.dialects import postgresql as pg
 
-from xasink.dialects.base import KEEPALIVE_COUNT, KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, TargetPlan
+from xasink.dialects.keepalive import KEEPALIVE_COUNT, KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S
+from xasink.dialects.values import TargetPlan
 
-_SA_DIALECT = pg.psycopg2.dialect()
+SA_DIALECT = pg.psycopg2.dialect()
 
-_UPSERT_LOCK_HINT = (
+UPSERT_LOCK_HINT = (
     "another partition of this batch (or another transaction) holds rows with the same upsert keys ({keys}): a "
     "prepared branch keeps them locked until the batch commits, so rows with equal keys must all be in one "
     "partition. Repartition the DataFrame by the key columns first, e.g. df.repartition({quoted}) (xasink.write() "
@@ -20,15 +21,15 @@ _UPSERT_LOCK_HINT = (
 # ADBC's built-in table of PostgreSQL types instead of reading pg_type and all of pg_attribute at every
 # connect (~40 ms of client CPU on an empty database, minutes on one with many tables: apache/arrow-adbc#1755).
 # A branch only sends rows of built-in types (a domain column takes its base type's) and reads a count.
-_ADBC_DB_OPTIONS = {"adbc.postgresql.type_resolver_mode": "builtin"}
+ADBC_DB_OPTIONS = {"adbc.postgresql.type_resolver_mode": "builtin"}
 # libpq's TCP keepalives (ignored on a Unix socket): a dead server or network is noticed in about a minute
-_KEEPALIVES = {
+KEEPALIVES = {
     "keepalives": 1,
     "keepalives_idle": KEEPALIVE_IDLE_S,
     "keepalives_interval": KEEPALIVE_INTERVAL_S,
     "keepalives_count": KEEPALIVE_COUNT,
 }
-_TRANSIENT_STATES = {
+TRANSIENT_STATES = {
     *("40001", "40P01", "55P03", "57P01", "57P02", "57P03", "53300", "58000", "58030"),
     "57014",  # query_canceled: statement_timeout, pg_cancel_backend
     "25006",  # read_only_sql_transaction: a standby, or default_transaction_read_only
@@ -36,11 +37,11 @@ _TRANSIENT_STATES = {
     *("25P03", "57P05"),  # idle (in transaction) session timeout
 }
 # the rows are wrong: integrity constraint violations (23) and values the columns cannot hold (22)
-_ROWS_CLASSES = ("22", "23")
-_UNKNOWN_XID_STATE = "42704"
+ROWS_CLASSES = ("22", "23")
+UNKNOWN_XID_STATE = "42704"
 
 # SQLSTATEs a branch can fail with, and what the user should do about them
-_BRANCH_HINTS = {
+BRANCH_HINTS = {
     "23505": "duplicate key: the rows collide with rows already in the table (or in this batch); "
     "deduplicate the DataFrame or use upsertKeyColumns",
     "23502": "NULL in a NOT NULL column: fill or filter the NULLs first",
@@ -58,7 +59,7 @@ _BRANCH_HINTS = {
 }
 
 
-def _sqlstate(exc: BaseException) -> str | None:
+def sqlstate_of(exc: BaseException) -> str | None:
     orig = getattr(exc, "orig", exc)
     for attr in ("pgcode", "sqlstate"):
         code = getattr(orig, attr, None)
@@ -68,7 +69,7 @@ def _sqlstate(exc: BaseException) -> str | None:
     return m.group(1) if m else None
 
 
-def _literal(value: str) -> str:
+def string_literal(value: str) -> str:
     """A string literal for the statements that take no bound parameter (PREPARE TRANSACTION, COMMIT PREPARED).
 
     An escape string (E'...') with every backslash and quote doubled means the same text whatever the
@@ -79,7 +80,7 @@ def _literal(value: str) -> str:
     return "E'" + value.replace("\\", "\\\\").replace("'", "''") + "'"
 
 
-def _driver_sql(statement: str) -> str:
+def driver_sql(statement: str) -> str:
     """A statement for SQLAlchemy's exec_driver_sql: psycopg2 formats it with (empty) parameters, so '%' doubles."""
     return statement.replace("%", "%%")
 
@@ -90,7 +91,7 @@ def advisory_key(name: str) -> int:
 
 
 def _ident(name: str) -> str:
-    return str(_SA_DIALECT.identifier_preparer.quote_identifier(name))
+    return str(SA_DIALECT.identifier_preparer.quote_identifier(name))
 
 
 def _selected(plan: TargetPlan) -> str:

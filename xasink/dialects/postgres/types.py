@@ -1,0 +1,128 @@
+"""Type mapping between Arrow (Spark's rows) and PostgreSQL columns: reflection, CREATE TABLE, the
+createTableColumnTypes option and the casts left to the server."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql as pg
+
+from xasink.dialects.postgres.sql import SA_DIALECT
+from xasink.dialects.type_text import parse_type_text
+
+if TYPE_CHECKING:  # rows and types only: the driver's commit path never loads pyarrow
+    import pyarrow as pa
+
+
+class PostgresTypes:
+    """The dialect's type mapping (a base of :class:`PostgresDialect`); pyarrow is imported on first use."""
+
+    def arrow_type(self, column: Any, source: pa.DataType) -> pa.DataType | None:
+        import pyarrow as pa
+
+        t = column["type"]
+        while isinstance(t, pg.DOMAIN):  # a domain loads as its base type; the server checks its constraint
+            t = t.data_type
+        if isinstance(t, sa.SmallInteger):
+            return pa.int16()
+        if isinstance(t, sa.BigInteger):
+            return pa.int64()
+        if isinstance(t, sa.Integer):
+            return pa.int32()
+        if isinstance(t, sa.REAL):
+            return pa.float32()
+        if isinstance(t, sa.Float):
+            return pa.float64()
+        if isinstance(t, sa.Numeric):
+            if pa.types.is_floating(source) or pa.types.is_decimal(source):
+                return source  # the server casts it, as it does what Spark's JDBC writer sends (server_cast)
+            if t.precision is None:
+                return pa.decimal128(20, 0) if pa.types.is_integer(source) else pa.decimal128(38, 12)
+            if t.precision <= 38:
+                return pa.decimal128(t.precision, t.scale or 0)
+            return pa.decimal256(t.precision, t.scale or 0)
+        if isinstance(t, sa.Boolean):
+            return pa.bool_()
+        if isinstance(t, (sa.String,)) and not isinstance(t, sa.Enum):
+            return pa.string()
+        if isinstance(t, sa.LargeBinary):
+            return pa.binary()
+        if isinstance(t, sa.DateTime):
+            return pa.timestamp("us", tz="UTC") if t.timezone else pa.timestamp("us")
+        if isinstance(t, sa.Date):
+            return pa.date32()
+        return None
+
+    def server_cast(self, column: Any, source: pa.DataType, target: pa.DataType) -> str | None:
+        """A double or a decimal of another precision into numeric: the server's cast (float8 to numeric keeps 15
+        significant digits, then rounds half away from zero to the column's scale; a decimal keeps its display
+        scale in an unconstrained numeric), which no Arrow cast reproduces."""
+        import pyarrow as pa
+
+        t = column["type"]
+        while isinstance(t, pg.DOMAIN):
+            t = t.data_type
+        if not isinstance(t, sa.Numeric) or isinstance(t, sa.Float):
+            return None
+        if pa.types.is_floating(target):
+            return str(t.compile(dialect=SA_DIALECT))
+        if pa.types.is_decimal(target) and (t.precision, t.scale or 0) != (target.precision, target.scale):
+            return str(t.compile(dialect=SA_DIALECT))  # an unconstrained numeric too: its precision is None
+        return None
+
+    def sql_type(self, arrow_type: pa.DataType) -> sa.types.TypeEngine[Any] | None:
+        import pyarrow as pa
+
+        t = arrow_type
+        if pa.types.is_int8(t) or pa.types.is_int16(t):
+            return sa.SmallInteger()
+        if pa.types.is_int32(t):
+            return sa.Integer()
+        if pa.types.is_int64(t):
+            return sa.BigInteger()
+        if pa.types.is_float32(t):
+            return pg.REAL()
+        if pa.types.is_float64(t):
+            return pg.DOUBLE_PRECISION()
+        if pa.types.is_decimal(t):
+            return sa.Numeric(t.precision, t.scale)
+        if pa.types.is_boolean(t):
+            return sa.Boolean()
+        if pa.types.is_string(t) or pa.types.is_large_string(t):
+            return sa.Text()
+        if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+            return pg.BYTEA()
+        if pa.types.is_date(t):
+            return sa.Date()
+        if pa.types.is_timestamp(t):
+            return pg.TIMESTAMP(timezone=t.tz is not None)
+        if pa.types.is_null(t):
+            return sa.Text()
+        return None
+
+    def parse_type(self, text: str) -> sa.types.TypeEngine[Any]:
+        return parse_type_text(text, "PostgreSQL", SA_DIALECT.ischema_names, _ALIASES, _build)
+
+
+_ALIASES = {
+    "int": "integer",
+    "int4": "integer",
+    "int8": "bigint",
+    "int2": "smallint",
+    "varchar": "character varying",
+    "char": "character",
+    "float8": "double precision",
+    "float4": "real",
+    "bool": "boolean",
+    "decimal": "numeric",
+    "timestamptz": "timestamp with time zone",
+    "double": "double precision",
+    "string": "text",
+    "long": "bigint",
+    "binary": "bytea",
+}
+
+
+def _build(cls: Any, name: str, args: list[int], unsigned: bool) -> sa.types.TypeEngine[Any]:
+    return cls(*args)  # type: ignore[no-any-return]

@@ -1,0 +1,155 @@
+"""What dialects and the protocol hand each other: error kinds, prepared and blocked sessions, branch settings, the
+target plan and the checks of a branch's rows against it."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+
+from xasink.errors import BranchError
+from xasink.protocol.xid import Xid
+
+if TYPE_CHECKING:  # rows and types only: the driver's commit path never loads pyarrow
+    import pyarrow as pa
+
+
+class ErrorKind(enum.Enum):
+    """What an error says about a batch, decided by the dialect from the error's class and nowhere else.
+
+    Only ``ROWS`` may withdraw a decided batch (while none of its rows is visible); ``TRANSIENT`` and
+    ``FATAL`` both mean "not finished yet" (the batch stays decided, a later run or recover finishes it);
+    ``UNKNOWN_XID`` is settled by reading again, never assumed.
+    """
+
+    ROWS = "rows"  # the rows are wrong: a constraint of the table they violate, a value the column cannot hold
+    TRANSIENT = "transient"  # not finished, worth retrying: a lost connection, a lock or statement timeout, a
+    # cancelled statement, a read-only, full or restarting server (only ever retried outside a branch)
+    UNKNOWN_XID = "unknown_xid"  # the server no longer knows the branch
+    FATAL = "fatal"  # not finished, and no retry of this step helps (a missing privilege, a bug): say so
+
+
+@dataclass(frozen=True)
+class PreparedTxn:
+    """One prepared transaction on the server, ours (``xid`` set) or foreign."""
+
+    gid: str
+    xid: Xid | None
+    prepared_at: datetime | None = None
+    owner: str | None = None
+    database: str | None = None
+
+
+@dataclass(frozen=True)
+class BlockedSession:
+    """A session waiting for a lock that a prepared transaction holds: what an on-call engineer alerts on."""
+
+    session: int  # PostgreSQL: the backend's pid; MySQL: the thread (connection) id
+    database: str | None
+    user: str | None
+    query_age_s: float | None  # since the blocked statement started (server clock)
+    wait_age_s: float | None  # since the lock wait started, where the server says (PostgreSQL 14+, InnoDB)
+    blockers: tuple[str, ...]  # PostgreSQL: gids of the prepared transactions; MySQL: ``innodb-trx:<id>``
+
+
+@dataclass(frozen=True)
+class TargetPlan:
+    """How rows reach the target table: decided on the driver, shipped to executors."""
+
+    schema: str | None
+    table: str
+    arrow_schema: pa.Schema  # column names and exact types the table takes
+    source_names: tuple[str, ...]  # DataFrame column for each arrow_schema field
+    upsert_keys: tuple[str, ...] = ()
+    # MySQL family: the table is such that loading with REPLACE gives exactly the upsert's rows
+    # (MySQLDialect.replace_is_upsert), so the merge needs no staging table
+    upsert_by_replace: bool = False
+    # MySQL family: the table has unique indexes besides the key's, where ON DUPLICATE KEY UPDATE would hit
+    # another key's row: the branch updates rows found by the key (through ``upsert_index``, the key's unique
+    # index) and inserts the rest plainly, so any other unique conflict fails the batch
+    upsert_by_update: bool = False
+    upsert_index: str | None = None
+    # the shadow table of an overwrite / replaceWhere / change-data write (xasink.write_modes.statements):
+    # this column of each row is the batch id, filled in by the task
+    batch_column: str | None = None
+    branch_column: str | None = None  # the shadow's column of each row's branch (its xid's bqual), ditto
+    required: tuple[str, ...] = ()  # columns that must not be NULL in any row (change-data keys and sequence)
+    # Spark's session time zone (spark.sql.session.timeZone), set in each task: a TimestampNTZType written to a
+    # column that holds an instant is that wall time in this zone, as Spark casts it (None: not known)
+    time_zone: str | None = None
+    # columns whose values the server casts to the column's type (a double into numeric, a decimal into an
+    # unconstrained numeric), as it does for Spark's JDBC writer: the PostgreSQL branch inserts them with a cast
+    server_casts: tuple[tuple[str, str], ...] = ()  # (column, SQL type)
+
+
+@dataclass(frozen=True)
+class Merge:
+    """Rows to upsert by key into a table (the apply step of a change-data write): what a merge statement is
+    made of."""
+
+    target: sa.TableClause
+    columns: list[str]  # the target's columns the selected rows fill, in the select's order
+    select: sa.Select[Any]
+    keys: list[str]
+    sequence: str | None = None  # a row older than the stored one by this column leaves it as it is
+
+
+def branch_failed(xid: Xid, plan: TargetPlan, what: str, hint: str | None = None) -> BranchError:
+    """The one shape of a branch's error: which partition, which table, what went wrong, what to do."""
+    target = f"{plan.schema}.{plan.table}" if plan.schema else plan.table
+    msg = f"partition {xid.partition} could not be written to {target}: {what}"
+    if hint:
+        msg += f". {hint}"
+    return BranchError(msg + ". The branch was rolled back; nothing of this batch is visible.")
+
+
+def check_required(batch: pa.RecordBatch, plan: TargetPlan, partition: int) -> None:
+    """A change without its key or sequence cannot be applied: say so before the branch prepares."""
+    for name in plan.required:
+        column = batch.column(plan.arrow_schema.get_field_index(name))
+        if column.null_count:
+            raise BranchError(
+                f"partition {partition}: column '{name}' is NULL in some rows; a change needs its key and "
+                "sequence to be applied. Filter or fill those rows first. Nothing of this batch is visible."
+            )
+
+
+def check_upsert_keys(batch: pa.RecordBatch, plan: TargetPlan, key_index: list[int], partition: int) -> None:
+    """A NULL key never matches a row (ON CONFLICT / ON DUPLICATE KEY), so it cannot be upserted: say so."""
+    for i in key_index:
+        if batch.column(i).null_count:
+            name = plan.arrow_schema.field(i).name
+            raise BranchError(
+                f"partition {partition}: upsert key column '{name}' is NULL in some rows; a row without a key "
+                "cannot be merged. Filter or fill those rows first. Nothing of this batch is visible."
+            )
+
+
+@dataclass(frozen=True)
+class BranchSettings:
+    """How a branch loads its rows: the options that reach a dialect (``WriteOptions.branch_settings``)."""
+
+    # seconds a branch waits for a row lock (0: no limit).  A key held by a prepared branch of the same
+    # batch (duplicate keys across partitions) is never released before the task ends: without a limit
+    # the task and the driver wait for each other forever.  Option lockTimeout.
+    lock_timeout: int = 60
+    # rows per bulk statement where the database loads in chunks (MySQL: LOAD DATA / INSERT); option batchsize
+    batch_size: int = 10_000
+    # MySQL: load with LOAD DATA LOCAL when the server allows it; option localInfile
+    local_infile: bool = True
+    # seconds a control connection (decide, commit, sweep, recover) waits for a lock (0: no limit): the
+    # error is transient, so the step is retried instead of the coordinator waiting forever; option
+    # controlLockTimeout
+    control_lock_timeout: int = 60
+
+
+@dataclass(frozen=True)
+class DurabilityRisk:
+    """A server setting under which a crash can lose prepared branches or decisions."""
+
+    setting: str
+    value: str
+    fix: str  # what to set, as the operator would type it
