@@ -30,7 +30,7 @@ from tests.leaks import assert_no_secret
 from tests.modes_driver import OPTIONS_ENV  # a test driver's extra write options, a JSON object
 from tests.procs import run_until_exit
 from tests.targets import POSTGRESQL, Target
-from xasink.journal.log import BatchRecord
+from xasink.journal.records import BatchRecord
 from xasink.ops.cli import main
 from xasink.options import WriteOptions, parse_options
 from xasink.protocol.coordinator import Coordinator

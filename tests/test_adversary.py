@@ -23,7 +23,8 @@ from xasink.protocol.liveness import InProcessGuard
 from xasink.protocol.partition_writer import write_partition
 from xasink.protocol.xid import new_run_nonce
 from xasink.write_modes.schema import plan_target
-from xasink.write_modes.statements import apply_lock_name, shadow_plan, spec_for
+from xasink.write_modes.spec import spec_for
+from xasink.write_modes.statements import apply_lock_name, shadow_plan
 
 
 def change_data_options(db: Target, table: str, sink: str, batch: int) -> dict[str, Any]:

@@ -18,7 +18,8 @@ from tests.harness import TargetSink, expected
 from tests.targets import Target
 from xasink.dialects import dialect_for
 from xasink.errors import BatchIdentityError, ForgottenBatchError
-from xasink.journal.log import Journal, journal_metadata
+from xasink.journal.layout import journal_metadata
+from xasink.journal.log import Journal
 from xasink.options import parse_url
 from xasink.protocol.coordinator import Coordinator
 

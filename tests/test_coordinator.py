@@ -30,7 +30,7 @@ from tests.targets import (
     with_login,
 )
 from xasink.errors import BatchAbortedError, BranchError, ConcurrentWriterError, LateBranchError, PreflightError
-from xasink.journal.log import BatchRecord
+from xasink.journal.records import BatchRecord
 from xasink.options import WriteOptions, parse_options
 from xasink.protocol.coordinator import Coordinator
 from xasink.protocol.partition_writer import write_partition

@@ -54,7 +54,7 @@ from xasink.dialects.mysql import (
     xid_literal,
 )
 from xasink.errors import BranchError, ConnectError, PreflightError
-from xasink.journal.log import journal_metadata, parts_table
+from xasink.journal.layout import journal_metadata, parts_table
 from xasink.options import WriteOptions, parse_options
 from xasink.protocol.coordinator import Coordinator
 from xasink.protocol.partition_writer import write_partition

@@ -32,7 +32,7 @@ from tests.cluster import Tally, tally_fixture
 from tests.leaks import SECRET, no_secret_in_output  # noqa: F401 - autouse fixture
 from tests.targets import connect, make_foreign_prepared, prepared_gids, rollback_prepared
 from xasink.errors import BatchAbortedError, CommitIncompleteError, ConcurrentWriterError
-from xasink.journal.log import BatchRecord
+from xasink.journal.records import BatchRecord
 from xasink.options import parse_options
 from xasink.protocol.coordinator import Coordinator
 from xasink.protocol.partition_writer import write_partition

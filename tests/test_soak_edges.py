@@ -38,7 +38,8 @@ from tests.harness import CRASH_DRIVER, PARTITIONS, N
 from tests.procs import ROOT, TAG_ENV, reap
 from tests.targets import Target
 from xasink.dialects import dialect_for
-from xasink.journal.log import Journal, journal_metadata
+from xasink.journal.layout import journal_metadata
+from xasink.journal.log import Journal
 from xasink.options import parse_url
 
 # 200 kills take ~7 min per database on a quiet machine, several times that beside other work

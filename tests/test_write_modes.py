@@ -35,7 +35,7 @@ from xasink.ops import survey as admin
 from xasink.options import parse_options
 from xasink.protocol.xid import Xid
 from xasink.support.faults import LOCAL_PROPERTY, InjectedFault
-from xasink.write_modes.statements import shadow_name, tombstone_name
+from xasink.write_modes.spec import shadow_name, tombstone_name
 
 
 def sink() -> str:

@@ -41,7 +41,8 @@ from xasink.spark.transaction import LOG_TABLE_PLACEHOLDER
 from xasink.spark.txwrite import TxWrite, abort_tx_write, prepare_tx_write, record_tx_part
 from xasink.support.faults import fault
 from xasink.write_modes.schema import plan_target
-from xasink.write_modes.statements import check_predicate, ensure_shadow, shadow_plan, spec_for
+from xasink.write_modes.spec import spec_for
+from xasink.write_modes.statements import check_predicate, ensure_shadow, shadow_plan
 
 FLAG = "is_delete"  # the change-data delete flag's column (not written to the table)
 

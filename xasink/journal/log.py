@@ -32,7 +32,6 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import datetime
 from typing import cast
 
@@ -41,70 +40,17 @@ from sqlalchemy.engine import Connection
 
 from xasink.dialects.base import Dialect
 from xasink.errors import ConcurrentWriterError, JournalError, PreflightError
-from xasink.journal.tables import (  # noqa: F401 - re-exported: callers name them from here
-    COMMITTED,
-    COMMITTING,
-    JournalTables,
-    journal_metadata,
-    parts_table,
-)
-from xasink.journal.targets import (  # noqa: F401 - re-exported: callers name them from here
-    describe_target,
-    forgotten_message,
-    identity_message,
-    same_target,
-    session_target,
+from xasink.journal.claims import JournalClaims
+from xasink.journal.records import COMMITTED, COMMITTING, BatchRecord, ClaimState, DecisionState
+from xasink.journal.targets import (
     taken_over_message,
-    target_identity,
 )
 from xasink.protocol.xid import Xid, valid_log_id
 
 
-@dataclass(frozen=True)
-class BatchRecord:
-    sink_id: str
-    batch_id: int
-    state: str
-    xids: tuple[Xid, ...]
-    rows: int = 0
-    branches: int = 0
-    prepare_ms: int = 0
-    commit_ms: int | None = None
-    decided_at: datetime | None = None
-    committed_at: datetime | None = None
-
-    @property
-    def committed(self) -> bool:
-        return self.state == COMMITTED
-
-
-@dataclass(frozen=True)
-class DecisionState:
-    """What deciding a batch reads under the sink lock (:meth:`Journal.decision_state`)."""
-
-    log_id: str  # the log's identity
-    decision: BatchRecord | None  # the batch's decision, if any
-    target: str | None  # what the decided batch wrote, as recorded (None: not decided, or an older log)
-    holder: str | None  # the run holding the batch (None: no claim, or trimmed)
-    mine: bool | None = None  # the asking run's claim: True superseded, False held, None no claim
-
-    def holds(self) -> bool:
-        """Whether the run it was read for may decide the undecided batch: it holds the claim, or it has none
-        and takes the batch over as it decides, as its first task would have (a run whose tasks were all empty
-        never claimed; a run new to a batch supersedes the others).  A run that was taken over (or aborted)
-        never may, whatever its xid list holds: an empty list proves nothing."""
-        return self.decision is None and self.mine is not True
-
-
-@dataclass(frozen=True)
-class ClaimState:
-    superseded: bool  # taken over, or aborted: the run can never decide
-    guard: str | None  # the session lock its driver holds while it lives
-    claimed_at: datetime  # server clock, UTC
-
-
-class Journal(JournalTables):
-    """The protocol's reads and writes in the decision log; set-up, identity and trim come from
+class Journal(JournalClaims):
+    """The protocol's reads and writes in the decision log; the runs' claims come from
+    :class:`~xasink.journal.claims.JournalClaims`, set-up, identity and trim from
     :class:`~xasink.journal.tables.JournalTables`."""
 
     def __init__(
@@ -243,57 +189,6 @@ class Journal(JournalTables):
         row = conn.execute(sa.select(decided, target, superseded)).one()
         return bool(row[0]), row[1], (bool(row[2]) if row[2] is not None else None)
 
-    def claim(self, conn: Connection, sink_id: str, batch_id: int, run: str, guard: str | None = None) -> bool:
-        """Make ``run`` the holder of an undecided batch, under the sink lock; False if it was taken over.
-
-        A run new to the batch supersedes every earlier one (a crashed run's replay, or a concurrent
-        writer: the later one wins).  A superseded run stays superseded, so its tasks and its decision fail.
-        """
-        c = self.claims.c
-        mine = c.sink_id == sink_id, c.batch_id == batch_id
-        superseded = conn.execute(sa.select(c.superseded).where(*mine, c.run == run)).scalar()
-        if superseded is not None:
-            return not superseded
-        self.take_over(conn, sink_id, batch_id, run, guard)
-        return True
-
-    def take_over(self, conn: Connection, sink_id: str, batch_id: int, run: str, guard: str | None = None) -> None:
-        """:meth:`claim` for a run that has no claim of the batch yet (as :meth:`claim_view` read it)."""
-        c = self.claims.c
-        mine = c.sink_id == sink_id, c.batch_id == batch_id
-        conn.execute(self.claims.update().where(*mine, c.run != run).values(superseded=True))
-        conn.execute(
-            self.claims.insert().values(
-                sink_id=sink_id,
-                batch_id=batch_id,
-                run=run,
-                superseded=False,
-                claimed_at=self.dialect.utc_now(),
-                guard=guard,
-            )
-        )
-
-    def claimed_at(self, conn: Connection, sink_id: str, batch_ids: set[int]) -> dict[tuple[int, str], datetime]:
-        """When each run claimed each batch, by the server's clock: the age of branches XA RECOVER does not date.
-
-        A run claims its batch before any of its branches opens, so this is an upper bound of their age.
-        """
-        if not batch_ids or not sa.inspect(conn).has_table(self.claims.name, schema=self.claims.schema):
-            return {}
-        c = self.claims.c
-        q = sa.select(c.batch_id, c.run, c.claimed_at).where(c.sink_id == sink_id, c.batch_id.in_(sorted(batch_ids)))
-        return {(int(b), str(r)): t for b, r, t in conn.execute(q)}
-
-    def claim_states(self, conn: Connection, sink_id: str, batch_ids: set[int]) -> dict[tuple[int, str], ClaimState]:
-        """The claim of every run of these batches: what its liveness is judged by."""
-        if not batch_ids:
-            return {}
-        c = self.claims.c
-        q = sa.select(c.batch_id, c.run, c.superseded, c.guard, c.claimed_at).where(
-            c.sink_id == sink_id, c.batch_id.in_(sorted(batch_ids))
-        )
-        return {(int(b), str(r)): ClaimState(bool(s), g, t) for b, r, s, g, t in conn.execute(q)}
-
     def settle_view(
         self, conn: Connection, sink_id: str, batch_id: int, run: str
     ) -> tuple[BatchRecord | None, ClaimState | None] | None:
@@ -317,21 +212,6 @@ class Journal(JournalTables):
             assert isinstance(claimed_at, datetime)
             claim = ClaimState(bool(superseded), str(guard) if guard is not None else None, claimed_at)
         return record, claim
-
-    def end_run(self, conn: Connection, sink_id: str, batch_id: int, run: str) -> None:
-        """An aborted run can never decide: mark it superseded, so its late branches roll themselves back."""
-        c = self.claims.c
-        conn.execute(
-            self.claims.update()
-            .where(c.sink_id == sink_id, c.batch_id == batch_id, c.run == run)
-            .values(superseded=True)
-        )
-
-    def holder(self, conn: Connection, sink_id: str, batch_id: int) -> str | None:
-        """The run holding a batch now, or None when no run claimed it (or its claims were trimmed)."""
-        c = self.claims.c
-        q = sa.select(c.run).where(c.sink_id == sink_id, c.batch_id == batch_id, c.superseded.is_(False))
-        return conn.execute(q).scalar()
 
     def target_of(self, conn: Connection, sink_id: str, batch_id: int) -> tuple[bool, str | None]:
         """(decided, what it wrote): whether the log holds (sink, batch), and its recorded target (None when

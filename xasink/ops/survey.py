@@ -18,7 +18,8 @@ import sqlalchemy as sa
 
 from xasink.dialects import Dialect, PreparedTxn, dialect_for
 from xasink.errors import OptionError, XasinkError
-from xasink.journal.log import BatchRecord, Journal
+from xasink.journal.log import Journal
+from xasink.journal.records import BatchRecord
 from xasink.options import TableName, WriteOptions, parse_url
 from xasink.protocol.coordinator import Coordinator
 from xasink.protocol.judgement import (  # noqa: F401 - re-exported for the CLI

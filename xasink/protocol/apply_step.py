@@ -15,10 +15,12 @@ from sqlalchemy.engine import Connection
 
 from xasink.dialects.base import Dialect, ErrorKind
 from xasink.errors import ApplyError, CommitIncompleteError
-from xasink.journal.log import BatchRecord, Journal
+from xasink.journal.log import Journal
+from xasink.journal.records import BatchRecord
 from xasink.protocol.retry import RetryPolicy
 from xasink.protocol.xid import Xid
-from xasink.write_modes.statements import ApplySpec, apply_lock_name, apply_statements, decided_branches, withdraw
+from xasink.write_modes.spec import ApplySpec
+from xasink.write_modes.statements import apply_lock_name, apply_statements, decided_branches, withdraw
 
 log = logging.getLogger(__name__)
 

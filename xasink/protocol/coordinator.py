@@ -22,7 +22,8 @@ from xasink.errors import (
     ForgottenBatchError,
     ReplayIncompleteError,
 )
-from xasink.journal.log import BatchRecord, Journal
+from xasink.journal.log import Journal
+from xasink.journal.records import BatchRecord
 from xasink.journal.targets import forgotten_message, identity_message, same_target, taken_over_message
 from xasink.options import WriteOptions
 from xasink.protocol.decision import Decider, Refusal
@@ -30,7 +31,7 @@ from xasink.protocol.recovery import RecoveryReport, sink_recovery
 from xasink.results import BranchOutcome, WriteResult
 from xasink.support.faults import fault
 from xasink.support.phases import phase
-from xasink.write_modes.statements import ApplySpec
+from xasink.write_modes.spec import ApplySpec
 
 log = logging.getLogger(__name__)
 

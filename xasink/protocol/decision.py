@@ -23,14 +23,15 @@ from xasink.errors import (
     DecisionUnknownError,
     ForgottenBatchError,
 )
-from xasink.journal.log import BatchRecord, Journal
+from xasink.journal.log import Journal
+from xasink.journal.records import BatchRecord
 from xasink.journal.targets import forgotten_message, identity_message, same_target, target_identity
 from xasink.options import TableName
 from xasink.protocol.branch_group import BranchGroup
 from xasink.protocol.recovery import list_prepared
 from xasink.protocol.retry import RetryPolicy
 from xasink.protocol.xid import Xid, new_run_nonce
-from xasink.write_modes.statements import ApplySpec
+from xasink.write_modes.spec import ApplySpec
 
 log = logging.getLogger("xasink.protocol.coordinator")  # the coordinator's steps: logged under its name
 

@@ -13,7 +13,8 @@ from typing import Any
 from sqlalchemy.engine import Connection
 
 from xasink.dialects.base import PreparedTxn
-from xasink.journal.log import BatchRecord, Journal
+from xasink.journal.log import Journal
+from xasink.journal.records import BatchRecord
 from xasink.protocol.liveness import runs_alive
 from xasink.protocol.xid import Xid
 

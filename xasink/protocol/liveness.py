@@ -32,7 +32,7 @@ from sqlalchemy.engine import Connection
 
 from xasink.dialects.base import Dialect
 from xasink.errors import PreflightError
-from xasink.journal.log import ClaimState
+from xasink.journal.records import ClaimState
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from xasink.errors import (
     OptionError,
     ReplayIncompleteError,
 )
-from xasink.journal.log import BatchRecord, Journal
+from xasink.journal.log import Journal
 from xasink.journal.parts import (
     Part,
     ensure_parts,
@@ -37,6 +37,7 @@ from xasink.journal.parts import (
     read_parts,
     recorded_targets,
 )
+from xasink.journal.records import BatchRecord
 from xasink.journal.targets import UNKNOWN_QUERY, describe_target, forgotten_message, target_identity
 from xasink.options import WriteOptions
 from xasink.protocol.liveness import InProcessGuard

@@ -22,8 +22,9 @@ from sqlalchemy.engine import Connection
 
 from xasink.dialects.base import Dialect, PreparedTxn
 from xasink.errors import ApplyError, CommitIncompleteError, ConnectError
-from xasink.journal.log import BatchRecord, Journal
+from xasink.journal.log import Journal
 from xasink.journal.parts import decided_parts, mark_parts_done
+from xasink.journal.records import BatchRecord
 from xasink.options import WriteOptions
 from xasink.protocol.apply_step import ApplyStep
 from xasink.protocol.branch_group import BranchGroup
@@ -31,7 +32,7 @@ from xasink.protocol.judgement import COMMIT, ROLLBACK_ORPHAN, ROLLBACK_UNDECIDE
 from xasink.protocol.retry import RetryPolicy
 from xasink.protocol.xid import Xid
 from xasink.support.phases import phase
-from xasink.write_modes.statements import ApplySpec
+from xasink.write_modes.spec import ApplySpec
 
 log = logging.getLogger(__name__)
 

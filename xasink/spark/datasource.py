@@ -37,7 +37,8 @@ from xasink.results import BranchOutcome
 from xasink.spark.txwrite import TX_URL_OPTION, TxWrite, abort_tx_write, prepare_tx_write, record_tx_part, tx_write
 from xasink.support import faults, notices
 from xasink.support.phases import phase, worker_started
-from xasink.write_modes.statements import ApplySpec, check_predicate, ensure_shadow, shadow_plan, spec_for
+from xasink.write_modes.spec import ApplySpec, spec_for
+from xasink.write_modes.statements import check_predicate, ensure_shadow, shadow_plan
 
 if TYPE_CHECKING:
     import pyarrow as pa
