@@ -15,13 +15,7 @@ from xasink.protocol.xid import new_run_nonce
 from xasink.spark.planning import WritePlan
 from xasink.spark.txwrite import TxWrite, abort_tx_write, record_tx_part
 from xasink.spark.worker_log import tell_tasks, told
-from xasink.spark.write_task import (
-    ABORT_SETTLE_S,
-    STREAM_BATCH_PROPERTY,
-    XasinkCommitMessage,
-    branch_outcomes,
-    write_task,
-)
+from xasink.spark.write_task import ABORT_SETTLE_S, STREAM_BATCH_PROPERTY, XasinkCommitMessage, outcomes_of, write_task
 from xasink.support.phases import phase, worker_started
 
 if TYPE_CHECKING:
@@ -71,15 +65,15 @@ class XasinkBatchWriter(DataSourceArrowWriter):
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         if self.tx is not None:  # inside xasink.transaction(): record the part, the transaction decides
-            record_tx_part(self.options, self.tx, self.run, branch_outcomes(messages))
+            record_tx_part(self.options, self.tx, self.run, outcomes_of(messages))
             return
         with told(self.notices):
-            tell_tasks(branch_outcomes(messages))
+            tell_tasks(outcomes_of(messages))
             worker_started("driver", sink=self.options.sink_id, batch=self.options.batch_id)
             coordinator = Coordinator(self.options, shared=True)
             try:  # the coordinator logs the batch's figures
                 with phase("commit.call", sink=self.options.sink_id, batch=self.options.batch_id):
-                    outcomes = branch_outcomes(messages)
+                    outcomes = outcomes_of(messages)
                     coordinator.commit(
                         self.options.batch_id, outcomes, query=self.query, apply=self.plan.apply, run=self.run
                     )
@@ -88,14 +82,12 @@ class XasinkBatchWriter(DataSourceArrowWriter):
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         if self.tx is not None:
-            abort_tx_write(self.options, self.tx, self.run, branch_outcomes(messages))
+            abort_tx_write(self.options, self.tx, self.run, outcomes_of(messages))
             return
         with told(self.notices):
-            tell_tasks(branch_outcomes(messages))
+            tell_tasks(outcomes_of(messages))
             coordinator = Coordinator(self.options, shared=True)
             try:
-                coordinator.abort(
-                    self.options.batch_id, branch_outcomes(messages), settle_s=ABORT_SETTLE_S, run=self.run
-                )
+                coordinator.abort(self.options.batch_id, outcomes_of(messages), settle_s=ABORT_SETTLE_S, run=self.run)
             finally:
                 coordinator.close()

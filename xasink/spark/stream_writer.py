@@ -17,13 +17,7 @@ from xasink.protocol.liveness import guard_name, spark_driver_process
 from xasink.protocol.xid import new_run_nonce
 from xasink.spark.planning import WritePlan, prepare_write
 from xasink.spark.worker_log import tell_tasks, worker_logging
-from xasink.spark.write_task import (
-    ABORT_SETTLE_S,
-    STREAM_BATCH_PROPERTY,
-    XasinkCommitMessage,
-    branch_outcomes,
-    write_task,
-)
+from xasink.spark.write_task import ABORT_SETTLE_S, STREAM_BATCH_PROPERTY, XasinkCommitMessage, outcomes_of, write_task
 from xasink.support.phases import phase, worker_started
 
 if TYPE_CHECKING:
@@ -123,7 +117,7 @@ class XasinkStreamWriter(DataSourceStreamArrowWriter):
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803 - Spark's name
         """Decide and commit (the coordinator logs the batch's figures at INFO and keeps them in the journal)."""
         worker_logging(logging.INFO)
-        tell_tasks(branch_outcomes(messages))  # the tasks' warnings travel with their messages
+        tell_tasks(outcomes_of(messages))  # the tasks' warnings travel with their messages
         worker_started("driver", sink=self.options.sink_id, batch=batchId)
         # only a write mode's apply step needs the plan here (its shadow table); an append commits by its xids
         apply = self.plan.apply if self.options.applies_at_commit else None
@@ -133,9 +127,9 @@ class XasinkStreamWriter(DataSourceStreamArrowWriter):
                 try:
                     check_batch_order(coordinator, batchId)
                 except OptionError:
-                    coordinator.abort(batchId, branch_outcomes(messages))
+                    coordinator.abort(batchId, outcomes_of(messages))
                     raise
-                coordinator.commit(batchId, branch_outcomes(messages), apply=apply)
+                coordinator.commit(batchId, outcomes_of(messages), apply=apply)
         finally:
             coordinator.close()
 
@@ -148,9 +142,7 @@ class XasinkStreamWriter(DataSourceStreamArrowWriter):
         worker_logging(logging.INFO)
         coordinator = Coordinator(self.options, shared=True)
         try:
-            coordinator.abort(
-                batchId, branch_outcomes(messages), settle_s=ABORT_SETTLE_S, guard=self._guard(coordinator)
-            )
+            coordinator.abort(batchId, outcomes_of(messages), settle_s=ABORT_SETTLE_S, guard=self._guard(coordinator))
         finally:
             coordinator.close()
 

@@ -106,5 +106,5 @@ def _write_partition(
     )
 
 
-def branch_outcomes(messages: list[WriterCommitMessage | None]) -> list[BranchOutcome | None]:
+def outcomes_of(messages: list[WriterCommitMessage | None]) -> list[BranchOutcome | None]:
     return [m.outcome if isinstance(m, XasinkCommitMessage) else None for m in messages]
