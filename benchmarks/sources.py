@@ -30,7 +30,10 @@ from xasink.dialects import dialect_for
 from xasink.dialects.base import TargetPlan
 from xasink.options import WriteOptions, parse_options
 from xasink.protocol.xid import Xid, attempt_token, new_run_nonce
-from xasink.spark.datasource import XasinkBatchWriter, XasinkCommitMessage, XasinkDataSource, _prepare
+from xasink.spark.batch_writer import XasinkBatchWriter
+from xasink.spark.datasource import XasinkDataSource
+from xasink.spark.planning import prepare_write
+from xasink.spark.write_task import XasinkCommitMessage
 from xasink.write_modes.schema import conform
 
 STATS_OPTION = "benchstatsdir"
@@ -155,7 +158,7 @@ class PlainDataSource(DataSource):
 
     def writer(self, schema: StructType, overwrite: bool) -> PlainWriter:
         options = parse_options(dict(self.options))
-        return PlainWriter(options, _prepare(options, schema, None).target)  # the table plan: no XA, no log
+        return PlainWriter(options, prepare_write(options, schema, None).target)  # the table plan: no XA, no log
 
 
 # --------------------------------------------------------------------------- no-op Arrow writer

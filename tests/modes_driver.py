@@ -7,7 +7,7 @@
 ``direct``: one ``mode("overwrite")`` batch of ids FIRST..FIRST+COUNT-1 (int ``id``, text ``name`` =
 'n<id>') in PARTITIONS contiguous branches, without Spark, in this one process: each partition loaded into
 the shadow table by ``write_partition`` as a task does, then ``Coordinator.commit(apply=...)`` as the
-Spark driver does (the plan comes from the data source's own driver-side ``_prepare``).  Extra write
+Spark driver does (the plan comes from the data source's own driver-side ``prepare_write``).  Extra write
 options come as a JSON object in ``XASINK_TEST_WRITE_OPTIONS``.  A driver killed at a fault point
 (``XASINK_FAULT``) this way leaves what a killed Spark driver leaves, without a JVM start.
 
@@ -63,7 +63,7 @@ def _direct_plan(
     from pyspark.sql import types as st
 
     from xasink.options import parse_options
-    from xasink.spark.datasource import _prepare
+    from xasink.spark.planning import prepare_write
 
     raw = {"url": url, "dbtable": table, "sinkId": sink_id, "batchId": batch_id, **options}
     opts = parse_options(raw).with_mode(mode)
@@ -75,7 +75,7 @@ def _direct_plan(
     }
     struct = st.StructType([st.StructField(n, types[t][0], n != "id") for n, t in columns.items()])
     arrow = pa.schema([pa.field(n, types[t][1], nullable=n != "id") for n, t in columns.items()])
-    plan = _prepare(opts, struct, partitions)
+    plan = prepare_write(opts, struct, partitions)
     assert plan.apply is not None, "this write loads the shadow table"
     return opts, plan, arrow
 

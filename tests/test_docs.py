@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from xasink.options import _IGNORED, _REJECTED, KNOWN
+from xasink.options import IGNORED, KNOWN, REJECTED
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -78,7 +78,7 @@ def test_every_option_is_documented() -> None:
     missing = [name for name in KNOWN.values() if f"`{name}`" not in text]
     # accepted-and-ignored and refused options are named too (any case: the code keeps them lower-cased)
     lower = text.lower()
-    missing += [name for name in sorted(_IGNORED | set(_REJECTED)) if f"`{name}`" not in lower]
+    missing += [name for name in sorted(IGNORED | set(REJECTED)) if f"`{name}`" not in lower]
     assert missing == []
 
 
@@ -93,7 +93,7 @@ def _example_problems(text: str) -> list[str]:
     an ``.option(...)`` xasink does not know (Spark's own streaming options aside)."""
     import xasink
 
-    accepted = {name.lower() for name in KNOWN.values()} | set(_IGNORED) | set(_REJECTED)
+    accepted = {name.lower() for name in KNOWN.values()} | set(IGNORED) | set(REJECTED)
     accepted |= {"checkpointlocation", "queryname"}  # Spark's own, read by Spark beside xasink's
     bad = []
     for block in _python_blocks(text):

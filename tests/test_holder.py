@@ -1,6 +1,6 @@
 """Only the holder decides, a decided batch is finished forward, recovery rolls back orphans first.
 
-Without Spark: two writers of one (sink, batch) run the data source's own steps (its planning ``_prepare``,
+Without Spark: two writers of one (sink, batch) run the data source's own steps (its planning ``prepare_write``,
 the driver's claim, ``write_partition`` as a task, ``Coordinator.commit`` as the driver's commit) in the
 order a test needs, so the older writer is held just before its decision while the newer one takes the
 batch over and prepares.  Each test runs on PostgreSQL and MariaDB and checks the exact rows, the
@@ -33,7 +33,7 @@ from xasink.protocol.multi_target import MultiCoordinator
 from xasink.protocol.partition_writer import write_partition
 from xasink.protocol.xid import new_run_nonce
 from xasink.results import BranchOutcome, WriteResult
-from xasink.spark.datasource import WritePlan, _prepare
+from xasink.spark.planning import WritePlan, prepare_write
 from xasink.spark.txwrite import TxWrite, record_tx_part
 from xasink.support.faults import InjectedFault
 from xasink.write_modes.schema import plan_target
@@ -59,7 +59,7 @@ class Writer:
         self.options: WriteOptions = parse_options(raw).with_mode(mode)
         self.batch_id = batch_id
         self.run = new_run_nonce()
-        self.plan: WritePlan = _prepare(self.options, STRUCT, 2)
+        self.plan: WritePlan = prepare_write(self.options, STRUCT, 2)
         self.coordinator = Coordinator(self.options)
         self.guard = guard  # this process's run guard (one per process and log): both writers live
         self.outcomes: list[BranchOutcome | None] = []

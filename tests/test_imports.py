@@ -15,7 +15,9 @@ PROBE = """
 import json, sys
 import pyspark.sql.worker.python_streaming_sink_runner  # what Spark's commit worker runs
 from sqlalchemy.engine import make_url
-from xasink.spark.datasource import XasinkDataSource, XasinkStreamWriter, XasinkCommitMessage  # unpickled there
+from xasink.spark.datasource import XasinkDataSource
+from xasink.spark.stream_writer import XasinkStreamWriter  # unpickled there
+from xasink.spark.write_task import XasinkCommitMessage  # unpickled there
 from xasink.protocol.coordinator import Coordinator
 from xasink.dialects import dialect_for
 from xasink.options import parse_options

@@ -19,8 +19,6 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "xasink"
 SQL_SPEAKERS = ("dialects", "journal")  # the folders of xasink/ that may speak SQL
@@ -244,12 +242,10 @@ def circles() -> list[list[str]]:
     return [c for c in found if not family(c)]
 
 
-@pytest.mark.xfail(reason="issue 30 in progress", strict=False)
 def test_no_import_circles() -> None:
     assert circles() == []
 
 
-@pytest.mark.xfail(reason="issue 30 in progress", strict=False)
 def test_no_private_name_is_imported_from_another_module() -> None:
     known = modules()
     private = [
@@ -261,7 +257,6 @@ def test_no_private_name_is_imported_from_another_module() -> None:
     assert private == []
 
 
-@pytest.mark.xfail(reason="issue 30 in progress", strict=False)
 def test_no_module_is_over_400_lines() -> None:
     long = [
         f"{path.relative_to(ROOT)} ({lines} lines)"

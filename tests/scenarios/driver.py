@@ -36,7 +36,6 @@ from xasink.protocol.multi_target import MultiCoordinator
 from xasink.protocol.partition_writer import write_partition
 from xasink.protocol.xid import new_run_nonce
 from xasink.results import BranchOutcome, WriteResult
-from xasink.spark import datasource  # noqa: F401  (imported by prepare_tx_write: loaded once, in the fork server)
 from xasink.spark.transaction import LOG_TABLE_PLACEHOLDER
 from xasink.spark.txwrite import TxWrite, abort_tx_write, prepare_tx_write, record_tx_part
 from xasink.support.faults import fault
@@ -79,7 +78,7 @@ class _Phase:
 
 
 def write(spec: dict[str, Any], emit: Any, phase: _Phase) -> WriteResult:
-    """The write of one batch, as the data source's batch writer runs it (xasink/spark/datasource.py)."""
+    """The write of one batch, as the data source's batch writer runs it (xasink/spark/batch_writer.py)."""
     opts = parse_options(spec["options"]).with_mode(spec["save_mode"])
     source = arrow_schema(opts.change_data)
     table_source = pa.schema([f for f in source if f.name != FLAG])

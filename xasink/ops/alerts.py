@@ -8,11 +8,9 @@ Ages are the server's clock (UTC), never the client's.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from xasink.ops.status import StatusReport
+from typing import Any, Protocol
 
 OK, WARNING, CRITICAL, UNKNOWN = "OK", "WARNING", "CRITICAL", "UNKNOWN"
 EXIT_CODES = {OK: 0, WARNING: 1, CRITICAL: 2, UNKNOWN: 3}
@@ -50,6 +48,39 @@ class Check:
     message: str = ""
 
 
+class SinkFigures(Protocol):
+    """What the checks read of one sink (:class:`xasink.ops.status.SinkStatus` has it); a protocol, so that
+    this module stays below the status report it judges."""
+
+    @property
+    def sink_id(self) -> str: ...
+    @property
+    def stale(self) -> int: ...
+    @property
+    def last_committed_age_s(self) -> float | None: ...
+
+
+class Figures(Protocol):
+    """What the checks read of a report (:class:`xasink.ops.status.StatusReport` has it)."""
+
+    @property
+    def thresholds(self) -> Thresholds: ...
+    @property
+    def errors(self) -> Sequence[str]: ...
+    @property
+    def older_than_s(self) -> float: ...
+    @property
+    def oldest_prepared_age_s(self) -> float | None: ...
+    @property
+    def prepared_age_unknown(self) -> int: ...
+    @property
+    def blocked_sessions(self) -> Sequence[Any] | None: ...
+    @property
+    def prepared_ratio(self) -> float | None: ...
+    @property
+    def sinks(self) -> Sequence[SinkFigures]: ...
+
+
 def _level(value: float | None, warn: float | None, crit: float | None, above: bool, unknown_is_old: bool) -> str:
     """The state of ``value``; ``above``: counts alert above the threshold, ages and ratios at or above it."""
     for threshold, state in ((crit, CRITICAL), (warn, WARNING)):
@@ -64,7 +95,7 @@ def _level(value: float | None, warn: float | None, crit: float | None, above: b
     return OK
 
 
-def evaluate(report: StatusReport) -> list[Check]:
+def evaluate(report: Figures) -> list[Check]:
     """Every check of ``report`` against its thresholds, the failed reads and the ``--older-than`` rule."""
     t = report.thresholds
     checks = [Check("errors", UNKNOWN, len(report.errors), message=e) for e in report.errors]

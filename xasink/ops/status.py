@@ -18,18 +18,8 @@ from xasink.dialects import Dialect
 from xasink.journal.log import Journal
 from xasink.journal.parts import recorded_targets
 from xasink.ops import alerts as health
-from xasink.ops.survey import (
-    DEFAULT_OLDER_THAN_S,
-    WAIT,
-    PreparedEntry,
-    _base_options,
-    _check_threshold,
-    _dialect,
-    _journal,
-    _masked,
-    _server_error,
-    _survey,
-)
+from xasink.ops.common import base_options, check_threshold, dialect_of, journal_of, masked_url, server_error
+from xasink.ops.survey import DEFAULT_OLDER_THAN_S, WAIT, PreparedEntry, survey_prepared
 
 
 @dataclass
@@ -118,14 +108,14 @@ def status(
 ) -> StatusReport:
     """Per sink: last committed batch, batches in doubt, prepared branches, recent figures; and the server's
     health figures (see the module doc).  Reads only."""
-    _check_threshold(older_than_s)
-    base = _base_options(url, journal_schema, journal_prefix)
-    dialect = _dialect(base)
-    journal: Journal = _journal(dialect, journal_url, journal_schema, journal_prefix)  # elsewhere: a transaction's
+    check_threshold(older_than_s)
+    base = base_options(url, journal_schema, journal_prefix)
+    dialect = dialect_of(base)
+    journal: Journal = journal_of(dialect, journal_url, journal_schema, journal_prefix)  # elsewhere: a transaction's
     try:
-        entries, pending, has_journal = _survey(dialect, journal, sink_id, older_than_s, set())
+        entries, pending, has_journal = survey_prepared(dialect, journal, sink_id, older_than_s, set())
         report = StatusReport(
-            _masked(base),
+            masked_url(base),
             [],
             sum(1 for e in entries if e.decision == "foreign"),
             older_than_s,
@@ -165,7 +155,7 @@ def status(
         report.blocked_sessions = _blocked(dialect, entries, report)
         return report
     except sa.exc.DBAPIError as exc:
-        raise _server_error(exc, dialect) from None
+        raise server_error(exc, dialect) from None
     finally:
         dialect.dispose()
         journal.dialect.dispose()
@@ -232,7 +222,7 @@ def _blocked(dialect: Dialect, entries: list[PreparedEntry], report: StatusRepor
         with dialect.connect() as conn:
             sessions = dialect.blocked_by_prepared(conn)
     except sa.exc.DBAPIError as exc:
-        report.notes.append(f"sessions blocked by prepared transactions not readable: {_server_error(exc, dialect)}")
+        report.notes.append(f"sessions blocked by prepared transactions not readable: {server_error(exc, dialect)}")
         return None
     out = []
     for b in sessions:

@@ -16,11 +16,20 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from xasink.dialects import Dialect, PreparedTxn, dialect_for
-from xasink.errors import OptionError, XasinkError
+from xasink.dialects import Dialect, PreparedTxn
+from xasink.errors import OptionError
 from xasink.journal.log import Journal
 from xasink.journal.records import BatchRecord
-from xasink.options import TableName, WriteOptions, parse_url
+from xasink.ops.common import (
+    base_options,
+    check_threshold,
+    dialect_of,
+    journal_of,
+    masked_url,
+    redacted_error,
+    server_error,
+)
+from xasink.options import WriteOptions
 from xasink.protocol.coordinator import Coordinator
 from xasink.protocol.judgement import (  # noqa: F401 - re-exported for the CLI
     COMMIT,
@@ -33,7 +42,7 @@ from xasink.protocol.judgement import (  # noqa: F401 - re-exported for the CLI
     judge,
 )
 from xasink.protocol.xid import Xid
-from xasink.support.masking import display_url, redact, url_secrets
+from xasink.support.masking import redact, url_secrets
 
 log = logging.getLogger(__name__)
 
@@ -97,34 +106,10 @@ def _coordinator(dialect: Dialect, url_options: WriteOptions, sink_id: str, jour
     return Coordinator(replace(url_options, sink_id=sink_id, sink_id_given=True), dialect, journal)
 
 
-def _journal(dialect: Dialect, journal_url: str | None, journal_schema: str | None, journal_prefix: str) -> Journal:
-    """The decision log: in the database itself, or (``journal_url``) in the database holding the log of a
-    multi-target transaction whose branches are in this one."""
-    if journal_url is None:
-        return Journal(dialect, journal_schema, journal_prefix)
-    return Journal(_dialect(_base_options(journal_url, journal_schema, journal_prefix)), journal_schema, journal_prefix)
-
-
-def _base_options(url: str, journal_schema: str | None, journal_prefix: str) -> WriteOptions:
-    parsed = parse_url(url)
-    return WriteOptions(
-        url=parsed,
-        table=TableName("-"),
-        sink_id="admin",
-        sink_id_given=True,
-        batch_id=0,
-        journal_schema=journal_schema,
-        journal_prefix=journal_prefix,
-    )
-
-
-def _masked(options: WriteOptions) -> str:
-    return display_url(options.url)
-
-
-def _survey(
+def survey_prepared(
     dialect: Dialect, journal: Journal, sink_filter: str | None, older_than_s: float, rollback_foreign: set[str]
 ) -> tuple[list[PreparedEntry], dict[str, list[BatchRecord]], bool]:
+    """Every prepared transaction with its judgement, the sinks' batches in doubt, and whether the log exists."""
     with dialect.connect() as tconn:
         prepared: list[PreparedTxn] = dialect.list_prepared(tconn)
         now: Any = dialect.server_now(tconn)
@@ -190,16 +175,16 @@ def recover(
     ``retry_s`` bounds how long a step that is not finished yet (a lock, a timeout) is retried (default
     commitTimeout's, 300 s); a decided batch still not finished then is reported in ``unfinished`` (exit 1).
     """
-    _check_threshold(older_than_s)
-    base = _base_options(url, journal_schema, journal_prefix)
+    check_threshold(older_than_s)
+    base = base_options(url, journal_schema, journal_prefix)
     if retry_s is not None:
-        _check_threshold(retry_s)
+        check_threshold(retry_s)
         base = replace(base, commit_timeout=int(retry_s))
-    report = RecoverReport(_masked(base), dry_run, older_than_s)
-    dialect = _dialect(base)
-    journal = _journal(dialect, journal_url, journal_schema, journal_prefix)
+    report = RecoverReport(masked_url(base), dry_run, older_than_s)
+    dialect = dialect_of(base)
+    journal = journal_of(dialect, journal_url, journal_schema, journal_prefix)
     try:
-        entries, pending, has_journal = _survey(dialect, journal, sink_id, older_than_s, set(rollback_foreign))
+        entries, pending, has_journal = survey_prepared(dialect, journal, sink_id, older_than_s, set(rollback_foreign))
         report.entries = entries
         report.errors += _check_foreign_names(entries, rollback_foreign)
         if not has_journal and any(e.ours for e in entries):
@@ -232,7 +217,7 @@ def recover(
                 e.outcome = "waiting" if e.action == WAIT else "untouched"
         return report
     except sa.exc.DBAPIError as exc:
-        raise _server_error(exc, dialect) from None
+        raise server_error(exc, dialect) from None
     finally:
         dialect.dispose()
         journal.dialect.dispose()
@@ -273,7 +258,7 @@ def _act(
                 secrets = url_secrets(base.url)
                 report.unfinished[sink] = {b: redact(why, secrets) for b, why in result.unfinished.items()}
         except Exception as exc:  # noqa: BLE001 - reported per sink; the others still run
-            report.errors.append(f"sink {sink}: {_redacted(exc, base)}")
+            report.errors.append(f"sink {sink}: {redacted_error(exc, base)}")
     for e in report.entries:
         if e.action == ROLLBACK_FOREIGN:
             log.warning("rolling back FOREIGN prepared transaction %s on explicit request", e.gid)
@@ -281,37 +266,7 @@ def _act(
                 with dialect.connect(autocommit=True) as xa:
                     dialect.rollback_foreign(xa, e.gid)
             except Exception as exc:  # noqa: BLE001 - reported; the rest is done
-                report.errors.append(f"rollback of foreign {e.gid}: {_redacted(exc, base)}")
-
-
-def _dialect(options: WriteOptions) -> Dialect:
-    try:
-        return dialect_for(options.url)
-    except ValueError as exc:  # an unsupported backend: an option error, said without the URL
-        raise OptionError(f"--url: {exc}; use postgresql://... or mysql://...") from None
-
-
-def _first_line(exc: BaseException) -> str:
-    """The server's message without SQLAlchemy's statement dump and link."""
-    text = str(getattr(exc, "orig", None) or exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
-def _redacted(exc: BaseException, options: WriteOptions) -> str:
-    return redact(_first_line(exc), url_secrets(options.url))
-
-
-def _server_error(exc: sa.exc.DBAPIError, dialect: Dialect) -> XasinkError:
-    return XasinkError(
-        f"{dialect.name} at {dialect.where()}: {redact(_first_line(exc), url_secrets(dialect.url))}. Reading needs the "
-        "list of prepared transactions (MySQL: XA_RECOVER_ADMIN) and SELECT on the decision log tables; acting "
-        "needs the writers' rights (PostgreSQL: the same user or a superuser finishes a prepared transaction)"
-    )
-
-
-def _check_threshold(older_than_s: float) -> None:
-    if not older_than_s >= 0:  # also NaN
-        raise OptionError(f"older-than must be 0 or more seconds, not {older_than_s!r}")
+                report.errors.append(f"rollback of foreign {e.gid}: {redacted_error(exc, base)}")
 
 
 def parse_duration(text: str) -> float:

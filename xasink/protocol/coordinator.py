@@ -35,7 +35,9 @@ from xasink.write_modes.spec import ApplySpec
 
 log = logging.getLogger(__name__)
 
-ABORT_SETTLE_S = 4.0  # an abort's sweeps repeat this long: cancelled tasks may PREPARE until their worker is killed
+# an abort's sweeps repeat this long: Spark kills a cancelled task's Python worker after
+# spark.python.task.killTimeout (2 s), and until then the task may still PREPARE
+ABORT_SETTLE_S = 4.0
 # (shared dialect, journal schema, prefix) -> the sinks registered in that log by this process
 _SHARED_SINKS: dict[tuple[int, str | None, str], set[str]] = {}
 

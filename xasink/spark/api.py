@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import tempfile
 import time
 import weakref
@@ -23,7 +22,10 @@ from xasink.options import WriteOptions, parse_options
 from xasink.protocol.coordinator import Coordinator
 from xasink.protocol.xid import new_run_nonce
 from xasink.results import WriteResult
-from xasink.spark.datasource import QUERY_OPTION, RUN_OPTION, STREAM_QUERY_PROPERTY, XasinkDataSource, check_batch_order
+from xasink.spark.datasource import QUERY_OPTION, RUN_OPTION, XasinkDataSource
+from xasink.spark.job_errors import error_summary, unwrap_error
+from xasink.spark.stream_writer import check_batch_order
+from xasink.spark.write_task import STREAM_QUERY_PROPERTY
 from xasink.support import notices
 from xasink.support.masking import redact, url_secrets
 
@@ -48,37 +50,6 @@ def register(spark: SparkSession) -> None:
     jvm, jsession = getattr(spark, "_jvm", None), getattr(spark, "_jsparkSession", None)
     if jvm is not None and jsession is not None:  # classic Spark; Spark Connect has no thread-local session here
         SparkSession._get_j_spark_session_class(jvm).setActiveSession(jsession)
-
-
-# the message ends where Spark's own text resumes: a blank line, a Java frame, the SQLSTATE Spark appends
-_ERROR_RE = re.compile(
-    r"xasink\.errors\.(\w+): (.+?)(?:\n\s*\n|\n\s+at |\n\tat |\n\s*SQLSTATE: |\n\s*JVM stacktrace:|\Z)", re.S
-)
-
-
-def _unwrap(exc: BaseException) -> BaseException | None:
-    """The xasink error inside a Spark exception, rebuilt with its own class."""
-    text = str(exc)
-    found = _ERROR_RE.findall(text)
-    if not found:
-        return None
-    name, message = found[-1]
-    cls = getattr(errors, name, errors.XasinkError)
-    if not (isinstance(cls, type) and issubclass(cls, errors.XasinkError)):
-        cls = errors.XasinkError
-    return cls(message.strip())
-
-
-def _summary(exc: BaseException) -> str:
-    """The Python error line of a Spark exception (e.g. ``ValueError: bad row``), else its first line."""
-    text = str(exc)
-    tail = text.rsplit("Traceback (most recent call last):", 1)
-    if len(tail) == 2:
-        for line in tail[1].splitlines():
-            if line.strip() and not line[0].isspace():
-                return line.strip()[:300]
-    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
-    return first[:300]
 
 
 def write(
@@ -128,12 +99,12 @@ def _write(df: DataFrame, raw: dict[str, Any], mode: str, query: str | None) -> 
         df.write.format("xasink").options(**opts, **internal).mode(mode).save()
     except Exception as exc:
         notices.tell(dict.fromkeys(warned + notices.load(path)))
-        inner = _unwrap(exc)
+        inner = unwrap_error(exc)
         if inner is None and _record(journal, parsed.sink_id, parsed.batch_id) is None:
             # not ours (a failing UDF, a lost executor...) and the batch is undecided: nothing of it is visible
             inner = errors.BatchAbortedError(
                 f"sink {parsed.sink_id} batch {parsed.batch_id} was rolled back, no row of it is visible: "
-                f"the Spark job failed ({redact(_summary(exc), url_secrets(parsed.url))})"
+                f"the Spark job failed ({redact(error_summary(exc), url_secrets(parsed.url))})"
             )
         if inner is None:
             raise

@@ -42,8 +42,8 @@ def _count(url: str) -> tuple[int, int, int]:
     """Rows and distinct order ids in the demo table, and prepared transactions left on the server."""
     import sqlalchemy as sa
 
+    from xasink.database_url import parse_url
     from xasink.dialects import dialect_for
-    from xasink.options import parse_url
 
     dialect = dialect_for(parse_url(url))
     orders = sa.table(TABLE, sa.column("order_id"))

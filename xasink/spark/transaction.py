@@ -25,8 +25,9 @@ from xasink.options import WriteOptions, parse_options
 from xasink.protocol.multi_target import MultiCoordinator
 from xasink.protocol.xid import MAX_BATCH_ID, valid_sink_id
 from xasink.results import TargetResult, TransactionResult, WriteResult
-from xasink.spark.api import _summary, _unwrap, is_connect, micro_batch_query, register, shape
+from xasink.spark.api import is_connect, micro_batch_query, register, shape
 from xasink.spark.datasource import RUN_OPTION
+from xasink.spark.job_errors import error_summary, unwrap_error
 from xasink.spark.txwrite import TX_GUARD_OPTION, TX_PART_OPTION, TX_URL_OPTION
 from xasink.support.faults import fault
 from xasink.support.masking import redact, url_secrets
@@ -141,9 +142,9 @@ class Transaction:
             try:
                 df.write.format("xasink").options(**opts, **internal).mode("append").save()
             except Exception as exc:
-                inner = _unwrap(exc) or errors.BatchAbortedError(
+                inner = unwrap_error(exc) or errors.BatchAbortedError(
                     f"sink {self.sink_id} transaction {self.batch_id}: write {part} to {table} failed "
-                    f"({redact(_summary(exc), url_secrets(parsed.url))}); the transaction is rolled back"
+                    f"({redact(error_summary(exc), url_secrets(parsed.url))}); the transaction is rolled back"
                 )
                 raise inner from exc
             recorded = mc.part(part)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pyspark.sql.types import StructType
 from sqlalchemy.engine import URL, make_url
@@ -23,9 +23,7 @@ from xasink.journal.targets import target_identity
 from xasink.options import WriteOptions
 from xasink.protocol.coordinator import ABORT_SETTLE_S, Coordinator
 from xasink.results import BranchOutcome
-
-if TYPE_CHECKING:
-    from xasink.spark.datasource import WritePlan
+from xasink.spark.planning import WritePlan, arrow_schema
 
 log = logging.getLogger("xasink")
 
@@ -62,7 +60,6 @@ def _journal(options: WriteOptions, tx: TxWrite) -> Journal:
 
 def prepare_tx_write(options: WriteOptions, schema: StructType, tx: TxWrite) -> WritePlan:
     """Driver side: the target table's plan and the log's identity (the transaction pre-flighted the server)."""
-    from xasink.spark.datasource import WritePlan, arrow_schema
     from xasink.write_modes.schema import plan_target
 
     journal = _journal(options, tx)

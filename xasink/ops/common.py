@@ -1,0 +1,69 @@
+"""What ``xasink recover`` and ``xasink status`` share: a URL's options, dialect and decision log; safe errors."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+from xasink.database_url import parse_url
+from xasink.dialects import Dialect, dialect_for
+from xasink.errors import OptionError, XasinkError
+from xasink.journal.log import Journal
+from xasink.options import TableName, WriteOptions
+from xasink.support.masking import display_url, redact, url_secrets
+
+
+def base_options(url: str, journal_schema: str | None, journal_prefix: str) -> WriteOptions:
+    parsed = parse_url(url)
+    return WriteOptions(
+        url=parsed,
+        table=TableName("-"),
+        sink_id="admin",
+        sink_id_given=True,
+        batch_id=0,
+        journal_schema=journal_schema,
+        journal_prefix=journal_prefix,
+    )
+
+
+def dialect_of(options: WriteOptions) -> Dialect:
+    try:
+        return dialect_for(options.url)
+    except ValueError as exc:  # an unsupported backend: an option error, said without the URL
+        raise OptionError(f"--url: {exc}; use postgresql://... or mysql://...") from None
+
+
+def journal_of(dialect: Dialect, journal_url: str | None, journal_schema: str | None, journal_prefix: str) -> Journal:
+    """The decision log: in the database itself, or (``journal_url``) in the database holding the log of a
+    multi-target transaction whose branches are in this one."""
+    if journal_url is None:
+        return Journal(dialect, journal_schema, journal_prefix)
+    return Journal(
+        dialect_of(base_options(journal_url, journal_schema, journal_prefix)), journal_schema, journal_prefix
+    )
+
+
+def masked_url(options: WriteOptions) -> str:
+    return display_url(options.url)
+
+
+def check_threshold(older_than_s: float) -> None:
+    if not older_than_s >= 0:  # also NaN
+        raise OptionError(f"older-than must be 0 or more seconds, not {older_than_s!r}")
+
+
+def _first_line(exc: BaseException) -> str:
+    """The server's message without SQLAlchemy's statement dump and link."""
+    text = str(getattr(exc, "orig", None) or exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def redacted_error(exc: BaseException, options: WriteOptions) -> str:
+    return redact(_first_line(exc), url_secrets(options.url))
+
+
+def server_error(exc: sa.exc.DBAPIError, dialect: Dialect) -> XasinkError:
+    return XasinkError(
+        f"{dialect.name} at {dialect.where()}: {redact(_first_line(exc), url_secrets(dialect.url))}. Reading needs the "
+        "list of prepared transactions (MySQL: XA_RECOVER_ADMIN) and SELECT on the decision log tables; acting "
+        "needs the writers' rights (PostgreSQL: the same user or a superuser finishes a prepared transaction)"
+    )

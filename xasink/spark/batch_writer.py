@@ -1,0 +1,93 @@
+"""The batch writer of ``format("xasink")``: tasks prepare branches, ``commit()`` decides all or none."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from pyspark import TaskContext
+from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
+
+from xasink.errors import OptionError
+from xasink.options import WriteOptions
+from xasink.protocol.coordinator import ABORT_SETTLE_S, Coordinator
+from xasink.protocol.xid import new_run_nonce
+from xasink.spark.planning import WritePlan
+from xasink.spark.txwrite import TxWrite, abort_tx_write, record_tx_part
+from xasink.spark.worker_log import tell_tasks, told
+from xasink.spark.write_task import STREAM_BATCH_PROPERTY, XasinkCommitMessage, outcomes_of, write_task
+from xasink.support.phases import phase, worker_started
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+
+def check_not_micro_batch(options: WriteOptions) -> None:
+    """A batch write with a sinkId but no batchId, run inside a streaming micro-batch (the user's own
+    foreachBatch): refused.  Its batch id would be 0 for every micro-batch, and every micro-batch after the
+    first would be skipped as a replay of batch 0.  Only a task learns that it runs in a micro-batch."""
+    ctx = TaskContext.get()
+    if ctx is not None and ctx.getLocalProperty(STREAM_BATCH_PROPERTY) is not None:
+        raise OptionError(
+            f"sink {options.sink_id}: format('xasink') with a sinkId and no batchId runs inside streaming "
+            f"micro-batch {ctx.getLocalProperty(STREAM_BATCH_PROPERTY)} (a foreachBatch function): every "
+            "micro-batch would be batch 0 and all but the first skipped as its replay. Use "
+            "writeStream.foreachBatch(xasink.foreach_batch(url=..., table=..., sink_id=...)), or pass "
+            "batchId=epoch_id. Nothing was written."
+        )
+
+
+class XasinkBatchWriter(DataSourceArrowWriter):
+    def __init__(
+        self,
+        options: WriteOptions,
+        plan: WritePlan,
+        run: str | None = None,
+        tx: TxWrite | None = None,
+        notices_path: str | None = None,
+        sink_without_batch: bool = False,
+        query: str | None = None,
+    ) -> None:
+        """``sink_without_batch``: the caller named a sinkId and no batchId (:func:`check_not_micro_batch`);
+        ``query``: the streaming query foreach_batch names, for tasks that cannot see it (Spark Connect)."""
+        self.options = options
+        self.plan = plan
+        self.run = run or new_run_nonce()
+        self.tx = tx
+        self.notices = notices_path  # xasink.write's file for warnings (xasink.support.notices); None: to stderr
+        self.sink_without_batch = sink_without_batch
+        self.query = query
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> XasinkCommitMessage:
+        if self.sink_without_batch:
+            check_not_micro_batch(self.options)
+        return write_task(self.options, self.plan, self.run, self.options.batch_id, iterator, self.tx, self.query)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        if self.tx is not None:  # inside xasink.transaction(): record the part, the transaction decides
+            record_tx_part(self.options, self.tx, self.run, outcomes_of(messages))
+            return
+        with told(self.notices):
+            tell_tasks(outcomes_of(messages))
+            worker_started("driver", sink=self.options.sink_id, batch=self.options.batch_id)
+            coordinator = Coordinator(self.options, shared=True)
+            try:  # the coordinator logs the batch's figures
+                with phase("commit.call", sink=self.options.sink_id, batch=self.options.batch_id):
+                    outcomes = outcomes_of(messages)
+                    coordinator.commit(
+                        self.options.batch_id, outcomes, query=self.query, apply=self.plan.apply, run=self.run
+                    )
+            finally:
+                coordinator.close()
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        if self.tx is not None:
+            abort_tx_write(self.options, self.tx, self.run, outcomes_of(messages))
+            return
+        with told(self.notices):
+            tell_tasks(outcomes_of(messages))
+            coordinator = Coordinator(self.options, shared=True)
+            try:
+                coordinator.abort(self.options.batch_id, outcomes_of(messages), settle_s=ABORT_SETTLE_S, run=self.run)
+            finally:
+                coordinator.close()

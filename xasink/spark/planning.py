@@ -1,0 +1,94 @@
+"""The driver's plan of a write, made before any task runs: server checks, the table, the run guard, the shadow."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from pyspark.sql.types import StructType
+
+from xasink.dialects.base import TargetPlan
+from xasink.errors import PreflightError
+from xasink.options import WriteOptions
+from xasink.protocol.coordinator import Coordinator
+from xasink.protocol.liveness import ensure_keeper, spark_driver_process
+from xasink.support.phases import phase, worker_started
+from xasink.write_modes.spec import ApplySpec, spec_for
+from xasink.write_modes.statements import check_predicate, ensure_shadow, shadow_plan
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+
+def arrow_schema(schema: StructType) -> pa.Schema:
+    """The Arrow schema Spark's Arrow writer hands us, or a clear error naming a column it cannot take."""
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    fields = []
+    for f in schema.fields:
+        try:
+            fields.append(to_arrow_schema(StructType([f]), timezone="UTC").field(0))
+        except Exception:  # noqa: BLE001 - Spark raises assorted errors for types Arrow cannot carry
+            raise PreflightError(
+                f"column '{f.name}' has Spark type {f.dataType.simpleString()}, which xasink cannot "
+                "write; cast it to a supported type first"
+            ) from None
+    return pa.schema(fields)
+
+
+@dataclass(frozen=True)
+class WritePlan:
+    """What the driver decided before any task runs, shipped to every task."""
+
+    target: TargetPlan
+    log_id: str  # the decision log's identity: every branch's xid carries it
+    guard: str | None = None  # the session lock this driver holds while its runs live (xasink.protocol.liveness)
+    apply: ApplySpec | None = None  # overwrite / replaceWhere / change-data: tasks load the shadow table
+    claimed: bool = False  # the driver took the batch over for this run: first task attempts skip their claim
+
+
+def prepare_write(options: WriteOptions, schema: StructType, branches: int | None) -> WritePlan:
+    """Driver-side: server checks, journal, table plan.  Everything that can be wrong fails here."""
+    from xasink.write_modes.schema import plan_target
+
+    worker_started("driver", sink=options.sink_id)
+    coordinator = Coordinator(options, shared=True)
+    try:
+        with phase("plan.preflight", sink=options.sink_id):
+            coordinator.preflight(branches)
+        source = arrow_schema(schema)
+        flag = None
+        if options.delete_flag_column is not None:
+            flag, source = _split_flag(options.delete_flag_column, source)
+        with phase("plan.target", sink=options.sink_id), coordinator.dialect.connect() as conn:
+            target = plan_target(coordinator.dialect, conn, options, source)
+        with phase("plan.keeper", sink=options.sink_id):
+            log_id = coordinator.journal.log_id()
+            driver = spark_driver_process()
+            guard = ensure_keeper(coordinator.dialect, log_id, driver) if driver is not None else None
+        apply = None
+        if options.applies_at_commit:
+            with phase("plan.shadow", sink=options.sink_id), coordinator.dialect.connect() as conn:
+                apply = spec_for(options, target, log_id)
+                check_predicate(conn, apply)
+                ensure_shadow(coordinator.dialect, conn, apply)
+            target = shadow_plan(target, apply, flag)
+        return WritePlan(target, log_id, guard, apply)
+    finally:
+        coordinator.close()
+
+
+def _split_flag(name: str, source: pa.Schema) -> tuple[str, pa.Schema]:
+    """The delete flag's DataFrame column (matched without case) and the columns the table takes."""
+    import pyarrow as pa
+
+    found = [f for f in source if f.name.lower() == name.lower()]
+    if len(found) != 1:
+        raise PreflightError(f"option 'deleteFlagColumn': '{name}' is not a column of the DataFrame")
+    if not pa.types.is_boolean(found[0].type):
+        raise PreflightError(
+            f"option 'deleteFlagColumn': column '{found[0].name}' is {found[0].type}, not boolean; derive it, "
+            "e.g. col('op') == 'd'"
+        )
+    return found[0].name, pa.schema([f for f in source if f.name != found[0].name])

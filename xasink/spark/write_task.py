@@ -1,0 +1,108 @@
+"""The task side of both writers: one partition's branch, and the message that carries its outcome to the driver."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from pyspark import TaskContext
+from pyspark.sql.datasource import WriterCommitMessage
+
+from xasink.errors import OptionError
+from xasink.options import WriteOptions
+from xasink.results import BranchOutcome
+from xasink.spark.planning import WritePlan
+from xasink.spark.txwrite import TxWrite
+from xasink.support import faults, notices
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+STREAM_BATCH_PROPERTY = "streaming.sql.batchId"
+# the streaming query's id, kept in its checkpoint across restarts: recorded with each batch it writes
+STREAM_QUERY_PROPERTY = "sql.streaming.queryId"
+
+
+def _task_fault_spec() -> str | None:
+    ctx = TaskContext.get()
+    return ctx.getLocalProperty(faults.LOCAL_PROPERTY) if ctx is not None else None
+
+
+faults.task_spec_source = _task_fault_spec
+
+
+SESSION_TIME_ZONE = "spark.sql.session.timeZone"
+
+
+@dataclass
+class XasinkCommitMessage(WriterCommitMessage):
+    outcome: BranchOutcome
+
+
+def session_time_zone(ctx: TaskContext) -> str | None:
+    """The session time zone of the write, as Spark hands its SQL settings to tasks (a local property).
+
+    A session that never set it runs in the JVM's default zone, which a Python worker cannot see: None then
+    (xasink.write_modes.schema.conform takes the zone Spark labels TimestampType columns with, else UTC)."""
+    return ctx.getLocalProperty(SESSION_TIME_ZONE) or None
+
+
+def write_task(
+    options: WriteOptions,
+    plan: WritePlan,
+    run: str,
+    batch_id: int,
+    iterator: Iterator[pa.RecordBatch],
+    tx: TxWrite | None = None,
+    query: str | None = None,
+) -> XasinkCommitMessage:
+    ctx = TaskContext.get()
+    assert ctx is not None, "xasink writers run inside Spark tasks"
+    partition = ctx.partitionId()
+    if options.num_partitions is not None and partition >= options.num_partitions:
+        raise OptionError(
+            f"option 'numPartitions': the DataFrame has more than {options.num_partitions} partitions; "
+            f"call df.coalesce({options.num_partitions}) before writing, or use xasink.write(), which coalesces"
+        )
+    with notices.captured() as warned:
+        outcome = _write_partition(options, plan, run, batch_id, iterator, tx, ctx, query)
+    if warned:  # the task's log is nobody's to read: the driver reports them (xasink.support.notices)
+        outcome = replace(outcome, warnings=tuple(f"partition {partition}: {w}" for w in warned))
+    return XasinkCommitMessage(outcome)
+
+
+def _write_partition(
+    options: WriteOptions,
+    plan: WritePlan,
+    run: str,
+    batch_id: int,
+    iterator: Iterator[pa.RecordBatch],
+    tx: TxWrite | None,
+    ctx: TaskContext,
+    query: str | None,
+) -> BranchOutcome:
+    from xasink.protocol.partition_writer import (
+        write_partition,  # the rows' path: not imported by the planning and commit workers
+    )
+
+    partition = ctx.partitionId()
+    return write_partition(
+        options,
+        replace(plan.target, time_zone=session_time_zone(ctx)),
+        batch_id=batch_id,
+        partition=partition,
+        task_attempt_id=ctx.taskAttemptId(),
+        attempt_number=ctx.attemptNumber(),
+        run=run,
+        batches=iterator,
+        log_id=plan.log_id,
+        guard=plan.guard,
+        query=ctx.getLocalProperty(STREAM_QUERY_PROPERTY) or query,
+        journal_url=tx.journal_url if tx is not None else None,
+        claimed=plan.claimed,
+    )
+
+
+def outcomes_of(messages: list[WriterCommitMessage | None]) -> list[BranchOutcome | None]:
+    return [m.outcome if isinstance(m, XasinkCommitMessage) else None for m in messages]
