@@ -159,6 +159,13 @@ class Database:
         ours = (sink,) if sink is not None else BENCH_SINK_PREFIXES
         return sum(1 for p in found if p.xid is not None and p.xid.sink_id.startswith(ours))
 
+    def left_prepared(self, problems: list[str], sink: str | None = None) -> int:
+        """:meth:`prepared` after a scenario; a branch left behind is one of its ``problems``."""
+        left = self.prepared(sink)
+        if left:
+            problems.append(f"{left} prepared transactions left")
+        return left
+
 
 DURABLE = {"fsync": "on", "synchronous_commit": "on", "full_page_writes": "on"}  # PostgreSQL's defaults
 

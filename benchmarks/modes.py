@@ -588,9 +588,7 @@ def view(
     end_want = (n, 0) if outcome == "fails" else (n, n)
     if (final_total, final_new) != end_want:
         problems.append(f"left {final_total} rows ({final_new} new)")
-    left = db.prepared(sink)
-    if left:
-        problems.append(f"{left} prepared transactions left")
+    left = db.left_prepared(problems, sink)
     return {
         "db": db.kind,
         "contender": contender,
