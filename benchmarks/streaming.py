@@ -402,9 +402,9 @@ def chart(res: dict[str, Any], out: Path, name: str) -> list[str]:
     dbs = list(res["settings"])
     fig, axes = plt.subplots(2, len(dbs), figsize=(5.5 * len(dbs), 7), squeeze=False)
     for j, db in enumerate(dbs):
-        for name in res["contenders"]:
+        for contender in res["contenders"]:
             rs = sorted(
-                (r for r in res["results"] if r["db"] == db and r["contender"] == name), key=lambda r: r["rate"]
+                (r for r in res["results"] if r["db"] == db and r["contender"] == contender), key=lambda r: r["rate"]
             )
             if not rs:
                 continue
@@ -413,8 +413,8 @@ def chart(res: dict[str, Any], out: Path, name: str) -> list[str]:
                 (("latency_ms_p50", "latency_ms_p99", "latency ms"), ("batch_ms_p50", "batch_ms_p99", "batch ms"))
             ):
                 ax = axes[i][j]
-                line = ax.plot(x, [r[lo] for r in rs], marker="o", label=f"{name} p50")[0]
-                ax.plot(x, [r[hi] for r in rs], marker="x", ls="--", color=line.get_color(), label=f"{name} p99")
+                line = ax.plot(x, [r[lo] for r in rs], marker="o", label=f"{contender} p50")[0]
+                ax.plot(x, [r[hi] for r in rs], marker="x", ls="--", color=line.get_color(), label=f"{contender} p99")
                 for r in rs:
                     if r["behind"]:
                         ax.annotate("behind", (r["rate"], r[lo] or 0), fontsize=7, color=line.get_color())
