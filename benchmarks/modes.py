@@ -31,10 +31,8 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -395,8 +393,7 @@ def main(argv: list[str] | None = None) -> int:
         timed=[],
         reader=[],
     )
-    log_path = Path(tempfile.mkdtemp(prefix="xasink-phases-")) / "phases.jsonl"
-    os.environ["XASINK_PHASE_LOG"] = str(log_path)  # before Spark starts: every worker inherits it
+    log_path = benv.phase_log()
     with benv.databases(args.dbs, args.mariadb, notes=res["notes"]) as every:
         res["setup"]["databases"] = {db.kind: db.settings for db in every}
         res["errors"] += [db.note for db in every if not db.xasink_ok]
