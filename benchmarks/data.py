@@ -30,6 +30,12 @@ NARROW = (
     Column("ts", "timestamptz", "DATETIME(6)", "timestamp_seconds(1700000000 + id)"),
 )
 
+
+def _nulls(every: int, expr: str) -> str:
+    """``expr``, NULL on every ``every``-th id: the wide schema's nullable columns."""
+    return f"case when id % {every} = 0 then null else {expr} end"
+
+
 _LOREM = "lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod"
 WIDE = (
     Column("id", "bigint", "BIGINT", "id"),
@@ -37,30 +43,18 @@ WIDE = (
     *(Column(f"b{k}", "bigint", "BIGINT", f"id * 31 + {k}") for k in range(1, 3)),
     *(Column(f"d{k}", "double precision", "DOUBLE", f"cast(id as double) / {k + 1} + 0.25") for k in range(1, 5)),
     Column("n1", "numeric(12,2)", "DECIMAL(12,2)", "cast((id % 10000000) / 100 as decimal(12,2))"),
-    Column(
-        "n2",
-        "numeric(12,2)",
-        "DECIMAL(12,2)",
-        "case when id % 13 = 0 then null else cast(id % 977 as decimal(12,2)) end",
-    ),
+    Column("n2", "numeric(12,2)", "DECIMAL(12,2)", _nulls(13, "cast(id % 977 as decimal(12,2))")),
     Column("sm", "smallint", "SMALLINT", "cast(id % 30000 as smallint)"),
     Column("s1", "text", "VARCHAR(40)", "concat('name-', cast(id as string))"),
     Column("s2", "text", "VARCHAR(40)", f"substring('{_LOREM}', cast(1 + id % 20 as int), cast(8 + id % 24 as int))"),
-    Column(
-        "s3", "text", "VARCHAR(40)", "case when id % 7 = 0 then null else concat('c', cast(id % 977 as string)) end"
-    ),
+    Column("s3", "text", "VARCHAR(40)", _nulls(7, "concat('c', cast(id % 977 as string))")),
     Column("s4", "text", "VARCHAR(40)", "lpad(cast(id % 99991 as string), 12, '0')"),
     Column("s5", "text", "VARCHAR(40)", "repeat('x', cast(1 + id % 30 as int))"),
     Column("f1", "boolean", "BOOLEAN", "id % 2 = 0", "cast(f1 as int)"),
-    Column("f2", "boolean", "BOOLEAN", "case when id % 5 = 0 then null else id % 3 = 0 end", "cast(f2 as int)"),
+    Column("f2", "boolean", "BOOLEAN", _nulls(5, "id % 3 = 0"), "cast(f2 as int)"),
     Column("dt", "date", "DATE", "date_add(date'2020-01-01', cast(id % 3650 as int))"),
     Column("ts1", "timestamptz", "DATETIME(6)", "timestamp_seconds(1600000000 + id)"),
-    Column(
-        "ts2",
-        "timestamptz",
-        "DATETIME(6)",
-        "case when id % 11 = 0 then null else timestamp_micros(1600000000000000 + id * 1234) end",
-    ),
+    Column("ts2", "timestamptz", "DATETIME(6)", _nulls(11, "timestamp_micros(1600000000000000 + id * 1234)")),
 )
 SCHEMAS = {"narrow": NARROW, "wide": WIDE}
 PARTITIONS = 4

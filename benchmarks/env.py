@@ -13,6 +13,7 @@ import os
 import platform
 import shutil
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -24,7 +25,6 @@ from typing import Any
 import psycopg2
 import psycopg2.extensions
 import pymysql
-from psycopg2 import sql as pgsql
 
 from xasink.support.embedded import EmbeddedPostgres
 
@@ -139,9 +139,6 @@ class Database:
         if self.kind == "postgresql":
             self.execute("CHECKPOINT")
 
-    def pg_identifier(self, name: str) -> pgsql.Composable:
-        return pgsql.Identifier(name)
-
     def prepared(self, sink: str | None = None) -> int:
         """Prepared branches of ``sink``, or of every benchmark sink: XA RECOVER lists the whole MariaDB server,
         other jobs' branches too, so only our sink ids count."""
@@ -158,6 +155,13 @@ class Database:
             dialect.dispose()
         ours = (sink,) if sink is not None else BENCH_SINK_PREFIXES
         return sum(1 for p in found if p.xid is not None and p.xid.sink_id.startswith(ours))
+
+    def left_prepared(self, problems: list[str], sink: str | None = None) -> int:
+        """:meth:`prepared` after a scenario; a branch left behind is one of its ``problems``."""
+        left = self.prepared(sink)
+        if left:
+            problems.append(f"{left} prepared transactions left")
+        return left
 
 
 DURABLE = {"fsync": "on", "synchronous_commit": "on", "full_page_writes": "on"}  # PostgreSQL's defaults
@@ -267,6 +271,14 @@ def drop_scratch(db: Database) -> None:
         with conn.cursor() as cur:
             cur.execute(f"DROP DATABASE IF EXISTS `{db.database}`")
         conn.close()
+
+
+def phase_log() -> Path:
+    """A fresh file for xasink's phase log (``XASINK_PHASE_LOG``); call it before Spark starts, so that every
+    worker inherits it."""
+    path = Path(tempfile.mkdtemp(prefix="xasink-phases-")) / "phases.jsonl"
+    os.environ["XASINK_PHASE_LOG"] = str(path)
+    return path
 
 
 JARS = {"postgresql": (PG_JAR, "libpostgresql-jdbc-java"), "mariadb": (MARIADB_JAR, "libmariadb-java")}

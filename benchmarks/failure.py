@@ -157,9 +157,7 @@ def summarize(
         problems.append(f"{final_n - final_d} duplicate rows after the retry")
     if final_d != size:
         problems.append(f"{final_d} distinct ids after the retry, expected {size}")
-    left = db.prepared()
-    if left:
-        problems.append(f"{left} prepared transactions left")
+    left = db.left_prepared(problems)
     return {
         "db": db.kind,
         "contender": name,

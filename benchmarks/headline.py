@@ -128,7 +128,7 @@ def micro_rows(micro: dict[str, Any]) -> list[list[str]]:
 
 def stream_rows(stream: dict[str, Any]) -> list[list[str]]:
     """Targets: the stream writer sustains >= the JDBC foreachBatch writer's rate, p99 latency no worse."""
-    from benchmarks.streaming import sustained
+    from benchmarks.streaming_report import sustained
 
     rows = []
     results = stream["results"]

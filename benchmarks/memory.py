@@ -14,6 +14,7 @@ from typing import Any
 
 from benchmarks import data
 from benchmarks.env import Database
+from benchmarks.sources import STATS_OPTION
 
 
 def run_memory(spark: Any, db: Database, per_partition: list[int]) -> list[dict[str, Any]]:
@@ -42,7 +43,7 @@ def run_memory(spark: Any, db: Database, per_partition: list[int]) -> list[dict[
                 data.create_table(db, table, "narrow")
                 with tempfile.TemporaryDirectory(prefix="bench-rss-") as stats:
                     fmt = "bench_noop" if writer == "arrow-noop" else "bench_rss"
-                    df.write.format(fmt).options(**opts, benchStatsDir=stats).mode("append").save()
+                    df.write.format(fmt).options(**opts).option(STATS_OPTION, stats).mode("append").save()
                     tasks = [json.loads(p.read_text()) for p in Path(stats).glob("*.json")]
                 out.append(
                     {

@@ -19,10 +19,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import statistics
 import sys
-import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -264,8 +262,7 @@ def chart(res: dict[str, Any], out: Path, name: str) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     cli.logs()
-    log_path = Path(tempfile.mkdtemp(prefix="xasink-phases-")) / "phases.jsonl"
-    os.environ["XASINK_PHASE_LOG"] = str(log_path)  # before Spark starts: every worker inherits it
+    log_path = benv.phase_log()
     res: dict[str, Any] = {
         "name": args.name,
         "command": args.command,

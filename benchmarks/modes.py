@@ -31,12 +31,9 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import statistics
 import sys
-import tempfile
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,156 +42,28 @@ from typing import Any
 from benchmarks import cli, report
 from benchmarks import env as benv
 from benchmarks.contenders import jdbc_writer
-from benchmarks.failure import Barrier, poisoned_frame
 from benchmarks.microbatch import phases_of, read_log
+from benchmarks.modes_data import (
+    NEW_SEQ,
+    PARTITIONS,
+    REPLACED_DAY,
+    TYPES,
+    Shape,
+    changes_frame,
+    day_literal,
+    frame,
+    in_transaction,
+    load_seed,
+    merge_sql,
+    reset_target,
+    xasink_writer,
+)
+from benchmarks.modes_reader import reader_view
+from benchmarks.modes_report import chart, markdown
 
 log = logging.getLogger("benchmarks.modes")
 
-PARTITIONS = 4
 SECTIONS = ("overwrite", "replacewhere", "cdc", "reader")
-DAYS = 10  # the table spans ten "days" of contiguous ids
-REPLACED_DAY = 3  # the day replaceWhere replaces: 2026-01-04
-BASE_SEQ, NEW_SEQ = 1, 2  # seq of the loaded rows, of the written ones (the reader tells old from new by it)
-COLUMNS = ("id", "day", "grp", "amount", "label", "seq")
-TYPES = (  # name, PostgreSQL type, MariaDB type
-    ("id", "bigint", "BIGINT"),
-    ("day", "date", "DATE"),
-    ("grp", "integer", "INT"),
-    ("amount", "double precision", "DOUBLE"),
-    ("label", "text", "VARCHAR(32)"),
-    ("seq", "bigint", "BIGINT"),
-)
-
-
-# --------------------------------------------------------------------------- data
-
-
-def exprs(rows: int, seq: int) -> list[str]:
-    """Spark SQL over ``id`` for the table's columns; ``seq`` marks (and changes) the version of the values."""
-    return [
-        "id",
-        f"date_add(date'2026-01-01', cast(id * {DAYS} div {rows} as int)) as day",
-        "cast(id % 1000 as int) as grp",
-        f"cast(id as double) * 0.5 + {seq} as amount",
-        f"concat('v{seq}-', cast(id % 100000 as string)) as label",
-        f"cast({seq} as bigint) as seq",
-    ]
-
-
-def day_literal(day: int) -> str:
-    return f"DATE '2026-01-{day + 1:02d}'"  # the same text in PostgreSQL and MariaDB
-
-
-@dataclass(frozen=True)
-class Shape:
-    """The sizes of one run of the benchmark."""
-
-    rows: int  # rows in the table
-    changes: int  # rows in the change batch
-
-    @property
-    def overwrite_range(self) -> tuple[int, int]:
-        shift = self.rows // 20  # 5% of the keys leave, 5% are new
-        return shift, self.rows + shift
-
-    @property
-    def day_range(self) -> tuple[int, int]:
-        lo = -(-REPLACED_DAY * self.rows // DAYS)  # the first id whose day is REPLACED_DAY
-        hi = -(-(REPLACED_DAY + 1) * self.rows // DAYS)
-        return lo, hi
-
-    @property
-    def cdc_counts(self) -> tuple[int, int, int]:
-        updates, inserts = self.changes * 7 // 10, self.changes * 2 // 10
-        return updates, inserts, self.changes - updates - inserts
-
-
-def frame(spark: Any, lo: int, hi: int, rows: int, seq: int) -> Any:
-    return spark.range(lo, hi, 1, PARTITIONS).selectExpr(*exprs(rows, seq))
-
-
-def changes_frame(spark: Any, shape: Shape) -> Any:
-    """70% updates of existing keys (every 5th id), 20% inserts of new keys, 10% deletes (other existing keys)."""
-    updates, inserts, _ = shape.cdc_counts
-    n = shape.rows
-    key = (
-        f"case when i < {updates} then i * 5 "
-        f"when i < {updates + inserts} then {n} + (i - {updates}) "
-        f"else (i - {updates + inserts}) * 5 + 1 end"
-    )
-    base = spark.range(0, shape.changes, 1, PARTITIONS).selectExpr("id as i", f"{key} as id")
-    return base.selectExpr(*exprs(n, NEW_SEQ), f"i >= {updates + inserts} as is_delete")
-
-
-def create_table(db: benv.Database, table: str, keyed: bool = True) -> None:
-    db.create_table(table, TYPES, key="id" if keyed else None)
-    if keyed:
-        db.execute(f"CREATE INDEX {db.quote(table + '_day')} ON {db.quote(table)} ({db.quote('day')})")
-
-
-def load_seed(spark: Any, db: benv.Database, seed: str, rows: int) -> None:
-    """The seed table (not timed): ``rows`` rows of version BASE_SEQ, written once per database."""
-    create_table(db, seed, keyed=False)
-    df = frame(spark, 0, rows, rows, BASE_SEQ)
-    if db.xasink_ok:
-        opts = {"url": db.xasink_url, "dbtable": seed, "createTable": "false"}
-        df.write.format("bench_plain").options(**opts).mode("append").save()
-    else:
-        jdbc_writer(df, db, seed).mode("append").save()
-    got = db.count(seed)
-    if got != rows:
-        raise SystemExit(f"{db.kind}: seed table holds {got} rows, expected {rows}")
-
-
-def reset_target(db: benv.Database, table: str, seed: str) -> None:
-    """A fresh keyed target holding the seed's rows (not timed)."""
-    create_table(db, table)
-    db.execute(f"INSERT INTO {db.quote(table)} SELECT * FROM {db.quote(seed)}")
-    db.analyze(table)
-    db.settle()
-
-
-# --------------------------------------------------------------------------- the writers
-
-
-def xasink_writer(df: Any, db: benv.Database, table: str, sink: str, batch: int) -> Any:
-    opts = {"url": db.xasink_url, "dbtable": table, "sinkId": sink, "batchId": str(batch), "createTable": "false"}
-    return df.write.format("xasink").options(**opts)
-
-
-def merge_sql(db: benv.Database, table: str, stage: str) -> list[str]:
-    """What a user's foreachBatch runs after loading the staging table: deletes, then an upsert, seq-guarded."""
-    t, s = db.quote(table), db.quote(stage)
-    cols = ", ".join(db.quote(c) for c in COLUMNS)
-    rest = [c for c in COLUMNS if c != "id"]
-    if db.kind == "postgresql":
-        sets = ", ".join(f"{db.quote(c)} = EXCLUDED.{db.quote(c)}" for c in rest)
-        return [
-            f"DELETE FROM {t} USING {s} WHERE {t}.id = {s}.id AND {s}.is_delete AND {t}.seq < {s}.seq",
-            f"INSERT INTO {t} ({cols}) SELECT {cols} FROM {s} WHERE NOT {s}.is_delete "
-            f"ON CONFLICT (id) DO UPDATE SET {sets} WHERE {t}.seq < EXCLUDED.seq",
-        ]
-    # seq last: every other assignment still compares against the stored seq
-    sets = ", ".join(
-        f"{t}.{db.quote(c)} = IF({t}.seq < VALUES(seq), VALUES({db.quote(c)}), {t}.{db.quote(c)})"
-        for c in [*rest[:-1], "seq"]
-    )
-    return [
-        f"DELETE {t} FROM {t} JOIN {s} ON {t}.id = {s}.id WHERE {s}.is_delete AND {t}.seq < {s}.seq",
-        f"INSERT INTO {t} ({cols}) SELECT {cols} FROM {s} WHERE NOT {s}.is_delete ON DUPLICATE KEY UPDATE {sets}",
-    ]
-
-
-def in_transaction(db: benv.Database, statements: list[str]) -> None:
-    with db.connect() as conn:
-        if db.kind == "postgresql":
-            conn.autocommit = False
-        else:
-            conn.autocommit(False)
-        with conn.cursor() as cur:
-            for statement in statements:
-                cur.execute(statement)
-        conn.commit()
 
 
 # --------------------------------------------------------------------------- the timed sections
@@ -477,262 +346,6 @@ def rounded(xs: list[float]) -> list[float]:
     return [round(x, 3) for x in xs]
 
 
-# --------------------------------------------------------------------------- 4. what a reader sees
-
-
-class Reader(benv.Poller):
-    """``count(*)`` and the count of new rows (seq = NEW_SEQ) every 20 ms."""
-
-    def __init__(self, db: benv.Database, table: str) -> None:
-        super().__init__(db, table, 0.02)
-        self.samples: list[tuple[int, int]] = []
-        self.statement = (
-            f"SELECT count(*), coalesce(sum(CASE WHEN seq = {NEW_SEQ} THEN 1 ELSE 0 END), 0) FROM {db.quote(table)}"
-        )
-
-    def poll(self, cur: Any) -> None:
-        cur.execute(self.statement)
-        total, new = cur.fetchone()
-        self.samples.append((int(total), int(new)))
-
-    def __enter__(self) -> Reader:
-        self.start()
-        time.sleep(0.2)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop(linger=0.3)  # a few samples of the end state
-
-
-def reader_view(spark: Any, db: benv.Database, shape: Shape, delay: float) -> list[dict[str, Any]]:
-    """A failed and a successful overwrite per contender, a reader polling throughout."""
-    from xasink.support.faults import LOCAL_PROPERTY
-
-    n = shape.rows
-    seed = f"seed_rd_{db.kind[:2]}"
-    load_seed(spark, db, seed, n)
-    df = frame(spark, *shape.overwrite_range, n, NEW_SEQ).cache()
-    df.count()
-    sc = spark.sparkContext
-    batch = int(time.time()) % 1_000_000 + 500_000
-    out = []
-    contenders = ["xasink", "xasink-truncate", "jdbc"] if db.kind == "postgresql" else ["xasink", "jdbc"]
-    for contender in contenders:
-        table = f"rd_{contender.replace('-', '_')}_{db.kind[:2]}"
-        sink = f"b-rd-{contender[-2:]}-{db.kind[:2]}"
-        for outcome in ("fails", "succeeds"):
-            reset_target(db, table, seed)
-            error = None
-            barrier = os.path.join(tempfile.gettempdir(), f"xasink-modes-barrier-{uuid.uuid4().hex}")
-            with Reader(db, table) as reader:
-                t0 = time.perf_counter()
-                try:
-                    if contender.startswith("xasink"):
-                        if outcome == "fails":  # the last partition: rows loaded, then raises before PREPARE
-                            spec = f"task.before_prepare:sleep={delay}:p={PARTITIONS - 1},"
-                            spec += f"task.before_prepare:raise:p={PARTITIONS - 1}"
-                            sc.setLocalProperty(LOCAL_PROPERTY, spec)
-                        try:
-                            w = xasink_writer(df, db, table, sink, batch)
-                            w.option("truncate", str(contender == "xasink-truncate").lower()).mode("overwrite").save()
-                        finally:
-                            sc.setLocalProperty(LOCAL_PROPERTY, None)  # type: ignore[arg-type]
-                    elif outcome == "fails":  # the last row of the last partition raises once the others finished
-                        bad = poisoned_frame(df, shape.overwrite_range[1] - 1, barrier, delay)
-                        with Barrier(spark, barrier, PARTITIONS):
-                            jdbc_writer(bad, db, table).option("truncate", "true").mode("overwrite").save()
-                    else:
-                        jdbc_writer(df, db, table).option("truncate", "true").mode("overwrite").save()
-                except Exception as exc:  # noqa: BLE001 - expected when it fails
-                    error = str(exc).splitlines()[0][:160]
-                seconds = time.perf_counter() - t0
-            batch += 1
-            out.append(view(db, sink, table, contender, outcome, n, reader, error, seconds))
-            log.info("%s reader, %s %s: %s", db.kind, contender, outcome, out[-1]["verdict"])
-        db.drop(table)
-    df.unpersist()
-    db.drop(seed)
-    return out
-
-
-def view(
-    db: benv.Database,
-    sink: str,
-    table: str,
-    contender: str,
-    outcome: str,
-    n: int,
-    reader: Reader,
-    error: str | None,
-    seconds: float,
-) -> dict[str, Any]:
-    s = reader.samples
-    totals = [t for t, _ in s] or [0]
-    news = [w for _, w in s] or [0]
-    final_total = db.count(table)
-    final_new = int(db.scalar(f"SELECT count(*) FROM {db.quote(table)} WHERE seq = {NEW_SEQ}"))
-    empty = sum(1 for t, _ in s if t == 0)
-    old_only = sum(1 for t, w in s if t == n and w == 0)
-    new_only = sum(1 for t, w in s if t == n and w == n)
-    partial = len(s) - empty - old_only - new_only  # a mix of old and new, or a part of either
-    failed_ok = outcome == "fails" and error is not None
-    problems = []
-    if outcome == "fails" and error is None:
-        problems.append("did not fail")
-    if outcome == "succeeds" and error is not None:
-        problems.append(f"failed: {error}")
-    if empty:
-        problems.append(f"empty table in {empty} reads")
-    if partial:
-        problems.append(f"partial or mixed table in {partial} reads")
-    end_want = (n, 0) if outcome == "fails" else (n, n)
-    if (final_total, final_new) != end_want:
-        problems.append(f"left {final_total} rows ({final_new} new)")
-    left = db.prepared(sink)
-    if left:
-        problems.append(f"{left} prepared transactions left")
-    return {
-        "db": db.kind,
-        "contender": contender,
-        "outcome": outcome,
-        "rows": n,
-        "samples": len(s),
-        "min_count": min(totals),
-        "max_count": max(totals),
-        "min_new": min(news),
-        "max_new": max(news),
-        "reads_empty": empty,
-        "reads_old_only": old_only,
-        "reads_new_only": new_only,
-        "reads_partial_or_mixed": partial,
-        "final_rows": final_total,
-        "final_new_rows": final_new,
-        "prepared_left": left,
-        "error": error if failed_ok or error else None,
-        "reader_error": reader.error,
-        "seconds": round(seconds, 2),
-        "median_read_ms": round(1000 * statistics.median(reader.read_s), 1) if reader.read_s else None,
-        "longest_read_ms": round(1000 * max(reader.read_s), 1) if reader.read_s else None,
-        "verdict": "; ".join(problems)
-        if problems
-        else ("old rows throughout" if outcome == "fails" else "old rows, then all new rows at once"),
-    }
-
-
-# --------------------------------------------------------------------------- report
-
-
-SECTION_TITLE = {
-    "overwrite": "1. Overwrite: the whole table replaced",
-    "replacewhere": "2. replaceWhere: one day (1/10 of the table) replaced",
-    "cdc": "3. Change-data apply: 70% updates, 20% inserts, 10% deletes, sequence column",
-}
-
-
-def markdown(res: dict[str, Any]) -> str:
-    m = res["setup"]["machine"]
-    lines = [
-        f"# Write modes: {res['name']}",
-        "",
-        f"Command: `{res['command']}`  ",
-        f"Started {res['started']}, {res['elapsed_s']} s. Machine: {m['cpus']} CPUs ({m['cpu_model']}), "
-        f"{m['memory_gb']} GB; load average at start {m['load_average_at_start']}, at end "
-        f"{res['setup']['load_average_at_end']}. Spark {res['setup']['spark']}, local[{PARTITIONS}], "
-        f"{PARTITIONS} partitions.",
-        "",
-    ]
-    lines += report.settings_lines(res["setup"]["databases"])
-    lines += ["", *[f"- note: {x}" for x in res["notes"]], ""]
-    lines += [
-        f"Target: a keyed table (primary key on id, index on day; columns {', '.join(COLUMNS)}) of "
-        f"{res['shape']['rows']:,} rows, loaded afresh before each run (not timed). {res['runs']} measured runs "
-        f"per contender after {res['warmup']} warm-up, interleaved (each goes first in turn); medians (all runs in the "
-        "JSON). Speed-up = the non-xasink contender's time / this contender's (> 1: faster than it).",
-        "",
-    ]
-    for section in ("overwrite", "replacewhere", "cdc"):
-        rows = [r for r in res["timed"] if r["section"] == section]
-        if not rows:
-            continue
-        lines += [f"## {SECTION_TITLE[section]}", ""]
-        lines += [
-            "| database | table rows | rows written | contender | median s | speed-up vs non-xasink | atomic? |",
-            "|---|---:|---:|---|---:|---:|---|",
-        ]
-        for r in rows:
-            settings = res["setup"]["databases"].get(r["db"], {})
-            durab = (
-                f"fsync={settings.get('fsync')}, synchronous_commit={settings.get('synchronous_commit')}"
-                if r["db"] == "postgresql"
-                else f"innodb_flush_log_at_trx_commit={settings.get('innodb_flush_log_at_trx_commit')}"
-            )
-            lines.append(
-                f"| {r['db']} ({durab}) | {r['rows']:,} | {r['written']:,} | {r['label']} | {r['median_s']} | "
-                f"{r['speedup']}x | {r['atomic']} |"
-            )
-        lines += ["", "Where the time goes (medians, s):", ""]
-        for r in rows:
-            if r["parts_s"]:
-                lines.append(
-                    f"- {r['db']}, {r['contender']}: " + ", ".join(f"{k} {v}" for k, v in r["parts_s"].items())
-                )
-        lines.append("")
-    if res["reader"]:
-        lines += [
-            "## 4. What a reader sees during an overwrite",
-            "",
-            "A reader polls `count(*)` and the count of new rows every 20 ms (READ COMMITTED) while the table "
-            f"({res['reader_rows']:,} rows) is overwritten by {res['reader_rows']:,} rows with 95% of the same keys. "
-            "`fails`: xasink with a fault at `task.before_prepare` on the last partition (raised after "
-            f"{res['failure_delay']} s, when the others have prepared); JDBC with the last row of the last partition "
-            "raising in a UDF once the other three tasks have finished (their rows committed).",
-            "",
-            "| database | contender | run | reads | min count | max count | min new | max new | reads empty | "
-            "reads partial/mixed | median / longest read ms | left after | verdict |",
-            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
-        ]
-        for r in res["reader"]:
-            lines.append(
-                f"| {r['db']} | {r['contender']} | {r['outcome']} | {r['samples']} | {r['min_count']:,} | "
-                f"{r['max_count']:,} | {r['min_new']:,} | {r['max_new']:,} | {r['reads_empty']} | "
-                f"{r['reads_partial_or_mixed']} | {r['median_read_ms']} / {r['longest_read_ms']} | "
-                f"{r['final_rows']:,} rows, {r['final_new_rows']:,} new "
-                f"| {r['verdict']} |"
-            )
-        lines.append("")
-    if res["errors"]:
-        lines += ["## Errors", "", *[f"- {e}" for e in res["errors"]], ""]
-    lines += [f"![chart]({c})" for c in res.get("charts", [])]
-    return "\n".join(lines) + "\n"
-
-
-def chart(res: dict[str, Any], out: Path, name: str) -> list[str]:
-    rows = res["timed"]
-    if not rows:
-        return []
-    plt = report.pyplot()
-    groups = list(dict.fromkeys((r["db"], r["section"]) for r in rows))
-    names = list(dict.fromkeys(r["contender"] for r in rows))
-    width = 0.8 / len(names)
-    fig, ax = plt.subplots(figsize=(max(6, 1.8 * len(groups)), 4.8))
-    for k, name in enumerate(names):
-        xs, ys = [], []
-        for g, (db, section) in enumerate(groups):
-            r = next((r for r in rows if (r["db"], r["section"], r["contender"]) == (db, section, name)), None)
-            if r is not None:
-                xs.append(g - 0.4 + width * (k + 0.5))
-                ys.append(r["median_s"])
-                ax.text(xs[-1], ys[-1] * 1.02, f"{r['speedup']}x", ha="center", fontsize=7)
-        label = name if name.startswith("xasink") else f"{name} (not atomic)"
-        ax.bar(xs, ys, width, label=label)
-    ax.set_xticks(list(range(len(groups))))
-    ax.set_xticklabels([f"{db}\n{section}" for db, section in groups], fontsize=8)
-    ax.set_ylabel("seconds (median)")
-    ax.set_title(f"Write modes, {res['shape']['rows']:,}-row keyed table (label: speed-up vs the non-xasink writer)")
-    ax.legend(fontsize=8)
-    return [report.save_fig(fig, out / f"{name}.png")]
-
-
 def save(args: argparse.Namespace, res: dict[str, Any]) -> Path:
     report.finish(res)
     return report.write(res, args.out, args.name, markdown, chart)
@@ -780,8 +393,7 @@ def main(argv: list[str] | None = None) -> int:
         timed=[],
         reader=[],
     )
-    log_path = Path(tempfile.mkdtemp(prefix="xasink-phases-")) / "phases.jsonl"
-    os.environ["XASINK_PHASE_LOG"] = str(log_path)  # before Spark starts: every worker inherits it
+    log_path = benv.phase_log()
     with benv.databases(args.dbs, args.mariadb, notes=res["notes"]) as every:
         res["setup"]["databases"] = {db.kind: db.settings for db in every}
         res["errors"] += [db.note for db in every if not db.xasink_ok]

@@ -22,7 +22,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from benchmarks import cli, cpu, data, env, report
+from benchmarks import cli, cpu, data, env, report, run_report
 from benchmarks import contenders as cmod
 
 log = logging.getLogger("benchmarks")
@@ -227,9 +227,9 @@ def _throughput(
 
 
 def save(args: argparse.Namespace, res: dict[str, Any]) -> None:
-    report.derive(res)
+    run_report.derive(res)
     report.finish(res)
-    log.info("results: %s", report.write(res, args.out, args.name, report.markdown, report.charts))
+    log.info("results: %s", report.write(res, args.out, args.name, run_report.markdown, run_report.charts))
 
 
 def per_db(res: dict[str, Any], key: str, what: str, dbs: list[env.Database], fn: Any) -> None:

@@ -5,7 +5,8 @@
 * ``bench_noop``: an Arrow writer that only counts rows: the cost of handing the rows to Python as Arrow.
 * ``bench_rss``: xasink itself, with the writing worker's peak RSS recorded per task.
 
-``bench_noop`` and ``bench_rss`` accept ``benchStatsDir``: each task appends its figures there as JSON.
+``bench_noop`` and ``bench_rss`` accept ``xasink.benchStatsDir``: each task appends its figures there as JSON
+(xasink's data source leaves ``xasink.*`` options out of its own).
 """
 
 from __future__ import annotations
@@ -32,11 +33,11 @@ from xasink.options import WriteOptions, parse_options
 from xasink.protocol.xid import Xid, attempt_token, new_run_nonce
 from xasink.spark.batch_writer import XasinkBatchWriter
 from xasink.spark.datasource import XasinkDataSource
-from xasink.spark.planning import prepare_write
+from xasink.spark.planning import arrow_schema
 from xasink.spark.write_task import XasinkCommitMessage
-from xasink.write_modes.schema import conform
+from xasink.write_modes.schema import conform, plan_target
 
-STATS_OPTION = "benchstatsdir"
+STATS_OPTION = "xasink.benchStatsDir"  # in xasink's internal namespace: its data source does not parse it
 
 
 # --------------------------------------------------------------------------- memory probes
@@ -83,10 +84,8 @@ def probe(stats_dir: str | None, writer: str) -> Iterator[dict[str, Any]]:
     record(stats_dir, figures)
 
 
-def _split_options(options: Any) -> tuple[dict[str, str], str | None]:
-    opts = {k: v for k, v in options.items() if k.lower() != STATS_OPTION}
-    stats = next((v for k, v in options.items() if k.lower() == STATS_OPTION), None)
-    return opts, stats
+def stats_dir(options: Any) -> str | None:
+    return next((v for k, v in options.items() if k.lower() == STATS_OPTION.lower()), None)
 
 
 # --------------------------------------------------------------------------- plain COMMIT (no XA)
@@ -104,6 +103,16 @@ def commit_plain(session: Any) -> None:
         session._close()
     else:
         raise RuntimeError(f"bench_plain does not know how to commit a {kind}")
+
+
+def plan_table(options: WriteOptions, schema: StructType) -> TargetPlan:
+    """xasink's table plan (the table reflected, every column mapped); no journal, no XA checks: none are used."""
+    dialect = dialect_for(options.url, options.branch_settings)
+    try:
+        with dialect.connect() as conn:
+            return plan_target(dialect, conn, options, arrow_schema(schema))
+    finally:
+        dialect.dispose()
 
 
 def write_plain(options: WriteOptions, plan: TargetPlan, partition: int, batches: Iterator[pa.RecordBatch]) -> int:
@@ -158,7 +167,7 @@ class PlainDataSource(DataSource):
 
     def writer(self, schema: StructType, overwrite: bool) -> PlainWriter:
         options = parse_options(dict(self.options))
-        return PlainWriter(options, prepare_write(options, schema, None).target)  # the table plan: no XA, no log
+        return PlainWriter(options, plan_table(options, schema))
 
 
 # --------------------------------------------------------------------------- no-op Arrow writer
@@ -186,7 +195,7 @@ class NoopDataSource(DataSource):
         return "bench_noop"
 
     def writer(self, schema: StructType, overwrite: bool) -> NoopWriter:
-        return NoopWriter(_split_options(self.options)[1])
+        return NoopWriter(stats_dir(self.options))
 
 
 # --------------------------------------------------------------------------- xasink with an RSS probe
@@ -210,11 +219,8 @@ class RssDataSource(XasinkDataSource):
     def name(cls) -> str:
         return "bench_rss"
 
-    def _options(self, streaming: bool) -> WriteOptions:
-        return parse_options(_split_options(self.options)[0], streaming=streaming)
-
     def writer(self, schema: StructType, overwrite: bool) -> RssWriter:
-        return RssWriter(super().writer(schema, overwrite), _split_options(self.options)[1])
+        return RssWriter(super().writer(schema, overwrite), stats_dir(self.options))
 
 
 def register_sources(spark: Any) -> None:

@@ -1,4 +1,4 @@
-"""The decision log's tables: their layout, creating them on first use, upgrading a log made by an older
+"""The decision log's tables: creating them on first use, upgrading a log made by an older
 xasink, the log's identity, and compacting old batches.
 
 What each table is for is told in :mod:`xasink.journal.log`, whose :class:`~xasink.journal.log.Journal` runs the

@@ -118,8 +118,8 @@ class Recovery:
     def _roll_back_doomed(
         self, report: RecoveryReport, upto: int | None, min_age_s: float, run: str | None
     ) -> list[Xid]:
-        """Judge every prepared branch of the sink under its lock (:func:`xasink.protocol.judgement.judge`) and roll back those that
-        can never commit; the decided ones found prepared are returned, to commit."""
+        """Judge every prepared branch of the sink under its lock (:func:`xasink.protocol.judgement.judge`) and
+        roll back those that can never commit; the decided ones found prepared are returned, to commit."""
 
         def of_sink(conn: Connection) -> list[PreparedTxn]:
             log_id = self.journal.log_id(conn)
