@@ -336,6 +336,28 @@ def test_older_than_leaves_a_young_undecided_branch_alone(db: Db) -> None:
     assert sink.rows() == []
 
 
+def test_a_branch_of_an_unregistered_sink_is_dated_by_its_claim(db: Db) -> None:
+    """A branch of this log whose sink is not registered (its row was deleted) is left alone, and dated like
+    every other branch of the log: by its run's claim where the server gives no age (MariaDB), so a young one
+    is not counted stale.  (What the survey did before one judgement served it and recovery.)"""
+    sink = db.sink()
+    young = sink.write(3, 0, range(0, 10))
+    journal = sink.coordinator.journal
+    with journal.dialect.connect() as conn:
+        conn.execute(journal.sinks.delete().where(journal.sinks.c.sink_id == sink.sink_id))
+        conn.commit()
+    try:
+        report = xasink.recover(db.url, older_than_s=600, dry_run=True)
+        e = next(e for e in report.entries if e.gid == young.gid)
+        assert (e.ours, e.decision, e.action) == (True, "unknown-sink", "ignore-unknown-sink")
+        assert e.age_s is not None and e.age_s < 600
+        assert report.exit_code == 0  # young: not stale
+    finally:
+        assert young.xid is not None
+        sink.coordinator.group.rollback([young.xid])
+    assert db.mine() == set()
+
+
 def test_missing_decision_log_touches_nothing_and_says_why(db: Db) -> None:
     sink = db.sink()
     killed = killed_job(sink)

@@ -104,18 +104,19 @@ def judge(
     ``date_undated`` False: a branch the server does not date (MySQL) is not dated by its claim either (only
     an age threshold needs it).
     """
-    ours = [p for p in prepared if of_log(p, log_id, sink_id, upto) and (sinks is None or _sink(p) in sinks)]
+    of_this_log = [p for p in prepared if of_log(p, log_id, sink_id, upto)]
+    ours = [p for p in of_this_log if sinks is None or _sink(p) in sinks]
     decisions: dict[tuple[str, int], BatchRecord] = {}
     claimed: dict[tuple[str, int, str], Any] = {}  # when each run claimed its batch: ages XA RECOVER does not give
     alive: dict[tuple[str, int, str], bool | None] = {}  # whether each run's driver still holds its guard
     by_sink: dict[str, set[int]] = {}
-    for p in ours:
+    for p in of_this_log:  # an unregistered sink's branches too: they are left alone, but dated like the rest
         assert p.xid is not None
         by_sink.setdefault(p.xid.sink_id, set()).add(p.xid.batch_id)
     for sink, batches in by_sink.items():
         for b, rec in journal.get_many(conn, sink, batches).items():
             decisions[(sink, b)] = rec
-        undated = {p.xid.batch_id for p in ours if p.xid and p.xid.sink_id == sink and p.prepared_at is None}
+        undated = {p.xid.batch_id for p in of_this_log if p.xid and p.xid.sink_id == sink and p.prepared_at is None}
         if not date_undated:
             undated = set()
         for (b, r), at in journal.claimed_at(conn, sink, undated).items():
