@@ -17,6 +17,7 @@ import re
 import subprocess
 import sys
 import threading
+import uuid
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -27,6 +28,8 @@ import xasink
 from tests.harness import ADMIN_USER, PLAIN_USER, SECRET, BackendSink, Db, cli, cli_db, expected
 from xasink.errors import ConcurrentWriterError, OptionError
 from xasink.ops import survey as admin
+from xasink.options import parse_options
+from xasink.protocol.coordinator import Coordinator
 from xasink.protocol.xid import Xid
 from xasink.results import BranchOutcome
 
@@ -356,6 +359,27 @@ def test_a_branch_of_an_unregistered_sink_is_dated_by_its_claim(db: Db) -> None:
         assert young.xid is not None
         sink.coordinator.group.rollback([young.xid])
     assert db.mine() == set()
+
+
+def test_a_recovery_pass_with_nothing_prepared_does_not_need_the_logs_identity(db: Db) -> None:
+    """A sink's recovery pass reads the log's identity only when a branch of the sink is prepared: with nothing
+    prepared, a log whose identity row is gone still answers "nothing to do", as it did before one judgement
+    served recovery and the survey (a log of its own: the module's other sinks keep theirs)."""
+    prefix = f"noid{uuid.uuid4().hex[:6]}_"
+    options = parse_options({"url": db.url, "dbtable": "t_noid", "sinkId": "noid", "journalTablePrefix": prefix})
+    first = Coordinator(options)
+    try:
+        first.preflight()
+        with first.journal.dialect.connect() as conn:
+            conn.execute(first.journal.logs.delete())
+            conn.commit()
+    finally:
+        first.close()
+    fresh = Coordinator(options)  # no identity remembered from before
+    try:
+        assert not fresh.recover()
+    finally:
+        fresh.close()
 
 
 def test_missing_decision_log_touches_nothing_and_says_why(db: Db) -> None:

@@ -122,8 +122,15 @@ class Recovery:
         roll back those that can never commit; the decided ones found prepared are returned, to commit."""
 
         def of_sink(conn: Connection) -> list[PreparedTxn]:
+            listed = [
+                p
+                for p in list_prepared(self.dialect, self.journal, conn)
+                if p.xid is not None and p.xid.sink_id == self.sink_id
+            ]
+            if not listed:  # the log's identity is read only when a branch of the sink may need it
+                return []
             log_id = self.journal.log_id(conn)
-            return [p for p in list_prepared(self.dialect, self.journal, conn) if of_log(p, log_id, self.sink_id, upto)]
+            return [p for p in listed if of_log(p, log_id, self.sink_id, upto)]
 
         # what every batch's plan pays: a look without the lock first (a branch prepared after it is out of
         # this pass's reach either way); the lock, to judge and finish, only when something of the sink is there
