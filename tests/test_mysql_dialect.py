@@ -597,7 +597,10 @@ def _ddl_blocks(path: Path) -> dict[str, set[str]]:
 
 @pytest.mark.parametrize(
     ("dialect", "path"),
-    [(mysql.pymysql.dialect(), "xasink/journal/sql/mysql.sql"), (postgresql.psycopg2.dialect(), "xasink/journal/sql/postgres.sql")],
+    [
+        (mysql.pymysql.dialect(), "xasink/journal/sql/mysql.sql"),
+        (postgresql.psycopg2.dialect(), "xasink/journal/sql/postgres.sql"),
+    ],
     ids=["mysql", "postgres"],
 )
 def test_sql_files_match_the_journal_tables(dialect: sa.engine.Dialect, path: str) -> None:
