@@ -216,30 +216,8 @@ class StandaloneCluster:
             )  # type: ignore[union-attr]
             if self.master.poll() is not None:
                 raise RuntimeError(f"the Spark master exited:\n{self.log('master')[-3000:]}")
-            work = self.dir / "work"
-            work.mkdir()
-            self.worker = self._java(
-                self.dir / "worker.log",
-                "org.apache.spark.deploy.worker.Worker",
-                self.master_url,
-                "--host",
-                "127.0.0.1",
-                "--cores",
-                str(self.cores),
-                "--memory",
-                self.memory,
-                "--webui-port",
-                "0",
-                "--work-dir",
-                str(work),
-            )
-            wait_for(
-                lambda: "Successfully registered with master" in self.log("worker") or self.worker.poll() is not None,  # type: ignore[union-attr]
-                timeout,
-                "the Spark worker to register",
-            )
-            if self.worker.poll() is not None:
-                raise RuntimeError(f"the Spark worker exited:\n{self.log('worker')[-3000:]}")
+            self.worker = self._worker("worker", self.dir / "work", "127.0.0.1", self.cores)
+            self._registered(self.worker, "worker", "the Spark worker", timeout)
         except BaseException:
             self.stop()
             raise
@@ -252,9 +230,14 @@ class StandaloneCluster:
         speculation test needs two hosts; Linux routes all of 127/8 to the loopback device.
         """
         name = f"worker-{host}"
-        work = self.dir / f"work-{host}"
+        proc = self._worker(name, self.dir / f"work-{host}", host, cores)
+        self.extra_workers.append(proc)
+        self._registered(proc, name, f"the Spark worker on {host}", timeout)
+
+    def _worker(self, name: str, work: Path, host: str, cores: int) -> subprocess.Popen[bytes]:
+        """A Worker JVM on ``host`` for this cluster's master, its log ``<name>.log``, its work directory ``work``."""
         work.mkdir()
-        proc = self._java(
+        return self._java(
             self.dir / f"{name}.log",
             "org.apache.spark.deploy.worker.Worker",
             self.master_url,
@@ -270,14 +253,16 @@ class StandaloneCluster:
             str(work),
             host=host,
         )
-        self.extra_workers.append(proc)
+
+    def _registered(self, proc: subprocess.Popen[bytes], name: str, what: str, timeout: float) -> None:
+        """Wait for the worker ``proc`` (its log ``<name>.log``) to register with the master; fail if it exits."""
         wait_for(
             lambda: "Successfully registered with master" in self.log(name) or proc.poll() is not None,
             timeout,
-            f"the Spark worker on {host} to register",
+            f"{what} to register",
         )
         if proc.poll() is not None:
-            raise RuntimeError(f"the Spark worker on {host} exited:\n{self.log(name)[-3000:]}")
+            raise RuntimeError(f"{what} exited:\n{self.log(name)[-3000:]}")
 
     def stop(self) -> None:
         table = proc_table()

@@ -31,11 +31,10 @@ def direct(url: str, table: str, sink_id: str, batch_id: int, n: int, partitions
     """The write without Spark: the executor side partition by partition, then the driver side."""
     import pyarrow as pa
 
+    from tests.modes_driver import write_branches
     from xasink.options import parse_options
     from xasink.protocol.coordinator import Coordinator
     from xasink.protocol.liveness import InProcessGuard
-    from xasink.protocol.partition_writer import write_partition
-    from xasink.protocol.xid import new_run_nonce
     from xasink.write_modes.schema import plan_target
 
     schema = pa.schema([pa.field("id", pa.int32(), nullable=False), ("name", pa.string())])
@@ -47,26 +46,14 @@ def direct(url: str, table: str, sink_id: str, batch_id: int, n: int, partitions
         with coordinator.dialect.connect() as conn:
             plan = plan_target(coordinator.dialect, conn, opts, schema)
             conn.commit()
-        per, run = n // partitions, new_run_nonce()
+        per = n // partitions
         # this process is the driver: it holds the run guard itself, as a Spark driver's keeper does
         guard = InProcessGuard(coordinator.dialect, coordinator.journal.log_id())
-        outcomes = []
+        batches = []
         for p in range(partitions):
             ids = list(range(p * per, n if p == partitions - 1 else (p + 1) * per))
-            batch = pa.RecordBatch.from_pydict({"id": ids, "name": [f"n{i}" for i in ids]}, schema=schema)
-            outcomes.append(
-                write_partition(
-                    opts,
-                    plan,
-                    batch_id=batch_id,
-                    partition=p,
-                    task_attempt_id=p,
-                    run=run,
-                    batches=[batch],
-                    guard=guard.name,
-                )
-            )
-        result = coordinator.commit(batch_id, outcomes)
+            batches.append(pa.RecordBatch.from_pydict({"id": ids, "name": [f"n{i}" for i in ids]}, schema=schema))
+        result = coordinator.commit(batch_id, write_branches(opts, plan, batch_id, batches, guard.name))
         guard.close()
     finally:
         coordinator.close()

@@ -43,7 +43,7 @@ from xasink.write_modes.schema import plan_target
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
-    from pyspark.sql.streaming import DataStreamWriter
+    from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
 NAMES = pa.schema([pa.field("id", pa.int32(), nullable=False), ("name", pa.string())])
 VALUES = pa.schema([("id", pa.int64()), ("v", pa.string())])
@@ -258,6 +258,11 @@ class Stream:
     def run(self, partitions: int = 3, **options: str) -> None:
         """Process all input (availableNow) through ``format("xasink")``."""
         self.writer(self.frame(partitions), **options).trigger(availableNow=True).start().awaitTermination()
+
+    def foreach_batch(self, fn: Callable[..., Any], partitions: int = 3) -> StreamingQuery:
+        """The query that processes all input (availableNow) through ``foreachBatch(fn)``, started."""
+        writer = self.frame(partitions).writeStream.foreachBatch(fn)
+        return writer.option("checkpointLocation", str(self.checkpoint)).trigger(availableNow=True).start()
 
     def ids(self) -> list[int]:
         return [r[0] for r in targets.rows(self.url, self.table)] if table_exists(self.url, self.table) else []

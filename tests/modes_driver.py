@@ -80,6 +80,21 @@ def _direct_plan(
     return opts, plan, arrow
 
 
+def write_branches(opts: Any, target: Any, batch_id: int, batches: list[Any], guard: str, **extra: Any) -> list[Any]:
+    """Each Arrow batch written as one partition's branch, as Spark's tasks write them (attempt = partition,
+    one run); their outcomes, for ``Coordinator.commit``.  Also tests/crash_driver.py's ``--direct``."""
+    from xasink.protocol.partition_writer import write_partition
+    from xasink.protocol.xid import new_run_nonce
+
+    run = new_run_nonce()
+    return [
+        write_partition(
+            opts, target, batch_id=batch_id, partition=p, task_attempt_id=p, run=run, batches=[b], guard=guard, **extra
+        )
+        for p, b in enumerate(batches)
+    ]
+
+
 def batch_direct(
     url: str,
     table: str,
@@ -96,31 +111,16 @@ def batch_direct(
 
     from xasink.protocol.coordinator import Coordinator
     from xasink.protocol.liveness import InProcessGuard
-    from xasink.protocol.partition_writer import write_partition
-    from xasink.protocol.xid import new_run_nonce
 
     opts, plan, arrow = _direct_plan(url, table, sink_id, batch_id, columns, mode, len(partitions), options)
     coordinator = Coordinator(opts)
     guard = InProcessGuard(coordinator.dialect, plan.log_id)
     try:
-        run = new_run_nonce()
-        outcomes = []
-        for p, rows in enumerate(partitions):
-            data = {n: [r[i] for r in rows] for i, n in enumerate(columns)}
-            batch = pa.RecordBatch.from_pydict(data, schema=arrow)
-            outcomes.append(
-                write_partition(
-                    opts,
-                    plan.target,
-                    batch_id=batch_id,
-                    partition=p,
-                    task_attempt_id=p,
-                    run=run,
-                    batches=[batch],
-                    log_id=plan.log_id,
-                    guard=guard.name,
-                )
-            )
+        batches = [
+            pa.RecordBatch.from_pydict({n: [r[i] for r in rows] for i, n in enumerate(columns)}, schema=arrow)
+            for rows in partitions
+        ]
+        outcomes = write_branches(opts, plan.target, batch_id, batches, guard.name, log_id=plan.log_id)
         return coordinator.commit(batch_id, outcomes, apply=plan.apply)
     finally:
         guard.close()

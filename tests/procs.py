@@ -52,11 +52,19 @@ def reap(tag: str, grace_s: float = 60.0) -> list[int]:
 
 
 def run_until_exit(
-    cmd: list[str], env: dict[str, str], log: Path, timeout_s: float = 300, stderr: Path | None = None
+    cmd: list[str],
+    env: dict[str, str],
+    log: Path,
+    timeout_s: float = 300,
+    stderr: Path | None = None,
+    kill_after: float | None = None,
+    append: bool = False,
 ) -> int:
     """Run ``cmd`` in a process group of its own, output to ``log``, until it exits or a fault point kills it.
 
     With ``stderr``, standard error goes there instead of into ``log`` (what a user reads on a terminal).
+    With ``kill_after``, the test kills the group itself if it still runs that many seconds after its start
+    (a kill at a random moment). ``append``: add to ``log`` (runs sharing one) instead of starting it anew.
 
     Returns its exit status (``-SIGKILL`` when killed) once it and every process it started are gone;
     fails if one of them outlives it.  ``XASINK_FAULT_PGID`` is not inherited: the driver sets its own.
@@ -64,7 +72,7 @@ def run_until_exit(
     tag = uuid.uuid4().hex
     env = {**env, TAG_ENV: tag}
     env.pop("XASINK_FAULT_PGID", None)
-    with log.open("wb") as out, stderr.open("wb") if stderr is not None else out as err:
+    with log.open("ab" if append else "wb") as out, stderr.open("wb") if stderr is not None else out as err:
         proc = subprocess.Popen(
             cmd,
             cwd=ROOT,
@@ -75,6 +83,11 @@ def run_until_exit(
             start_new_session=True,
         )
         try:
+            if kill_after is not None:
+                try:
+                    proc.wait(timeout=kill_after)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
             returncode = proc.wait(timeout=timeout_s)
         finally:
             try:

@@ -308,9 +308,13 @@ class Target(ABC):
         self.tables.append(name)
         return name
 
-    @abstractmethod
+    table_options = ""  # after a CREATE TABLE's column list (MariaDB: ENGINE=InnoDB)
+
     def create_table(self, table: str, columns: str) -> None:
         """``CREATE TABLE table (columns)`` in the dialect's DDL (MariaDB: InnoDB), dropped when the test ends."""
+        if table not in self.tables:
+            self.tables.append(table)
+        self.execute(f"CREATE TABLE {self.q(table)} ({columns}){self.table_options}")
 
     def keyed_table(self, table: str, primary_key: bool = True) -> None:
         """``(id int [PRIMARY KEY], name text)``: the shape of the tests' frames."""
@@ -415,11 +419,6 @@ class PostgresTarget(Target):
         with connect(self.url) as conn:
             yield conn
 
-    def create_table(self, table: str, columns: str) -> None:
-        if table not in self.tables:
-            self.tables.append(table)
-        self.execute(f"CREATE TABLE {self.q(table)} ({columns})")
-
     def serial_high_water(self, table: str) -> int:
         return int(self.execute("SELECT last_value FROM " + self.q(f"{table}_seq_seq"))[0][0])
 
@@ -493,6 +492,7 @@ class MariaDBTarget(Target):
     kind = MARIADB
     password = None  # root logs in without one; tests/test_mysql_dialect.py covers a wrong one
     serial_column = "seq BIGINT AUTO_INCREMENT PRIMARY KEY"
+    table_options = " ENGINE=InnoDB"
 
     def __init__(self, admin_url: str) -> None:
         super().__init__(mariadb_user_url(admin_url))
@@ -505,11 +505,6 @@ class MariaDBTarget(Target):
     def connect(self) -> Iterator[Any]:
         with mariadb_connect(self.admin_url) as conn:
             yield conn
-
-    def create_table(self, table: str, columns: str) -> None:
-        if table not in self.tables:
-            self.tables.append(table)
-        self.execute(f"CREATE TABLE {self.q(table)} ({columns}) ENGINE=InnoDB")
 
     def serial_high_water(self, table: str) -> int:
         # InnoDB's counter is not rolled back either; ANALYZE makes information_schema read the live value

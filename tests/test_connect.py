@@ -170,6 +170,17 @@ def test_write_with_upsert_keys(connect: SparkSession, db: Target) -> None:
 # --------------------------------------------------------------------------- streaming
 
 
+def run_foreach_batch(connect: SparkSession, source: Input, fn: Any) -> None:
+    """Process all of ``source`` (availableNow) through ``foreachBatch(fn)``, until the query ends."""
+    writer = (
+        source.stream(connect)
+        .writeStream.foreachBatch(fn)
+        .option("checkpointLocation", str(source.checkpoint))
+        .trigger(availableNow=True)
+    )
+    start_foreach_batch(writer).awaitTermination()
+
+
 def start_foreach_batch(writer: Any) -> Any:
     """Start a foreachBatch query; once more if the server's foreachBatch worker did not connect back in time.
 
@@ -191,13 +202,7 @@ def test_foreach_batch_in_a_streaming_query(connect: SparkSession, db: Target, t
     source.add()
     source.add()
     fn = xasink.foreach_batch(url=db.url, table=table, sink_id=sink, numPartitions=2, **credentials(db))
-    writer = (
-        source.stream(connect)
-        .writeStream.foreachBatch(fn)
-        .option("checkpointLocation", str(source.checkpoint))
-        .trigger(availableNow=True)
-    )
-    start_foreach_batch(writer).awaitTermination()
+    run_foreach_batch(connect, source, fn)
     assert db.rows(table) == expected(range(20))
     assert_committed(db, sink, [0, 1])
 
@@ -326,13 +331,7 @@ def test_foreach_batch_tells_a_replay_from_another_querys_batch(
 
     def run(source: Input, sink: str, **extra: str) -> None:
         fn = xasink.foreach_batch(url=db.url, table=table, sink_id=sink, numPartitions=2, **credentials(db), **extra)
-        writer = (
-            source.stream(connect)
-            .writeStream.foreachBatch(fn)
-            .option("checkpointLocation", str(source.checkpoint))
-            .trigger(availableNow=True)
-        )
-        start_foreach_batch(writer).awaitTermination()
+        run_foreach_batch(connect, source, fn)
 
     blind = new_sink()
     run(a, blind)

@@ -20,7 +20,7 @@ import random
 import signal
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -681,16 +681,27 @@ def test_driver_killed_then_database_restarted_then_rerun(
 # =========================================================================== soak
 
 
-@pytest.mark.soak
-@pytest.mark.crash
+def soak(test: Callable[..., None]) -> Callable[..., None]:
+    """A soak test: deselected unless asked for (``-m soak``), crash-marked, with no time limit."""
+    for mark in (pytest.mark.soak, pytest.mark.crash, pytest.mark.timeout(0)):
+        test = mark(test)
+    return test
+
+
+def soak_plan(rounds_per_run: int) -> tuple[int, random.Random]:
+    """A soak's rounds (``XASINK_SOAK_RUNS``, default 5, times ``rounds_per_run``) and its random choices
+    (seeded by ``XASINK_CRASH_SEED`` when set, to replay a run)."""
+    rounds = int(os.environ.get("XASINK_SOAK_RUNS", "5")) * rounds_per_run
+    return rounds, random.Random(int(os.environ.get("XASINK_CRASH_SEED", random.randrange(2**32))))
+
+
+@soak
 @pytest.mark.spark
-@pytest.mark.timeout(0)
 def test_soak_random_executor_and_worker_kills(
     cluster: StandaloneCluster, driver: ClusterDriver, pg_url: str, table: str, tally: Tally
 ) -> None:
     """Many batches, each with a kill of the executor JVM or a Python worker at a random point and partition."""
-    rounds = int(os.environ.get("XASINK_SOAK_RUNS", "5")) * 4
-    rng = random.Random(int(os.environ.get("XASINK_CRASH_SEED", random.randrange(2**32))))
+    rounds, rng = soak_plan(4)
     app: str = driver.app_id  # type: ignore[attr-defined]
     sink, want = new_sink(), []
     for batch in range(rounds):
@@ -713,15 +724,12 @@ def test_soak_random_executor_and_worker_kills(
         check_exact(pg_url, table, want, tally, sink)
 
 
-@pytest.mark.soak
-@pytest.mark.crash
-@pytest.mark.timeout(0)
+@soak
 def test_soak_random_cuts_and_restarts_during_commit(
     proxy: TcpProxy, restartable: EmbeddedPostgres, pg_url: str, table: str, tally: Tally
 ) -> None:
     """Many batches, each committed through the proxy with a random cut, refusal, outage or server restart."""
-    rounds = int(os.environ.get("XASINK_SOAK_RUNS", "5")) * 20
-    rng = random.Random(int(os.environ.get("XASINK_CRASH_SEED", random.randrange(2**32))))
+    rounds, rng = soak_plan(20)
     sink, want = new_sink(), []
     writer = Writer(pg_url, table, sink)
     for batch in range(rounds):

@@ -2,7 +2,8 @@
 earlier released version is upgraded to every column it needs (automatically, and by ``xasink/journal/sql/*.sql``),
 and a decision the log cannot store whole fails instead of being truncated.
 
-The earlier layouts are their original DDL, kept verbatim in ``tests/journal_layouts`` (see its README).
+The earlier layouts are built from their original DDL, kept in ``tests/journal_layouts`` as the oldest layout
+plus each later version's additions (see its README).
 Every test runs on PostgreSQL and MariaDB and checks the exact rows, the log's layout as the server reports
 it, and that nothing is left prepared.
 """
@@ -45,10 +46,19 @@ def statements(text: str, prefix: str) -> list[str]:
     return [s.strip() for s in text.split(";") if s.strip()]
 
 
+def layout_ddl(kind: str, commit: str) -> str:
+    """The DDL that makes the log as the version at ``commit`` created it: the blocks of
+    ``journal_layouts/<db>.sql`` up to and including its ``-- LAYOUT <commit>`` block."""
+    text = (ROOT / "journal_layouts" / f"{sql_name(kind)}.sql").read_text()
+    blocks = re.split(r"^-- LAYOUT (\w+)[^\n]*", text, flags=re.MULTILINE)  # [header, commit, ddl, commit, ddl, ...]
+    commits = blocks[1::2]
+    return "".join(blocks[2 : 2 * commits.index(commit) + 3 : 2])
+
+
 def old_log(db: Target, commit: str, prefix: str) -> None:
     """The decision log as the version at ``commit`` created it, with the tables named ``prefix``*."""
     db.tables.extend(prefix + t for t in TABLES)
-    for statement in statements((ROOT / "journal_layouts" / f"{commit}.{sql_name(db.kind)}.sql").read_text(), prefix):
+    for statement in statements(layout_ddl(db.kind, commit), prefix):
         db.execute(statement)
 
 

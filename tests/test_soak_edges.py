@@ -35,7 +35,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness import CRASH_DRIVER, PARTITIONS, N
-from tests.procs import ROOT, TAG_ENV, reap
+from tests.procs import ROOT, run_until_exit
 from tests.targets import Target
 from xasink.dialects import dialect_for
 from xasink.journal.layout import journal_metadata
@@ -86,45 +86,12 @@ class Chain:
 
 def _run(db: Target, chain: Chain, kill: str | None, rng: random.Random, log: Path) -> tuple[int, bool]:
     """One driver run; ``kill`` is a fault point, "random" or None.  Returns (exit status, killed)."""
-    tag = uuid.uuid4().hex
     point = kill if kill not in (None, "random") else "none"
-    env = {**os.environ, "XASINK_FAULT": f"{point}:kill", TAG_ENV: tag}
+    env = {**os.environ, "XASINK_FAULT": f"{point}:kill"}
     env["XASINK_TEST_WRITE_OPTIONS"] = json.dumps({"journalTablePrefix": chain.prefix})
-    env.pop("XASINK_FAULT_PGID", None)
-    cmd = [
-        sys.executable,
-        str(CRASH_DRIVER),
-        db.url,
-        chain.table,
-        chain.sink,
-        str(chain.batch),
-        str(N),
-        str(PARTITIONS),
-    ]
-    with log.open("ab") as out:
-        proc = subprocess.Popen(
-            cmd + ["--direct"],
-            cwd=ROOT,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=out,
-            start_new_session=True,
-        )
-        try:
-            if kill == "random":
-                try:
-                    proc.wait(timeout=rng.uniform(0.3, 2.5))
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-            code = proc.wait(timeout=300)
-        finally:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait()
-            reap(tag)
+    args = [db.url, chain.table, chain.sink, str(chain.batch), str(N), str(PARTITIONS), "--direct"]
+    kill_after = rng.uniform(0.3, 2.5) if kill == "random" else None
+    code = run_until_exit([sys.executable, str(CRASH_DRIVER), *args], env, log, kill_after=kill_after, append=True)
     return code, code == -signal.SIGKILL
 
 
@@ -146,29 +113,17 @@ def _chain(db: Target, chain: Chain, rng: random.Random, totals: Totals, lock: t
             return
 
 
+def _recover(db: Target, prefix: str) -> subprocess.CompletedProcess[str]:
+    """``xasink recover --older-than 1s`` of one log, the CLI in a process of its own (as cron runs it)."""
+    cli = [sys.executable, "-m", "xasink.ops.cli", "recover", "--url", db.url, "--journal-prefix", prefix]
+    return subprocess.run([*cli, "--older-than", "1s", "--json"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+
+
 def _cron(db: Target, prefixes: list[str], stop: threading.Event, totals: Totals, lock: threading.Lock) -> None:
     """An operator's cron beside the live jobs: recover every log, over and over."""
     while not stop.is_set():
         for prefix in prefixes:
-            cli = subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "xasink.ops.cli",
-                    "recover",
-                    "--url",
-                    db.url,
-                    "--journal-prefix",
-                    prefix,
-                    "--older-than",
-                    "1s",
-                    "--json",
-                ],
-                capture_output=True,
-                text=True,
-                cwd=ROOT,
-                timeout=120,
-            )
+            cli = _recover(db, prefix)
             with lock:
                 totals.recover_runs += 1
                 if cli.returncode not in (0, 1):
@@ -255,23 +210,7 @@ def test_soak_kills_with_two_logs_cron_recover_and_backfills(db: Target, tmp_pat
         stop.set()
         cron.join()
         for prefix in prefixes:
-            subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "xasink.ops.cli",
-                    "recover",
-                    "--url",
-                    db.url,
-                    "--journal-prefix",
-                    prefix,
-                    "--older-than",
-                    "1s",
-                ],
-                capture_output=True,
-                cwd=ROOT,
-                timeout=120,
-            )
+            _recover(db, prefix)
         left = [g for s in sinks for g in db.prepared(s)]
         totals.left_prepared = len(left)
         print(f"soak-edges {db.kind}: {json.dumps(asdict(totals))}")

@@ -80,45 +80,41 @@ def _wait_until(what: str, probe: Callable[[], bool]) -> None:
 def _block(db: Db, table: str, key: int) -> Blocker:
     """Start an INSERT of ``key`` on a second connection and return once the server shows it waiting for a lock."""
     outcome: list[BaseException] = []
+    conn: Any
     if db.backend.name == "postgresql":
         import psycopg2
 
         conn = psycopg2.connect(targets.libpq_url(db.url))
         conn.autocommit = True
-        cur = conn.cursor()
-        cur.execute(f"SET lock_timeout = '{BLOCKER_LOCK_TIMEOUT_S}s'")
         session = conn.get_backend_pid()
+        plain: Callable[[str], Any] = targets.connect
+        setup = f"SET lock_timeout = '{BLOCKER_LOCK_TIMEOUT_S}s'"
         stmt = f"INSERT INTO \"{table}\" VALUES ({key}, 'blocked')"
-
-        def cancel() -> None:
-            with targets.connect(db.url) as c, c.cursor() as k:
-                k.execute("SELECT pg_cancel_backend(%s)", (session,))
-
-        def waiting() -> bool:
-            with targets.connect(db.url) as c, c.cursor() as k:
-                k.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (session,))
-                row = k.fetchone()
-                return row is not None and row[0] == "Lock"
+        cancel_sql = "SELECT pg_cancel_backend(%s)"
+        waiting_sql = "SELECT 1 FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'"
     else:
-        params = targets.mariadb_params(db.url)
-        conn = pymysql.connect(**params)
-        cur = conn.cursor()
-        cur.execute(f"SET SESSION innodb_lock_wait_timeout = {BLOCKER_LOCK_TIMEOUT_S}")
+        conn = pymysql.connect(**targets.mariadb_params(db.url))
         session = conn.thread_id()
+        plain = targets.mariadb_connect
+        setup = f"SET SESSION innodb_lock_wait_timeout = {BLOCKER_LOCK_TIMEOUT_S}"
         stmt = f"INSERT INTO `{table}` VALUES ({key}, 'blocked')"
+        cancel_sql = "KILL QUERY %s"
+        # PROCESSLIST, not INNODB_TRX: that is a cache which can lag (see maria_trx_visible)
+        waiting_sql = (
+            "SELECT 1 FROM information_schema.PROCESSLIST WHERE ID = %s AND COMMAND = 'Query' "
+            "AND STATE = 'Update' AND TIME_MS >= 500"
+        )
+    cur = conn.cursor()
+    cur.execute(setup)
 
-        def cancel() -> None:
-            with targets.mariadb_connect(db.url) as c, c.cursor() as k:
-                k.execute(f"KILL QUERY {int(session)}")
+    def cancel() -> None:
+        with plain(db.url) as c, c.cursor() as k:
+            k.execute(cancel_sql, (int(session),))
 
-        def waiting() -> bool:  # PROCESSLIST, not INNODB_TRX: that is a cache which can lag (see maria_trx_visible)
-            with targets.mariadb_connect(db.url) as c, c.cursor() as k:
-                k.execute(
-                    "SELECT 1 FROM information_schema.PROCESSLIST WHERE ID = %s AND COMMAND = 'Query' "
-                    "AND STATE = 'Update' AND TIME_MS >= 500",
-                    (session,),
-                )
-                return k.fetchone() is not None
+    def waiting() -> bool:
+        with plain(db.url) as c, c.cursor() as k:
+            k.execute(waiting_sql, (session,))
+            return k.fetchone() is not None
 
     def run() -> None:
         try:

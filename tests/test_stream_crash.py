@@ -40,6 +40,7 @@ from typing import Any
 import pytest
 
 from tests.procs import TAG_ENV, reap
+from tests.scenarios.model import DRIVER_POINTS
 from tests.targets import MARIADB, Target
 
 pytestmark = [pytest.mark.crash, pytest.mark.spark, pytest.mark.usefixtures("driver_cds")]
@@ -50,13 +51,6 @@ ROWS_PER_FILE = 100
 RUN_TIMEOUT = 900.0  # seconds one driver run may take on a loaded machine before it counts as hung
 
 TASK_POINTS = ("task.before_prepare", "task.after_prepare")
-DRIVER_POINTS = (
-    "driver.before_decide",
-    "driver.after_decide",
-    "driver.after_first_commit",
-    "driver.after_commits",
-    "driver.after_mark",
-)
 NAMED_POINTS = TASK_POINTS + DRIVER_POINTS
 # MariaDB's chain in CI: the database side of every driver point is killed on MariaDB by test_crash.py (each
 # followed by a rerun through a real Spark write) and the Spark side of every point by the PostgreSQL chain

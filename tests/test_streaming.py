@@ -366,14 +366,7 @@ def test_foreach_batch_writes_each_batch_once_and_skips_replays(stream: Stream) 
     fn = xasink.foreach_batch(url=stream.url, table=stream.table, sink_id=stream.sink_id)
 
     def run() -> None:
-        (
-            stream.frame(3)
-            .writeStream.foreachBatch(fn)
-            .option("checkpointLocation", str(stream.checkpoint))
-            .trigger(availableNow=True)
-            .start()
-            .awaitTermination()
-        )
+        stream.foreach_batch(fn).awaitTermination()
 
     run()
     before = stream.decisions()
@@ -399,14 +392,7 @@ def test_format_in_the_users_own_foreach_batch_without_batch_id_is_refused(strea
             "append"
         ).save()
 
-    query = (
-        stream.frame(3)
-        .writeStream.foreachBatch(users_own)
-        .option("checkpointLocation", str(stream.checkpoint))
-        .trigger(availableNow=True)
-        .start()
-    )
-    assert "xasink.foreach_batch" in failure_text(query)
+    assert "xasink.foreach_batch" in failure_text(stream.foreach_batch(users_own))
     assert stream.ids() == [] and stream.prepared() == []
 
 
@@ -420,22 +406,13 @@ def test_foreach_batch_multi_of_another_query_with_the_same_sink_id_is_refused(s
 
     fn = xasink.foreach_batch_multi(one, sink_id=stream.sink_id)
 
-    def start() -> StreamingQuery:
-        return (
-            stream.frame(3)
-            .writeStream.foreachBatch(fn)
-            .option("checkpointLocation", str(stream.checkpoint))
-            .trigger(availableNow=True)
-            .start()
-        )
-
-    start().awaitTermination()
+    stream.foreach_batch(fn).awaitTermination()
     assert stream.ids() == list(range(ROWS))
     stream.checkpoint = tmp_path / "other-checkpoint"
     stream.input = tmp_path / "other-input"
     stream.input.mkdir()
     (stream.input / "part-0000.json").write_text("".join(json.dumps({"id": i}) + "\n" for i in range(1000, 1010)))
-    assert "BatchIdentityError" in failure_text(start())
+    assert "BatchIdentityError" in failure_text(stream.foreach_batch(fn))
     assert stream.ids() == list(range(ROWS)) and stream.prepared() == []
 
 

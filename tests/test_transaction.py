@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -43,6 +43,21 @@ def rows(target: Target, table: str) -> list[tuple[Any, ...]]:
 def assert_clean(sink: str, *targets: Target) -> None:
     for t in targets:
         assert t.prepared(sink) == [], (t, t.prepared(sink))
+
+
+def into_both(
+    sink: str, pg: Target, orders: str, maria: Target, events: str, calls: list[int] | None = None
+) -> Callable[[DataFrame, int], Any]:
+    """``foreach_batch_multi`` of a function writing each micro-batch into ``orders`` on PostgreSQL and ``events``
+    on MariaDB, the log on PostgreSQL; ``calls`` collects the batch ids Spark called it with."""
+
+    def both(df: DataFrame, epoch_id: int, tx: Any) -> None:
+        if calls is not None:
+            calls.append(epoch_id)
+        tx.write(df, pg.url, orders)
+        tx.write(df, maria.url, events)
+
+    return xasink.foreach_batch_multi(both, sink_id=sink, journal_url=pg.url)
 
 
 def test_three_tables_two_databases_commit_together(spark, pg, maria, sink):  # type: ignore[no-untyped-def]
@@ -148,12 +163,7 @@ def test_writes_from_several_threads_are_decided_together(spark, pg, maria, sink
 
 def test_foreach_batch_multi_replayed_micro_batch_writes_nothing(spark, pg, maria, sink):  # type: ignore[no-untyped-def]
     orders, _, events = three_tables(pg, maria)
-
-    def both(df: DataFrame, epoch_id: int, tx: Any) -> None:
-        tx.write(df, pg.url, orders)
-        tx.write(df, maria.url, events)
-
-    fn = xasink.foreach_batch_multi(both, sink_id=sink, journal_url=pg.url)
+    fn = into_both(sink, pg, orders, maria, events)
     first = fn(frame(spark, range(4), 2), 0)
     assert first is not None and not first.skipped and first.rows == 8
     again = fn(frame(spark, range(4), 2), 0)  # Spark replays batch 0 after a crash before its commit file
@@ -227,23 +237,10 @@ def test_foreach_batch_multi_in_a_stream_replayed_by_spark_writes_nothing_anywhe
     stream = Stream(spark, tmp_path, pg.url)
     orders, events = pg.new_table(), maria.new_table()  # created by the first write, dropped after the test
     calls: list[int] = []
-
-    def both(df: DataFrame, epoch_id: int, tx: Any) -> None:
-        calls.append(epoch_id)
-        tx.write(df, pg.url, orders)
-        tx.write(df, maria.url, events)
-
-    fn = xasink.foreach_batch_multi(both, sink_id=sink, journal_url=pg.url)
+    fn = into_both(sink, pg, orders, maria, events, calls)
 
     def run() -> None:
-        query = (
-            stream.frame(2)
-            .writeStream.foreachBatch(fn)
-            .option("checkpointLocation", str(stream.checkpoint))
-            .trigger(availableNow=True)
-            .start()
-        )
-        query.awaitTermination()
+        stream.foreach_batch(fn, partitions=2).awaitTermination()
 
     stream.add_files(2)
     run()
@@ -258,12 +255,7 @@ def test_foreach_batch_multi_in_a_stream_replayed_by_spark_writes_nothing_anywhe
 
 def test_foreach_batch_multi_refuses_a_reset_checkpoint(spark, pg, maria, sink):  # type: ignore[no-untyped-def]
     orders, _, events = three_tables(pg, maria)
-
-    def both(df: DataFrame, epoch_id: int, tx: Any) -> None:
-        tx.write(df, pg.url, orders)
-        tx.write(df, maria.url, events)
-
-    fn = xasink.foreach_batch_multi(both, sink_id=sink, journal_url=pg.url)
+    fn = into_both(sink, pg, orders, maria, events)
     fn(frame(spark, range(4), 2), 0)
     fn(frame(spark, range(4, 8), 2), 1)
     with pytest.raises(xasink.OptionError, match="has already decided batch 1, but Spark is committing batch 0"):

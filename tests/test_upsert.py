@@ -464,6 +464,13 @@ def my_rows(url: str, table: str) -> list[tuple[Any, ...]]:
     return [tuple(r) for r in mariadb_rows(url, table)]
 
 
+def my_statements(url: str, *statements: str) -> None:
+    """Run ``statements`` on MariaDB (a test's own table, made or dropped with the plain driver)."""
+    with mariadb_connect(url) as conn, conn.cursor() as cur:
+        for statement in statements:
+            cur.execute(statement)
+
+
 def test_mariadb_upsert_updates_inserts_and_replays_nothing(mariadb_url: str, my_keyed: str) -> None:
     sink = new_sink()
     parts = [batch([5, 6, 7], ["n5", "n6", "n7"]), batch([8, 12, 11], ["n8", "n12", "n11"])]
@@ -766,19 +773,17 @@ def test_mariadb_a_case_insensitive_key_matches_as_its_unique_index_does(
     row 'ABC' (as ON CONFLICT matches by the arbiter index's equality), updates its other columns and keeps the
     stored key as it is, on every load path (REPLACE would rewrite the key to 'abc')."""
     t = fresh_table_name
-    with mariadb_connect(mariadb_url) as conn, conn.cursor() as cur:
-        cur.execute(
-            f"CREATE TABLE `{t}` (code VARCHAR(20) COLLATE utf8mb4_general_ci PRIMARY KEY, name VARCHAR(40)) "
-            "ENGINE=InnoDB"
-        )
-        cur.execute(f"INSERT INTO `{t}` VALUES ('ABC', 'old'), ('x', 'x')")
+    my_statements(
+        mariadb_url,
+        f"CREATE TABLE `{t}` (code VARCHAR(20) COLLATE utf8mb4_general_ci PRIMARY KEY, name VARCHAR(40)) ENGINE=InnoDB",
+        f"INSERT INTO `{t}` VALUES ('ABC', 'old'), ('x', 'x')",
+    )
     try:
         codes = pa.RecordBatch.from_arrays([pa.array(["abc", "Y"]), pa.array(["new", "Y"])], ["code", "name"])
         write_direct(mariadb_url, t, [codes], keys="code", localInfile=infile)
         assert my_rows(mariadb_url, t) == [("ABC", "new"), ("x", "x"), ("Y", "Y")]
     finally:
-        with mariadb_connect(mariadb_url) as conn, conn.cursor() as cur:
-            cur.execute(f"DROP TABLE IF EXISTS `{t}`")
+        my_statements(mariadb_url, f"DROP TABLE IF EXISTS `{t}`")
 
 
 @pytest.mark.mariadb
@@ -789,12 +794,11 @@ def test_mariadb_keyed_merges_of_two_live_branches_never_wait_for_each_other(
     """Two partitions merging at once, both inserting new ids past the table's end: the merge's lookups by the
     key must take no gap locks (READ COMMITTED), or the second waits for the first until lockTimeout."""
     t = fresh_table_name
-    with mariadb_connect(mariadb_url) as conn, conn.cursor() as cur:
-        cur.execute(
-            f"CREATE TABLE `{t}` (id INT PRIMARY KEY, email VARCHAR(40) NOT NULL UNIQUE, name VARCHAR(40)) "
-            "ENGINE=InnoDB"
-        )
-        cur.execute(f"INSERT INTO `{t}` VALUES (1, 'a@x', 'A'), (2, 'b@x', 'B'), (3, 'c@x', 'C')")
+    my_statements(
+        mariadb_url,
+        f"CREATE TABLE `{t}` (id INT PRIMARY KEY, email VARCHAR(40) NOT NULL UNIQUE, name VARCHAR(40)) ENGINE=InnoDB",
+        f"INSERT INTO `{t}` VALUES (1, 'a@x', 'A'), (2, 'b@x', 'B'), (3, 'c@x', 'C')",
+    )
     raw = {"url": mariadb_url, "dbtable": t, "upsertKeyColumns": "id", "lockTimeout": 2, "localInfile": infile}
     options = parse_options(raw)
     coordinator = Coordinator(options)
@@ -813,8 +817,7 @@ def test_mariadb_keyed_merges_of_two_live_branches_never_wait_for_each_other(
             branch.rollback()
         coordinator.close()
         rest = my_rows(mariadb_url, t)
-        with mariadb_connect(mariadb_url) as conn, conn.cursor() as cur:
-            cur.execute(f"DROP TABLE IF EXISTS `{t}`")
+        my_statements(mariadb_url, f"DROP TABLE IF EXISTS `{t}`")
     assert rest == [(1, "a@x", "A"), (2, "b@x", "B"), (3, "c@x", "C")]
 
 

@@ -138,6 +138,14 @@ def differences(
     return out
 
 
+def assert_stored_alike(
+    driver: ValuesDriver, db: Target, columns: str, data: pa.Table, tmp_path: Path, path: str
+) -> None:
+    """JDBC and xasink (its ``path``: "bulk" or "upsert") store ``data`` into ``columns`` exactly alike."""
+    jdbc, ours = both_writers(driver, db, columns, data, tmp_path, upsert=path == "upsert")
+    assert differences(jdbc, ours, data.column_names) == []
+
+
 # --------------------------------------------------------------------------- 1. timestamps
 
 # 2026 in New York: clocks jump 02:00 -> 03:00 on March 8 and fall back 02:00 -> 01:00 on November 1
@@ -243,9 +251,7 @@ def doubles_table(kind: str) -> pa.Table:
 def test_doubles_into_decimal_columns_are_cast_by_the_server(
     driver: ValuesDriver, db: Target, tmp_path: Path, path: str
 ) -> None:
-    data = doubles_table(db.kind)
-    jdbc, ours = both_writers(driver, db, NUMBER_COLUMNS[db.kind], data, tmp_path, upsert=path == "upsert")
-    assert differences(jdbc, ours, data.column_names) == []
+    assert_stored_alike(driver, db, NUMBER_COLUMNS[db.kind], doubles_table(db.kind), tmp_path, path)
 
 
 # --------------------------------------------------------------------------- 3. decimals into doubles
@@ -278,9 +284,7 @@ def decimals_table() -> pa.Table:
 def test_decimals_into_double_columns_are_correctly_rounded(
     driver: ValuesDriver, db: Target, tmp_path: Path, path: str
 ) -> None:
-    data = decimals_table()
-    jdbc, ours = both_writers(driver, db, DECIMAL_COLUMNS[db.kind], data, tmp_path, upsert=path == "upsert")
-    assert differences(jdbc, ours, data.column_names) == []
+    assert_stored_alike(driver, db, DECIMAL_COLUMNS[db.kind], decimals_table(), tmp_path, path)
 
 
 # --------------------------------------------------------------------------- random values, every column

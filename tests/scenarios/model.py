@@ -35,6 +35,7 @@ import json
 import random
 import re
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -99,19 +100,9 @@ class Schedule:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Schedule:
         """A schedule written by :meth:`to_json` (tests/scenarios/found.json keeps those that found bugs)."""
-        writers = [
-            Writer(
-                w["label"],
-                w["batch"],
-                [[tuple(r) for r in p] for p in w["partitions"]],
-                w["fault"],
-                w["start"],
-                w.get("query"),
-            )
-            for w in d["writers"]
-        ]
-        recovers = [Recover(r["start"], r["statement_timeout_ms"]) for r in d.get("recovers", [])]
-        return cls(d["seed"], d["mode"], writers, recovers, d.get("name", ""), d.get("kind", ""))
+        writers = [Writer(**{**w, "partitions": tuples(w["partitions"])}) for w in d["writers"]]
+        recovers = [Recover(**r) for r in d.get("recovers", [])]
+        return cls(**{**d, "writers": writers, "recovers": recovers})
 
     def replay(self) -> str:
         """How to run this schedule again."""
@@ -131,6 +122,11 @@ class Schedule:
         for r in self.recovers:
             lines.append(f"  recover at {r.start:.2f}s statement timeout {r.statement_timeout_ms or '-'} ms")
         return "\n".join(lines)
+
+
+def tuples(partitions: list[list[list[Any]]]) -> list[list[Row]]:
+    """Partitions read back from JSON (rows as lists) with their rows as tuples again."""
+    return [[tuple(r) for r in p] for p in partitions]
 
 
 def split_rows(rng: random.Random, rows: list[Row]) -> list[list[Row]]:
@@ -343,16 +339,9 @@ def check(
         found.append(f"the final `xasink recover` exited {recover_rc}")
     if not sibling_ok:
         found.append("a table the sink never writes was changed")
-    for label, t in told.items():
-        if t.outcome == "lost":
-            found.append(f"{label} exited without telling its outcome")
-        if t.outcome == "hung":
-            found.append(f"{label} waited past commitTimeout + lock waits + pause + {MARGIN_S}s and was killed")
+    found += unfinished(told)
     by_label = {w.label: w for w in schedule.writers}
-    written = Counter(by_label[label].batch for label, t in told.items() if t.outcome == "written")
-    for batch, n in written.items():
-        if n > 1:
-            found.append(f"batch {batch}: {n} runs told 'written'")
+    found += twice((by_label[label].batch for label, t in told.items() if t.outcome == "written"), "told 'written'")
     for label, t in told.items():
         w = by_label[label]
         if t.outcome == "written" and not can_commit(mode, w):
@@ -424,6 +413,22 @@ def explain(schedule: Schedule, told: dict[str, Told], table: list[Row], child: 
                 if rows == sorted(table) and (child is None or children == sorted(child)):
                     return [w.label for w in order]
     return None
+
+
+def twice(batches: Iterable[int], what: str) -> list[str]:
+    """A finding per batch more than one run of which ``what`` (one batch id per such run)."""
+    return [f"batch {batch}: {n} runs {what}" for batch, n in Counter(batches).items() if n > 1]
+
+
+def unfinished(told: dict[str, Told]) -> list[str]:
+    """The runs that never told their outcome: exited without it, or killed past their time limit."""
+    found = []
+    for label, t in told.items():
+        if t.outcome == "lost":
+            found.append(f"{label} exited without telling its outcome")
+        if t.outcome == "hung":
+            found.append(f"{label} waited past commitTimeout + lock waits + pause + {MARGIN_S}s and was killed")
+    return found
 
 
 def decided_when_killed(w: Writer, t: Told) -> bool:

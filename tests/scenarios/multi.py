@@ -38,7 +38,7 @@ from typing import Any
 from tests.scenarios import model
 from tests.scenarios.driver import multi_writer_main
 from tests.scenarios.model import Told
-from tests.scenarios.runner import RECOVER_LIMIT_S, RecoverRun, Runner, fork_server
+from tests.scenarios.runner import RECOVER_LIMIT_S, RecoverRun, Runner, Watch, fork_server
 from tests.targets import Target
 
 DBS = ("pg", "maria")
@@ -86,20 +86,11 @@ class MultiSchedule:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> MultiSchedule:
         writers = [
-            MultiWriter(
-                w["label"],
-                w["batch"],
-                {db: [[tuple(r) for r in p] for p in parts] for db, parts in w["partitions"].items()},
-                list(w["order"]),
-                w["fault"],
-                w["start"],
-                w.get("after"),
-                w.get("query"),
-            )
+            MultiWriter(**{**w, "partitions": {db: model.tuples(p) for db, p in w["partitions"].items()}})
             for w in d["writers"]
         ]
-        recovers = [MultiRecover(r["start"], r["db"], r["log"]) for r in d.get("recovers", [])]
-        return cls(d["seed"], d["log"], writers, recovers, d.get("name", ""))
+        recovers = [MultiRecover(**r) for r in d.get("recovers", [])]
+        return cls(**{**d, "writers": writers, "recovers": recovers})
 
     def log_of(self, w: MultiWriter) -> str:
         """The database whose log the run claims and decides in: journal_url's, else its first write's."""
@@ -193,11 +184,7 @@ def check_multi(
         found.append(f"a final `xasink recover` exited {recover_rcs}")
     if any(rc is None for rc in recover_rcs):
         found.append(f"a final `xasink recover` ran past {RECOVER_LIMIT_S}s and was killed")
-    for label, t in told.items():
-        if t.outcome == "lost":
-            found.append(f"{label} exited without telling its outcome")
-        if t.outcome == "hung":
-            found.append(f"{label} waited past commitTimeout + lock waits + pause + {model.MARGIN_S}s and was killed")
+    found += model.unfinished(told)
     by_label = {w.label: w for w in schedule.writers}
     present: dict[str, bool] = {}
     for db, rows in tables.items():
@@ -219,14 +206,9 @@ def check_multi(
                     "a multi-target batch must be on both targets or on neither"
                 )
             present[w.label] = present.get(w.label, False) or bool(have)
-    committed = Counter(by_label[label].batch for label, p in present.items() if p)
-    for batch, n in committed.items():
-        if n > 1:
-            found.append(f"batch {batch}: {n} runs committed (written twice)")
-    written = Counter(by_label[label].batch for label, t in told.items() if t.outcome == "written")
-    for batch, n in written.items():
-        if n > 1:
-            found.append(f"batch {batch}: {n} runs told 'written'")
+    found += model.twice((by_label[label].batch for label, p in present.items() if p), "committed (written twice)")
+    written = (by_label[label].batch for label, t in told.items() if t.outcome == "written")
+    found += model.twice(written, "told 'written'")
     for label, t in told.items():
         w = by_label[label]
         killed_decided = (
@@ -347,16 +329,13 @@ class MultiRunner:
         ctx = fork_server()
         waiting: list[MultiWriter] = list(schedule.writers)
         pending_recovers = sorted(schedule.recovers, key=lambda r: r.start)
-        procs: dict[str, tuple[Any, float, float]] = {}
-        ended: dict[str, float] = {}
-        hung: set[str] = set()
-        recovers: list[tuple[RecoverRun, float]] = []
+        watch = Watch()
         t0 = time.monotonic()
         try:
-            while waiting or pending_recovers or any(p.is_alive() for p, _, _ in procs.values()):
+            while waiting or pending_recovers or watch.writers_alive():
                 now = time.monotonic()
                 for w in list(waiting):
-                    base = t0 if w.after is None else ended.get(w.after)
+                    base = t0 if w.after is None else watch.ended.get(w.after)
                     if base is None or now < base + w.start:
                         continue
                     waiting.remove(w)
@@ -369,46 +348,25 @@ class MultiRunner:
                         ),
                         daemon=True,
                     )
-                    proc.start()
                     limit = model.COMMIT_TIMEOUT_S + 6 * model.LOCK_TIMEOUT_S + w.pause() + model.MARGIN_S
-                    procs[w.label] = (proc, time.monotonic(), limit)
+                    watch.start_writer(w.label, proc, limit)
                 while pending_recovers and pending_recovers[0].start <= now - t0:
                     r = pending_recovers.pop(0)
-                    recovers.append((self._recover(r.db, r.log, sink, here, uuid.uuid4().hex[:4]), time.monotonic()))
-                for label, (proc, started, limit) in procs.items():
-                    if label in ended:
-                        continue
-                    if not proc.is_alive():
-                        ended[label] = time.monotonic()
-                    elif time.monotonic() - started > limit:
-                        hung.add(label)
-                        proc.kill()
-                for rproc, started in recovers:
-                    if rproc.poll() is None and time.monotonic() - started > RECOVER_LIMIT_S:
-                        rproc.kill()
+                    watch.start_recover(self._recover(r.db, r.log, sink, here, uuid.uuid4().hex[:4]))
+                watch.check()
                 time.sleep(0.02)
-            for rproc, _ in recovers:
+            for rproc, _ in watch.recovers:
                 rproc.wait(RECOVER_LIMIT_S)
         except BaseException:
-            for proc, _, _ in procs.values():
-                if proc.is_alive():
-                    proc.kill()
-            for rproc, _ in recovers:
-                if rproc.poll() is None:
-                    rproc.kill()
+            watch.kill_all()
             raise
-        for label, (proc, _, _) in procs.items():
-            proc.join()
-            ended.setdefault(label, time.monotonic())
+        watch.join_writers()
         logs = DBS if schedule.log == "none" else (schedule.log,)
         rcs = []
         for log in logs:  # the log first, then the other database: each finishes what the log decided there
             for db in sorted(DBS, key=lambda d: d != log):
                 rcs.append(self._recover(db, log, sink, here, "final").wait(RECOVER_LIMIT_S))
-        told = {
-            w.label: Runner._told(w, procs[w.label], ended[w.label], hung, here)  # type: ignore[arg-type]
-            for w in schedule.writers
-        }
+        told = {w.label: watch.told(w.label, here) for w in schedule.writers}
         rows = {db: [(int(r[0]), str(r[1])) for r in t.rows(tables[db], "id, name")] for db, t in self.dbs.items()}
         prepared = [g for t in self.dbs.values() for g in t.prepared(sink)]
         violations = check_multi(schedule, told, rows, prepared, rcs)

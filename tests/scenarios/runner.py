@@ -146,18 +146,10 @@ class Runner:
         pending: list[tuple[float, Writer | Recover]] = sorted(
             [(w.start, w) for w in schedule.writers] + [(r.start, r) for r in schedule.recovers], key=lambda x: x[0]
         )
-        writers: dict[str, tuple[Any, float, float]] = {}  # label -> (process, started, limit)
-        ended: dict[str, float] = {}
-        hung: set[str] = set()
-        recovers: list[tuple[Any, float]] = []
-        stuck = 0  # recover runs killed past RECOVER_LIMIT_S
+        watch = Watch()
         t0 = time.monotonic()
         try:
-            while (
-                pending
-                or any(p.is_alive() for p, _, _ in writers.values())
-                or any(r.poll() is None for r, _ in recovers)
-            ):
+            while pending or watch.writers_alive() or watch.recovering():
                 now = time.monotonic()
                 while pending and pending[0][0] <= now - t0:
                     _, item = pending.pop(0)
@@ -175,38 +167,19 @@ class Runner:
                             args=(spec, str(here / f"{item.label}.jsonl"), str(here / f"{item.label}.log")),
                             daemon=True,
                         )
-                        proc.start()
                         limit = model.COMMIT_TIMEOUT_S + 3 * model.LOCK_TIMEOUT_S + item.pause() + model.MARGIN_S
-                        writers[item.label] = (proc, time.monotonic(), limit)
+                        watch.start_writer(item.label, proc, limit)
                     else:
-                        recovers.append((self._recover(item.statement_timeout_ms, sink, here), time.monotonic()))
-                for label, (proc, started, limit) in writers.items():
-                    if label in ended:
-                        continue
-                    if not proc.is_alive():
-                        ended[label] = time.monotonic()
-                    elif time.monotonic() - started > limit:
-                        hung.add(label)
-                        proc.kill()
-                for rproc, started in recovers:
-                    if rproc.poll() is None and time.monotonic() - started > RECOVER_LIMIT_S:
-                        rproc.kill()
-                        stuck += 1
+                        watch.start_recover(self._recover(item.statement_timeout_ms, sink, here))
+                watch.check()
                 time.sleep(0.02)
         except BaseException:  # the runner itself failed (or was interrupted): stop what it started
-            for proc, _, _ in writers.values():
-                if proc.is_alive():
-                    proc.kill()
-            for rproc, _ in recovers:
-                if rproc.poll() is None:
-                    rproc.kill()
+            watch.kill_all()
             raise
-        for label, (proc, _, _) in writers.items():
-            proc.join()
-            ended.setdefault(label, time.monotonic())
+        watch.join_writers()
         final = self._recover(None, sink, here, name="final")
         final_rc = final.wait(RECOVER_LIMIT_S)
-        told = {w.label: self._told(w, writers[w.label], ended[w.label], hung, here) for w in schedule.writers}
+        told = {w.label: watch.told(w.label, here) for w in schedule.writers}
         q = self.db.q
         rows = [tuple(_plain(v) for v in r) for r in self.db.rows(table, "id, name")]
         child_rows = [tuple(int(v) for v in r) for r in self.db.rows(child)] if child is not None else []
@@ -215,8 +188,8 @@ class Runner:
         violations = model.check(schedule, told, rows, prepared, sibling_ok, child_rows, final_rc)
         if final_rc is None:
             violations.append(f"the final `xasink recover` ran past {RECOVER_LIMIT_S}s and was killed")
-        if stuck:
-            violations.append(f"{stuck} `xasink recover` run(s) during the schedule ran past {RECOVER_LIMIT_S}s")
+        if watch.stuck:
+            violations.append(f"{watch.stuck} `xasink recover` run(s) during the schedule ran past {RECOVER_LIMIT_S}s")
         for gid in prepared:  # reported above; rolled back so later schedules do not wait on their locks
             try:
                 self.db.rollback_ours(gid)
@@ -240,31 +213,6 @@ class Runner:
             # RECOVER_LIMIT_S on a loaded machine (MariaDB seed 1042: 5 ms never fit the apply's DELETE)
             argv += ["--retry-for", f"{RECOVER_RETRY_S:g}s"]
         return RecoverRun(argv, here / f"recover-{name or uuid.uuid4().hex[:6]}.log")
-
-    @staticmethod
-    def _told(w: Writer, proc: tuple[Any, float, float], end: float, hung: set[str], here: Path) -> Told:
-        process, started, _ = proc
-        lines = []
-        result = here / f"{w.label}.jsonl"
-        if result.exists():
-            lines = [json.loads(line) for line in result.read_text().splitlines() if line.strip()]
-        told = Told("killed" if process.exitcode == -9 else "lost", started, end)
-        for line in lines:
-            if line.get("event") == "started":
-                told.forked_at = line["t"]
-            elif line.get("event") == "claimed":
-                told.claimed_at = line["t"]
-            elif line.get("event") == "committing":
-                told.committing_at = line["t"]
-            elif "outcome" in line:
-                told.outcome = line["outcome"]
-                told.error = line.get("error", "")
-                told.message = line.get("message", "")
-                told.phase = line.get("phase", "")
-                told.told_at = line.get("t")
-        if w.label in hung:
-            told.outcome = "hung"
-        return told
 
 
 class RecoverRun:
@@ -303,6 +251,84 @@ class RecoverRun:
         else:
             self.proc.join()
         return rc
+
+
+@dataclass
+class Watch:
+    """The processes one schedule started, watched until they end: writer processes (killed, and counted
+    hung, past their time limit) and ``xasink recover`` runs (killed past RECOVER_LIMIT_S)."""
+
+    writers: dict[str, tuple[Any, float, float]] = field(default_factory=dict)  # label -> (process, started, limit)
+    ended: dict[str, float] = field(default_factory=dict)
+    hung: set[str] = field(default_factory=set)
+    recovers: list[tuple[RecoverRun, float]] = field(default_factory=list)
+    stuck: int = 0  # recover runs killed past RECOVER_LIMIT_S
+
+    def start_writer(self, label: str, proc: Any, limit: float) -> None:
+        proc.start()
+        self.writers[label] = (proc, time.monotonic(), limit)
+
+    def start_recover(self, run: RecoverRun) -> None:
+        self.recovers.append((run, time.monotonic()))
+
+    def writers_alive(self) -> bool:
+        return any(p.is_alive() for p, _, _ in self.writers.values())
+
+    def recovering(self) -> bool:
+        return any(r.poll() is None for r, _ in self.recovers)
+
+    def check(self) -> None:
+        """One look: note the writers that ended, kill those past their limit and the overdue recover runs."""
+        for label, (proc, started, limit) in self.writers.items():
+            if label in self.ended:
+                continue
+            if not proc.is_alive():
+                self.ended[label] = time.monotonic()
+            elif time.monotonic() - started > limit:
+                self.hung.add(label)
+                proc.kill()
+        for rproc, started in self.recovers:
+            if rproc.poll() is None and time.monotonic() - started > RECOVER_LIMIT_S:
+                rproc.kill()
+                self.stuck += 1
+
+    def kill_all(self) -> None:
+        for proc, _, _ in self.writers.values():
+            if proc.is_alive():
+                proc.kill()
+        for rproc, _ in self.recovers:
+            if rproc.poll() is None:
+                rproc.kill()
+
+    def join_writers(self) -> None:
+        for label, (proc, _, _) in self.writers.items():
+            proc.join()
+            self.ended.setdefault(label, time.monotonic())
+
+    def told(self, label: str, here: Path) -> Told:
+        """What the writer ``label`` was told, from the events it wrote to ``here/<label>.jsonl``."""
+        process, started, _ = self.writers[label]
+        lines = []
+        result = here / f"{label}.jsonl"
+        if result.exists():
+            lines = [json.loads(line) for line in result.read_text().splitlines() if line.strip()]
+        told = Told("killed" if process.exitcode == -9 else "lost", started, self.ended[label])
+        for line in lines:
+            if line.get("event") == "started":
+                told.forked_at = line["t"]
+            elif line.get("event") == "claimed":
+                told.claimed_at = line["t"]
+            elif line.get("event") == "committing":
+                told.committing_at = line["t"]
+            elif "outcome" in line:
+                told.outcome = line["outcome"]
+                told.error = line.get("error", "")
+                told.message = line.get("message", "")
+                told.phase = line.get("phase", "")
+                told.told_at = line.get("t")
+        if label in self.hung:
+            told.outcome = "hung"
+        return told
 
 
 def _literal(v: Any) -> str:
