@@ -13,15 +13,7 @@ PY="$VENV/bin/python"
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
 
 if [[ ! -x "$PY" ]]; then
-    PYTHON="${PYTHON:-python3}"
-    if ! command -v "$PYTHON" >/dev/null 2>&1; then
-        echo "error: $PYTHON not found on PATH (xasink needs Python >= 3.10)" >&2
-        exit 2
-    fi
-    if ! "$PYTHON" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else 1)'; then
-        echo "error: $("$PYTHON" --version 2>&1) is too old; xasink needs Python >= 3.10" >&2
-        exit 2
-    fi
+    source "$ROOT/scripts/python.sh"
     if ! command -v java >/dev/null 2>&1; then
         echo "error: 'java' not found on PATH; Spark needs a Java runtime (17 or 21)" >&2
         exit 2

@@ -14,15 +14,7 @@ VENV="$ROOT/.venv"
 PY="$VENV/bin/python"
 
 if [[ ! -x "$PY" ]]; then
-    PYTHON="${PYTHON:-python3}"
-    if ! command -v "$PYTHON" >/dev/null 2>&1; then
-        echo "error: $PYTHON not found on PATH (xasink needs Python >= 3.10)" >&2
-        exit 2
-    fi
-    if ! "$PYTHON" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else 1)'; then
-        echo "error: $("$PYTHON" --version 2>&1) is too old; xasink needs Python >= 3.10" >&2
-        exit 2
-    fi
+    source "$ROOT/scripts/python.sh"
     echo "== creating $VENV"
     "$PYTHON" -m venv "$VENV"
     "$PY" -m pip install --upgrade pip

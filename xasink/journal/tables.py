@@ -31,6 +31,13 @@ from xasink.protocol.xid import Xid, new_log_id, valid_log_id
 log = logging.getLogger(__name__)
 
 
+def _information_schema(view: str, column: str) -> sa.TableClause:
+    """A view of MySQL's information_schema with the table's schema and name, and ``column``."""
+    return sa.table(
+        view, sa.column("TABLE_SCHEMA"), sa.column("TABLE_NAME"), sa.column(column), schema="information_schema"
+    )
+
+
 class JournalTables:
     """The decision log's tables in one schema and prefix, and their upkeep; :class:`xasink.journal.log.Journal`
     builds the protocol's operations on it."""
@@ -175,13 +182,7 @@ class JournalTables:
 
     def _collated_otherwise(self, conn: Connection, tables: tuple[sa.Table, ...]) -> sa.Select[Any]:
         """How many text columns of ``tables`` compare otherwise than byte for byte (information_schema)."""
-        cols = sa.table(
-            "COLUMNS",
-            sa.column("TABLE_SCHEMA"),
-            sa.column("TABLE_NAME"),
-            sa.column("COLLATION_NAME"),
-            schema="information_schema",
-        )
+        cols = _information_schema("COLUMNS", "COLLATION_NAME")
         schema = self.batches.schema
         return sa.select(sa.func.count()).where(
             cols.c.TABLE_SCHEMA == (sa.literal(schema) if schema else sa.func.database()),
@@ -191,13 +192,7 @@ class JournalTables:
 
     def _to_binary(self, conn: Connection) -> list[sa.Table]:
         """The log's tables (parts too, if made) whose columns or default collation are not binary."""
-        tabs = sa.table(
-            "TABLES",
-            sa.column("TABLE_SCHEMA"),
-            sa.column("TABLE_NAME"),
-            sa.column("TABLE_COLLATION"),
-            schema="information_schema",
-        )
+        tabs = _information_schema("TABLES", "TABLE_COLLATION")
         schema = self.batches.schema
         found: list[sa.Table] = []
         for table in (*self.tables, self.parts):

@@ -14,7 +14,7 @@ import json
 import logging
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib import metadata
 from typing import Any
 
@@ -64,35 +64,26 @@ def _mask(text: str, url: str | None) -> str:
 def _health_flags(s: argparse.ArgumentParser) -> None:
     s.add_argument("--prometheus", action="store_true", help="print metrics in the Prometheus text format instead")
     g = s.add_argument_group("thresholds (Nagios-style; unset: reported, never alerted on)")
-    for level in ("warn", "crit"):
-        g.add_argument(
-            f"--{level}-prepared-age",
-            type=admin.parse_duration,
-            metavar="AGE",
-            help=f"{level}: the oldest prepared branch of this decision log is AGE old or older (e.g. 60, 90s, 10m; "
-            "a MySQL branch of unknown age counts as old)",
-        )
-    for level in ("warn", "crit"):
-        g.add_argument(
-            f"--{level}-blocked",
-            type=_count,
-            metavar="N",
-            help=f"{level}: more than N sessions wait for a lock a prepared transaction holds (0: any)",
-        )
-    for level in ("warn", "crit"):
-        g.add_argument(
-            f"--{level}-batch-age",
-            type=admin.parse_duration,
-            metavar="AGE",
-            help=f"{level}: a sink's last committed batch is AGE old or older",
-        )
-    for level in ("warn", "crit"):
-        g.add_argument(
-            f"--{level}-prepared-ratio",
-            type=_ratio,
-            metavar="R",
-            help=f"{level}: prepared transactions / max_prepared_transactions is R or more (0..1; PostgreSQL only)",
-        )
+    thresholds: list[tuple[str, Callable[[str], Any], str, str]] = [
+        (
+            "prepared-age",
+            admin.parse_duration,
+            "AGE",
+            "the oldest prepared branch of this decision log is AGE old or older (e.g. 60, 90s, 10m; a MySQL "
+            "branch of unknown age counts as old)",
+        ),
+        ("blocked", _count, "N", "more than N sessions wait for a lock a prepared transaction holds (0: any)"),
+        ("batch-age", admin.parse_duration, "AGE", "a sink's last committed batch is AGE old or older"),
+        (
+            "prepared-ratio",
+            _ratio,
+            "R",
+            "prepared transactions / max_prepared_transactions is R or more (0..1; PostgreSQL only)",
+        ),
+    ]
+    for name, kind, metavar, what in thresholds:
+        for level in ("warn", "crit"):
+            g.add_argument(f"--{level}-{name}", type=kind, metavar=metavar, help=f"{level}: {what}")
 
 
 def _count(text: str) -> int:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import sqlalchemy as sa
 
 from xasink.database_url import parse_url
@@ -67,3 +70,16 @@ def server_error(exc: sa.exc.DBAPIError, dialect: Dialect) -> XasinkError:
         "list of prepared transactions (MySQL: XA_RECOVER_ADMIN) and SELECT on the decision log tables; acting "
         "needs the writers' rights (PostgreSQL: the same user or a superuser finishes a prepared transaction)"
     )
+
+
+@contextmanager
+def on_server(dialect: Dialect, journal: Journal) -> Iterator[None]:
+    """Run an operator's command on a server: its errors are told without the password, and every connection
+    (of the database and of the decision log, wherever that is) is closed at the end."""
+    try:
+        yield
+    except sa.exc.DBAPIError as exc:
+        raise server_error(exc, dialect) from None
+    finally:
+        dialect.dispose()
+        journal.dialect.dispose()

@@ -18,7 +18,15 @@ from xasink.dialects import Dialect
 from xasink.journal.log import Journal
 from xasink.journal.parts import recorded_targets
 from xasink.ops import alerts as health
-from xasink.ops.common import base_options, check_threshold, dialect_of, journal_of, masked_url, server_error
+from xasink.ops.common import (
+    base_options,
+    check_threshold,
+    dialect_of,
+    journal_of,
+    masked_url,
+    on_server,
+    server_error,
+)
 from xasink.ops.survey import DEFAULT_OLDER_THAN_S, WAIT, PreparedEntry, survey_prepared
 
 
@@ -112,7 +120,7 @@ def status(
     base = base_options(url, journal_schema, journal_prefix)
     dialect = dialect_of(base)
     journal: Journal = journal_of(dialect, journal_url, journal_schema, journal_prefix)  # elsewhere: a transaction's
-    try:
+    with on_server(dialect, journal):
         entries, pending, has_journal = survey_prepared(dialect, journal, sink_id, older_than_s, set())
         report = StatusReport(
             masked_url(base),
@@ -154,11 +162,6 @@ def status(
         report.in_doubt_batches = sum(len(s.in_doubt_batches) for s in report.sinks)
         report.blocked_sessions = _blocked(dialect, entries, report)
         return report
-    except sa.exc.DBAPIError as exc:
-        raise server_error(exc, dialect) from None
-    finally:
-        dialect.dispose()
-        journal.dialect.dispose()
 
 
 def _sink_status(

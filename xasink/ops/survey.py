@@ -14,8 +14,6 @@ import logging
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-import sqlalchemy as sa
-
 from xasink.dialects import Dialect, PreparedTxn
 from xasink.errors import OptionError
 from xasink.journal.log import Journal
@@ -26,8 +24,8 @@ from xasink.ops.common import (
     dialect_of,
     journal_of,
     masked_url,
+    on_server,
     redacted_error,
-    server_error,
 )
 from xasink.options import WriteOptions
 from xasink.protocol.coordinator import Coordinator
@@ -183,7 +181,7 @@ def recover(
     report = RecoverReport(masked_url(base), dry_run, older_than_s)
     dialect = dialect_of(base)
     journal = journal_of(dialect, journal_url, journal_schema, journal_prefix)
-    try:
+    with on_server(dialect, journal):
         entries, pending, has_journal = survey_prepared(dialect, journal, sink_id, older_than_s, set(rollback_foreign))
         report.entries = entries
         report.errors += _check_foreign_names(entries, rollback_foreign)
@@ -216,11 +214,6 @@ def recover(
             else:
                 e.outcome = "waiting" if e.action == WAIT else "untouched"
         return report
-    except sa.exc.DBAPIError as exc:
-        raise server_error(exc, dialect) from None
-    finally:
-        dialect.dispose()
-        journal.dialect.dispose()
 
 
 def _check_foreign_names(entries: list[PreparedEntry], names: tuple[str, ...] | list[str]) -> list[str]:
