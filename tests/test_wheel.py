@@ -1,5 +1,5 @@
 """The wheel and sdist: ``python -m build`` makes both, and an installed wheel carries what xasink reads at
-run time (the decision log DDL in ``xasink/sql``, ``py.typed``, the demo's log4j2 configuration), answers
+run time (the decision log DDL in ``xasink/journal/sql``, ``py.typed``, the demo's log4j2 configuration), answers
 ``xasink --version``, and runs the README's demo (``xasink demo``: its own PostgreSQL and local Spark) to its
 "proved" lines with nothing on stderr.
 
@@ -97,7 +97,7 @@ def test_installed_version_and_ddl(installed: Installed) -> None:
     assert out == f"xasink {VERSION}\n"
     for dialect in DIALECTS:
         out = _run([installed.bin / "xasink", "ddl", dialect], env=installed.env, cwd=installed.cwd).stdout
-        assert out == (ROOT / "xasink" / "sql" / f"{dialect}.sql").read_text()
+        assert out == (ROOT / "xasink" / "journal" / "sql" / f"{dialect}.sql").read_text()
         assert "CREATE TABLE IF NOT EXISTS xasink_batches" in out
 
 
@@ -108,7 +108,8 @@ def test_installed_package_reads_its_data(installed: Installed) -> None:
         "print(json.dumps({'file': xasink.__file__, 'version': m.version('xasink'),\n"
         "  'typed': root.joinpath('py.typed').is_file(),\n"
         "  'log4j': root.joinpath('spark').joinpath('log4j2-demo.properties').read_text(),\n"
-        "  'sql': {d: root.joinpath('sql').joinpath(d + '.sql').read_text() for d in ('postgres', 'mysql')}}))\n"
+        "  'sql': {d: root.joinpath('journal').joinpath('sql').joinpath(d + '.sql').read_text()\n"
+        "          for d in ('postgres', 'mysql')}}))\n"
     )
     got = json.loads(_run([installed.python, "-c", probe], env=installed.env, cwd=installed.cwd).stdout)
     assert Path(got["file"]).is_relative_to(installed.python.parent.parent)  # the wheel's, not this tree's
@@ -116,7 +117,7 @@ def test_installed_package_reads_its_data(installed: Installed) -> None:
     assert got["typed"] is True
     assert "rootLogger.level = error" in got["log4j"]
     for dialect in DIALECTS:
-        assert got["sql"][dialect] == (ROOT / "xasink" / "sql" / f"{dialect}.sql").read_text()
+        assert got["sql"][dialect] == (ROOT / "xasink" / "journal" / "sql" / f"{dialect}.sql").read_text()
 
 
 def test_cli_version_and_ddl_in_process(capsys: pytest.CaptureFixture[str]) -> None:
