@@ -56,5 +56,6 @@ echo "== mypy"
 echo "== pytest"
 # Two workers, whole modules each (their clusters and crash drivers are module- or session-scoped): each
 # worker is a test session of its own, with its own PostgreSQL and MariaDB database (docs/testing.md).
-# A later -n in the arguments wins.
-"$PY" -m pytest -n "${XASINK_TEST_WORKERS:-2}" --dist loadfile "$@"
+# A later -n in the arguments wins.  --no-loadscope-reorder: the modules go out slowest first, in the order
+# tests/conftest.py gives them (SLOW_MODULES), not xdist's order by number of tests.
+"$PY" -m pytest -n "${XASINK_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@"
