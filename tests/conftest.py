@@ -87,6 +87,58 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip_soak)
 
 
+# The slowest modules, slowest first (seconds of a whole-suite run, issue 30).  Under ``--dist loadfile`` a
+# worker takes the next module when it is nearly done, in collection order: the longest first leaves the
+# short ones to even out the workers' ends (with xdist's own order, by test count, a long module of few
+# tests started last).  scripts/test.sh passes --no-loadscope-reorder so that this order holds.
+SLOW_MODULES = {
+    "test_stream_crash.py": 494,
+    "test_connect.py": 431,
+    "test_streaming.py": 255,
+    "test_crash.py": 246,
+    "test_spark_writer.py": 214,
+    "test_write_modes.py": 212,
+    "test_scenarios.py": 186,
+    "test_speculation.py": 161,
+    "test_write_modes_crash.py": 152,
+    "test_faults.py": 145,
+    "test_secrets.py": 137,
+    "test_transaction_crash.py": 134,
+    "test_quiet.py": 128,
+    "test_hostile.py": 86,
+    "test_transaction.py": 72,
+    "test_property.py": 63,
+    "test_adversary.py": 59,
+    "test_wheel.py": 57,
+    "test_types.py": 53,
+    "test_dialect_edges.py": 47,
+    "test_after_decision.py": 46,
+    "test_upsert.py": 46,
+    "test_batch_identity.py": 44,
+    "test_user_warnings.py": 42,
+    "test_values.py": 39,
+    "test_liveness.py": 36,
+    "test_holder.py": 34,
+    "test_status_health.py": 31,
+    "test_shared_server.py": 24,
+}
+
+
+class SlowModulesFirst:
+    """Modules in :data:`SLOW_MODULES` order, the rest after them as collected."""
+
+    @pytest.hookimpl(trylast=True)  # after the markers above, the -m selection and pytest's order by fixture
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        first: dict[str, int] = {}
+        for i, item in enumerate(items):
+            first.setdefault(item.path.name, i)
+        items.sort(key=lambda item: (-SLOW_MODULES.get(item.path.name, 0), first[item.path.name]))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(SlowModulesFirst(), "xasink-slow-modules-first")
+
+
 # --------------------------------------------------------------------------- PostgreSQL
 
 

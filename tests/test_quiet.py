@@ -45,6 +45,7 @@ EXPECTED = re.compile(
 
 
 @pytest.mark.spark
+@pytest.mark.usefixtures("driver_cds")  # its driver maps the crash drivers' class-data archive (tests/jvm.py)
 def test_a_clean_run_prints_no_warning(db: Target, tmp_path: Path) -> None:
     """A batch and a micro-batch of each writer, exact rows; stderr names no warning but PySpark's own."""
     tables = [db.new_table() for _ in range(4)]  # batch save, xasink.write, stream source, foreach_batch
