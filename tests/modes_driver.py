@@ -128,21 +128,28 @@ def batch_direct(
 
 
 def prepare_stray_branch(
-    url: str, table: str, sink_id: str, batch_id: int, rows: list[tuple[int, str]], **options: Any
+    url: str,
+    table: str,
+    sink_id: str,
+    batch_id: int,
+    rows: list[tuple[Any, ...]],
+    columns: dict[str, str] | None = None,
+    mode: str = "overwrite",
+    **options: Any,
 ) -> str:
-    """A branch of another run of an overwrite batch, loaded into the shadow and PREPAREd but never decided
-    (a task of a run that lost the batch, still finishing); its gid.  Opened as a task opens its branch,
-    without the task's checks, so it can prepare beside a decided batch."""
+    """A branch of another run of an overwrite batch (or of ``mode`` with ``columns``, as batch_direct), loaded
+    into the shadow and PREPAREd but never decided (a task of a run that lost the batch, still finishing); its
+    gid.  Opened as a task opens its branch, without the task's checks, so it can prepare beside a decided batch."""
     import pyarrow as pa
 
     from xasink.dialects import dialect_for
     from xasink.protocol.xid import Xid, attempt_token, new_run_nonce
     from xasink.write_modes.schema import conform
 
-    columns = {"id": "int", "name": "string"}
-    opts, plan, arrow = _direct_plan(url, table, sink_id, batch_id, columns, "overwrite", 1, options)
+    columns = columns or {"id": "int", "name": "string"}
+    opts, plan, arrow = _direct_plan(url, table, sink_id, batch_id, columns, mode, 1, options)
     xid = Xid(plan.log_id, sink_id, batch_id, 0, attempt_token(999, new_run_nonce()))
-    batch = pa.RecordBatch.from_pydict({"id": [r[0] for r in rows], "name": [r[1] for r in rows]}, schema=arrow)
+    batch = pa.RecordBatch.from_pydict({n: [r[i] for r in rows] for i, n in enumerate(columns)}, schema=arrow)
     dialect = dialect_for(opts.url, opts.branch_settings)
     try:
         session = dialect.open_branch(xid, plan.target)

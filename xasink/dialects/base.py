@@ -343,10 +343,27 @@ class Dialect(ABC):
         conn.execute(sa.delete(shadow).where(batch))
 
     def delete_joined(
-        self, target: sa.TableClause, changes: sa.Subquery, condition: sa.ColumnElement[bool]
+        self, target: sa.TableClause, changes: sa.FromClause, condition: sa.ColumnElement[bool]
     ) -> sa.Delete:
         """DELETE the target's rows that match rows of ``changes`` under ``condition``."""
         return sa.delete(target).where(condition)
+
+    @abstractmethod
+    def create_changes_table(
+        self,
+        conn: Connection,
+        name: str,
+        schema: str | None,
+        rows: sa.Select[Any],
+        keys: list[str],
+        sequence: str | None,
+    ) -> sa.TableClause:
+        """The newest of ``rows`` per key by ``sequence`` (ties in no defined order; None: no key is there twice)
+        in a temporary table ``name`` keyed by ``keys``, made inside the caller's transaction without committing
+        it, gone at its end or by :meth:`drop_changes_table`: computed once for a change-data apply's statements."""
+
+    def drop_changes_table(self, conn: Connection, table: sa.TableClause) -> None:  # noqa: B027 - optional hook
+        """Drop the temporary table of :meth:`create_changes_table` (one the transaction's end does not drop)."""
 
     @abstractmethod
     def upsert_from_select(self, merge: Merge) -> sa.Insert:

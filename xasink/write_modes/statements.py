@@ -26,11 +26,12 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from xasink.dialects.base import SHADOW_INDEX_SUFFIX, Dialect, Merge, TargetPlan
+from xasink.dialects.base import SHADOW_INDEX_SUFFIX, Dialect, TargetPlan
 from xasink.errors import ApplyError, PreflightError
 from xasink.options import TableName
 from xasink.protocol.xid import Xid
 from xasink.support.faults import fault
+from xasink.write_modes.changes import apply_changes
 from xasink.write_modes.spec import (
     BATCH_COLUMN,
     BRANCH_COLUMN,
@@ -321,63 +322,10 @@ def apply_statements(
         res = conn.execute(sa.insert(target).from_select(names, sa.select(*(shadow.c[c] for c in names)).where(mine)))
         written = max(res.rowcount or 0, 0)
     else:
-        written = _apply_changes(dialect, conn, spec, target, shadow, mine)
+        written = apply_changes(dialect, conn, spec, target, shadow, mine)
     fault("driver.apply_statements", batch=batch_id)
     _clear(dialect, conn, shadow, mine, branches is None)
     return written
-
-
-def _apply_changes(
-    dialect: Dialect,
-    conn: Connection,
-    spec: ApplySpec,
-    target: sa.TableClause,
-    shadow: sa.TableClause,
-    mine: sa.ColumnElement[bool],
-) -> int:
-    keys = [shadow.c[k] for k in spec.keys]
-    if spec.sequence is None:
-        twice = conn.execute(sa.select(*keys).where(mine).group_by(*keys).having(sa.func.count() > 1).limit(1)).first()
-        if twice is not None:
-            raise ApplyError(
-                f"key ({', '.join(map(str, twice))}) changes more than once in this batch and nothing orders "
-                "the changes: set 'sequenceColumn' (e.g. the source's LSN or change time), or deduplicate"
-            )
-    order = [shadow.c[spec.sequence].desc()] if spec.sequence else None
-    rank = sa.func.row_number().over(partition_by=keys, order_by=order).label("xasink_rank_")
-    ranked = sa.select(*(shadow.c[c] for c in shadow.c.keys()), rank).where(mine).subquery("chg")
-    last = ranked.c.xasink_rank_ == 1
-    same_key = sa.and_(*(target.c[k] == ranked.c[k] for k in spec.keys))
-    tomb = None
-    if spec.tombstones is not None and spec.sequence is not None:  # a change older than a delete is ignored
-        tomb = sa.table(spec.tombstones, *(sa.column(c) for c in (*spec.keys, spec.sequence)), schema=spec.schema)
-        buried = sa.and_(
-            *(tomb.c[k] == ranked.c[k] for k in spec.keys), tomb.c[spec.sequence] > ranked.c[spec.sequence]
-        )
-        last = sa.and_(last, ~sa.exists().where(buried))
-    newer: sa.ColumnElement[bool] = sa.true()
-    if spec.sequence is not None:  # a change older than the stored row is ignored: a replay never moves it back
-        stored = target.c[spec.sequence]
-        newer = sa.or_(stored.is_(None), stored <= ranked.c[spec.sequence])
-    if spec.flag is not None:
-        deletes = sa.and_(last, ranked.c[spec.flag].is_(True))
-        conn.execute(dialect.delete_joined(target, ranked, sa.and_(same_key, deletes, newer)))
-        if tomb is not None and spec.sequence is not None:  # remember the deletes that took effect
-            gone = sa.select(*(ranked.c[c] for c in (*spec.keys, spec.sequence))).where(
-                deletes, ~sa.exists().where(same_key)
-            )
-            cols = [*spec.keys, spec.sequence]
-            conn.execute(dialect.upsert_from_select(Merge(tomb, cols, gone, list(spec.keys), spec.sequence)))
-    upserts = sa.select(*(ranked.c[c] for c in spec.columns)).where(last)
-    if spec.flag is not None:
-        upserts = upserts.where(sa.func.coalesce(ranked.c[spec.flag], False).is_(False))
-    # only rows whose key matches are updated; any other unique conflict fails the apply
-    result = dialect.merge_from_select(conn, Merge(target, list(spec.columns), upserts, list(spec.keys), spec.sequence))
-    if tomb is not None:  # a key upserted again is alive: its tombstone goes
-        alive = sa.exists().where(*(target.c[k] == tomb.c[k] for k in spec.keys))
-        changed = sa.exists().where(*(ranked.c[k] == tomb.c[k] for k in spec.keys))  # only this batch's keys
-        conn.execute(sa.delete(tomb).where(changed, alive))
-    return result
 
 
 def withdraw(

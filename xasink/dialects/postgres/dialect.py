@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
 
 import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import distinct_on
 from sqlalchemy.engine import Connection
 
 from xasink.dialects.base import BranchSession, Dialect
@@ -18,6 +19,7 @@ from xasink.dialects.postgres.sql import (
     BRANCH_HINTS,
     KEEPALIVES,
     ROWS_CLASSES,
+    SORT_MEMORY,
     TRANSIENT_STATES,
     UNKNOWN_XID_STATE,
     UPSERT_LOCK_HINT,
@@ -27,6 +29,7 @@ from xasink.dialects.postgres.sql import (
     string_literal,
 )
 from xasink.dialects.postgres.types import PostgresTypes
+from xasink.dialects.rendering import statement_text
 from xasink.dialects.spare import Spare
 from xasink.dialects.values import (
     BlockedSession,
@@ -274,6 +277,33 @@ class PostgresDialect(PostgresTypes, Dialect):
             conn.exec_driver_sql(f"TRUNCATE {name}")
         else:
             conn.execute(sa.delete(shadow).where(batch))
+
+    def create_changes_table(
+        self,
+        conn: Connection,
+        name: str,
+        schema: str | None,
+        rows: sa.Select[Any],
+        keys: list[str],
+        sequence: str | None,
+    ) -> sa.TableClause:
+        # DISTINCT ON sorts once, in memory with a work_mem that holds a batch (the default spills 200k rows to
+        # disk); ON COMMIT DROP (a rollback drops it too); the key after the load (one index build); ANALYZE:
+        # autovacuum never looks at a temporary table, and the joins need its size and its flag's spread
+        table = sa.table(name, *(sa.column(c.name) for c in rows.selected_columns))
+        select: sa.Select[Any] = rows
+        if sequence is not None:
+            src = rows.subquery("xasink_rows_")
+            by_key = [src.c[k] for k in keys]
+            select = sa.select(*src.c).ext(distinct_on(*by_key)).order_by(*by_key, src.c[sequence].desc())
+        prep = conn.dialect.identifier_preparer
+        quoted = prep.format_table(table)
+        text, params = statement_text(conn, select)
+        conn.exec_driver_sql(SORT_MEMORY)
+        conn.exec_driver_sql(f"CREATE TEMPORARY TABLE {quoted} ON COMMIT DROP AS {text}", params)
+        conn.exec_driver_sql(f"ALTER TABLE {quoted} ADD PRIMARY KEY ({', '.join(prep.quote(k) for k in keys)})")
+        conn.exec_driver_sql(f"ANALYZE {quoted}")
+        return table
 
     def upsert_from_select(self, merge: Merge) -> sa.Insert:
         from sqlalchemy.dialects.postgresql import insert

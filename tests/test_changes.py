@@ -1,0 +1,163 @@
+"""The change-data apply (xasink/write_modes/changes.py), on PostgreSQL and MariaDB, without Spark
+(tests/modes_driver.py: the data source's planning, one branch per list, ``Coordinator.commit``): the newest
+change per key against stored rows and tombstones, exact row sets, tombstones and rows written, a key
+changing twice without a sequence, and an apply beside another run's prepared branch of the shadow."""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from tests.harness import shadow_rows
+from tests.modes_driver import batch_direct, prepare_stray_branch
+from tests.targets import POSTGRESQL, Target
+from xasink.errors import ApplyError
+from xasink.ops import survey as admin
+from xasink.protocol.xid import Xid
+from xasink.write_modes.spec import tombstone_name
+
+COLUMNS = {"id": "int", "name": "string", "seq": "long", "deleted": "boolean"}
+OPTIONS = {"upsertKeyColumns": "id", "deleteFlagColumn": "deleted", "sequenceColumn": "seq"}
+
+
+def sink() -> str:
+    return f"ch-{uuid.uuid4().hex[:10]}"
+
+
+def changes(
+    db: Target,
+    table: str,
+    s: str,
+    batch: int,
+    partitions: list[list[tuple[Any, ...]]],
+    sequence: bool = True,
+    **opts: Any,
+) -> Any:
+    options = {**OPTIONS, **opts}
+    if not sequence:
+        del options["sequenceColumn"]
+    return batch_direct(db.url, table, s, batch, COLUMNS, partitions, "append", **options)
+
+
+def written(caplog: pytest.LogCaptureFixture, s: str, batch: int) -> int:
+    """The rows the apply of a batch wrote (updated or inserted), as its log line reports them."""
+    line = re.compile(rf"sink {re.escape(s)} batch {batch}: apply changes to \S+ \((\d+) rows\)")
+    found = [int(m.group(1)) for r in caplog.records if (m := line.search(r.getMessage()))]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def tombstones(db: Target, s: str) -> list[tuple[Any, ...]]:
+    decided = db.decision(s, 0)
+    assert decided is not None and decided.xids
+    log_id = Xid.parse(decided.xids[0]).log_id  # type: ignore[union-attr]
+    return db.rows(tombstone_name("xasink_", log_id, s))
+
+
+def test_keys_changed_several_times_against_stored_rows_and_tombstones(
+    db: Target, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each key's newest change by sequence, across partitions, against the stored row and an older or newer
+    tombstone: the exact rows, tombstones and rows written."""
+    caplog.set_level(logging.INFO, logger="xasink.protocol.apply_step")
+    table = db.new_table()
+    db.create_table(table, "id int PRIMARY KEY, name varchar(20), seq bigint")
+    s = sink()
+    first = [(k, f"r{k}", 1, False) for k in range(1, 7)]
+    changes(db, table, s, 0, [first[:3], first[3:]])
+    assert written(caplog, s, 0) == 6
+    # tombstones: key 1 and 2 at 5, key 7 (never there) at 5
+    changes(db, table, s, 1, [[(1, None, 5, True), (2, None, 5, True)], [(7, None, 5, True)]])
+    assert written(caplog, s, 1) == 0
+    assert db.rows(table) == [(3, "r3", 1), (4, "r4", 1), (5, "r5", 1), (6, "r6", 1)]
+    assert tombstones(db, s) == [(1, 5), (2, 5), (7, 5)]
+    batch = [
+        [(1, "old3", 3, False), (2, "two6", 6, False), (3, None, 9, True), (8, "new1", 1, False)],
+        [(1, "old4", 4, False), (2, None, 7, True), (3, "three2", 2, False), (4, "four0", 0, False)],
+        [(2, "two8", 8, False), (7, "seven6", 6, False), (8, "new2", 2, False), (5, None, 0, True)],
+        [(6, "six1", 1, False)],  # the same sequence as the stored row: applied (not older)
+    ]
+    changes(db, table, s, 2, batch)
+    # 1: both changes older than its tombstone (5): stays deleted.  2: update, delete, re-insert: the re-insert
+    # (8) wins over the tombstone (5).  3: deleted at 9 (its update at 2 is older).  4: older than the stored
+    # row: ignored.  5: a delete older than the stored row: ignored.  7: newer than its tombstone: inserted.
+    # 8: inserted, its newest change (2) wins.
+    assert db.rows(table) == [
+        (2, "two8", 8),
+        (4, "r4", 1),
+        (5, "r5", 1),
+        (6, "six1", 1),
+        (7, "seven6", 6),
+        (8, "new2", 2),
+    ]
+    assert tombstones(db, s) == [(1, 5), (3, 9)]  # 2 and 7 are alive again; 3's delete took effect
+    assert written(caplog, s, 2) == 4  # 2, 6, 7, 8
+    assert shadow_rows(db) == 0 and db.prepared(s) == []
+    # a replay of the batch (a new batch id) changes nothing: the keys whose stored sequence equals the change's
+    # (2, 6, 7, 8) are written again with the same values
+    changes(db, table, s, 3, batch)
+    assert written(caplog, s, 3) == 4
+    assert db.rows(table) == [
+        (2, "two8", 8),
+        (4, "r4", 1),
+        (5, "r5", 1),
+        (6, "six1", 1),
+        (7, "seven6", 6),
+        (8, "new2", 2),
+    ]
+    assert tombstones(db, s) == [(1, 5), (3, 9)]
+
+
+def test_a_key_changing_twice_without_a_sequence_fails_the_batch(db: Target, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="xasink.protocol.apply_step")
+    table = db.new_table()
+    db.create_table(table, "id int PRIMARY KEY, name varchar(20), seq bigint")
+    db.execute(f"INSERT INTO {db.q(table)} VALUES (1, 'a', 1), (2, 'b', 1)")
+    s = sink()
+    once = [[(1, "a2", 2, False), (3, "c", 1, False)], [(2, None, 2, True)]]
+    changes(db, table, s, 0, once, sequence=False)
+    assert written(caplog, s, 0) == 2
+    assert db.rows(table) == [(1, "a2", 2), (3, "c", 1)]
+    twice = [[(1, "x", 3, False)], [(1, None, 4, True), (4, "d", 1, False)]]
+    with pytest.raises(ApplyError, match=r"key \(1\) changes more than once"):
+        changes(db, table, s, 1, twice, sequence=False)
+    assert db.rows(table) == [(1, "a2", 2), (3, "c", 1)]
+    assert shadow_rows(db) == 0 and db.prepared(s) == []
+
+
+def test_a_change_data_apply_never_waits_on_another_runs_branch_of_the_shadow(
+    db: Target, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A branch of another run of the same batch, prepared into the shadow and never decided, while the decided
+    run applies (held after its commits): the apply neither waits on it nor reads its rows."""
+    table = db.new_table()
+    db.create_table(table, "id int PRIMARY KEY, name varchar(20), seq bigint")
+    db.execute(f"INSERT INTO {db.q(table)} VALUES (1, 'a', 1), (2, 'b', 1), (3, 'c', 1)")
+    caplog.set_level(logging.INFO, logger="xasink.protocol.apply_step")
+    monkeypatch.setenv("XASINK_FAULT", "driver.after_commits:sleep=3")
+    s = sink()
+    opts = {"controlLockTimeout": 2, "commitTimeout": 8}  # a wait on the stray's rows fails the write
+    mine = [[(1, "a2", 2, False), (2, None, 2, True)], [(4, "d", 2, False), (1, "a3", 3, False)]]
+    with ThreadPoolExecutor(1) as pool:
+        job = pool.submit(changes, db, table, s, 0, mine, **opts)
+        deadline = time.monotonic() + 60
+        while db.decision(s, 0) is None or db.prepared(s):
+            assert time.monotonic() < deadline and not job.done(), "the driver never reached its commits"
+            time.sleep(0.05)
+        stray_rows = [(1, "stray", 9, False), (3, None, 9, True), (5, "stray", 9, False)]
+        stray = prepare_stray_branch(db.url, table, s, 0, stray_rows, COLUMNS, "append", **OPTIONS, **opts)
+        assert not job.done()
+        job.result(timeout=60)
+    assert written(caplog, s, 0) == 2
+    assert db.rows(table) == [(1, "a3", 3), (3, "c", 1), (4, "d", 2)]
+    assert db.prepared(s) == [stray] if db.kind == POSTGRESQL else len(db.prepared(s)) == 1  # left to its run
+    report = admin.recover(db.url, sink_id=s, older_than_s=0)
+    assert not report.errors, report.errors
+    assert db.prepared(s) == [] and shadow_rows(db) == 0
+    assert db.rows(table) == [(1, "a3", 3), (3, "c", 1), (4, "d", 2)]
