@@ -24,7 +24,9 @@ def parser(module: str, doc: str, name_default: str) -> argparse.ArgumentParser:
     """``python -m <module>``'s parser with the common arguments; the module adds its own."""
     p = argparse.ArgumentParser(prog=f"python -m {module}", description=doc.split("\n\n")[0])
     p.add_argument("--db", default=",".join(DATABASES), help=",".join(DATABASES))
-    p.add_argument("--mariadb", default=MARIADB, help="host:port of the MariaDB server")
+    p.add_argument(
+        "--mariadb", default=MARIADB, help="host:port of the MariaDB server, or 'private': a server of the run's own"
+    )
     p.add_argument("--name", help=f"results file name (default {name_default})")
     p.add_argument("--out", default=str(RESULTS), help="results directory")
     return p

@@ -2,8 +2,11 @@
 
 Every contender here is CPU-bound (the database server, Spark's JVM and Python workers share the cores), so
 the wall time can never drop below (CPU seconds of the parts a writer cannot avoid) / cores.  Read from
-/proc: user + system time of every process, plus the time of children it has reaped (PostgreSQL backends
-end with their connection and are reaped by the postmaster; psql and mysql clients by this process).
+/proc: user + system time of this run's processes, plus the time of children they have reaped (PostgreSQL
+backends end with their connection and are reaped by the postmaster; psql and mysql clients by this process).
+This run's processes are this driver's descendants (Spark's JVM, its Python workers) and the database servers:
+only those it started when it started them all (``SERVER_ROOTS``), else every one on the machine, whose
+CPU then includes other jobs' work on a shared server.
 
 A process that is already running at the first snapshot and ends before the second reaches its parent's
 reaped-children time with its whole life, not only the part inside the window: that part before the window
@@ -18,13 +21,31 @@ from typing import Any, NamedTuple
 
 CLASSES = ("database", "spark_jvm", "python_workers", "driver_and_clients")
 _HZ = os.sysconf("SC_CLK_TCK")
+_DATABASES = ("postgres", "mariadbd", "mysqld")
+# the pids of database servers this run started for itself (benchmarks.env); None: a server is shared with
+# other jobs, and every database process on the machine counts (their work included)
+SERVER_ROOTS: set[int] | None = None
 
 
-def _classify(pid: int, comm: str) -> str | None:
-    if pid == os.getpid():
+def _descends(pid: int, roots: set[int], parents: dict[int, int]) -> bool:
+    seen = 0
+    while pid > 1 and seen < 64:
+        if pid in roots:
+            return True
+        pid, seen = parents.get(pid, 0), seen + 1
+    return False
+
+
+def _classify(pid: int, comm: str, parents: dict[int, int]) -> str | None:
+    """The class of a process of this run: its database servers, and this driver's Spark JVM and Python
+    workers (another job's JVM or Python on the machine is not ours)."""
+    me = os.getpid()
+    if pid == me:
         return "driver_and_clients"
-    if comm.startswith(("postgres", "mariadbd", "mysqld")):
-        return "database"
+    if comm.startswith(_DATABASES):
+        return "database" if SERVER_ROOTS is None or _descends(pid, SERVER_ROOTS, parents) else None
+    if not _descends(pid, {me}, parents):
+        return None
     if comm == "java":
         return "spark_jvm"
     if comm.startswith("python"):
@@ -40,7 +61,7 @@ class Usage(NamedTuple):
 
 def snapshot() -> dict[int, Usage]:
     """Per process of a known class: its class, CPU seconds so far and parent."""
-    out: dict[int, Usage] = {}
+    procs: dict[int, tuple[str, float, int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -50,12 +71,15 @@ def snapshot() -> dict[int, Usage]:
         except OSError:  # gone meanwhile
             continue
         comm = stat[stat.index("(") + 1 : stat.rindex(")")]
-        kind = _classify(int(entry), comm)
-        if kind is None:
-            continue
         fields = stat[stat.rindex(")") + 2 :].split()
         seconds = sum(int(x) for x in fields[11:15]) / _HZ  # utime stime cutime cstime
-        out[int(entry)] = Usage(kind, seconds, int(fields[1]))
+        procs[int(entry)] = (comm, seconds, int(fields[1]))
+    parents = {pid: p[2] for pid, p in procs.items()}
+    out: dict[int, Usage] = {}
+    for pid, (comm, seconds, parent) in procs.items():
+        kind = _classify(pid, comm, parents)
+        if kind is not None:
+            out[pid] = Usage(kind, seconds, parent)
     return out
 
 

@@ -1,8 +1,9 @@
 """The set-up every benchmark shares: the servers, the Spark session, small database helpers, a polling reader.
 
-PostgreSQL is a private :class:`xasink.support.embedded.EmbeddedPostgres` (fsync off, as for the tests) with room for
-300 prepared transactions; MariaDB is the machine's server at 127.0.0.1:3306 (root, empty password) with a
-scratch database.  The set-up is recorded in the results, so a figure is never read without it.
+PostgreSQL is a private :class:`xasink.support.embedded.EmbeddedPostgres` with room for 300 prepared
+transactions; MariaDB is the machine's server at 127.0.0.1:3306 (root, empty password) with a scratch database,
+or with ``--mariadb private`` a server of the run's own (:mod:`benchmarks.private_mariadb`).
+The set-up is recorded in the results, so a figure is never read without it.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ import psycopg2
 import psycopg2.extensions
 import pymysql
 
+from benchmarks import cpu
+from benchmarks.private_mariadb import PrivateMariaDB, server_pids
 from xasink.support.embedded import EmbeddedPostgres
 
 log = logging.getLogger("benchmarks")
@@ -45,15 +48,8 @@ PG_SETTINGS = (
     "max_prepared_transactions",
     "max_connections",
 )
-MARIADB_SETTINGS = (
-    "version",
-    "innodb_flush_log_at_trx_commit",
-    "innodb_buffer_pool_size",
-    "innodb_log_file_size",
-    "sync_binlog",
-    "log_bin",
-    "local_infile",
-)
+MARIADB_SETTINGS = ("version", "innodb_flush_log_at_trx_commit", "innodb_buffer_pool_size", "innodb_log_file_size")
+MARIADB_SETTINGS += ("innodb_doublewrite", "sync_binlog", "log_bin", "local_infile", "max_allowed_packet")
 
 
 @dataclass
@@ -241,20 +237,28 @@ def databases(
     """
     notes = [] if notes is None else notes
     dbs: list[Database] = []
-    server = None
+    server, private = None, None
     try:
         if "postgresql" in kinds:
             server, pg = start_postgres(durable=durable)
             dbs.append(pg)
         if "mariadb" in kinds:
+            if mariadb_at == "private":  # a server of its own: its CPU is this run's alone
+                private = PrivateMariaDB()
+                mariadb_at = private.start()
             host, _, port = mariadb_at.partition(":")
             maria = mariadb(host, int(port or 3306))
             if maria is None:
                 notes.append(f"MariaDB at {mariadb_at} not reachable: skipped")
             else:
                 dbs.append(maria)
+                maria.settings["server"] = "private to this run" if private else f"shared, at {mariadb_at}"
                 if maria.note:
                     notes.append(maria.note)
+        shared = "mariadb" in kinds and private is None
+        cpu.SERVER_ROOTS = None if shared else server_pids(server.data_dir if server else None, private)
+        if shared and dbs:
+            notes.append("MariaDB is the machine's shared server: its CPU here includes other clients' work")
         for db in dbs:
             log.info("%s: %s", db.kind, ", ".join(f"{k}={v}" for k, v in db.settings.items()))
         yield dbs
@@ -263,6 +267,8 @@ def databases(
             drop_scratch(db)
         if server is not None:
             server.stop()
+        if private is not None:
+            private.stop()
 
 
 def drop_scratch(db: Database) -> None:

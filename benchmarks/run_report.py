@@ -9,13 +9,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from benchmarks import targets
 from benchmarks.report import pyplot, save_fig, settings_lines
-
-SIZE_FOR_TARGETS = 2_000_000
-
-
-def _fmt_size(n: int) -> str:
-    return f"{n / 1e6:g}M" if n >= 1_000_000 else f"{n / 1e3:g}k"
+from benchmarks.targets import fmt_size
 
 
 def _record(
@@ -86,103 +82,11 @@ def cpu_records(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
-def _memory_growth(memory: list[dict[str, Any]], db: str, writer: str = "xasink") -> dict[str, Any] | None:
-    """Peak RSS of the writing worker at the largest partition over that at the smallest."""
-    rows = sorted((m for m in memory if m["db"] == db and m["writer"] == writer), key=lambda m: m["rows_per_partition"])
-    if len(rows) < 2:
-        return None
-    lo, hi = rows[0], rows[-1]
-    return {
-        "db": db,
-        "value": round(hi["peak_rss_mb"] / lo["peak_rss_mb"], 3),
-        "at": f"{_fmt_size(lo['rows_per_partition'])} and {_fmt_size(hi['rows_per_partition'])} rows a partition",
-        "note": f"{lo['peak_rss_mb']:.0f} MB and {hi['peak_rss_mb']:.0f} MB",
-    }
-
-
-def targets(
-    rat: list[dict[str, Any]], scale: list[dict[str, Any]], memory: list[dict[str, Any]] | None = None
-) -> list[dict[str, Any]]:
-    """The issue's goals beside what this run measured; a speed goal shows the machine's CPU ceiling with it."""
-
-    def pick(db: str, schema: str = "narrow") -> dict[str, Any] | None:
-        rows = [r for r in rat if r["db"] == db and r["schema"] == schema]
-        if not rows:
-            return None
-        return min(rows, key=lambda r: (abs(r["size"] - SIZE_FOR_TARGETS), -r["size"]))
-
-    out = []
-
-    def add(what: str, row: dict[str, Any] | None, key: str, goal: str, ok: Any, ceiling: str | None = None) -> None:
-        value = row.get(key) if row else None
-        at = f"{row['db']} {row['schema']} {_fmt_size(row['size'])}" if row else "not measured"
-        limit = row.get(ceiling) if row and ceiling else None
-        out.append(
-            {
-                "target": what,
-                "measured_at": at,
-                "value": value,
-                "goal": goal,
-                "met": None if value is None else bool(ok(value)),
-                "note": f"CPU ceiling here {limit:.2f}x" if limit else None,
-            }
-        )
-
-    pg, my = pick("postgresql"), pick("mariadb")
-    tuned, default = "ceiling_vs_jdbc_tuned", "ceiling_vs_jdbc_default"
-    add("PG: xasink vs tuned JDBC writer", pg, "xasink_speedup_vs_jdbc_tuned", ">= 2x", lambda v: v >= 2, tuned)
-    add(
-        "PG: xasink vs default JDBC writer",
-        pg,
-        "xasink_speedup_vs_jdbc_default",
-        ">= 3.5x",
-        lambda v: v >= 3.5,
-        default,
-    )
-    add(
-        "PG: xasink time / floor (parallel COPY + Arrow hand-off)",
-        pg,
-        "xasink_time_over_floor",
-        "<= 1.15",
-        lambda v: v <= 1.15,
-    )
-    add("PG: price of XA (vs plain COMMIT)", pg, "price_of_xa_pct", "<= 5 %", lambda v: v <= 5)
-    add("MariaDB: xasink vs tuned JDBC writer", my, "xasink_speedup_vs_jdbc_tuned", ">= 2x", lambda v: v >= 2, tuned)
-    add("PG: xasink upsert vs hand-written upsert", pg, "upsert_speedup_vs_hand", ">= 2x", lambda v: v >= 2)
-    add("MariaDB: xasink upsert vs hand-written upsert", my, "upsert_speedup_vs_hand", ">= 2x", lambda v: v >= 2)
-    big = [s for s in scale if s["branches"] == 256]
-    best = min(big, key=lambda s: s["decide_commit_s"]) if big else None
-    out.append(
-        {
-            "target": "256 branches decided + committed",
-            "measured_at": f"commitParallelism {best['commit_parallelism']}" if best else "not measured",
-            "value": best["decide_commit_s"] if best else None,
-            "goal": "< 1 s",
-            "met": None if best is None else best["decide_commit_s"] < 1,
-            "note": None,
-        }
-    )
-    for db in sorted({m["db"] for m in memory or []}):
-        growth = _memory_growth(memory or [], db)
-        if growth:
-            out.append(
-                {
-                    "target": f"{db}: worker peak RSS flat as partitions grow (larger over smaller)",
-                    "measured_at": growth["at"],
-                    "value": growth["value"],
-                    "goal": "<= 1.1",
-                    "met": growth["value"] <= 1.1,
-                    "note": growth["note"],
-                }
-            )
-    return out
-
-
 def derive(res: dict[str, Any]) -> dict[str, Any]:
     """The tables computed from the measurements: ratios, CPU seconds, targets."""
     res["ratios"] = ratios([r for r in res.get("throughput", []) if r.get("median_s")])
     res["cpu"] = cpu_records(res.get("throughput", []))
-    res["targets"] = targets(res["ratios"], res.get("coordinator", []), res.get("memory", []))
+    res["targets"] = targets.targets(res["ratios"], res.get("coordinator", []), res.get("memory", []), res)
     return res
 
 
@@ -223,6 +127,8 @@ TARGET_COLUMNS = _cols(
     ("value", "value"),
     ("goal", "goal"),
     ("met", lambda t: {True: "yes", False: "**no**", None: "–"}[t["met"]]),
+    ("CPU s: server / Spark JVM / Python workers", lambda t: t.get("cpu")),
+    ("CPU ceiling", lambda t: f"{t['ceiling']:.2f}x" if t.get("ceiling") else None),
     ("note", lambda t: t.get("note")),
 )
 
@@ -241,7 +147,7 @@ SECTIONS: list[tuple[str, str, str, list[Column]]] = [
         _cols(
             ("db", "db"),
             ("schema", "schema"),
-            ("size", lambda r: _fmt_size(r["size"])),
+            ("size", lambda r: fmt_size(r["size"])),
             ("vs JDBC tuned", "xasink_speedup_vs_jdbc_tuned"),
             ("vs JDBC default", "xasink_speedup_vs_jdbc_default"),
             ("floor s (COPY + hand-off)", "floor_s"),
@@ -264,7 +170,7 @@ SECTIONS: list[tuple[str, str, str, list[Column]]] = [
         _cols(
             ("db", "db"),
             ("schema", "schema"),
-            ("size", lambda r: _fmt_size(r["size"])),
+            ("size", lambda r: fmt_size(r["size"])),
             ("contender", "label"),
             ("wall s", "median_s"),
             ("database", "database"),
@@ -362,7 +268,7 @@ def markdown(res: dict[str, Any]) -> str:
                 else:
                     line.append(f"skipped: {r.get('note') or r.get('error')}"[:120])
             table_rows.append(line)
-        out.append(_table(["contender"] + [_fmt_size(s) for s in sizes], table_rows))
+        out.append(_table(["contender"] + [fmt_size(s) for s in sizes], table_rows))
         out.append("")
     for key, title, intro, columns in SECTIONS:
         if res.get(key):
@@ -394,7 +300,7 @@ def charts(res: dict[str, Any], outdir: Path, name: str) -> list[str]:
                 ]
                 ax.bar([x + i * width for x in range(len(sizes))], ys, width, label=cname)
             ax.set_xticks([x + width * (len(names) - 1) / 2 for x in range(len(sizes))])
-            ax.set_xticklabels([f"{_fmt_size(s)} rows" for s in sizes])
+            ax.set_xticklabels([f"{fmt_size(s)} rows" for s in sizes])
             ax.set_ylabel("thousand rows/s")
             ax.set_title(f"Throughput, {db}, {schema} schema (median)")
             ax.legend(fontsize=7, ncol=4)
@@ -402,7 +308,7 @@ def charts(res: dict[str, Any], outdir: Path, name: str) -> list[str]:
     rat = [r for r in res.get("ratios", []) if r.get("price_of_xa_pct") is not None]
     if rat:
         fig, ax = plt.subplots(figsize=(9, 3.5))
-        labels = [f"{r['db'][:2]} {r['schema']} {_fmt_size(r['size'])}" for r in rat]
+        labels = [f"{r['db'][:2]} {r['schema']} {fmt_size(r['size'])}" for r in rat]
         vals = [r["price_of_xa_pct"] for r in rat]
         ax.bar(labels, vals, color=["tab:red" if v > 5 else "tab:green" for v in vals])
         ax.axhline(5, color="gray", ls="--", lw=1, label="target 5 %")

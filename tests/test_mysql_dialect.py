@@ -51,6 +51,7 @@ from xasink.dialects.mysql import (
     owner_lock,
     parse_foreign_gid,
     parse_recover_row,
+    text_column,
     xid_literal,
 )
 from xasink.errors import BranchError, ConnectError, PreflightError
@@ -399,6 +400,66 @@ def test_tsv_encoding_escapes_exactly() -> None:
     assert encode_tsv(batch).to_pybytes() == (
         b"1\ta\\tb\\\\c\\nd\\re\\0\t00FF\t2024-01-02 03:04:05.000006\t1\n\\N\t\\N\t\\N\t\\N\t\\N\n"
     )
+
+
+def test_tsv_csv_writer_path_is_byte_identical_to_the_joined_columns() -> None:
+    """Arrow's CSV writer formats numbers, dates and wall times itself: exactly as text_column does; a batch
+    with a double quote (which it refuses unquoted) goes the joined way, with the same bytes."""
+    cols = {
+        "i8": pa.array([1, -2, None], pa.int8()),
+        "u64": pa.array([2**64 - 1, 0, None], pa.uint64()),
+        "f64": pa.array([0.1, 1e300, -0.0]),
+        "f32": pa.array([0.1, F32_MAX, None], pa.float32()),
+        "dec": pa.array([decimal.Decimal("1.50"), decimal.Decimal("-0.01"), None], pa.decimal128(12, 2)),
+        "d": pa.array([dt.date(2020, 1, 1), dt.date(1, 1, 1), None]),
+        "ms": pa.array([0, -1, None], pa.timestamp("ms")),
+        "ns": pa.array([1_000_000_000_123_456_789, 0, None], pa.timestamp("ns")),
+        "tz": pa.array(
+            [dt.datetime(2020, 1, 1, 1, 2, 3, 4), dt.datetime(9999, 12, 31), None], pa.timestamp("us", "UTC")
+        ),
+        "b": pa.array([True, False, None]),
+        "bin": pa.array([b"\x00\xff", b"", None]),
+    }
+    for text in (["a\tb", "", None], ['say "hi"', "x", None]):
+        batch = pa.RecordBatch.from_pydict({**cols, "s": pa.array(text)})
+        fields = [text_column(c).to_pylist() for c in batch.columns]
+        expected = "".join("\t".join(row) + "\n" for row in zip(*fields, strict=True)).encode()
+        assert encode_tsv(batch).to_pybytes() == expected
+
+
+@pytest.mark.parametrize("statement_bytes", [200, 64 << 20], ids=["statement-every-few-batches", "one-statement"])
+def test_load_data_streams_every_batch_exactly_once(
+    mariadb_url: str, table: str, statement_bytes: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rows stream through a pipe into LOAD DATA statements of up to load_data_max_bytes each."""
+    monkeypatch.setattr(MySQLDialect, "load_data_max_bytes", statement_bytes)
+    keyed_table(mariadb_url, table)
+    opts = options(mariadb_url, table)
+    plan = plan_for(opts, ID_VAL)
+    parts = [[id_val([(p * 1000 + b * 50 + i, f"v{i}") for i in range(50)]) for b in range(5)] for p in range(3)]
+    outcomes = write_parts(opts, plan, parts)
+    assert [o.rows for o in outcomes] == [250, 250, 250]
+    commit(opts, 0, outcomes)
+    expected = sorted((p * 1000 + b * 50 + i, f"v{i}") for p in range(3) for b in range(5) for i in range(50))
+    assert mariadb_rows(mariadb_url, table) == expected
+    assert mariadb_prepared_gids(mariadb_url, [opts.sink_id]) == []
+
+
+@pytest.mark.parametrize("bad", ["nan", "duplicate"])
+def test_a_bad_later_batch_fails_the_streamed_branch_and_leaves_nothing(mariadb_url: str, table: str, bad: str) -> None:
+    """An error while a statement streams (the client's encoding, or the server's) ends the statement and
+    fails the branch: nothing of the rows already streamed stays."""
+    schema = pa.schema([("id", pa.int64()), ("f", pa.float64())])
+    sql(mariadb_url, f"CREATE TABLE `{table}` (id BIGINT PRIMARY KEY, f DOUBLE) ENGINE=InnoDB")
+    opts = options(mariadb_url, table)
+    plan = plan_for(opts, schema)
+    good = pa.RecordBatch.from_pydict({"id": range(1000), "f": [0.5] * 1000}, schema=schema)
+    later = {"nan": (5000, float("nan")), "duplicate": (7, 1.0)}[bad]
+    wrong = pa.RecordBatch.from_pydict({"id": [later[0]], "f": [later[1]]}, schema=schema)
+    with pytest.raises(BranchError, match={"nan": "NaN or infinite", "duplicate": "duplicate key"}[bad]):
+        write_parts(opts, plan, [[good, good.slice(0, 0), wrong]])
+    assert mariadb_rows(mariadb_url, table) == []
+    assert mariadb_prepared_gids(mariadb_url, [opts.sink_id]) == []
 
 
 # --------------------------------------------------------------------------- errors

@@ -4,9 +4,8 @@ a plain INSERT), LOAD DATA REPLACE or ON DUPLICATE KEY UPDATE where the key's in
 
 from __future__ import annotations
 
+import functools
 import logging
-import os
-import tempfile
 from collections.abc import Iterator
 from typing import Any, Protocol
 
@@ -17,6 +16,7 @@ from xasink.dialects.base import BranchSession
 from xasink.dialects.mysql.encoding import encode_tsv, python_rows
 from xasink.dialects.mysql.errors import PRIVILEGE_CODES
 from xasink.dialects.mysql.sql import BRANCH_SQL_MODE, MAX_LOCK_WAIT, errno_of, quote_ident, table_name
+from xasink.dialects.mysql.stream import FileLoad, StreamedLoad, open_load
 from xasink.dialects.mysql.xa import owner_lock, parse_recover_row, recover_statement, xid_literal
 from xasink.dialects.values import BranchSettings, TargetPlan, check_upsert_keys
 from xasink.errors import BranchError
@@ -200,43 +200,42 @@ class MySQLBranch(BranchSession):
         return ", ".join(f"{quote_ident(n)} = VALUES({quote_ident(n)})" for n in others)
 
     def _load_data(self, batches: Iterator[pa.RecordBatch], into: str, replace: bool = False) -> int:
-        """Batches are written to a private temp file and loaded every ``batch_size`` rows (or 64 MiB)."""
-        fd, path = tempfile.mkstemp(prefix="xasink-", suffix=".tsv")
-        total = pending = 0
+        """Batches streamed into LOAD DATA statements of up to ``load_data_max_bytes`` each (see .stream)."""
+        total = 0
+        load: StreamedLoad | FileLoad | None = None
         try:
-            stmt = self.load_data_sql(path, into, replace)
-            with os.fdopen(fd, "wb") as f:
-                for batch in batches:
-                    f.write(encode_tsv(batch))
-                    pending += batch.num_rows
-                    if pending >= self.dialect.settings.batch_size or f.tell() >= self.dialect.load_data_max_bytes:
-                        f.flush()
-                        self._run_load(stmt, pending, replace)
-                        total += pending
-                        pending = 0
-                        f.seek(0)
-                        f.truncate()
-                if pending:
-                    f.flush()
-                    self._run_load(stmt, pending, replace)
-                    total += pending
+            for batch in batches:
+                data = encode_tsv(batch)
+                if load is None:
+                    load = open_load(functools.partial(self._execute_load, into=into, replace=replace))
+                load.write(data, batch.num_rows)
+                if load.bytes >= self.dialect.load_data_max_bytes:
+                    total += self._finish_load(load, replace)
+                    load = None
+            if load is not None:
+                total += self._finish_load(load, replace)
+                load = None
         finally:
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
+            if load is not None:  # an error while encoding: the branch is rolled back, the statement must end
+                load.abandon()
         return total
 
-    def _run_load(self, stmt: str, expected: int, replace: bool = False) -> None:
-        self.cursor.execute(stmt)
-        loaded = self.cursor.rowcount
+    def _execute_load(self, path: str, into: str, replace: bool) -> tuple[int, int]:
+        """Run in the load's own thread: rows loaded and the warning count."""
+        self.cursor.execute(self.load_data_sql(path, into, replace))
+        return self.cursor.rowcount, self.cursor.warning_count
+
+    def _finish_load(self, load: StreamedLoad | FileLoad, replace: bool) -> int:
+        expected = load.rows
+        loaded, warning_count = load.finish()
         # a REPLACE counts a replaced row twice; strict mode makes a row it cannot store an error, not a skip
         stored_all = expected <= loaded <= 2 * expected if replace else loaded == expected
-        if self.cursor.warning_count or not stored_all:
+        if warning_count or not stored_all:
             self.cursor.execute("SHOW WARNINGS LIMIT 5")
             warnings = [w for w in self.cursor.fetchall() if str(w[0]).lower() != "note"]
             if warnings or not stored_all:
                 raise self.dialect.load_warning_error(warnings, loaded, expected, self.xid, self.plan)
+        return expected
 
     def insert_sql(self, into: str | None = None, verb: str = "INSERT") -> str:
         """The multi-row statement into the target (an upsert: ON DUPLICATE KEY UPDATE), or ``verb`` into ``into``."""

@@ -37,7 +37,7 @@ class MySQLDialect(Dialect):
     # the server's host name and port, and the database
     identity_sql, identity_format = "SELECT @@hostname, @@port, DATABASE()", "mysql://{}:{}/{}"
     database_sql = "SELECT DATABASE()"
-    load_data_max_bytes = 64 << 20  # a LOAD DATA file is loaded once it reaches this size
+    load_data_max_bytes = 64 << 20  # a streamed LOAD DATA statement ends once it has carried this much
     max_stmt_bytes = 4 << 20  # largest multi-row INSERT statement (capped by max_allowed_packet)
 
     def connect_args(self) -> dict[str, Any]:
