@@ -161,3 +161,58 @@ def test_a_change_data_apply_never_waits_on_another_runs_branch_of_the_shadow(
     assert not report.errors, report.errors
     assert db.prepared(s) == [] and shadow_rows(db) == 0
     assert db.rows(table) == [(1, "a3", 3), (3, "c", 1), (4, "d", 2)]
+
+
+def test_a_role_that_may_not_create_temporary_tables_is_refused_before_any_branch(db: Target) -> None:
+    """The apply computes the newest change per key in a temporary table: a role without that privilege is told
+    what to grant when the write is planned, not after the decision (when nothing could undo it)."""
+    import sqlalchemy as sa
+
+    from tests.targets import mariadb_params
+    from xasink.database_url import parse_url
+    from xasink.dialects import dialect_for
+    from xasink.errors import PreflightError
+    from xasink.write_modes.changes import check_changes_table
+    from xasink.write_modes.spec import CHANGES, ApplySpec
+
+    table, role = f"t_{uuid.uuid4().hex[:8]}", f"notemp_{uuid.uuid4().hex[:8]}"
+    spec = ApplySpec(CHANGES, None, table, table, ("id", "name", "seq"), keys=("id",), sequence="seq")
+    shadow = sa.table(table, *(sa.column(c) for c in spec.columns))
+    url = parse_url(db.url, password=db.password)
+    create = f"CREATE TABLE {db.q(table)} (id int primary key, name text, seq bigint)"
+    if db.kind == POSTGRESQL:
+        home = f"{role}_db"
+        db.execute(f"CREATE DATABASE {db.q(home)}")
+        url = url.set(database=home)
+        setup = [
+            f"REVOKE TEMPORARY ON DATABASE {db.q(home)} FROM PUBLIC",
+            f"CREATE ROLE {db.q(role)} LOGIN PASSWORD 'pw-secret'",
+            create,
+            f"GRANT SELECT ON {db.q(table)} TO {db.q(role)}",
+        ]
+        drop = [f"DROP DATABASE IF EXISTS {db.q(home)}", f"DROP ROLE IF EXISTS {db.q(role)}"]
+    else:
+        db.tables.append(table)
+        host = mariadb_params(db.url)["host"]
+        setup = [
+            create,
+            f"CREATE USER '{role}'@'{host}' IDENTIFIED BY 'pw-secret'",
+            f"GRANT SELECT ON {db.q(table)} TO '{role}'@'{host}'",
+        ]
+        drop = [f"DROP USER IF EXISTS '{role}'@'{host}'"]
+    try:
+        owner = dialect_for(url)
+        with owner.connect() as conn:
+            for statement in setup:
+                conn.exec_driver_sql(statement)
+                conn.commit()
+            check_changes_table(owner, conn, spec, shadow)  # a role that may: nothing to say
+        owner.dispose()
+        dialect = dialect_for(url.set(username=role, password="pw-secret"))
+        with dialect.connect() as conn, pytest.raises(PreflightError, match="temporary table") as err:
+            check_changes_table(dialect, conn, spec, shadow)
+        dialect.dispose()
+        assert "GRANT" in str(err.value) and "pw-secret" not in str(err.value), err.value
+    finally:
+        for statement in drop:
+            db.execute(statement)

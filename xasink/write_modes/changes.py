@@ -24,7 +24,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from xasink.dialects.base import Dialect, Merge
-from xasink.errors import ApplyError
+from xasink.errors import ApplyError, PreflightError
 from xasink.write_modes.spec import ApplySpec
 
 CHANGES_TABLE = "xasink_changes_"  # the temporary table of the newest change per key
@@ -83,3 +83,22 @@ def apply_changes(
         conn.execute(sa.delete(tomb).where(*(tomb.c[k] == chg.c[k] for k in keys), alive))
     dialect.drop_changes_table(conn, chg)
     return written
+
+
+def check_changes_table(dialect: Dialect, conn: Connection, spec: ApplySpec, shadow: sa.TableClause) -> None:
+    """Make (and drop) the apply's temporary table once, before any branch opens: a role that may not create
+    temporary tables fails here, with what to grant, and not after the decision."""
+    rows = sa.select(*(shadow.c[c] for c in spec.columns)).where(sa.false())
+    try:
+        with conn.begin():
+            chg = dialect.create_changes_table(conn, CHANGES_TABLE, spec.schema, rows, list(spec.keys), spec.sequence)
+            dialect.drop_changes_table(conn, chg)
+    except sa.exc.DBAPIError as exc:
+        conn.rollback()
+        text = str(getattr(exc, "orig", exc)).strip().splitlines()
+        raise PreflightError(
+            f"a change-data write to {spec.table} computes the newest change per key in a temporary table, but "
+            f"creating one failed: {text[0] if text else type(exc).__name__}. Grant the privilege to create "
+            "temporary tables (PostgreSQL: GRANT TEMPORARY ON DATABASE ..; MariaDB/MySQL: GRANT CREATE TEMPORARY "
+            "TABLES ON db.*)"
+        ) from None
