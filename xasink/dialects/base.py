@@ -7,6 +7,7 @@ branch side (an executor loading rows) uses whatever driver API is fastest.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from abc import ABC, abstractmethod
@@ -39,7 +40,15 @@ if TYPE_CHECKING:  # rows and types only: the driver's commit path never loads p
 log = logging.getLogger(__name__)
 
 
-SHADOW_INDEX_SUFFIX = "_br"
+SHADOW_INDEX_SUFFIX = "_br"  # a shadow made by xasink before SHADOW_ROW_COLUMN: its (batch, branch) index
+# a shadow keyed by (batch, tag, row) (``Dialect.keyed_shadow``): each row's branch as a number (branch_tag of its
+# bqual), and the row's number within its branch; the branch column itself stays out of the key
+SHADOW_TAG_COLUMN, SHADOW_ROW_COLUMN = "xasink_tag_", "xasink_row_"
+
+
+def branch_tag(bqual: str) -> int:
+    """A branch's number in a keyed shadow: a 63-bit hash of its bqual, the same in the loader and the apply."""
+    return int.from_bytes(hashlib.blake2b(bqual.encode(), digest_size=8).digest(), "big") >> 1
 
 
 class BranchSession(ABC):
@@ -303,10 +312,12 @@ class Dialect(ABC):
         """
 
     # -- overwrite, replaceWhere, change-data apply (xasink.write_modes.statements) ---------------
-    # whether the shadow gets an index on (batch, branch) (named <shadow>SHADOW_INDEX_SUFFIX), and the isolation
-    # level of the apply's transaction: InnoDB's locking reads (INSERT .. SELECT, DELETE, at REPEATABLE READ)
-    # lock every row they scan, so an apply would wait on another run's prepared rows of the shadow
-    index_shadow = False
+    # whether the shadow's primary key is (batch, SHADOW_TAG_COLUMN, SHADOW_ROW_COLUMN), filled by the branch, and
+    # the isolation level of the apply's transaction: InnoDB's locking reads (INSERT .. SELECT, DELETE, at
+    # REPEATABLE READ) lock every row they scan, so an apply would wait on another run's prepared rows of the
+    # shadow; keyed so, the apply reads and deletes its branches' rows by a range of the clustered index (a
+    # secondary (batch, branch) index, as before, cost a lookup per row and a second index to load and delete)
+    keyed_shadow = False
     apply_isolation: str | None = None
 
     @abstractmethod

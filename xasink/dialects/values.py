@@ -76,6 +76,8 @@ class TargetPlan:
     # this column of each row is the batch id, filled in by the task
     batch_column: str | None = None
     branch_column: str | None = None  # the shadow's column of each row's branch (its xid's bqual), ditto
+    # the shadow's column numbering the branch's rows, where the dialect keys its shadow so (the loader fills it)
+    row_column: str | None = None
     required: tuple[str, ...] = ()  # columns that must not be NULL in any row (change-data keys and sequence)
     # Spark's session time zone (spark.sql.session.timeZone), set in each task: a TimestampNTZType written to a
     # column that holds an instant is that wall time in this zone, as Spark casts it (None: not known)

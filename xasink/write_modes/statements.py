@@ -26,34 +26,23 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from xasink.dialects.base import SHADOW_INDEX_SUFFIX, Dialect, TargetPlan
+from xasink.dialects.base import Dialect, TargetPlan
 from xasink.errors import ApplyError, PreflightError
 from xasink.options import TableName
 from xasink.protocol.xid import Xid
 from xasink.support.faults import fault
 from xasink.write_modes.changes import apply_changes
+from xasink.write_modes.shadow import key_columns, of_branches, shadow_table
 from xasink.write_modes.spec import (
     BATCH_COLUMN,
     BRANCH_COLUMN,
     OVERWRITE,
     REPLACE_WHERE,
+    ROW_COLUMN,
     ApplySpec,
 )
 
 log = logging.getLogger(__name__)
-
-
-def _shadow_table(spec: ApplySpec, types: dict[str, Any] | None = None) -> sa.Table:
-    def col(name: str, type_: Any) -> sa.Column[Any]:
-        return sa.Column(name, type_, nullable=True, autoincrement=False)
-
-    types = types or {}
-    cols = [col(c, types.get(c, sa.types.NullType())) for c in spec.columns]
-    if spec.flag is not None:
-        cols.append(col(spec.flag, sa.Boolean()))
-    cols.append(sa.Column(BATCH_COLUMN, sa.BigInteger(), nullable=False, autoincrement=False))
-    cols.append(sa.Column(BRANCH_COLUMN, sa.String(64), nullable=False))
-    return sa.Table(spec.shadow, sa.MetaData(schema=spec.schema), *cols)
 
 
 def apply_lock_name(spec: ApplySpec) -> str:
@@ -84,7 +73,7 @@ def ensure_shadow(dialect: Dialect, conn: Connection, spec: ApplySpec) -> None:
     change-data sink with deletes and a sequence."""
     target = sa.Table(spec.table, sa.MetaData(schema=spec.schema), autoload_with=conn)
     types = {c.name: c.type for c in target.c}
-    want = _shadow_table(spec, types)
+    want = shadow_table(spec, types, dialect.keyed_shadow)
     insp = sa.inspect(conn)
     if insp.has_table(spec.shadow, schema=spec.schema):
         have = [c["name"] for c in insp.get_columns(spec.shadow, schema=spec.schema)]
@@ -100,10 +89,10 @@ def ensure_shadow(dialect: Dialect, conn: Connection, spec: ApplySpec) -> None:
                         "table as it was, or drop the shadow table if that batch must be given up"
                     )
                 want.drop(conn)
-            _create(dialect, conn, want, dialect.index_shadow)
+            _create(dialect, conn, want)
     else:
         conn.rollback()
-        _create(dialect, conn, want, dialect.index_shadow)
+        _create(dialect, conn, want)
     if spec.tombstones is not None:
         _create(dialect, conn, _tombstone_table(spec, types))
     if spec.kind in (OVERWRITE, REPLACE_WHERE):
@@ -111,14 +100,12 @@ def ensure_shadow(dialect: Dialect, conn: Connection, spec: ApplySpec) -> None:
         conn.rollback()
 
 
-def _create(dialect: Dialect, conn: Connection, want: sa.Table, index: bool = False) -> None:
+def _create(dialect: Dialect, conn: Connection, want: sa.Table) -> None:
     md = sa.MetaData(schema=want.schema)
     cols = (
         sa.Column(c.name, c.type, nullable=c.nullable, primary_key=c.primary_key, autoincrement=False) for c in want.c
     )
     table = sa.Table(want.name, md, *cols, **dialect.table_kwargs())
-    if index:  # the apply finds its branches' rows without scanning (and locking) another run's
-        sa.Index(want.name + SHADOW_INDEX_SUFFIX, table.c[BATCH_COLUMN], table.c[BRANCH_COLUMN])
     try:
         with conn.begin():
             table.create(conn, checkfirst=True)
@@ -164,6 +151,7 @@ def shadow_plan(plan: TargetPlan, spec: ApplySpec, flag_source: str | None) -> T
         tuple(sources),
         batch_column=BATCH_COLUMN,
         branch_column=BRANCH_COLUMN,
+        row_column=ROW_COLUMN,  # (filled where the dialect keys its shadow by it)
         required=required,
         server_casts=plan.server_casts,  # the shadow has the target's column types
     )
@@ -178,14 +166,6 @@ def _predicate(spec: ApplySpec) -> sa.ColumnElement[bool]:
 def _first_line(exc: BaseException) -> str:
     text = str(getattr(exc, "orig", exc)).strip()
     return text.splitlines()[0] if text else type(exc).__name__
-
-
-def _of_branches(shadow: sa.FromClause, batch_id: int, branches: Sequence[str] | None) -> sa.ColumnElement[bool]:
-    """The shadow's rows of the decided branches: never another run's (prepared, or rolled back later).
-    ``branches`` None: a shadow made before rows carried their branch (all the batch's rows)."""
-    if branches is None:
-        return shadow.c[BATCH_COLUMN] == batch_id
-    return sa.and_(shadow.c[BATCH_COLUMN] == batch_id, shadow.c[BRANCH_COLUMN].in_(sorted(branches)))
 
 
 def decided_branches(conn: Connection, spec: ApplySpec, xids: Sequence[Xid]) -> list[str] | None:
@@ -287,9 +267,9 @@ def apply_statements(
     target = sa.table(spec.table, *(sa.column(c) for c in names), schema=spec.schema)
     shadow_cols = names + ([spec.flag] if spec.flag else []) + [BATCH_COLUMN]
     if branches is not None:
-        shadow_cols.append(BRANCH_COLUMN)
+        shadow_cols += [BRANCH_COLUMN, *key_columns(dialect, conn, spec)]
     shadow = sa.table(spec.shadow, *(sa.column(c) for c in shadow_cols), schema=spec.schema)
-    mine = _of_branches(shadow, batch_id, branches)
+    mine = of_branches(shadow, batch_id, branches)
     if spec.kind in (OVERWRITE, REPLACE_WHERE):
         if spec.kind == REPLACE_WHERE and spec.check_predicate:
             # the shadow under the target's name: a condition naming its columns as table.column reads the batch
@@ -297,7 +277,7 @@ def apply_statements(
             outside = conn.execute(
                 sa.select(sa.func.count())
                 .select_from(batch)
-                .where(_of_branches(batch, batch_id, branches), ~sa.func.coalesce(_predicate(spec), False))
+                .where(of_branches(batch, batch_id, branches), ~sa.func.coalesce(_predicate(spec), False))
             ).scalar()
             if outside:
                 raise ApplyError(
@@ -332,8 +312,9 @@ def withdraw(
     dialect: Dialect, conn: Connection, spec: ApplySpec, batch_id: int, branches: Sequence[str] | None
 ) -> None:
     """Delete the rows of a batch whose decision is withdrawn (its apply can never succeed) from the shadow."""
-    shadow = sa.table(spec.shadow, sa.column(BATCH_COLUMN), sa.column(BRANCH_COLUMN), schema=spec.schema)
-    _clear(dialect, conn, shadow, _of_branches(shadow, batch_id, branches), branches is None)
+    cols = [BATCH_COLUMN, BRANCH_COLUMN, *(key_columns(dialect, conn, spec) if branches is not None else [])]
+    shadow = sa.table(spec.shadow, *(sa.column(c) for c in cols), schema=spec.schema)
+    _clear(dialect, conn, shadow, of_branches(shadow, batch_id, branches), branches is None)
 
 
 def table_name(spec: ApplySpec) -> TableName:

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 import pyarrow as pa
 import pymysql
 
-from xasink.dialects.base import BranchSession
+from xasink.dialects.base import SHADOW_TAG_COLUMN, BranchSession, branch_tag
 from xasink.dialects.mysql.encoding import encode_tsv, python_rows
 from xasink.dialects.mysql.errors import PRIVILEGE_CODES
 from xasink.dialects.mysql.sql import BRANCH_SQL_MODE, MAX_LOCK_WAIT, errno_of, quote_ident, table_name
@@ -23,6 +23,7 @@ from xasink.errors import BranchError
 from xasink.protocol.xid import FORMAT_ID, Xid
 
 log = logging.getLogger("xasink.dialects.mysql")
+ROW_COUNTER = "@xasink_row_"  # the session's count of the rows a branch loaded into a keyed shadow
 
 
 class BranchHost(Protocol):
@@ -53,6 +54,7 @@ class MySQLBranch(BranchSession):
         self.conn = dialect.raw_connect(local_infile=dialect.settings.local_infile)
         self.cursor = self.conn.cursor()
         self.is_mariadb = "mariadb" in self.conn.get_server_info().lower()
+        self.tag = branch_tag(xid.bqual)  # a keyed shadow's (batch, tag, row) key: this branch's tag
         try:
             # the owner lock names this session as the branch's owner until it has disconnected (see owner_lock)
             self.cursor.execute(
@@ -69,7 +71,8 @@ class MySQLBranch(BranchSession):
             self.cursor.execute(
                 # the server's own time zone, as Spark's JDBC writer's session has: a TIMESTAMP column reads
                 # the wall time it is sent (the session zone's, as JDBC sends it) in that zone
-                "SET SESSION sql_mode = %s, time_zone = @@GLOBAL.time_zone, innodb_lock_wait_timeout = %s",
+                "SET SESSION sql_mode = %s, time_zone = @@GLOBAL.time_zone, innodb_lock_wait_timeout = %s, "
+                f"{ROW_COUNTER} = 0",  # (a shadow's rows are numbered by it: see load_data_sql)
                 (BRANCH_SQL_MODE, lock_wait),
             )
         except Exception as exc:
@@ -121,6 +124,9 @@ class MySQLBranch(BranchSession):
                 sets.append(f"{quote_ident(field.name)} = UNHEX(@xasink_v{i})")
             else:
                 cols.append(quote_ident(field.name))
+        if self.plan.row_column:  # a keyed shadow: the branch's tag, its rows numbered in load order
+            sets.append(f"{quote_ident(SHADOW_TAG_COLUMN)} = {self.tag}")
+            sets.append(f"{quote_ident(self.plan.row_column)} = ({ROW_COUNTER} := {ROW_COUNTER} + 1)")
         stmt = (
             f"LOAD DATA LOCAL INFILE {self.conn.escape(path)}{' REPLACE' if replace else ''} INTO TABLE {into} "
             "CHARACTER SET utf8mb4 "
@@ -239,7 +245,9 @@ class MySQLBranch(BranchSession):
 
     def insert_sql(self, into: str | None = None, verb: str = "INSERT") -> str:
         """The multi-row statement into the target (an upsert: ON DUPLICATE KEY UPDATE), or ``verb`` into ``into``."""
-        names = self.plan.arrow_schema.names
+        names = self.plan.arrow_schema.names + (
+            [SHADOW_TAG_COLUMN, self.plan.row_column] if self.plan.row_column else []
+        )
         cols = ", ".join(quote_ident(n) for n in names).replace("%", "%%")
         table = (into or table_name(self.plan)).replace("%", "%%")
         stmt = f"{verb} INTO {table} ({cols}) VALUES ({', '.join(['%s'] * len(names))})"
@@ -258,7 +266,10 @@ class MySQLBranch(BranchSession):
                 check_upsert_keys(batch, self.plan, keys, self.xid.partition)
             for start in range(0, batch.num_rows, step):
                 chunk = batch.slice(start, step)
-                self.cursor.executemany(stmt, python_rows(chunk))
+                rows = python_rows(chunk)
+                if self.plan.row_column:  # a keyed shadow: numbered as LOAD DATA numbers them
+                    rows = [(*r, self.tag, total + i + 1) for i, r in enumerate(rows)]
+                self.cursor.executemany(stmt, rows)
                 total += chunk.num_rows
         return total
 

@@ -12,7 +12,7 @@ import pymysql
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from xasink.dialects.base import SHADOW_INDEX_SUFFIX, BranchSession, Dialect
+from xasink.dialects.base import SHADOW_INDEX_SUFFIX, SHADOW_TAG_COLUMN, BranchSession, Dialect
 from xasink.dialects.keepalive import set_keepalive
 from xasink.dialects.mysql import errors, health, preflight
 from xasink.dialects.mysql.errors import BranchBusyError, LockBusyError
@@ -168,15 +168,17 @@ class MySQLDialect(Dialect):
         self.warn_durability(conn)
         preflight.check_server(self, conn)
 
-    index_shadow = True
+    keyed_shadow = True
     # the apply reads the shadow (INSERT .. SELECT, joins) as a consistent read, locking none of its rows
     apply_isolation = "READ COMMITTED"
 
     def clear_shadow(self, conn: Connection, shadow: sa.TableClause, batch: sa.ColumnElement[bool]) -> None:
-        # through the (batch, branch) index, whatever the optimizer would pick: a scan would lock (and wait on)
-        # another run's prepared rows.  The condition holds only a batch id and bquals ([0-9a-f:-]).
+        # by the (batch, tag, row) key (a shadow made before it: the (batch, branch) index), whatever the
+        # optimizer would pick: a scan would lock (and wait on) another run's prepared rows.  The condition
+        # holds only a batch id and bquals ([0-9a-f:-]).
         name = conn.dialect.identifier_preparer.format_table(shadow)
-        index = quote_ident(shadow.name + SHADOW_INDEX_SUFFIX)
+        keyed = SHADOW_TAG_COLUMN in shadow.c
+        index = "PRIMARY" if keyed else quote_ident(shadow.name + SHADOW_INDEX_SUFFIX)
         where = batch.compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True})
         conn.exec_driver_sql(f"DELETE {name} FROM {name} FORCE INDEX ({index}) WHERE {where}")
 
