@@ -33,7 +33,7 @@ import sqlalchemy as sa
 
 from xasink.database_url import parse_url
 from xasink.dialects import dialect_for
-from xasink.dialects.base import branch_tag
+from xasink.dialects.values import branch_tag
 from xasink.write_modes.spec import OVERWRITE, ApplySpec
 from xasink.write_modes.statements import apply_statements, ensure_shadow
 

@@ -7,7 +7,6 @@ branch side (an executor loading rows) uses whatever driver API is fastest.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from abc import ABC, abstractmethod
@@ -38,17 +37,6 @@ if TYPE_CHECKING:  # rows and types only: the driver's commit path never loads p
     import pyarrow as pa
 
 log = logging.getLogger(__name__)
-
-
-SHADOW_INDEX_SUFFIX = "_br"  # a shadow made by xasink before SHADOW_ROW_COLUMN: its (batch, branch) index
-# a shadow keyed by (batch, tag, row) (``Dialect.keyed_shadow``): each row's branch as a number (branch_tag of its
-# bqual), and the row's number within its branch; the branch column itself stays out of the key
-SHADOW_TAG_COLUMN, SHADOW_ROW_COLUMN = "xasink_tag_", "xasink_row_"
-
-
-def branch_tag(bqual: str) -> int:
-    """A branch's number in a keyed shadow: a 63-bit hash of its bqual, the same in the loader and the apply."""
-    return int.from_bytes(hashlib.blake2b(bqual.encode(), digest_size=8).digest(), "big") >> 1
 
 
 class BranchSession(ABC):

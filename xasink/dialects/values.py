@@ -4,6 +4,7 @@ target plan and the checks of a branch's rows against it."""
 from __future__ import annotations
 
 import enum
+import hashlib
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -155,3 +156,15 @@ class DurabilityRisk:
     setting: str
     value: str
     fix: str  # what to set, as the operator would type it
+
+
+# -- the shadow table of overwrite, replaceWhere and change-data writes (xasink.write_modes.shadow)
+SHADOW_INDEX_SUFFIX = "_br"  # a shadow made by xasink before SHADOW_ROW_COLUMN: its (batch, branch) index
+# a shadow keyed by (batch, tag, row) (``Dialect.keyed_shadow``): each row's branch as a number (branch_tag of its
+# bqual), and the row's number within its branch; the branch column itself stays out of the key
+SHADOW_TAG_COLUMN, SHADOW_ROW_COLUMN = "xasink_tag_", "xasink_row_"
+
+
+def branch_tag(bqual: str) -> int:
+    """A branch's number in a keyed shadow: a 63-bit hash of its bqual, the same in the loader and the apply."""
+    return int.from_bytes(hashlib.blake2b(bqual.encode(), digest_size=8).digest(), "big") >> 1

@@ -85,7 +85,7 @@ def apply_changes(
     return written
 
 
-def check_changes_table(dialect: Dialect, conn: Connection, spec: ApplySpec, shadow: sa.TableClause) -> None:
+def check_changes_table(dialect: Dialect, conn: Connection, spec: ApplySpec, shadow: sa.FromClause) -> None:
     """Make (and drop) the apply's temporary table once, before any branch opens: a role that may not create
     temporary tables fails here, with what to grant, and not after the decision."""
     rows = sa.select(*(shadow.c[c] for c in spec.columns)).where(sa.false())

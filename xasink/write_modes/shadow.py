@@ -9,7 +9,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from xasink.dialects.base import Dialect, branch_tag
+from xasink.dialects.base import Dialect
+from xasink.dialects.values import branch_tag
 from xasink.write_modes.spec import BATCH_COLUMN, BRANCH_COLUMN, ROW_COLUMN, TAG_COLUMN, ApplySpec
 
 

@@ -11,7 +11,8 @@ import zlib
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from xasink.dialects.base import SHADOW_ROW_COLUMN, SHADOW_TAG_COLUMN, TargetPlan
+from xasink.dialects.base import TargetPlan
+from xasink.dialects.values import SHADOW_ROW_COLUMN, SHADOW_TAG_COLUMN
 from xasink.errors import PreflightError
 from xasink.options import WriteOptions
 

@@ -31,11 +31,12 @@ from xasink.errors import ApplyError, PreflightError
 from xasink.options import TableName
 from xasink.protocol.xid import Xid
 from xasink.support.faults import fault
-from xasink.write_modes.changes import apply_changes
+from xasink.write_modes.changes import apply_changes, check_changes_table
 from xasink.write_modes.shadow import key_columns, of_branches, shadow_table
 from xasink.write_modes.spec import (
     BATCH_COLUMN,
     BRANCH_COLUMN,
+    CHANGES,
     OVERWRITE,
     REPLACE_WHERE,
     ROW_COLUMN,
@@ -95,6 +96,8 @@ def ensure_shadow(dialect: Dialect, conn: Connection, spec: ApplySpec) -> None:
         _create(dialect, conn, want)
     if spec.tombstones is not None:
         _create(dialect, conn, _tombstone_table(spec, types))
+    if spec.kind == CHANGES:
+        check_changes_table(dialect, conn, spec, want)
     if spec.kind in (OVERWRITE, REPLACE_WHERE):
         in_place_keys(dialect, conn, spec)  # a table others refer to is replaced in place, or refused here
         conn.rollback()

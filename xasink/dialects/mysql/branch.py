@@ -12,13 +12,13 @@ from typing import Any, Protocol
 import pyarrow as pa
 import pymysql
 
-from xasink.dialects.base import SHADOW_TAG_COLUMN, BranchSession, branch_tag
+from xasink.dialects.base import BranchSession
 from xasink.dialects.mysql.encoding import encode_tsv, python_rows
 from xasink.dialects.mysql.errors import PRIVILEGE_CODES
 from xasink.dialects.mysql.sql import BRANCH_SQL_MODE, MAX_LOCK_WAIT, errno_of, quote_ident, table_name
 from xasink.dialects.mysql.stream import FileLoad, StreamedLoad, open_load
 from xasink.dialects.mysql.xa import owner_lock, parse_recover_row, recover_statement, xid_literal
-from xasink.dialects.values import BranchSettings, TargetPlan, check_upsert_keys
+from xasink.dialects.values import SHADOW_TAG_COLUMN, BranchSettings, TargetPlan, branch_tag, check_upsert_keys
 from xasink.errors import BranchError
 from xasink.protocol.xid import FORMAT_ID, Xid
 

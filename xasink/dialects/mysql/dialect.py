@@ -12,7 +12,7 @@ import pymysql
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from xasink.dialects.base import SHADOW_INDEX_SUFFIX, SHADOW_TAG_COLUMN, BranchSession, Dialect
+from xasink.dialects.base import BranchSession, Dialect
 from xasink.dialects.keepalive import set_keepalive
 from xasink.dialects.mysql import errors, health, preflight
 from xasink.dialects.mysql.errors import BranchBusyError, LockBusyError
@@ -20,7 +20,16 @@ from xasink.dialects.mysql.owner import DETACH_TIMEOUT_S, OWNER_WAIT_S, OwnerWat
 from xasink.dialects.mysql.sql import BRANCH_SQL_MODE, SA_DIALECT, errno_of, quote_ident
 from xasink.dialects.mysql.xa import ER_XAER_NOTA, foreign_gid, parse_foreign_gid, recovered, xa_literal, xid_literal
 from xasink.dialects.rendering import statement_text
-from xasink.dialects.values import BlockedSession, DurabilityRisk, ErrorKind, Merge, PreparedTxn, TargetPlan
+from xasink.dialects.values import (
+    SHADOW_INDEX_SUFFIX,
+    SHADOW_TAG_COLUMN,
+    BlockedSession,
+    DurabilityRisk,
+    ErrorKind,
+    Merge,
+    PreparedTxn,
+    TargetPlan,
+)
 from xasink.errors import BranchError
 from xasink.protocol.xid import FORMAT_ID, Xid
 from xasink.support.masking import redact, url_secrets
