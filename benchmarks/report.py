@@ -108,12 +108,16 @@ def main(argv: list[str] | None = None) -> int:
     measurements (after a change to the report, without measuring again)."""
     import argparse
 
-    from benchmarks import run_report
+    from benchmarks import modes_report, run_report
 
     p = argparse.ArgumentParser(prog="python -m benchmarks.report", description="write a report again from its JSON")
-    p.add_argument("json", nargs="+", type=Path, help="a results file written by python -m benchmarks.run")
+    p.add_argument("json", nargs="+", type=Path, help="a results file of python -m benchmarks.run or benchmarks.modes")
     for path in p.parse_args(argv).json:
-        res = run_report.derive(json.loads(path.read_text()))
+        res = json.loads(path.read_text())
+        if "timed" in res:  # benchmarks.modes
+            print(write(res, path.parent, path.stem, modes_report.markdown, modes_report.chart))
+            continue
+        res = run_report.derive(res)
         print(write(res, path.parent, path.stem, run_report.markdown, run_report.charts))
     return 0
 
