@@ -233,7 +233,14 @@ class MySQLBranch(BranchSession):
 
     def _execute_load(self, path: str, into: str, replace: bool) -> tuple[int, int]:
         """Run in the load's own thread: rows loaded and the warning count."""
-        self.cursor.execute(self.load_data_sql(path, into, replace))
+        try:
+            self.cursor.execute(self.load_data_sql(path, into, replace))
+        except AttributeError:
+            if self.conn.open:
+                raise
+            # a connection lost mid-stream: pymysql then writes its end-of-data packet to the socket it has
+            # just dropped ('NoneType' has no attribute 'sendall'), hiding why the branch failed
+            raise pymysql.err.OperationalError(2013, "Lost connection to server during LOAD DATA") from None
         return self.cursor.rowcount, self.cursor.warning_count
 
     def _finish_load(self, load: StreamedLoad | FileLoad, replace: bool) -> int:
