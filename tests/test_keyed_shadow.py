@@ -61,3 +61,38 @@ def test_overwrites_loaded_either_way_leave_exactly_each_batch(db: Target, local
     assert got.rows == 20
     assert db.rows(table) == expected(range(130, 150), range(150, 170), range(180, 200))
     assert shadow_rows(db) == 0 and db.prepared(s) == []
+
+
+def test_an_earlier_layout_holding_a_decided_batch_is_named_as_an_upgrade(mariadb_url: str) -> None:
+    """A MariaDB shadow in the layout before its key (no tag, no row; an index on batch and branch) still holding
+    a decided batch's rows: the next write is refused with what to do (recover applies that layout), not told
+    that the target changed and that the shadow may be dropped; the rows stay."""
+    import sqlalchemy as sa
+
+    from tests.targets import mariadb_connect
+    from xasink.database_url import parse_url
+    from xasink.dialects import dialect_for
+    from xasink.errors import PreflightError
+    from xasink.write_modes.spec import OVERWRITE, ApplySpec
+    from xasink.write_modes.statements import ensure_shadow
+
+    table, shadow = f"t_{uuid.uuid4().hex[:8]}", f"xasink_sh_{uuid.uuid4().hex[:8]}"
+    with mariadb_connect(mariadb_url) as conn, conn.cursor() as cur:
+        cur.execute(f"CREATE TABLE `{table}` (id int PRIMARY KEY, name varchar(20))")
+        cur.execute(
+            f"CREATE TABLE `{shadow}` (id int, name varchar(20), xasink_batch_ bigint NOT NULL, "
+            f"xasink_branch_ varchar(64) NOT NULL, KEY `{shadow}_br` (xasink_batch_, xasink_branch_))"
+        )
+        cur.execute(f"INSERT INTO `{shadow}` VALUES (1, 'n1', 0, '0:abc')")
+    dialect = dialect_for(parse_url(mariadb_url))
+    try:
+        spec = ApplySpec(OVERWRITE, None, table, shadow, ("id", "name"))
+        with dialect.connect() as conn, pytest.raises(PreflightError, match="earlier xasink.*xasink recover") as err:
+            ensure_shadow(dialect, conn, spec)
+        assert "drop" not in str(err.value)
+        with dialect.connect() as conn:
+            assert conn.execute(sa.text(f"SELECT count(*) FROM `{shadow}`")).scalar() == 1
+    finally:
+        dialect.dispose()
+        with mariadb_connect(mariadb_url) as conn, conn.cursor() as cur:
+            cur.execute(f"DROP TABLE IF EXISTS `{table}`, `{shadow}`")

@@ -98,7 +98,7 @@ def check_changes_table(dialect: Dialect, conn: Connection, spec: ApplySpec, sha
         text = str(getattr(exc, "orig", exc)).strip().splitlines()
         raise PreflightError(
             f"a change-data write to {spec.table} computes the newest change per key in a temporary table, but "
-            f"creating one failed: {text[0] if text else type(exc).__name__}. Grant the privilege to create "
-            "temporary tables (PostgreSQL: GRANT TEMPORARY ON DATABASE ..; MariaDB/MySQL: GRANT CREATE TEMPORARY "
-            "TABLES ON db.*)"
+            f"creating one failed: {text[0] if text else type(exc).__name__}. If the role may not create "
+            "temporary tables, grant it (PostgreSQL: GRANT TEMPORARY ON DATABASE ..; MariaDB/MySQL: GRANT CREATE "
+            "TEMPORARY TABLES ON db.*)"
         ) from None

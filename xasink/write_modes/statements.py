@@ -40,6 +40,7 @@ from xasink.write_modes.spec import (
     OVERWRITE,
     REPLACE_WHERE,
     ROW_COLUMN,
+    TAG_COLUMN,
     ApplySpec,
 )
 
@@ -83,6 +84,12 @@ def ensure_shadow(dialect: Dialect, conn: Connection, spec: ApplySpec) -> None:
             log.info("shadow table %s no longer matches %s: making it anew", spec.shadow, spec.table)
             with conn.begin():
                 pending = conn.execute(sa.select(sa.func.count()).select_from(want)).scalar()
+                if pending and have == [c.name for c in want.c if c.name not in (TAG_COLUMN, ROW_COLUMN)]:
+                    raise PreflightError(  # an upgrade, not a changed target: never suggest dropping a decision
+                        f"the shadow table {spec.shadow} of {spec.table} holds {pending} rows of a decided batch "
+                        "not applied yet, in the layout of an earlier xasink (before the MariaDB/MySQL shadow was "
+                        "keyed by branch and row): run 'xasink recover' to apply it, then write again"
+                    )
                 if pending:
                     raise PreflightError(
                         f"the shadow table {spec.shadow} of {spec.table} holds {pending} rows of a batch not "

@@ -70,8 +70,13 @@ class MySQLBranch(BranchSession):
             lock_wait = int(dialect.settings.lock_timeout) or MAX_LOCK_WAIT
             self.cursor.execute(
                 # the server's own time zone, as Spark's JDBC writer's session has: a TIMESTAMP column reads
-                # the wall time it is sent (the session zone's, as JDBC sends it) in that zone
+                # the wall time it is sent (the session zone's, as JDBC sends it) in that zone.  A streamed
+                # LOAD DATA stays open while the task computes its next batch (see .stream): the server may
+                # wait on it as long as on an idle session between statements (wait_timeout, not
+                # net_read_timeout's 30 s), and MariaDB's max_statement_time must not cut it
                 "SET SESSION sql_mode = %s, time_zone = @@GLOBAL.time_zone, innodb_lock_wait_timeout = %s, "
+                "net_read_timeout = GREATEST(@@SESSION.net_read_timeout, @@SESSION.wait_timeout), "
+                f"{'max_statement_time = 0, ' if self.is_mariadb else ''}"
                 f"{ROW_COUNTER} = 0",  # (a shadow's rows are numbered by it: see load_data_sql)
                 (BRANCH_SQL_MODE, lock_wait),
             )
@@ -228,7 +233,14 @@ class MySQLBranch(BranchSession):
 
     def _execute_load(self, path: str, into: str, replace: bool) -> tuple[int, int]:
         """Run in the load's own thread: rows loaded and the warning count."""
-        self.cursor.execute(self.load_data_sql(path, into, replace))
+        try:
+            self.cursor.execute(self.load_data_sql(path, into, replace))
+        except AttributeError:
+            if self.conn.open:
+                raise
+            # a connection lost mid-stream: pymysql then writes its end-of-data packet to the socket it has
+            # just dropped ('NoneType' has no attribute 'sendall'), hiding why the branch failed
+            raise pymysql.err.OperationalError(2013, "Lost connection to server during LOAD DATA") from None
         return self.cursor.rowcount, self.cursor.warning_count
 
     def _finish_load(self, load: StreamedLoad | FileLoad, replace: bool) -> int:

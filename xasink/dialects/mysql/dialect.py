@@ -40,6 +40,9 @@ if TYPE_CHECKING:  # rows and types only: the driver's commit path never loads p
 log = logging.getLogger("xasink.dialects.mysql")
 
 
+KEY_TOO_LONG = (1071, 1170)  # a key longer than an InnoDB index allows; a BLOB/TEXT key without a prefix length
+
+
 class MySQLDialect(Dialect):
     name = "MySQL"
     default_port = 3306
@@ -258,7 +261,13 @@ class MySQLDialect(Dialect):
         key = ", ".join(quote_ident(k) for k in keys)
         text, params = statement_text(conn, rows if sequence is None else rows.limit(0))
         conn.exec_driver_sql(f"DROP TEMPORARY TABLE IF EXISTS {quoted}")
-        conn.exec_driver_sql(f"CREATE TEMPORARY TABLE {quoted} (PRIMARY KEY ({key})) ENGINE=InnoDB {text}", params)
+        try:
+            conn.exec_driver_sql(f"CREATE TEMPORARY TABLE {quoted} (PRIMARY KEY ({key})) ENGINE=InnoDB {text}", params)
+        except sa.exc.DBAPIError as exc:
+            if errno_of(exc) not in KEY_TOO_LONG:
+                raise
+            # a key longer than an InnoDB index allows (the target's long UNIQUE is a hash): a unique hash key
+            conn.exec_driver_sql(f"CREATE TEMPORARY TABLE {quoted} (UNIQUE KEY ({key})) ENGINE=InnoDB {text}", params)
         if sequence is not None:
             columns = [c.name for c in rows.selected_columns]
             conn.execute(self.upsert_from_select(Merge(table, columns, rows, keys, sequence)))
