@@ -14,7 +14,7 @@ import pymysql
 
 from xasink.dialects.base import BranchSession
 from xasink.dialects.mysql.encoding import encode_tsv, python_rows
-from xasink.dialects.mysql.errors import PRIVILEGE_CODES
+from xasink.dialects.mysql.errors import PRIVILEGE_CODES, STATEMENT_WARNINGS
 from xasink.dialects.mysql.sql import BRANCH_SQL_MODE, MAX_LOCK_WAIT, errno_of, quote_ident, table_name
 from xasink.dialects.mysql.stream import FileLoad, StreamedLoad, open_load
 from xasink.dialects.mysql.xa import owner_lock, parse_recover_row, recover_statement, xid_literal
@@ -250,7 +250,9 @@ class MySQLBranch(BranchSession):
         stored_all = expected <= loaded <= 2 * expected if replace else loaded == expected
         if warning_count or not stored_all:
             self.cursor.execute("SHOW WARNINGS LIMIT 5")
-            warnings = [w for w in self.cursor.fetchall() if str(w[0]).lower() != "note"]
+            warnings = [
+                w for w in self.cursor.fetchall() if str(w[0]).lower() != "note" and w[1] not in STATEMENT_WARNINGS
+            ]
             if warnings or not stored_all:
                 raise self.dialect.load_warning_error(warnings, loaded, expected, self.xid, self.plan)
         return expected

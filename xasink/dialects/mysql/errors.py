@@ -43,6 +43,9 @@ TRANSIENT_CODES = {
 # the rows are wrong: a constraint of the table they violate, or a value its column cannot hold
 ROWS_CODES = {1062, 1586, 1048, 1263, 1364, 1406, 1264, 1366, 1265, 1292, 1452, 1451, 1216, 1217, 3819, 4025, 1690}
 PRIVILEGE_CODES = {1227, 1044, 1142}
+# warnings about the statement, not about a row: MySQL 8.0.13+ deprecates setting a user variable in an
+# expression (a keyed shadow's row number in LOAD DATA's SET), which MariaDB does not
+STATEMENT_WARNINGS = {1287}
 
 # error (or LOAD DATA warning) codes a branch can fail with, and what the user should do about them
 BRANCH_HINTS = {
