@@ -10,8 +10,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from xasink.dialects.base import Dialect
-from xasink.dialects.values import branch_tag
-from xasink.write_modes.spec import BATCH_COLUMN, BRANCH_COLUMN, ROW_COLUMN, TAG_COLUMN, ApplySpec
+from xasink.dialects.values import SHADOW_ROW_COLUMN, SHADOW_TAG_COLUMN, branch_tag
+from xasink.write_modes.spec import BATCH_COLUMN, BRANCH_COLUMN, ApplySpec
 
 
 def shadow_table(spec: ApplySpec, types: dict[str, Any], keyed: bool) -> sa.Table:
@@ -25,7 +25,7 @@ def shadow_table(spec: ApplySpec, types: dict[str, Any], keyed: bool) -> sa.Tabl
         cols.append(col(spec.flag, sa.Boolean()))
     cols += [col(BATCH_COLUMN, sa.BigInteger(), True), sa.Column(BRANCH_COLUMN, sa.String(64), nullable=False)]
     if keyed:  # the apply finds its branches' rows by the clustered key, scanning (and locking) no other run's
-        cols += [col(TAG_COLUMN, sa.BigInteger(), True), col(ROW_COLUMN, sa.BigInteger(), True)]
+        cols += [col(SHADOW_TAG_COLUMN, sa.BigInteger(), True), col(SHADOW_ROW_COLUMN, sa.BigInteger(), True)]
     return sa.Table(spec.shadow, sa.MetaData(schema=spec.schema), *cols)
 
 
@@ -35,8 +35,8 @@ def of_branches(shadow: sa.FromClause, batch_id: int, branches: Sequence[str] | 
     if branches is None:
         return shadow.c[BATCH_COLUMN] == batch_id
     mine = sa.and_(shadow.c[BATCH_COLUMN] == batch_id, shadow.c[BRANCH_COLUMN].in_(sorted(branches)))
-    if TAG_COLUMN in shadow.c:  # a keyed shadow: a range of its key per branch
-        mine = sa.and_(mine, shadow.c[TAG_COLUMN].in_(sorted({branch_tag(b) for b in branches})))
+    if SHADOW_TAG_COLUMN in shadow.c:  # a keyed shadow: a range of its key per branch
+        mine = sa.and_(mine, shadow.c[SHADOW_TAG_COLUMN].in_(sorted({branch_tag(b) for b in branches})))
     return mine
 
 
@@ -47,4 +47,4 @@ def key_columns(dialect: Dialect, conn: Connection, spec: ApplySpec) -> list[str
         if dialect.keyed_shadow
         else []
     )
-    return [TAG_COLUMN, ROW_COLUMN] if ROW_COLUMN in have else []
+    return [SHADOW_TAG_COLUMN, SHADOW_ROW_COLUMN] if SHADOW_ROW_COLUMN in have else []

@@ -12,13 +12,11 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from xasink.dialects.base import TargetPlan
-from xasink.dialects.values import SHADOW_ROW_COLUMN, SHADOW_TAG_COLUMN
 from xasink.errors import PreflightError
 from xasink.options import WriteOptions
 
 BATCH_COLUMN = "xasink_batch_"  # the shadow's column tagging each row with its batch id
 BRANCH_COLUMN = "xasink_branch_"  # ... and with its branch (the xid's bqual): an apply reads only its decided ones
-TAG_COLUMN, ROW_COLUMN = SHADOW_TAG_COLUMN, SHADOW_ROW_COLUMN  # MariaDB/MySQL: the shadow's key, with the batch
 OVERWRITE = "overwrite"
 REPLACE_WHERE = "replaceWhere"
 CHANGES = "changes"

@@ -27,6 +27,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from xasink.dialects.base import Dialect, TargetPlan
+from xasink.dialects.values import SHADOW_ROW_COLUMN, SHADOW_TAG_COLUMN
 from xasink.errors import ApplyError, PreflightError
 from xasink.options import TableName
 from xasink.protocol.xid import Xid
@@ -39,8 +40,6 @@ from xasink.write_modes.spec import (
     CHANGES,
     OVERWRITE,
     REPLACE_WHERE,
-    ROW_COLUMN,
-    TAG_COLUMN,
     ApplySpec,
 )
 
@@ -84,7 +83,7 @@ def ensure_shadow(dialect: Dialect, conn: Connection, spec: ApplySpec) -> None:
             log.info("shadow table %s no longer matches %s: making it anew", spec.shadow, spec.table)
             with conn.begin():
                 pending = conn.execute(sa.select(sa.func.count()).select_from(want)).scalar()
-                if pending and have == [c.name for c in want.c if c.name not in (TAG_COLUMN, ROW_COLUMN)]:
+                if pending and have == [c.name for c in want.c if c.name not in (SHADOW_TAG_COLUMN, SHADOW_ROW_COLUMN)]:
                     raise PreflightError(  # an upgrade, not a changed target: never suggest dropping a decision
                         f"the shadow table {spec.shadow} of {spec.table} holds {pending} rows of a decided batch "
                         "not applied yet, in the layout of an earlier xasink (before the MariaDB/MySQL shadow was "
@@ -161,7 +160,7 @@ def shadow_plan(plan: TargetPlan, spec: ApplySpec, flag_source: str | None) -> T
         tuple(sources),
         batch_column=BATCH_COLUMN,
         branch_column=BRANCH_COLUMN,
-        row_column=ROW_COLUMN,  # (filled where the dialect keys its shadow by it)
+        row_column=SHADOW_ROW_COLUMN,  # (filled where the dialect keys its shadow by it)
         required=required,
         server_casts=plan.server_casts,  # the shadow has the target's column types
     )

@@ -233,12 +233,8 @@ class MySQLDialect(Dialect):
         on = sa.and_(*(col == target.c[k] for col, k in zip(cols, keys, strict=True)))
         gone = sa.and_(cols[0].is_(None), scope)
         probe: sa.Select[Any] = sa.select(sa.literal_column("1")).select_from(target.outerjoin(kept, on)).where(gone)
-        compiled = probe.compile(dialect=conn.dialect, compile_kwargs={"render_postcompile": True})
-        params: Any = compiled.params
-        if compiled.positional:
-            params = tuple(params[k] for k in compiled.positiontup or ())
+        text, params = statement_text(conn, probe)
         head = "SELECT 1 \nFROM "
-        text = str(compiled)
         assert text.startswith(head), text
         name = conn.dialect.identifier_preparer.format_table(target)
         conn.exec_driver_sql(f"DELETE {name} FROM {text[len(head) :]}", params)
