@@ -72,6 +72,7 @@ def _direct_plan(
         "long": (st.LongType(), pa.int64()),
         "string": (st.StringType(), pa.string()),
         "boolean": (st.BooleanType(), pa.bool_()),
+        "timestamp_ntz": (st.TimestampNTZType(), pa.timestamp("us")),
     }
     struct = st.StructType([st.StructField(n, types[t][0], n != "id") for n, t in columns.items()])
     arrow = pa.schema([pa.field(n, types[t][1], nullable=n != "id") for n, t in columns.items()])

@@ -15,6 +15,7 @@ from sqlalchemy.engine import Connection
 from xasink.dialects.base import BranchSession, Dialect
 from xasink.dialects.keepalive import set_keepalive
 from xasink.dialects.mysql import errors, health, preflight
+from xasink.dialects.mysql import merge as merge_sql
 from xasink.dialects.mysql.errors import BranchBusyError, LockBusyError
 from xasink.dialects.mysql.owner import DETACH_TIMEOUT_S, OWNER_WAIT_S, OwnerWatch
 from xasink.dialects.mysql.sql import BRANCH_SQL_MODE, SA_DIALECT, errno_of, quote_ident
@@ -273,43 +274,10 @@ class MySQLDialect(Dialect):
         conn.exec_driver_sql(f"DROP TEMPORARY TABLE {conn.dialect.identifier_preparer.format_table(table)}")
 
     def upsert_from_select(self, merge: Merge) -> sa.Insert:
-        from sqlalchemy.dialects.mysql import insert
-
-        target, keys, sequence = merge.target, merge.keys, merge.sequence
-        stmt = insert(target).from_select(merge.columns, merge.select)
-        rest = [c for c in merge.columns if c not in keys]
-        if sequence is not None:  # assigned left to right: the sequence last, so every test sees the stored one
-            rest = [c for c in rest if c != sequence] + [sequence]
-        if not rest:
-            rest = keys[:1]  # a key-only table: a no-op update keeps the existing row
-        updates: list[tuple[str, Any]] = []
-        for c in rest:
-            value: Any = stmt.inserted[c]
-            if sequence is not None:
-                stored = target.c[sequence]
-                value = sa.case((sa.or_(stored.is_(None), stored <= stmt.inserted[sequence]), value), else_=target.c[c])
-            updates.append((c, value))
-        return stmt.on_duplicate_key_update(updates)
+        return merge_sql.upsert_from_select(merge)
 
     def merge_from_select(self, conn: Connection, merge: Merge) -> int:
-        """UPDATE the rows whose key matches, then a plain INSERT of the other keys: ON DUPLICATE KEY UPDATE
-        would update the row that conflicts on whichever unique index comes first, even another key's, where
-        this fails on any conflict but the key's (as PostgreSQL's ON CONFLICT on the key does)."""
-        target, columns, keys, sequence = merge.target, merge.columns, merge.keys, merge.sequence
-        src, where = _source(merge.select)
-        same_key = sa.and_(*(target.c[k] == src.c[k] for k in keys), where)
-        written = 0
-        rest = [c for c in columns if c not in keys]
-        if rest:
-            update = sa.update(target).where(same_key).values({target.c[c]: src.c[c] for c in rest})
-            if sequence is not None:  # a change older than the stored row is ignored
-                stored = target.c[sequence]
-                update = update.where(sa.or_(stored.is_(None), stored <= src.c[sequence]))
-            written += max(conn.execute(update).rowcount or 0, 0)
-        unmatched = ~sa.exists().where(*(target.c[k] == src.c[k] for k in keys))
-        new = sa.select(*(src.c[c] for c in columns)).where(where, unmatched)
-        written += max(conn.execute(sa.insert(target).from_select(columns, new)).rowcount or 0, 0)
-        return written
+        return merge_sql.merge_from_select(conn, merge)
 
     def check_table(self, conn: Connection, plan: TargetPlan) -> TargetPlan:
         return preflight.check_table(self, conn, plan)
@@ -353,12 +321,3 @@ class MySQLDialect(Dialect):
         from xasink.dialects.mysql.branch import MySQLBranch  # the executor's side: pyarrow and the row encoding
 
         return MySQLBranch(self, xid, plan)
-
-
-def _source(select: sa.Select[Any]) -> tuple[sa.FromClause, sa.ColumnElement[bool]]:
-    """The table and condition of a select of one table's columns, else the select as a derived table: MariaDB
-    materializes a derived table in a multi-table UPDATE (a third of the time of a 200k-row merge)."""
-    froms = select.get_final_froms()
-    if len(froms) == 1 and all(getattr(c, "table", None) is froms[0] for c in select.selected_columns):
-        return froms[0], select.whereclause if select.whereclause is not None else sa.true()
-    return select.subquery("xasink_src"), sa.true()
