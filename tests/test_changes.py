@@ -274,3 +274,38 @@ def test_a_time_sequence_keeps_the_stored_time_of_a_row_left_alone(
     batch_direct(db.url, table, s, 0, columns, rows, "append", **opts)
     assert db.rows(table) == [(1, "a3", at[3]), (2, "b", at[2]), (3, "c", at[0])]
     assert written(caplog, s, 0) == 2
+
+
+@pytest.mark.parametrize(
+    ("mode", "extra"),
+    [
+        ("changes", ""),
+        ("changes", "another unique index"),
+        ("overwrite", "true"),  # the branches load by LOAD DATA
+        ("overwrite", "false"),  # by multi-row INSERT
+    ],
+)
+def test_column_names_with_percent_signs(db: Target, caplog: pytest.LogCaptureFixture, mode: str, extra: str) -> None:
+    """'%' in a column name (the key's included) reaches the server as written, in the branches' statements and
+    in the apply's, whichever way they are run."""
+    caplog.set_level(logging.INFO, logger="xasink.protocol.apply_step")
+    key, name = "id%s", "na%(me)s %"
+    table = db.new_table()
+    db.create_table(table, f"{db.q(key)} int PRIMARY KEY, {db.q(name)} varchar(20), seq bigint")
+    if extra == "another unique index":
+        db.execute(f"CREATE UNIQUE INDEX {table}_n ON {db.q(table)} ({db.q(name)}, {db.q(key)})")
+    db.execute(f"INSERT INTO {db.q(table)} VALUES (1, 'a', 1), (2, 'b', 1)")
+    s = sink()
+    if mode == "changes":
+        columns = {key: "int", name: "string", "seq": "long", "deleted": "boolean"}
+        opts = {"upsertKeyColumns": key, "deleteFlagColumn": "deleted", "sequenceColumn": "seq"}
+        rows = [[(1, "a2", 2, False), (3, "c", 2, False)], [(2, None, 2, True), (1, "a0", 0, False)]]
+        batch_direct(db.url, table, s, 0, columns, rows, "append", **opts)
+        assert db.rows(table) == [(1, "a2", 2), (3, "c", 2)]
+        assert written(caplog, s, 0) == 2
+    else:
+        columns = {key: "int", name: "string", "seq": "long"}
+        rows = [[(5, "e", 1), (6, "f", 1)], [(1, "a9", 9)]]
+        batch_direct(db.url, table, s, 0, columns, rows, "overwrite", localInfile=extra)
+        assert db.rows(table) == [(1, "a9", 9), (5, "e", 1), (6, "f", 1)]
+    assert shadow_rows(db) == 0 and db.prepared(s) == []

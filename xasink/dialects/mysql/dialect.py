@@ -18,7 +18,7 @@ from xasink.dialects.mysql import errors, health, preflight
 from xasink.dialects.mysql import merge as merge_sql
 from xasink.dialects.mysql.errors import BranchBusyError, LockBusyError
 from xasink.dialects.mysql.owner import DETACH_TIMEOUT_S, OWNER_WAIT_S, OwnerWatch
-from xasink.dialects.mysql.sql import BRANCH_SQL_MODE, SA_DIALECT, errno_of, quote_ident
+from xasink.dialects.mysql.sql import BRANCH_SQL_MODE, SA_DIALECT, errno_of
 from xasink.dialects.mysql.xa import ER_XAER_NOTA, foreign_gid, parse_foreign_gid, recovered, xa_literal, xid_literal
 from xasink.dialects.rendering import statement_text
 from xasink.dialects.values import (
@@ -191,7 +191,7 @@ class MySQLDialect(Dialect):
         # holds only a batch id and bquals ([0-9a-f:-]).
         name = conn.dialect.identifier_preparer.format_table(shadow)
         keyed = SHADOW_TAG_COLUMN in shadow.c
-        index = "PRIMARY" if keyed else quote_ident(shadow.name + SHADOW_INDEX_SUFFIX)
+        index = "PRIMARY" if keyed else conn.dialect.identifier_preparer.quote(shadow.name + SHADOW_INDEX_SUFFIX)
         where = batch.compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True})
         conn.exec_driver_sql(f"DELETE {name} FROM {name} FORCE INDEX ({index}) WHERE {where}")
 
@@ -254,8 +254,9 @@ class MySQLDialect(Dialect):
         # The newest change per key by an upsert into the keyed table: a window function's sort of the batch
         # (every column) took four times as long
         table = sa.table(name, *(sa.column(c.name) for c in rows.selected_columns), schema=schema)
-        quoted = conn.dialect.identifier_preparer.format_table(table)
-        key = ", ".join(quote_ident(k) for k in keys)
+        prep = conn.dialect.identifier_preparer
+        quoted = prep.format_table(table)
+        key = ", ".join(prep.quote_identifier(k) for k in keys)
         text, params = statement_text(conn, rows if sequence is None else rows.limit(0))
         conn.exec_driver_sql(f"DROP TEMPORARY TABLE IF EXISTS {quoted}")
         try:

@@ -24,6 +24,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from xasink.dialects.mysql.sql import quote_ident
 from xasink.dialects.values import Merge
 
 OLDER_COUNTER = "@xasink_older_"  # the session variable the upsert counts the rows it leaves alone in
@@ -43,16 +44,22 @@ def upsert_from_select(merge: Merge, count_older: bool = False) -> sa.Insert:
         rest = keys[:1]  # a key-only table: a no-op update keeps the existing row
     updates: list[tuple[str, Any]] = []
     for c in rest:
-        value: Any = stmt.inserted[c]
+        value: Any = _inserted(c)
         if sequence is not None:
             stored = target.c[sequence]
             kept: Any = target.c[c]
             if count_older and c == sequence:  # evaluated once per row left alone; the value stays the stored one
                 counted = sa.literal_column(f"({OLDER_COUNTER} := {OLDER_COUNTER} + 1)").is_(None)
                 kept = sa.case((counted, sa.null()), else_=target.c[c])
-            value = sa.case((sa.or_(stored.is_(None), stored <= stmt.inserted[sequence]), value), else_=kept)
+            value = sa.case((sa.or_(stored.is_(None), stored <= _inserted(sequence)), value), else_=kept)
         updates.append((c, value))
     return stmt.on_duplicate_key_update(updates)
+
+
+def _inserted(column: str) -> sa.ColumnElement[Any]:
+    """The row's would-be value, ``VALUES(column)``: SQLAlchemy's own ``inserted`` doubles a '%' in the name
+    twice over."""
+    return sa.literal_column(f"VALUES({quote_ident(column)})")
 
 
 def merge_from_select(conn: Connection, merge: Merge) -> int:

@@ -38,7 +38,10 @@ def _share_preferred_tls_context() -> None:
 _share_preferred_tls_context()
 
 SA_DIALECT = sa_pymysql.dialect()
-_PREPARER = SA_DIALECT.identifier_preparer
+# identifiers for the statements a pymysql cursor runs as they are (the branch's): SQLAlchemy's own preparer
+# doubles '%' for the driver's formatting, which a statement run without parameters never undoes
+_PREPARER = type(SA_DIALECT.identifier_preparer)(SA_DIALECT)
+_PREPARER._double_percents = False
 
 # the sql_mode of every session xasink writes with (branches, and control sessions: the decision log, the
 # apply step): bad or too long values fail instead of being truncated; 0 stays 0 in AUTO_INCREMENT columns;
@@ -48,6 +51,8 @@ MAX_LOCK_WAIT = 1_073_741_824  # innodb_lock_wait_timeout's maximum: "no limit"
 
 
 def quote_ident(name: str) -> str:
+    """A quoted identifier for a statement run as written (its '%' signs single); through SQLAlchemy, whose
+    driver formats every statement, use the connection's preparer."""
     return str(_PREPARER.quote_identifier(name))
 
 
