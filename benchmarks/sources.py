@@ -28,7 +28,7 @@ from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterComm
 from pyspark.sql.types import StructType
 
 from xasink.dialects import dialect_for
-from xasink.dialects.base import TargetPlan
+from xasink.dialects.values import TargetPlan
 from xasink.options import WriteOptions, parse_options
 from xasink.protocol.xid import Xid, attempt_token, new_run_nonce
 from xasink.spark.batch_writer import XasinkBatchWriter

@@ -11,8 +11,8 @@ import pymysql
 import pytest
 
 from tests.targets import mariadb_connect, mariadb_recover
-from xasink.dialects.base import TargetPlan
 from xasink.dialects.mysql import MySQLBranch, MySQLDialect, xid_literal
+from xasink.dialects.values import TargetPlan
 from xasink.options import parse_options
 from xasink.protocol.xid import FORMAT_ID, Xid, new_run_nonce
 
@@ -166,7 +166,7 @@ def test_a_control_step_blocked_by_a_lock_times_out_as_transient(request: pytest
 
     import sqlalchemy as sa
 
-    from xasink.dialects.base import ErrorKind
+    from xasink.dialects.values import ErrorKind
     from xasink.protocol.coordinator import Coordinator
 
     url = _url(request, kind)

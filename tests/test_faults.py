@@ -42,7 +42,8 @@ from tests.leaks import SECRET, assert_no_secret, no_secret_in_output, run_cli  
 from tests.targets import connect, prepared_gids
 from tests.tcp_proxy import TcpProxy
 from xasink.dialects import dialect_for
-from xasink.dialects.base import Dialect, TargetPlan
+from xasink.dialects.base import Dialect
+from xasink.dialects.values import TargetPlan
 from xasink.errors import (
     BatchAbortedError,
     BranchError,

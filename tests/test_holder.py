@@ -23,7 +23,8 @@ from pyspark.sql.types import IntegerType, StringType, StructField, StructType
 
 from tests.targets import MariaDBTarget, Target
 from xasink.dialects import dialect_for
-from xasink.dialects.base import Dialect, ErrorKind
+from xasink.dialects.base import Dialect
+from xasink.dialects.values import ErrorKind
 from xasink.errors import BatchAbortedError, CommitIncompleteError, ConcurrentWriterError
 from xasink.ops import cli
 from xasink.options import WriteOptions, parse_options

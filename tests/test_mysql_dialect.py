@@ -42,7 +42,6 @@ from tests.targets import (
     mariadb_wait_detached,
 )
 from xasink.dialects import dialect_for
-from xasink.dialects.base import ErrorKind, TargetPlan
 from xasink.dialects.mysql import (
     BranchBusyError,
     MySQLDialect,
@@ -54,6 +53,7 @@ from xasink.dialects.mysql import (
     text_column,
     xid_literal,
 )
+from xasink.dialects.values import ErrorKind, TargetPlan
 from xasink.errors import BranchError, ConnectError, PreflightError
 from xasink.journal.layout import journal_metadata, parts_table
 from xasink.options import WriteOptions, parse_options

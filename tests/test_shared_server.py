@@ -21,7 +21,7 @@ from tests.harness import BATCH, PARTITIONS, N, expected, run_crash_driver
 from tests.leaks import run_cli
 from tests.procs import tail
 from tests.targets import Target
-from xasink.ops.survey import IGNORE_OTHER_LOG
+from xasink.protocol.judgement import IGNORE_OTHER_LOG
 from xasink.protocol.xid import Xid
 
 pytestmark = pytest.mark.crash

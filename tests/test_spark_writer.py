@@ -50,6 +50,7 @@ from xasink.errors import (
 )
 from xasink.ops import survey as admin
 from xasink.options import parse_options
+from xasink.protocol import judgement
 from xasink.protocol.coordinator import Coordinator
 from xasink.protocol.xid import Xid
 from xasink.results import WriteResult
@@ -490,7 +491,7 @@ def test_foreign_prepared_transactions_survive_writes_sweeps_and_recovery(spark:
         report = admin.recover(db.url, older_than_s=0)  # `xasink recover`: every sink of the database
         assert not report.errors
         assert {e.gid for e in report.entries} >= set(foreign)  # seen, and left alone
-        assert all(e.action == admin.IGNORE_FOREIGN for e in report.entries if e.gid in foreign)
+        assert all(e.action == judgement.IGNORE_FOREIGN for e in report.entries if e.gid in foreign)
         intact()
         assert db.rows(table) == expected(range(30))
     finally:

@@ -22,6 +22,7 @@ from tests.harness import expected, run_driver, three_tables
 from tests.targets import Target
 from xasink.ops import survey as admin
 from xasink.ops.status import status as xasink_status
+from xasink.protocol import judgement
 from xasink.protocol.xid import Xid
 
 pytestmark = [pytest.mark.crash, pytest.mark.mariadb, pytest.mark.usefixtures("driver_cds")]
@@ -72,7 +73,7 @@ def test_killed_transaction_is_all_or_nothing_after_recovery_of_each_database(
     assert sorted(other_db.prepared(sink)) == before
     for e in report.entries:
         if e.sink_id == sink:
-            assert e.log_id in log_ids and e.action in (admin.IGNORE_OTHER_LOG, admin.IGNORE_UNKNOWN_SINK), e
+            assert e.log_id in log_ids and e.action in (judgement.IGNORE_OTHER_LOG, judgement.IGNORE_UNKNOWN_SINK), e
 
     # recovery from the log's side, then from the other database's side against the log
     admin.recover(log_db.url, sink_id=sink, older_than_s=0)

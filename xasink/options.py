@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy.engine import URL
 
 from xasink.database_url import parse_url
-from xasink.dialects.base import BranchSettings
+from xasink.dialects.values import BranchSettings
 from xasink.errors import OptionError
 from xasink.protocol.xid import MAX_BATCH_ID, MAX_SINK_ID, valid_sink_id
 from xasink.support.masking import display_url
@@ -90,6 +90,11 @@ class WriteOptions:
     @property
     def branch_settings(self) -> BranchSettings:
         return BranchSettings(self.lock_timeout, self.batch_size, self.local_infile, self.control_lock_timeout)
+
+    @property
+    def control_pool_size(self) -> int:
+        """The driver's connections to a database: the commit's parallel COMMITs, and its journal steps."""
+        return self.commit_parallelism + 2
 
     @property
     def change_data(self) -> bool:

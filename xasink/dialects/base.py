@@ -18,7 +18,7 @@ from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.pool import NullPool
 
 from xasink.dialects.pooling import watch_checkouts
-from xasink.dialects.values import (  # noqa: F401 - re-exported: callers outside the dialects name them from here
+from xasink.dialects.values import (
     BlockedSession,
     BranchSettings,
     DurabilityRisk,
@@ -26,7 +26,6 @@ from xasink.dialects.values import (  # noqa: F401 - re-exported: callers outsid
     Merge,
     PreparedTxn,
     TargetPlan,
-    check_required,
 )
 from xasink.errors import ConnectError, XasinkError
 from xasink.protocol.xid import Xid

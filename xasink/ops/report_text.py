@@ -9,6 +9,7 @@ from typing import Any
 from xasink.ops import alerts as health
 from xasink.ops import survey as admin
 from xasink.ops.status import StatusReport
+from xasink.protocol import judgement
 
 
 def _age(seconds: float | None) -> str:
@@ -93,16 +94,16 @@ def print_recover(report: admin.RecoverReport) -> None:
         verb, left = "did", "left prepared"
     else:
         done, verb, left = report.entries, "would", "prepared"
-    rollbacks = (admin.ROLLBACK_UNDECIDED, admin.ROLLBACK_ORPHAN)
+    rollbacks = (judgement.ROLLBACK_UNDECIDED, judgement.ROLLBACK_ORPHAN)
     foreign = sum(e.action == admin.ROLLBACK_FOREIGN for e in done)
     print(
         f"{len(report.entries)} prepared: {len(ours)} of this xasink log, "
         f"{sum(e.decision == 'other-log' for e in report.entries)} of other xasink logs, "
         f"{sum(e.decision == 'foreign' for e in report.entries)} foreign; "
-        f"{verb} commit {sum(e.action == admin.COMMIT for e in done)}, "
+        f"{verb} commit {sum(e.action == judgement.COMMIT for e in done)}, "
         f"roll back {sum(e.action in rollbacks for e in done)}"
         + (f" and {foreign} foreign" if foreign else "")
-        + f", leave {sum(e.action == admin.WAIT for e in ours)} young undecided to a live batch; "
+        + f", leave {sum(e.action == judgement.WAIT for e in ours)} young undecided to a live batch; "
         f"{len(report.stale())} of xasink older than {_age(report.older_than_s)} {left}"
     )
 

@@ -27,7 +27,8 @@ from xasink.ops.common import (
     on_server,
     server_error,
 )
-from xasink.ops.survey import DEFAULT_OLDER_THAN_S, WAIT, PreparedEntry, survey_prepared
+from xasink.ops.survey import DEFAULT_OLDER_THAN_S, PreparedEntry, survey_prepared
+from xasink.protocol.judgement import WAIT
 
 
 @dataclass

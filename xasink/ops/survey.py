@@ -29,7 +29,7 @@ from xasink.ops.common import (
 )
 from xasink.options import WriteOptions
 from xasink.protocol.coordinator import Coordinator
-from xasink.protocol.judgement import (  # noqa: F401 - re-exported for the CLI
+from xasink.protocol.judgement import (
     COMMIT,
     IGNORE_FOREIGN,
     IGNORE_OTHER_LOG,

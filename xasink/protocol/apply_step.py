@@ -13,7 +13,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from xasink.dialects.base import Dialect, ErrorKind
+from xasink.dialects.base import Dialect
+from xasink.dialects.values import ErrorKind
 from xasink.errors import ApplyError, CommitIncompleteError
 from xasink.journal.log import Journal
 from xasink.journal.records import BatchRecord

@@ -16,7 +16,8 @@ from concurrent.futures import ThreadPoolExecutor, wait
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from xasink.dialects.base import Dialect, ErrorKind
+from xasink.dialects.base import Dialect
+from xasink.dialects.values import ErrorKind
 from xasink.errors import CommitIncompleteError, ConnectError
 from xasink.protocol.retry import RetryPolicy
 from xasink.protocol.xid import Xid

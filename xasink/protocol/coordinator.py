@@ -58,8 +58,8 @@ class Coordinator:
         connections outlive the coordinator; else a dialect of its own, disposed by :meth:`close`."""
         self.options = options
         self.sink_id = options.sink_id
-        # check_server reads the branch settings; the pool serves the commit's parallel COMMITs and its journal steps
-        pool = options.commit_parallelism + 2
+        # check_server reads the branch settings
+        pool = options.control_pool_size
         self._owns_dialect = dialect is None and not shared
         if dialect is None:
             make = shared_dialect if shared else dialect_for

@@ -12,7 +12,7 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
-from xasink.dialects.base import PreparedTxn
+from xasink.dialects.values import PreparedTxn
 from xasink.journal.log import Journal
 from xasink.journal.records import BatchRecord
 from xasink.protocol.liveness import runs_alive

@@ -52,8 +52,7 @@ class TargetDb:
     """One database the transaction writes into: its branches there, finished by the decisions in the log."""
 
     def __init__(self, options: WriteOptions, journal: Journal) -> None:
-        # the commit's parallel COMMITs, and the recovery's journal steps when the log is here
-        self.dialect = dialect_for(options.url, options.branch_settings, options.commit_parallelism + 2)
+        self.dialect = dialect_for(options.url, options.branch_settings, options.control_pool_size)
         self.recovery = sink_recovery(options, self.dialect, journal)
         self.retention = options.journal_retention
         with self.dialect.connect() as conn:

@@ -20,7 +20,8 @@ import pyarrow as pa
 import sqlalchemy as sa
 
 from xasink.dialects import shared_dialect
-from xasink.dialects.base import BranchSession, Dialect, ErrorKind, TargetPlan, check_required
+from xasink.dialects.base import BranchSession, Dialect
+from xasink.dialects.values import ErrorKind, TargetPlan, check_required
 from xasink.errors import BatchIdentityError, ConcurrentWriterError, ForgottenBatchError, LateBranchError
 from xasink.journal.log import Journal
 from xasink.journal.targets import forgotten_message, identity_message, same_target, taken_over_message, target_identity

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from xasink.dialects.base import Dialect, PreparedTxn
+from xasink.dialects.base import Dialect
+from xasink.dialects.values import PreparedTxn
 from xasink.errors import ApplyError, CommitIncompleteError, ConnectError
 from xasink.journal.log import Journal
 from xasink.journal.parts import decided_parts, mark_parts_done

@@ -14,7 +14,8 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from xasink.dialects.base import Dialect, ErrorKind
+from xasink.dialects.base import Dialect
+from xasink.dialects.values import ErrorKind
 from xasink.errors import ConnectError
 from xasink.options import WriteOptions
 from xasink.support.masking import redact, url_secrets

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from pyspark.sql.types import StructType
 
-from xasink.dialects.base import TargetPlan
+from xasink.dialects.values import TargetPlan
 from xasink.errors import PreflightError
 from xasink.options import WriteOptions
 from xasink.protocol.coordinator import Coordinator

@@ -23,7 +23,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from xasink.dialects.base import Dialect, Merge
+from xasink.dialects.base import Dialect
+from xasink.dialects.values import Merge
 from xasink.errors import ApplyError, PreflightError
 from xasink.write_modes.spec import ApplySpec
 

@@ -13,7 +13,8 @@ import pyarrow.compute as pc
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from xasink.dialects.base import Dialect, TargetPlan
+from xasink.dialects.base import Dialect
+from xasink.dialects.values import TargetPlan
 from xasink.errors import BranchError, PreflightError
 from xasink.options import WriteOptions
 

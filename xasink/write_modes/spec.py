@@ -11,7 +11,7 @@ import zlib
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from xasink.dialects.base import TargetPlan
+from xasink.dialects.values import TargetPlan
 from xasink.errors import PreflightError
 from xasink.options import WriteOptions
 

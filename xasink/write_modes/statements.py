@@ -26,8 +26,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from xasink.dialects.base import Dialect, TargetPlan
-from xasink.dialects.values import SHADOW_ROW_COLUMN, SHADOW_TAG_COLUMN
+from xasink.dialects.base import Dialect
+from xasink.dialects.values import SHADOW_ROW_COLUMN, SHADOW_TAG_COLUMN, TargetPlan
 from xasink.errors import ApplyError, PreflightError
 from xasink.options import TableName
 from xasink.protocol.xid import Xid
