@@ -25,7 +25,10 @@ def parser(module: str, doc: str, name_default: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"python -m {module}", description=doc.split("\n\n")[0])
     p.add_argument("--db", default=",".join(DATABASES), help=",".join(DATABASES))
     p.add_argument(
-        "--mariadb", default=MARIADB, help="host:port of the MariaDB server, or 'private': a server of the run's own"
+        "--mariadb",
+        default=MARIADB,
+        help="host:port of the MariaDB server, or 'private': a server of the run's own (InnoDB's defaults; "
+        "'private:innodb-buffer-pool-size=1G' changes a setting)",
     )
     p.add_argument("--name", help=f"results file name (default {name_default})")
     p.add_argument("--out", default=str(RESULTS), help="results directory")

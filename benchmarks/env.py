@@ -28,7 +28,7 @@ import psycopg2.extensions
 import pymysql
 
 from benchmarks import cpu
-from benchmarks.private_mariadb import PrivateMariaDB, server_pids
+from benchmarks.private_mariadb import PrivateMariaDB, parse_private, server_pids
 from xasink.support.embedded import EmbeddedPostgres
 
 log = logging.getLogger("benchmarks")
@@ -243,8 +243,9 @@ def databases(
             server, pg = start_postgres(durable=durable)
             dbs.append(pg)
         if "mariadb" in kinds:
-            if mariadb_at == "private":  # a server of its own: its CPU is this run's alone
-                private = PrivateMariaDB()
+            overrides = parse_private(mariadb_at)
+            if overrides is not None:  # a server of its own: its CPU is this run's alone
+                private = PrivateMariaDB(overrides)
                 mariadb_at = private.start()
             host, _, port = mariadb_at.partition(":")
             maria = mariadb(host, int(port or 3306))

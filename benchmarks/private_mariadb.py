@@ -45,7 +45,9 @@ SETTINGS = (
 class PrivateMariaDB:
     """``start()`` installs and starts the server (root without password); ``stop()`` ends it and removes it."""
 
-    def __init__(self) -> None:
+    def __init__(self, overrides: dict[str, str] | None = None) -> None:
+        """``overrides``: server options that replace or add to :data:`SETTINGS` (``innodb-buffer-pool-size``)."""
+        self.settings = with_overrides(SETTINGS, overrides or {})
         self.dir = Path(tempfile.mkdtemp(prefix="xasink-mdb-"))
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
@@ -76,7 +78,7 @@ class PrivateMariaDB:
         binary = shutil.which(SERVER) or f"/usr/sbin/{SERVER}"
         self.proc = subprocess.Popen(
             [binary, "--no-defaults", f"--datadir={data}", f"--port={self.port}", f"--socket={self.dir / 'sock'}"]
-            + [f"--pid-file={self.dir / 'pid'}", f"--log-error={self.dir / 'error.log'}", *user, *SETTINGS],
+            + [f"--pid-file={self.dir / 'pid'}", f"--log-error={self.dir / 'error.log'}", *user, *self.settings],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -102,6 +104,23 @@ class PrivateMariaDB:
                 self.proc.kill()
                 self.proc.wait()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def with_overrides(settings: tuple[str, ...], overrides: dict[str, str]) -> tuple[str, ...]:
+    """``settings`` (``--name=value``) with each of ``overrides`` (name: value) in its place, or added."""
+    out = {item.partition("=")[0]: item for item in settings}
+    for name, value in overrides.items():
+        flag = "--" + name.lstrip("-").replace("_", "-")
+        out[flag] = f"{flag}={value}"
+    return tuple(out.values())
+
+
+def parse_private(spec: str) -> dict[str, str] | None:
+    """``private`` or ``private:name=value,...`` (``--mariadb``): the server's overrides; None if not private."""
+    head, _, rest = spec.partition(":")
+    if head != "private":
+        return None
+    return dict(item.split("=", 1) for item in rest.split(",") if item)
 
 
 def server_pids(pg_data: Path | None, maria: PrivateMariaDB | None) -> set[int]:
