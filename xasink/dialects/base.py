@@ -278,8 +278,9 @@ class Dialect(ABC):
     def server_uptime_s(self, conn: Connection) -> float:
         """Seconds since the server started: session locks held before a restart are being taken again."""
 
-    def table_kwargs(self) -> dict[str, Any]:
-        """Extra keywords for tables xasink creates (e.g. the storage engine)."""
+    def table_kwargs(self, like: sa.Table | None = None) -> dict[str, Any]:
+        """Extra keywords for tables xasink creates (e.g. the storage engine); ``like``: a reflected table whose
+        defaults the new one keeps (a shadow's columns compare as the target's)."""
         return {}
 
     def durable_commit(self, conn: Connection) -> None:  # noqa: B027 - optional hook

@@ -96,12 +96,12 @@ def ensure_shadow(dialect: Dialect, conn: Connection, spec: ApplySpec) -> None:
                         "table as it was, or drop the shadow table if that batch must be given up"
                     )
                 want.drop(conn)
-            _create(dialect, conn, want)
+            _create(dialect, conn, want, target)
     else:
         conn.rollback()
-        _create(dialect, conn, want)
+        _create(dialect, conn, want, target)
     if spec.tombstones is not None:
-        _create(dialect, conn, _tombstone_table(spec, types))
+        _create(dialect, conn, _tombstone_table(spec, types), target)
     if spec.kind == CHANGES:
         check_changes_table(dialect, conn, spec, want)
     if spec.kind in (OVERWRITE, REPLACE_WHERE):
@@ -109,12 +109,13 @@ def ensure_shadow(dialect: Dialect, conn: Connection, spec: ApplySpec) -> None:
         conn.rollback()
 
 
-def _create(dialect: Dialect, conn: Connection, want: sa.Table) -> None:
+def _create(dialect: Dialect, conn: Connection, want: sa.Table, target: sa.Table) -> None:
+    """Create ``want`` with the target's table defaults (MariaDB/MySQL: a string key compares as the target's)."""
     md = sa.MetaData(schema=want.schema)
     cols = (
         sa.Column(c.name, c.type, nullable=c.nullable, primary_key=c.primary_key, autoincrement=False) for c in want.c
     )
-    table = sa.Table(want.name, md, *cols, **dialect.table_kwargs())
+    table = sa.Table(want.name, md, *cols, **dialect.table_kwargs(like=target))
     try:
         with conn.begin():
             table.create(conn, checkfirst=True)

@@ -314,8 +314,13 @@ class MySQLDialect(Dialect):
 
         return types.parse_type(text)
 
-    def table_kwargs(self) -> dict[str, Any]:
-        return {"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4"}
+    def table_kwargs(self, like: sa.Table | None = None) -> dict[str, Any]:
+        kwargs = {"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4"}
+        collate = like.dialect_kwargs.get("mysql_collate") if like is not None else None
+        if collate:  # reflection names a column's collation only where it is not the table's: keep the table's
+            kwargs.pop("mysql_charset")
+            kwargs["mysql_collate"] = str(collate)
+        return kwargs
 
     # -- branch ------------------------------------------------------------------------
     def open_branch(self, xid: Xid, plan: TargetPlan) -> BranchSession:

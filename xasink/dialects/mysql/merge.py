@@ -72,7 +72,10 @@ def merge_from_select(conn: Connection, merge: Merge) -> int:
 
 def key_is_only_unique(conn: Connection, target: sa.TableClause, keys: list[str]) -> bool:
     """Whether the key's own plain unique index is the table's only unique index and no trigger is on it (read
-    in the caller's transaction: no commit, no rollback)."""
+    in the caller's transaction: no commit, no rollback).  The table is opened first: its metadata lock, held to
+    the end of the transaction, makes an index or trigger another session adds wait for the apply's commit
+    (information_schema alone holds nothing, and the merge may be the apply's first statement on the table)."""
+    conn.execute(sa.select(sa.literal(1)).select_from(target).limit(0))
     where = {"schema": target.schema, "table": target.name}
     found = conn.execute(
         sa.text(
