@@ -20,7 +20,7 @@ from tests.targets import POSTGRESQL, Target
 from xasink.errors import ApplyError
 from xasink.ops import survey as admin
 from xasink.protocol.xid import Xid
-from xasink.write_modes.spec import tombstone_name
+from xasink.write_modes.spec import shadow_name, tombstone_name
 
 COLUMNS = {"id": "int", "name": "string", "seq": "long", "deleted": "boolean"}
 OPTIONS = {"upsertKeyColumns": "id", "deleteFlagColumn": "deleted", "sequenceColumn": "seq"}
@@ -379,3 +379,39 @@ def test_a_string_key_compares_as_the_tables_default_collation_says(
         assert db.rows(table) == [("a", "small", 8)]
         assert written(caplog, s, 0) == 1
     assert tombstones(db, s) == [("b", 2)]
+
+
+def test_shadow_and_tombstones_an_earlier_xasink_made_take_the_tables_collation(
+    db: Target, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Shadow and tombstone tables made before they took the target's table collation (utf8mb4's default
+    instead of the table's utf8mb4_bin): the next write makes the (empty) shadow anew and gives the tombstones'
+    key the table's collation, keeping the deleted keys; 'a' and 'A' are then two keys."""
+    if db.kind == POSTGRESQL:
+        pytest.skip("MariaDB/MySQL's table collations")
+    caplog.set_level(logging.INFO, logger="xasink.protocol.apply_step")
+    table = db.new_table()
+    db.execute(
+        f"CREATE TABLE {db.q(table)} (id varchar(10) PRIMARY KEY, name varchar(20), seq bigint) "
+        "ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"
+    )
+    s = sink()
+    columns = {"id": "string", "name": "string", "seq": "long", "deleted": "boolean"}
+    batch_direct(db.url, table, s, 0, columns, [[("a", "x", 1, False), ("b", None, 2, True)]], "append", **OPTIONS)
+    log_id = Xid.parse(db.decision(s, 0).xids[0]).log_id  # type: ignore[union-attr]
+    shadow, tomb = shadow_name("xasink_", log_id, s), tombstone_name("xasink_", log_id, s)
+    for made in (shadow, tomb):  # as an earlier xasink made them
+        db.execute(f"ALTER TABLE {db.q(made)} CONVERT TO CHARACTER SET utf8mb4 COLLATE utf8mb4_general_ci")
+    batch = [[("A", "big", 7, False)], [("a", "small", 8, False), ("B", "back", 1, False)]]
+    batch_direct(db.url, table, s, 1, columns, batch, "append", **OPTIONS)
+    assert sorted(db.rows(table)) == [("A", "big", 7), ("B", "back", 1), ("a", "small", 8)]
+    assert written(caplog, s, 1) == 3
+    assert tombstones(db, s) == [("b", 2)]  # 'B' is another key: its insert keeps 'b' deleted
+    for made in (shadow, tomb):
+        collations = db.execute(
+            "SELECT DISTINCT collation_name FROM information_schema.columns WHERE table_schema = DATABASE() "
+            "AND table_name = %s "
+            "AND collation_name IS NOT NULL",
+            made,
+        )
+        assert collations == [("utf8mb4_bin",)], (made, collations)

@@ -320,6 +320,13 @@ class Dialect(ABC):
     def referencing_tables(self, conn: Connection, schema: str | None, table: str) -> list[str]:
         """The other tables whose foreign keys reference ``table`` (a self-reference is not listed)."""
 
+    def column_collations(self, conn: Connection, schema: str | None, table: str) -> dict[str, str]:
+        """The collation of each string column whose comparisons a table's defaults decide (MariaDB/MySQL)."""
+        return {}
+
+    def modify_columns(self, conn: Connection, table: sa.Table, collations: dict[str, str]) -> None:  # noqa: B027
+        """Give the columns of a table xasink made these collations (a table an earlier xasink made)."""
+
     def delete_missing(
         self,
         conn: Connection,

@@ -78,35 +78,66 @@ def ensure_shadow(dialect: Dialect, conn: Connection, spec: ApplySpec) -> None:
     insp = sa.inspect(conn)
     if insp.has_table(spec.shadow, schema=spec.schema):
         have = [c["name"] for c in insp.get_columns(spec.shadow, schema=spec.schema)]
+        drift = _collation_drift(dialect, conn, spec, spec.shadow)
         conn.rollback()
-        if have != [c.name for c in want.c]:
+        if have != [c.name for c in want.c] or drift:
             log.info("shadow table %s no longer matches %s: making it anew", spec.shadow, spec.table)
+            keep = False
             with conn.begin():
                 pending = conn.execute(sa.select(sa.func.count()).select_from(want)).scalar()
-                if pending and have == [c.name for c in want.c if c.name not in (SHADOW_TAG_COLUMN, SHADOW_ROW_COLUMN)]:
+                if pending and have == [c.name for c in want.c]:  # the collations only: made by an earlier xasink
+                    log.warning(
+                        "shadow table %s holds a batch not applied yet, and its columns %s do not compare as "
+                        "%s's: it is applied as it is and the shadow made anew once empty",
+                        spec.shadow,
+                        ", ".join(drift),
+                        spec.table,
+                    )
+                    keep = True
+                elif pending and have == [
+                    c.name for c in want.c if c.name not in (SHADOW_TAG_COLUMN, SHADOW_ROW_COLUMN)
+                ]:
                     raise PreflightError(  # an upgrade, not a changed target: never suggest dropping a decision
                         f"the shadow table {spec.shadow} of {spec.table} holds {pending} rows of a decided batch "
                         "not applied yet, in the layout of an earlier xasink (before the MariaDB/MySQL shadow was "
                         "keyed by branch and row): run 'xasink recover' to apply it, then write again"
                     )
-                if pending:
+                elif pending:
                     raise PreflightError(
                         f"the shadow table {spec.shadow} of {spec.table} holds {pending} rows of a batch not "
                         "applied yet, but its columns no longer match the target's: run 'xasink recover' with the "
                         "table as it was, or drop the shadow table if that batch must be given up"
                     )
-                want.drop(conn)
-            _create(dialect, conn, want, target)
+                else:
+                    want.drop(conn)
+            if not keep:
+                _create(dialect, conn, want, target)
     else:
         conn.rollback()
         _create(dialect, conn, want, target)
     if spec.tombstones is not None:
-        _create(dialect, conn, _tombstone_table(spec, types), target)
+        tombstones = _tombstone_table(spec, types)
+        _create(dialect, conn, tombstones, target)
+        drift = _collation_drift(dialect, conn, spec, spec.tombstones)
+        conn.rollback()
+        if drift:  # made by an earlier xasink: its keys take the target's collation, the deleted keys stay
+            log.info("tombstone table %s: columns %s take the collation of %s", spec.tombstones, drift, spec.table)
+            want_collations = dialect.column_collations(conn, spec.schema, spec.table)
+            conn.rollback()
+            dialect.modify_columns(conn, tombstones, {c: want_collations[c] for c in drift})
+            conn.commit()
     if spec.kind == CHANGES:
         check_changes_table(dialect, conn, spec, want)
     if spec.kind in (OVERWRITE, REPLACE_WHERE):
         in_place_keys(dialect, conn, spec)  # a table others refer to is replaced in place, or refused here
         conn.rollback()
+
+
+def _collation_drift(dialect: Dialect, conn: Connection, spec: ApplySpec, table: str) -> list[str]:
+    """The columns of ``table`` (one xasink made) whose collation is not the target's same column's."""
+    want = dialect.column_collations(conn, spec.schema, spec.table)
+    have = dialect.column_collations(conn, spec.schema, table)
+    return [c for c, collation in have.items() if c in want and collation != want[c]]
 
 
 def _create(dialect: Dialect, conn: Connection, want: sa.Table, target: sa.Table) -> None:

@@ -218,6 +218,27 @@ class MySQLDialect(Dialect):
         here = conn.execute(sa.text("SELECT DATABASE()")).scalar()
         return [str(r[1]) if r[0] == here else f"{r[0]}.{r[1]}" for r in rows]
 
+    def column_collations(self, conn: Connection, schema: str | None, table: str) -> dict[str, str]:
+        rows = conn.execute(
+            sa.text(
+                "SELECT COLUMN_NAME, COLLATION_NAME FROM information_schema.COLUMNS "
+                "WHERE TABLE_SCHEMA = COALESCE(:s, DATABASE()) AND TABLE_NAME = :t AND COLLATION_NAME IS NOT NULL"
+            ),
+            {"s": schema, "t": table},
+        ).all()
+        return {str(name): str(collation) for name, collation in rows}
+
+    def modify_columns(self, conn: Connection, table: sa.Table, collations: dict[str, str]) -> None:
+        changes = []
+        for name, collation in collations.items():
+            column = table.c[name]
+            kind = column.type.copy()
+            kind.collation = collation  # type: ignore[attr-defined]
+            fresh = sa.Column(name, kind, nullable=column.nullable)
+            sa.Table(table.name, sa.MetaData(), fresh)
+            changes.append(f"MODIFY COLUMN {sa.schema.CreateColumn(fresh).compile(dialect=conn.dialect)}")
+        conn.exec_driver_sql(f"ALTER TABLE {conn.dialect.identifier_preparer.format_table(table)} {', '.join(changes)}")
+
     def delete_missing(
         self,
         conn: Connection,
