@@ -74,30 +74,23 @@ def key_is_only_unique(conn: Connection, target: sa.TableClause, keys: list[str]
     """Whether the key's own plain unique index is the table's only unique index and no trigger is on it (read
     in the caller's transaction: no commit, no rollback).  The table is opened first: its metadata lock, held to
     the end of the transaction, makes an index or trigger another session adds wait for the apply's commit
-    (information_schema alone holds nothing, and the merge may be the apply's first statement on the table)."""
+    (reading the definition alone holds nothing, and the merge may be the apply's first statement on the table)."""
     conn.execute(sa.select(sa.literal(1)).select_from(target).limit(0))
-    where = {"schema": target.schema, "table": target.name}
-    found = conn.execute(
-        sa.text(
-            "SELECT INDEX_NAME, COLUMN_NAME, SUB_PART, INDEX_TYPE FROM information_schema.STATISTICS "
-            "WHERE TABLE_SCHEMA = COALESCE(:schema, DATABASE()) AND TABLE_NAME = :table AND NON_UNIQUE = 0"
-        ),
-        where,
-    ).all()
+    # SHOW reads this one table's definition and triggers (information_schema's TRIGGERS scans the schema)
+    prep = conn.dialect.identifier_preparer
+    found = conn.exec_driver_sql(f"SHOW INDEX FROM {prep.format_table(target)}").mappings().all()
     indexes: dict[str, set[str]] = {}
-    for name, column, sub_part, kind in found:
-        if sub_part is not None or str(kind).upper() != "BTREE":
+    for row in found:
+        if int(row["Non_unique"]):
+            continue
+        if row["Sub_part"] is not None or str(row["Index_type"]).upper() != "BTREE":
             return False
-        indexes.setdefault(str(name), set()).add(str(column).lower())
+        indexes.setdefault(str(row["Key_name"]), set()).add(str(row["Column_name"]).lower())
     if list(indexes.values()) != [{k.lower() for k in keys}]:
         return False
-    triggers = conn.execute(
-        sa.text(
-            "SELECT COUNT(*) FROM information_schema.TRIGGERS "
-            "WHERE EVENT_OBJECT_SCHEMA = COALESCE(:schema, DATABASE()) AND EVENT_OBJECT_TABLE = :table"
-        ),
-        where,
-    ).scalar()
+    within = f" FROM {prep.quote_identifier(target.schema)}" if target.schema else ""
+    show = f"SHOW TRIGGERS{within} WHERE `Table` = %(table)s"
+    triggers = conn.exec_driver_sql(show, {"table": target.name}).all()
     return not triggers
 
 
