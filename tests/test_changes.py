@@ -411,7 +411,106 @@ def test_shadow_and_tombstones_an_earlier_xasink_made_take_the_tables_collation(
         collations = db.execute(
             "SELECT DISTINCT collation_name FROM information_schema.columns WHERE table_schema = DATABASE() "
             "AND table_name = %s "
-            "AND collation_name IS NOT NULL",
+            "AND collation_name IS NOT NULL AND column_name IN ('id', 'name')",  # the shadow's own columns aside
             made,
         )
         assert collations == [("utf8mb4_bin",)], (made, collations)
+
+
+def _general_ci(db: Target, s: str, *names: str) -> None:
+    """The sink's shadow (and tombstone) tables as an earlier xasink made them: utf8mb4's default collation."""
+    log_id = Xid.parse(db.decision(s, 0).xids[0]).log_id  # type: ignore[union-attr]
+    made = {"shadow": shadow_name("xasink_", log_id, s), "tombstones": tombstone_name("xasink_", log_id, s)}
+    for name in names:
+        db.execute(f"ALTER TABLE {db.q(made[name])} CONVERT TO CHARACTER SET utf8mb4 COLLATE utf8mb4_general_ci")
+
+
+@pytest.mark.parametrize("collation", ["utf8mb4_bin", "utf8mb4_unicode_ci"])
+def test_a_shadow_an_earlier_xasink_made_holding_a_decided_batch_takes_the_tables_collation(
+    db: Target, monkeypatch: pytest.MonkeyPatch, collation: str
+) -> None:
+    """A shadow of utf8mb4's default collation holding a decided batch not applied yet is mended in place at
+    the next write, its rows kept: the next batch's 'a' and 'A' are two keys of a utf8mb4_bin table (a shadow
+    kept as it was made them one change, applied to the other's key), and with utf8mb4_unicode_ci both batches
+    apply (a kept shadow failed every apply with an illegal mix of collations)."""
+    if db.kind == POSTGRESQL:
+        pytest.skip("MariaDB/MySQL's table collations")
+    table = db.new_table()
+    db.execute(
+        f"CREATE TABLE {db.q(table)} (id varchar(10) PRIMARY KEY, name varchar(20), seq bigint) "
+        f"ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE={collation}"
+    )
+    s = sink()
+    columns = {"id": "string", "name": "string", "seq": "long", "deleted": "boolean"}
+    batch_direct(db.url, table, s, 0, columns, [[("a", "x", 1, False), ("b", None, 2, True)]], "append", **OPTIONS)
+    monkeypatch.setenv("XASINK_FAULT", "driver.after_commits:raise:b=1")
+    with pytest.raises(Exception, match="injected fault"):
+        batch_direct(
+            db.url, table, s, 1, columns, [[("c", "c1", 3, False)], [("d", "d1", 3, False)]], "append", **OPTIONS
+        )
+    monkeypatch.delenv("XASINK_FAULT")
+    _general_ci(db, s, "shadow", "tombstones")
+    batch = [[("a", "small", 9, False)], [("A", "big", 10, False)]]
+    batch_direct(db.url, table, s, 2, columns, batch, "append", **OPTIONS)
+    report = admin.recover(db.url, sink_id=s, older_than_s=0)  # batch 1, decided and loaded before the upgrade
+    assert not report.unfinished, report
+    expected = [("A", "big", 10), ("a", "small", 9)] if collation == "utf8mb4_bin" else [("a", "big", 10)]
+    assert sorted(db.rows(table)) == sorted([*expected, ("c", "c1", 3), ("d", "d1", 3)])
+    assert shadow_rows(db) == 0 and db.prepared(s) == []
+
+
+def test_a_shadow_an_earlier_xasink_made_keeps_a_decided_batch_whose_branches_commit_while_it_is_mended(
+    db: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The branches of a decided batch still prepared in a shadow of utf8mb4's default collation (its driver
+    died; an earlier xasink): the rows are invisible to the next write's mend, which waits for the branches'
+    table lock; recovery commits them meanwhile, and the mend keeps their rows (dropping the 'empty' shadow
+    lost the batch)."""
+    if db.kind == POSTGRESQL:
+        pytest.skip("MariaDB/MySQL's table collations")
+    table = db.new_table()
+    db.execute(
+        f"CREATE TABLE {db.q(table)} (id varchar(10) PRIMARY KEY, name varchar(20), seq bigint) "
+        "ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"
+    )
+    s = sink()
+    columns = {"id": "string", "name": "string", "seq": "long", "deleted": "boolean"}
+    batch_direct(db.url, table, s, 0, columns, [[("a", "x", 1, False), ("b", None, 2, True)]], "append", **OPTIONS)
+    _general_ci(db, s, "shadow", "tombstones")
+    with monkeypatch.context() as m:  # an earlier xasink: no mend; its driver dies once the batch is decided
+        m.setattr("xasink.write_modes.statements._collation_drift", lambda *_: [])
+        m.setenv("XASINK_FAULT", "driver.after_decide:raise:b=1")
+        with pytest.raises(Exception, match="injected fault"):
+            batch_direct(
+                db.url, table, s, 1, columns, [[("c", "c1", 3, False)], [("d", "d1", 3, False)]], "append", **OPTIONS
+            )
+    assert len(db.prepared(s)) == 2
+    with ThreadPoolExecutor(1) as pool:
+        later = pool.submit(batch_direct, db.url, table, s, 2, columns, [[("e", "e1", 4, False)]], "append", **OPTIONS)
+        time.sleep(2)  # the mend waits for the prepared branches' table lock
+        report = admin.recover(db.url, sink_id=s, older_than_s=0)
+        later.result()
+    assert not report.unfinished, report
+    assert db.rows(table) == [("a", "x", 1), ("c", "c1", 3), ("d", "d1", 3), ("e", "e1", 4)]
+    assert shadow_rows(db) == 0 and db.prepared(s) == []
+
+
+@pytest.mark.xfail(strict=True, reason="not fixed yet: the tombstones' MODIFY COLUMN fails on a duplicate key")
+def test_tombstones_an_earlier_xasink_made_whose_keys_are_one_under_the_tables_collation(db: Target) -> None:
+    """Tombstones of utf8mb4's default collation holding 'ß' and 'ss' (two keys there, one under the target's
+    utf8mb4_unicode_ci): the mend must merge them (the newest delete wins), not fail every write."""
+    if db.kind == POSTGRESQL:
+        pytest.skip("MariaDB/MySQL's table collations")
+    table = db.new_table()
+    db.execute(
+        f"CREATE TABLE {db.q(table)} (id varchar(10) PRIMARY KEY, name varchar(20), seq bigint) "
+        "ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_unicode_ci"
+    )
+    s = sink()
+    columns = {"id": "string", "name": "string", "seq": "long", "deleted": "boolean"}
+    batch_direct(db.url, table, s, 0, columns, [[("x", "x", 1, False), ("b", None, 2, True)]], "append", **OPTIONS)
+    _general_ci(db, s, "tombstones")
+    log_id = Xid.parse(db.decision(s, 0).xids[0]).log_id  # type: ignore[union-attr]
+    db.execute(f"INSERT INTO {db.q(tombstone_name('xasink_', log_id, s))} VALUES ('ß', 5), ('ss', 6)")
+    batch_direct(db.url, table, s, 1, columns, [[("ß", "old", 5, False), ("y", "y", 7, False)]], "append", **OPTIONS)
+    assert db.rows(table) == [("x", "x", 1), ("y", "y", 7)]

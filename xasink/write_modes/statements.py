@@ -80,38 +80,33 @@ def ensure_shadow(dialect: Dialect, conn: Connection, spec: ApplySpec) -> None:
         have = [c["name"] for c in insp.get_columns(spec.shadow, schema=spec.schema)]
         drift = _collation_drift(dialect, conn, spec, spec.shadow)
         conn.rollback()
-        if have != [c.name for c in want.c] or drift:
+        if have == [c.name for c in want.c] and drift:  # made by an earlier xasink: mend it in place
+            # ALTER keeps every row: a decided batch not applied yet, or one whose branches are still prepared
+            # (invisible to a count: dropping the "empty" table once they commit would lose the batch); the
+            # shadow's own keys are xasink's columns, so no two of its rows can collide under the new collation
+            log.info("shadow table %s: columns %s take the collation of %s", spec.shadow, drift, spec.table)
+            want_collations = dialect.column_collations(conn, spec.schema, spec.table)
+            conn.rollback()
+            dialect.modify_columns(conn, want, {c: want_collations[c] for c in drift})
+            conn.commit()
+        elif have != [c.name for c in want.c]:
             log.info("shadow table %s no longer matches %s: making it anew", spec.shadow, spec.table)
-            keep = False
             with conn.begin():
                 pending = conn.execute(sa.select(sa.func.count()).select_from(want)).scalar()
-                if pending and have == [c.name for c in want.c]:  # the collations only: made by an earlier xasink
-                    log.warning(
-                        "shadow table %s holds a batch not applied yet, and its columns %s do not compare as "
-                        "%s's: it is applied as it is and the shadow made anew once empty",
-                        spec.shadow,
-                        ", ".join(drift),
-                        spec.table,
-                    )
-                    keep = True
-                elif pending and have == [
-                    c.name for c in want.c if c.name not in (SHADOW_TAG_COLUMN, SHADOW_ROW_COLUMN)
-                ]:
+                if pending and have == [c.name for c in want.c if c.name not in (SHADOW_TAG_COLUMN, SHADOW_ROW_COLUMN)]:
                     raise PreflightError(  # an upgrade, not a changed target: never suggest dropping a decision
                         f"the shadow table {spec.shadow} of {spec.table} holds {pending} rows of a decided batch "
                         "not applied yet, in the layout of an earlier xasink (before the MariaDB/MySQL shadow was "
                         "keyed by branch and row): run 'xasink recover' to apply it, then write again"
                     )
-                elif pending:
+                if pending:
                     raise PreflightError(
                         f"the shadow table {spec.shadow} of {spec.table} holds {pending} rows of a batch not "
                         "applied yet, but its columns no longer match the target's: run 'xasink recover' with the "
                         "table as it was, or drop the shadow table if that batch must be given up"
                     )
-                else:
-                    want.drop(conn)
-            if not keep:
-                _create(dialect, conn, want, target)
+                want.drop(conn)
+            _create(dialect, conn, want, target)
     else:
         conn.rollback()
         _create(dialect, conn, want, target)
