@@ -78,17 +78,14 @@ def ensure_shadow(dialect: Dialect, conn: Connection, spec: ApplySpec) -> None:
     insp = sa.inspect(conn)
     if insp.has_table(spec.shadow, schema=spec.schema):
         have = [c["name"] for c in insp.get_columns(spec.shadow, schema=spec.schema)]
-        drift = _collation_drift(dialect, conn, spec, spec.shadow)
+        drift = collation_drift(dialect, conn, spec, spec.shadow)
         conn.rollback()
         if have == [c.name for c in want.c] and drift:  # made by an earlier xasink: mend it in place
             # ALTER keeps every row: a decided batch not applied yet, or one whose branches are still prepared
             # (invisible to a count: dropping the "empty" table once they commit would lose the batch); the
             # shadow's own keys are xasink's columns, so no two of its rows can collide under the new collation
-            log.info("shadow table %s: columns %s take the collation of %s", spec.shadow, drift, spec.table)
-            want_collations = dialect.column_collations(conn, spec.schema, spec.table)
-            conn.rollback()
-            dialect.modify_columns(conn, want, {c: want_collations[c] for c in drift})
-            conn.commit()
+            advice = "If an earlier run's branches are still prepared in it, run 'xasink recover', then write again"
+            _mend_collations(dialect, conn, spec, want, drift, advice)
         elif have != [c.name for c in want.c]:
             log.info("shadow table %s no longer matches %s: making it anew", spec.shadow, spec.table)
             with conn.begin():
@@ -113,14 +110,14 @@ def ensure_shadow(dialect: Dialect, conn: Connection, spec: ApplySpec) -> None:
     if spec.tombstones is not None:
         tombstones = _tombstone_table(spec, types)
         _create(dialect, conn, tombstones, target)
-        drift = _collation_drift(dialect, conn, spec, spec.tombstones)
+        drift = collation_drift(dialect, conn, spec, spec.tombstones)
         conn.rollback()
         if drift:  # made by an earlier xasink: its keys take the target's collation, the deleted keys stay
-            log.info("tombstone table %s: columns %s take the collation of %s", spec.tombstones, drift, spec.table)
-            want_collations = dialect.column_collations(conn, spec.schema, spec.table)
-            conn.rollback()
-            dialect.modify_columns(conn, tombstones, {c: want_collations[c] for c in drift})
-            conn.commit()
+            advice = (
+                "If it names a duplicate entry, two deleted keys are one key under the table's collation: delete "
+                f"the older of them from {spec.tombstones}, then write again"
+            )
+            _mend_collations(dialect, conn, spec, tombstones, drift, advice)
     if spec.kind == CHANGES:
         check_changes_table(dialect, conn, spec, want)
     if spec.kind in (OVERWRITE, REPLACE_WHERE):
@@ -128,7 +125,25 @@ def ensure_shadow(dialect: Dialect, conn: Connection, spec: ApplySpec) -> None:
         conn.rollback()
 
 
-def _collation_drift(dialect: Dialect, conn: Connection, spec: ApplySpec, table: str) -> list[str]:
+def _mend_collations(
+    dialect: Dialect, conn: Connection, spec: ApplySpec, table: sa.Table, drift: list[str], advice: str
+) -> None:
+    """Give the drifted columns of a table an earlier xasink made the target's collations, keeping its rows."""
+    log.info("%s: columns %s take the collation of %s", table.name, ", ".join(drift), spec.table)
+    want = dialect.column_collations(conn, spec.schema, spec.table)
+    conn.rollback()
+    try:
+        dialect.modify_columns(conn, table, {c: want[c] for c in drift})
+    except sa.exc.DBAPIError as exc:
+        conn.rollback()
+        raise PreflightError(
+            f"table {table.name} beside {spec.table}, made by an earlier xasink, must take the table's collation, "
+            f"but that failed: {_first_line(exc)}. {advice}"
+        ) from None
+    conn.commit()
+
+
+def collation_drift(dialect: Dialect, conn: Connection, spec: ApplySpec, table: str) -> list[str]:
     """The columns of ``table`` (one xasink made) whose collation is not the target's same column's."""
     want = dialect.column_collations(conn, spec.schema, spec.table)
     have = dialect.column_collations(conn, spec.schema, table)
