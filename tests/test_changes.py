@@ -521,3 +521,34 @@ def test_tombstones_an_earlier_xasink_made_whose_keys_are_one_under_the_tables_c
     db.execute(f"DELETE FROM {db.q(tomb)} WHERE id = 'ß' AND seq = 5")
     batch_direct(db.url, table, s, 1, columns, batch, "append", **OPTIONS)
     assert db.rows(table) == [("x", "x", 1), ("y", "y", 7)]  # 'ß' at 5 is older than the delete of 'ss' at 6
+
+
+def test_a_shadow_whose_table_changed_is_not_dropped_while_a_decided_batch_is_prepared_in_it(
+    db: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A decided batch's branches still prepared in the shadow (its driver died), then a column added to the
+    table: the next write would make the shadow anew, but its rows are invisible to a count and a DROP would
+    wait for them, then lose them once recovery commits. It is refused, naming 'xasink recover'; after the
+    recovery the batch is in the table and the next write makes the shadow anew."""
+    from xasink.errors import PreflightError
+
+    table = db.new_table()
+    db.create_table(table, "id int PRIMARY KEY, name varchar(20), seq bigint")
+    s = sink()
+    changes(db, table, s, 0, [[(1, "a", 1, False)]])
+    monkeypatch.setenv("XASINK_FAULT", "driver.after_decide:raise:b=1")
+    with pytest.raises(Exception, match="injected fault"):
+        changes(db, table, s, 1, [[(2, "b", 1, False)], [(3, "c", 1, False)]])
+    monkeypatch.delenv("XASINK_FAULT")
+    assert len(db.prepared(s)) == 2
+    db.execute(f"ALTER TABLE {db.q(table)} ADD COLUMN note varchar(10)")
+    columns = {"id": "int", "name": "string", "seq": "long", "note": "string", "deleted": "boolean"}
+    later = [[(4, "d", 1, "new", False)]]
+    with pytest.raises(PreflightError, match=r"2 prepared branch\(es\).*xasink recover"):
+        batch_direct(db.url, table, s, 2, columns, later, "append", **OPTIONS)
+    report = admin.recover(db.url, sink_id=s, older_than_s=0)
+    assert not report.unfinished, report
+    assert db.rows(table) == [(1, "a", 1, None), (2, "b", 1, None), (3, "c", 1, None)]
+    batch_direct(db.url, table, s, 2, columns, later, "append", **OPTIONS)
+    assert db.rows(table)[-1] == (4, "d", 1, "new")
+    assert shadow_rows(db) == 0 and db.prepared(s) == []

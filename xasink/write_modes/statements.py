@@ -41,6 +41,7 @@ from xasink.write_modes.spec import (
     OVERWRITE,
     REPLACE_WHERE,
     ApplySpec,
+    shadow_name,
 )
 
 log = logging.getLogger(__name__)
@@ -88,6 +89,13 @@ def ensure_shadow(dialect: Dialect, conn: Connection, spec: ApplySpec) -> None:
             _mend_collations(dialect, conn, spec, want, drift, advice)
         elif have != [c.name for c in want.c]:
             log.info("shadow table %s no longer matches %s: making it anew", spec.shadow, spec.table)
+            held = _branches_into(dialect, conn, spec.shadow)
+            if held:  # their rows are invisible to a count, and a DROP would wait for them, then lose them
+                raise PreflightError(
+                    f"the shadow table {spec.shadow} of {spec.table} no longer matches the table's columns, and "
+                    f"{held} prepared branch(es) of an earlier run of this sink may hold a decided batch in it: "
+                    "run 'xasink recover' with the table as it was, then write again"
+                )
             with conn.begin():
                 pending = conn.execute(sa.select(sa.func.count()).select_from(want)).scalar()
                 if pending and have == [c.name for c in want.c if c.name not in (SHADOW_TAG_COLUMN, SHADOW_ROW_COLUMN)]:
@@ -123,6 +131,18 @@ def ensure_shadow(dialect: Dialect, conn: Connection, spec: ApplySpec) -> None:
     if spec.kind in (OVERWRITE, REPLACE_WHERE):
         in_place_keys(dialect, conn, spec)  # a table others refer to is replaced in place, or refused here
         conn.rollback()
+
+
+def _branches_into(dialect: Dialect, conn: Connection, shadow: str) -> int:
+    """The prepared branches of xasink that write into ``shadow`` (one shadow per decision log and sink)."""
+    prefix = shadow[: shadow.rindex("sh_")]
+    try:
+        found = dialect.list_prepared(conn)
+    except sa.exc.DBAPIError:  # a role that may not list them (MySQL 8 without XA_RECOVER_ADMIN)
+        conn.rollback()
+        return 0
+    conn.rollback()
+    return sum(1 for p in found if p.xid is not None and shadow_name(prefix, p.xid.log_id, p.xid.sink_id) == shadow)
 
 
 def _mend_collations(
