@@ -521,3 +521,23 @@ def test_tombstones_an_earlier_xasink_made_whose_keys_are_one_under_the_tables_c
     db.execute(f"DELETE FROM {db.q(tomb)} WHERE id = 'ß' AND seq = 5")
     batch_direct(db.url, table, s, 1, columns, batch, "append", **OPTIONS)
     assert db.rows(table) == [("x", "x", 1), ("y", "y", 7)]  # 'ß' at 5 is older than the delete of 'ss' at 6
+
+
+@pytest.mark.parametrize("mode", ["overwrite", "replaceWhere", "changes"])
+def test_a_table_name_with_percent_signs(db: Target, mode: str) -> None:
+    """'%' in the target table's name reaches the server as written in every statement of the apply (the
+    foreign keys' lookup binds the name as a value: never SQLAlchemy's doubled form)."""
+    table = db.new_table() + "%s %(x)s %%"
+    db.create_table(table, f"id int PRIMARY KEY, {db.q('na%me')} varchar(20), seq bigint")
+    db.execute(f"INSERT INTO {db.q(table)} VALUES (1, 'a', 1), (2, 'b', 1)")
+    s = sink()
+    columns = {"id": "int", "na%me": "string", "seq": "long"}
+    if mode == "changes":
+        rows = [[(1, "a2", 2, False)], [(2, None, 2, True)]]
+        batch_direct(db.url, db.q(table), s, 0, {**columns, "deleted": "boolean"}, rows, "append", **OPTIONS)
+        assert db.rows(table) == [(1, "a2", 2)]
+    else:
+        where = {"replaceWhere": "id >= 2"} if mode == "replaceWhere" else {}
+        batch_direct(db.url, db.q(table), s, 0, columns, [[(2, "b2", 2)], [(7, "g", 1)]], "overwrite", **where)
+        assert db.rows(table) == ([(1, "a", 1)] if where else []) + [(2, "b2", 2), (7, "g", 1)]
+    assert shadow_rows(db) == 0 and db.prepared(s) == []
