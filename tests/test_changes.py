@@ -551,4 +551,23 @@ def test_a_shadow_whose_table_changed_is_not_dropped_while_a_decided_batch_is_pr
     assert db.rows(table) == [(1, "a", 1, None), (2, "b", 1, None), (3, "c", 1, None)]
     batch_direct(db.url, table, s, 2, columns, later, "append", **OPTIONS)
     assert db.rows(table)[-1] == (4, "d", 1, "new")
+
+
+@pytest.mark.parametrize("mode", ["overwrite", "replaceWhere", "changes"])
+def test_a_table_name_with_percent_signs(db: Target, mode: str) -> None:
+    """'%' in the target table's name reaches the server as written in every statement of the apply (the
+    foreign keys' lookup binds the name as a value: never SQLAlchemy's doubled form)."""
+    table = db.new_table() + "%s %(x)s %%"
+    db.create_table(table, f"id int PRIMARY KEY, {db.q('na%me')} varchar(20), seq bigint")
+    db.execute(f"INSERT INTO {db.q(table)} VALUES (1, 'a', 1), (2, 'b', 1)")
+    s = sink()
+    columns = {"id": "int", "na%me": "string", "seq": "long"}
+    if mode == "changes":
+        rows = [[(1, "a2", 2, False)], [(2, None, 2, True)]]
+        batch_direct(db.url, db.q(table), s, 0, {**columns, "deleted": "boolean"}, rows, "append", **OPTIONS)
+        assert db.rows(table) == [(1, "a2", 2)]
+    else:
+        where = {"replaceWhere": "id >= 2"} if mode == "replaceWhere" else {}
+        batch_direct(db.url, db.q(table), s, 0, columns, [[(2, "b2", 2)], [(7, "g", 1)]], "overwrite", **where)
+        assert db.rows(table) == ([(1, "a", 1)] if where else []) + [(2, "b2", 2), (7, "g", 1)]
     assert shadow_rows(db) == 0 and db.prepared(s) == []

@@ -25,6 +25,7 @@ from xasink.dialects.postgres.sql import (
     UPSERT_LOCK_HINT,
     advisory_key,
     driver_sql,
+    quote_ident,
     sqlstate_of,
     string_literal,
 )
@@ -251,7 +252,7 @@ class PostgresDialect(PostgresTypes, Dialect):
         conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": advisory_key(name)})
 
     def referencing_tables(self, conn: Connection, schema: str | None, table: str) -> list[str]:
-        name = conn.dialect.identifier_preparer.format_table(sa.table(table, schema=schema))
+        name = ".".join(quote_ident(p) for p in (schema, table) if p)  # a value: its '%' signs single
         rows = conn.execute(
             sa.text(
                 "SELECT DISTINCT conrelid::regclass::text FROM pg_constraint "

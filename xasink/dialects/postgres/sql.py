@@ -11,6 +11,10 @@ from xasink.dialects.keepalive import KEEPALIVE_COUNT, KEEPALIVE_IDLE_S, KEEPALI
 from xasink.dialects.values import TargetPlan
 
 SA_DIALECT = pg.psycopg2.dialect()
+# identifiers for the statements ADBC runs as they are (the branch's) and for names bound as values: SQLAlchemy's
+# own preparer doubles '%' for psycopg2's formatting, which nothing undoes there
+_PREPARER = type(SA_DIALECT.identifier_preparer)(SA_DIALECT)
+_PREPARER._double_percents = False
 
 UPSERT_LOCK_HINT = (
     "another partition of this batch (or another transaction) holds rows with the same upsert keys ({keys}): a "
@@ -92,23 +96,26 @@ def advisory_key(name: str) -> int:
     return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "big", signed=True)
 
 
-def _ident(name: str) -> str:
-    return str(SA_DIALECT.identifier_preparer.quote_identifier(name))
+def quote_ident(name: str) -> str:
+    """A quoted identifier as the server reads it (its '%' signs single): for a statement run as written or a
+    name bound as a value; through SQLAlchemy's text, use the connection's preparer."""
+    return str(_PREPARER.quote_identifier(name))
 
 
 def _selected(plan: TargetPlan) -> str:
     """The select list over unnest's columns: each as is, or cast by the server to its column's type."""
     casts = dict(plan.server_casts)
     return ", ".join(
-        f"CAST({_ident(n)} AS {casts[n]}) AS {_ident(n)}" if n in casts else _ident(n) for n in plan.arrow_schema.names
+        f"CAST({quote_ident(n)} AS {casts[n]}) AS {quote_ident(n)}" if n in casts else quote_ident(n)
+        for n in plan.arrow_schema.names
     )
 
 
 def insert_sql(plan: TargetPlan) -> str:
     """INSERT .. SELECT .. FROM unnest($1..$n): the bulk load of a table whose columns the server casts."""
     names = plan.arrow_schema.names
-    table = ".".join(_ident(p) for p in (plan.schema, plan.table) if p)
-    cols = ", ".join(_ident(n) for n in names)
+    table = ".".join(quote_ident(p) for p in (plan.schema, plan.table) if p)
+    cols = ", ".join(quote_ident(n) for n in names)
     params = ", ".join(f"${i + 1}" for i in range(len(names)))
     return f"INSERT INTO {table} ({cols}) SELECT {_selected(plan)} FROM unnest({params}) AS u({cols})"
 
@@ -123,14 +130,14 @@ def upsert_sql(plan: TargetPlan) -> str:
     ordinal = "xasink_ord"
     while ordinal in names:
         ordinal += "_"
-    table = ".".join(_ident(p) for p in (plan.schema, plan.table) if p)
-    cols = ", ".join(_ident(n) for n in names)
-    keys = ", ".join(_ident(k) for k in plan.upsert_keys)
+    table = ".".join(quote_ident(p) for p in (plan.schema, plan.table) if p)
+    cols = ", ".join(quote_ident(n) for n in names)
+    keys = ", ".join(quote_ident(k) for k in plan.upsert_keys)
     params = ", ".join(f"${i + 1}" for i in range(len(names)))
-    updates = ", ".join(f"{_ident(n)} = EXCLUDED.{_ident(n)}" for n in names if n not in plan.upsert_keys)
+    updates = ", ".join(f"{quote_ident(n)} = EXCLUDED.{quote_ident(n)}" for n in names if n not in plan.upsert_keys)
     action = f"DO UPDATE SET {updates}" if updates else "DO NOTHING"
     return (
         f"INSERT INTO {table} ({cols}) SELECT DISTINCT ON ({keys}) {_selected(plan)} "
-        f"FROM unnest({params}) WITH ORDINALITY AS u({cols}, {_ident(ordinal)}) "
-        f"ORDER BY {keys}, {_ident(ordinal)} DESC ON CONFLICT ({keys}) {action}"
+        f"FROM unnest({params}) WITH ORDINALITY AS u({cols}, {quote_ident(ordinal)}) "
+        f"ORDER BY {keys}, {quote_ident(ordinal)} DESC ON CONFLICT ({keys}) {action}"
     )
