@@ -16,7 +16,7 @@ import pytest
 
 from tests.harness import shadow_rows
 from tests.modes_driver import batch_direct, prepare_stray_branch
-from tests.targets import POSTGRESQL, Target
+from tests.targets import MARIADB, POSTGRESQL, Target, case
 from xasink.errors import ApplyError
 from xasink.ops import survey as admin
 from xasink.protocol.xid import Xid
@@ -212,6 +212,7 @@ def test_a_role_that_may_not_create_temporary_tables_is_refused_before_any_branc
             db.execute(statement)
 
 
+TRIGGER = "an insert trigger"
 SHAPES = {
     "the key its only unique index": [],
     "another unique index": ["CREATE UNIQUE INDEX {t}_name ON {q} (name, id)"],
@@ -222,15 +223,17 @@ SHAPES = {
 }
 
 
-@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize(
+    ("db", "shape"),
+    [case(kind, shape) for shape in SHAPES for kind in (POSTGRESQL, MARIADB) if (kind, shape) != (POSTGRESQL, TRIGGER)],
+    indirect=["db"],
+)  # PostgreSQL's ON CONFLICT passes every row through BEFORE INSERT triggers: the trigger case is MariaDB's
 def test_the_merge_writes_the_same_rows_whatever_the_tables_unique_indexes_and_triggers(
     db: Target, caplog: pytest.LogCaptureFixture, shape: str
 ) -> None:
     """MariaDB merges by one ``INSERT .. ON DUPLICATE KEY UPDATE`` only when the key is the table's only unique
     index and no trigger is on it, else by an UPDATE then an INSERT: both leave the same rows and report the
     same rows written (updated or inserted; not the rows left alone because the stored row is newer)."""
-    if shape == "an insert trigger" and db.kind == POSTGRESQL:
-        pytest.skip("PostgreSQL's ON CONFLICT passes every row through BEFORE INSERT triggers")
     caplog.set_level(logging.INFO, logger="xasink.protocol.apply_step")
     table = db.new_table()
     db.create_table(table, "id int PRIMARY KEY, name varchar(20), seq bigint")
@@ -311,6 +314,7 @@ def test_column_names_with_percent_signs(db: Target, caplog: pytest.LogCaptureFi
     assert shadow_rows(db) == 0 and db.prepared(s) == []
 
 
+@pytest.mark.parametrize("db", [case(MARIADB)], indirect=True)
 def test_a_unique_index_made_while_the_merge_reads_the_tables_indexes_waits_for_the_apply(
     db: Target, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -318,8 +322,6 @@ def test_a_unique_index_made_while_the_merge_reads_the_tables_indexes_waits_for_
     table, so an index another session makes right after it waits for the apply's commit, and the merge's
     INSERT .. ON DUPLICATE KEY UPDATE never meets a unique index it did not see (there it would update the row of
     another key).  A change-data write with a sequence and no delete flag touches the table first in the merge."""
-    if db.kind == POSTGRESQL:
-        pytest.skip("MariaDB/MySQL's merge: PostgreSQL's ON CONFLICT names the key")
     from xasink.dialects.mysql import merge
 
     caplog.set_level(logging.INFO, logger="xasink.protocol.apply_step")
@@ -350,6 +352,7 @@ def test_a_unique_index_made_while_the_merge_reads_the_tables_indexes_waits_for_
     assert written(caplog, s, 0) == 1
 
 
+@pytest.mark.parametrize("db", [case(MARIADB)], indirect=True)
 @pytest.mark.parametrize("collation", ["utf8mb4_bin", "utf8mb4_unicode_ci"])
 def test_a_string_key_compares_as_the_tables_default_collation_says(
     db: Target, caplog: pytest.LogCaptureFixture, collation: str
@@ -359,8 +362,6 @@ def test_a_string_key_compares_as_the_tables_default_collation_says(
     (a shadow of utf8mb4's default collation made them one change, applied to one of them, the other lost);
     with utf8mb4_unicode_ci the key columns compare without an illegal mix of collations (the decided batch
     could never be applied)."""
-    if db.kind == POSTGRESQL:
-        pytest.skip("MariaDB/MySQL's table collations")
     caplog.set_level(logging.INFO, logger="xasink.protocol.apply_step")
     table = db.new_table()
     db.execute(
@@ -381,14 +382,13 @@ def test_a_string_key_compares_as_the_tables_default_collation_says(
     assert tombstones(db, s) == [("b", 2)]
 
 
+@pytest.mark.parametrize("db", [case(MARIADB)], indirect=True)
 def test_shadow_and_tombstones_an_earlier_xasink_made_take_the_tables_collation(
     db: Target, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Shadow and tombstone tables made before they took the target's table collation (utf8mb4's default
     instead of the table's utf8mb4_bin): the next write makes the (empty) shadow anew and gives the tombstones'
     key the table's collation, keeping the deleted keys; 'a' and 'A' are then two keys."""
-    if db.kind == POSTGRESQL:
-        pytest.skip("MariaDB/MySQL's table collations")
     caplog.set_level(logging.INFO, logger="xasink.protocol.apply_step")
     table = db.new_table()
     db.execute(
@@ -425,6 +425,7 @@ def _general_ci(db: Target, s: str, *names: str) -> None:
         db.execute(f"ALTER TABLE {db.q(made[name])} CONVERT TO CHARACTER SET utf8mb4 COLLATE utf8mb4_general_ci")
 
 
+@pytest.mark.parametrize("db", [case(MARIADB)], indirect=True)
 @pytest.mark.parametrize("collation", ["utf8mb4_bin", "utf8mb4_unicode_ci"])
 def test_a_shadow_an_earlier_xasink_made_holding_a_decided_batch_takes_the_tables_collation(
     db: Target, monkeypatch: pytest.MonkeyPatch, collation: str
@@ -433,8 +434,6 @@ def test_a_shadow_an_earlier_xasink_made_holding_a_decided_batch_takes_the_table
     the next write, its rows kept: the next batch's 'a' and 'A' are two keys of a utf8mb4_bin table (a shadow
     kept as it was made them one change, applied to the other's key), and with utf8mb4_unicode_ci both batches
     apply (a kept shadow failed every apply with an illegal mix of collations)."""
-    if db.kind == POSTGRESQL:
-        pytest.skip("MariaDB/MySQL's table collations")
     table = db.new_table()
     db.execute(
         f"CREATE TABLE {db.q(table)} (id varchar(10) PRIMARY KEY, name varchar(20), seq bigint) "
@@ -459,6 +458,7 @@ def test_a_shadow_an_earlier_xasink_made_holding_a_decided_batch_takes_the_table
     assert shadow_rows(db) == 0 and db.prepared(s) == []
 
 
+@pytest.mark.parametrize("db", [case(MARIADB)], indirect=True)
 def test_a_shadow_an_earlier_xasink_made_keeps_a_decided_batch_whose_branches_commit_while_it_is_mended(
     db: Target, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -466,8 +466,6 @@ def test_a_shadow_an_earlier_xasink_made_keeps_a_decided_batch_whose_branches_co
     died; an earlier xasink): the rows are invisible to the next write's mend, which waits for the branches'
     table lock; recovery commits them meanwhile, and the mend keeps their rows (dropping the 'empty' shadow
     lost the batch)."""
-    if db.kind == POSTGRESQL:
-        pytest.skip("MariaDB/MySQL's table collations")
     table = db.new_table()
     db.execute(
         f"CREATE TABLE {db.q(table)} (id varchar(10) PRIMARY KEY, name varchar(20), seq bigint) "
@@ -495,14 +493,13 @@ def test_a_shadow_an_earlier_xasink_made_keeps_a_decided_batch_whose_branches_co
     assert shadow_rows(db) == 0 and db.prepared(s) == []
 
 
+@pytest.mark.parametrize("db", [case(MARIADB)], indirect=True)
 def test_tombstones_an_earlier_xasink_made_whose_keys_are_one_under_the_tables_collation(db: Target) -> None:
     """Tombstones of utf8mb4's default collation holding 'ß' and 'ss' (two keys there, one under the target's
     utf8mb4_unicode_ci) cannot take the table's collation: the write is refused before any branch, naming the
     tombstone table and what to delete; once the older tombstone is gone the write goes through."""
     from xasink.errors import PreflightError
 
-    if db.kind == POSTGRESQL:
-        pytest.skip("MariaDB/MySQL's table collations")
     table = db.new_table()
     db.execute(
         f"CREATE TABLE {db.q(table)} (id varchar(10) PRIMARY KEY, name varchar(20), seq bigint) "
