@@ -28,8 +28,9 @@ import psycopg2.extensions
 import pymysql
 
 from benchmarks import cpu
-from benchmarks.private_mariadb import PrivateMariaDB, parse_private, server_pids
+from benchmarks.private_mariadb import parse_private, server_pids
 from xasink.support.embedded import EmbeddedPostgres
+from xasink.support.embedded_mariadb import EmbeddedMariaDB
 
 log = logging.getLogger("benchmarks")
 
@@ -245,7 +246,7 @@ def databases(
         if "mariadb" in kinds:
             overrides = parse_private(mariadb_at)
             if overrides is not None:  # a server of its own: its CPU is this run's alone
-                private = PrivateMariaDB(overrides)
+                private = EmbeddedMariaDB(overrides)
                 mariadb_at = private.start()
             host, _, port = mariadb_at.partition(":")
             maria = mariadb(host, int(port or 3306))

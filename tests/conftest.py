@@ -20,6 +20,7 @@ import fcntl
 import os
 import sys
 import uuid
+import warnings
 from collections.abc import Iterator
 
 import psycopg2
@@ -44,6 +45,7 @@ from tests.targets import (
     rollback_prepared,
 )
 from xasink.support.embedded import EmbeddedPostgres
+from xasink.support.embedded_mariadb import EmbeddedMariaDB, EmbeddedMariaDBError
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
@@ -209,21 +211,47 @@ MARIADB_DEFAULT = "mysql+pymysql://root@127.0.0.1:3306/"
 
 
 @pytest.fixture(scope="session")
-def mariadb_url() -> Iterator[str]:
-    """A fresh database ``xasink_test_<hex>`` on the machine's MariaDB (or ``XASINK_TEST_MARIADB_URL``'s server).
+def mariadb_server() -> Iterator[str]:
+    """The server the MariaDB tests use: ``XASINK_TEST_MARIADB_URL``'s, else the machine's at 127.0.0.1:3306,
+    else - when that one does not answer (a service still starting, or none) - a private one of this session's.
 
-    Dropped at the end of the session.  Without a reachable server the tests that need it are skipped,
-    except under CI=true, where that is a failure.
+    ``XASINK_TEST_MARIADB_URL=private`` asks for the private server outright.  Without any server the tests
+    that need it are skipped, except under CI=true, where that is a failure.
     """
-    server = os.environ.get("XASINK_TEST_MARIADB_URL", MARIADB_DEFAULT)
+    explicit = os.environ.get("XASINK_TEST_MARIADB_URL", "")
+    if explicit != "private":
+        server = explicit or MARIADB_DEFAULT
+        try:
+            with mariadb_connect(server, database=False) as conn, conn.cursor() as cur:
+                cur.execute("SELECT VERSION()")
+            yield server
+            return
+        except pymysql.err.MySQLError as exc:
+            reason = f"MariaDB/MySQL not reachable at {server.split('@')[-1]} ({exc.args[-1]})"
+            if explicit:
+                _unavailable(f"{reason}; check XASINK_TEST_MARIADB_URL")
+        warnings.warn(f"{reason}: the tests start a private MariaDB server", stacklevel=1)
+    private = EmbeddedMariaDB()
     try:
-        with mariadb_connect(server, database=False) as conn, conn.cursor() as cur:
-            cur.execute("SELECT VERSION()")
-    except pymysql.err.MySQLError as exc:
-        reason = f"MariaDB/MySQL not reachable at {server.split('@')[-1]} ({exc.args[-1]}); set XASINK_TEST_MARIADB_URL"
-        if os.environ.get("CI") == "true":
-            pytest.fail(reason, pytrace=False)
-        pytest.skip(reason)
+        private.start()
+    except EmbeddedMariaDBError as exc:
+        _unavailable(f"no MariaDB server: {exc}; set XASINK_TEST_MARIADB_URL")
+    try:
+        yield private.url
+    finally:
+        private.stop()
+
+
+def _unavailable(reason: str) -> None:
+    if os.environ.get("CI") == "true":
+        pytest.fail(reason, pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def mariadb_url(mariadb_server: str) -> Iterator[str]:
+    """A fresh database ``xasink_test_<hex>`` on :func:`mariadb_server`, dropped at the end of the session."""
+    server = mariadb_server
     database = f"xasink_test_{uuid.uuid4().hex[:12]}"
     base = server if server.endswith("/") else server.rsplit("/", 1)[0] + "/"
     with mariadb_connect(server, database=False) as conn, conn.cursor() as cur:
