@@ -178,6 +178,16 @@ def test_oracle_rejects_a_skipped_batch_without_rows_and_a_taken_over_writer() -
         "w1": model.Told("error", 0, 3, error="ConcurrentWriterError BatchAbortedError", claimed_at=1.0),
     }
     assert any("took batch 1 over" in v for v in model.check(s, taken, with_keys(INIT, k7="w0"), [], True, CHILD, 0))
+    # w1 began its claim before w0's had ended: the journal may have ordered w1's first, so w0 rightly won
+    overlapping = {
+        "w0": model.Told("written", 0, 3, claiming_at=0.1, claimed_at=0.5, committing_at=2.0),
+        "w1": model.Told(
+            "error", 0, 3, error="ConcurrentWriterError BatchAbortedError", claiming_at=0.4, claimed_at=1.0
+        ),
+    }
+    assert model.check(s, overlapping, with_keys(INIT, k7="w0"), [], True, CHILD, 0) == []
+    taken["w1"].claiming_at = 0.6  # began after w0's claim had ended: surely after it
+    assert any("took batch 1 over" in v for v in model.check(s, taken, with_keys(INIT, k7="w0"), [], True, CHILD, 0))
 
 
 def test_oracle_rejects_a_deleted_key_back_with_an_older_sequence() -> None:

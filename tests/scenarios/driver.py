@@ -8,8 +8,9 @@ task does (a failed task is retried once as attempt 1, as Spark retries it; a se
 batch), then commits with ``Coordinator.commit`` (or aborts).  The fault comes from ``XASINK_FAULT``, so a
 fault point ``kill`` takes this process down at that protocol point, ``sleep=`` pauses it there.
 
-It appends JSON lines to its result file: ``{"event": "claimed", "t": ...}`` once its claim took the
-batch over, ``{"event": "committing", "t": ...}`` as it begins the commit, and last its outcome
+It appends JSON lines to its result file: ``{"event": "claiming", "t": ...}`` as it begins its claim,
+``{"event": "claimed", "t": ...}`` once the claim took the batch over, ``{"event": "committing", "t": ...}``
+as it begins the commit, and last its outcome
 (``written`` / ``skipped`` / ``error`` with the exception's classes, message and the phase it failed in).
 ``t`` is ``time.monotonic()``, which all processes of the machine share.
 """
@@ -105,6 +106,7 @@ def write(spec: dict[str, Any], emit: Any, phase: _Phase) -> WriteResult:
         batch_id = opts.batch_id
         say("planned: run %s", run)
         coordinator.check_batch(batch_id, query)
+        emit(event="claiming", t=time.monotonic())
         claimed = coordinator.claim(batch_id, run, guard.name)
         if claimed:
             emit(event="claimed", t=time.monotonic())
@@ -217,6 +219,7 @@ def multi_write(spec: dict[str, Any], emit: Any, phase: _Phase) -> Any:
         else first
     )
     log_opts = replace_ids(log_opts, spec["sink"], spec["batch"])
+    emit(event="claiming", t=time.monotonic())
     mc = MultiCoordinator(
         spec["sink"], spec["batch"], log_opts, stream=query is not None, fixed=journal_url is not None, query=query
     )

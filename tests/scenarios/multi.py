@@ -248,7 +248,7 @@ def check_multi(
                 # a claim in another log (no journal_url, the writes in another order) takes nothing over
                 same_log = schedule.log_of(by_label[other]) == schedule.log_of(w)
                 if other != label and by_label[other].batch == w.batch and o.claimed_at is not None and same_log:
-                    if t.claimed_at < o.claimed_at < decides:
+                    if model.took_over_before(t, o, decides):
                         found.append(f"{label} told 'written' though {other} took batch {w.batch} over first")
     return found
 

@@ -316,6 +316,8 @@ class Watch:
         for line in lines:
             if line.get("event") == "started":
                 told.forked_at = line["t"]
+            elif line.get("event") == "claiming":
+                told.claiming_at = line["t"]
             elif line.get("event") == "claimed":
                 told.claimed_at = line["t"]
             elif line.get("event") == "committing":
