@@ -363,14 +363,9 @@ def test_a_string_key_compares_as_the_tables_default_collation_says(
     with utf8mb4_unicode_ci the key columns compare without an illegal mix of collations (the decided batch
     could never be applied)."""
     caplog.set_level(logging.INFO, logger="xasink.protocol.apply_step")
-    table = db.new_table()
-    db.execute(
-        f"CREATE TABLE {db.q(table)} (id varchar(10) PRIMARY KEY, name varchar(20), seq bigint) "
-        f"ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE={collation}"
-    )
+    table = _collated_table(db, collation)
     db.execute(f"INSERT INTO {db.q(table)} VALUES ('a', 'x', 1)")
-    s = sink()
-    columns = {"id": "string", "name": "string", "seq": "long", "deleted": "boolean"}
+    s, columns = sink(), STRING_KEYED
     batch = [[("A", "big", 7, False), ("a", "small", 8, False)], [("b", None, 2, True)]]
     batch_direct(db.url, table, s, 0, columns, batch, "append", **OPTIONS)
     if collation == "utf8mb4_bin":
@@ -387,42 +382,53 @@ def test_shadow_and_tombstones_an_earlier_xasink_made_take_the_tables_collation(
     db: Target, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Shadow and tombstone tables made before they took the target's table collation (utf8mb4's default
-    instead of the table's utf8mb4_bin): the next write makes the (empty) shadow anew and gives the tombstones'
-    key the table's collation, keeping the deleted keys; 'a' and 'A' are then two keys."""
+    instead of the table's utf8mb4_bin): the next write gives their columns the table's collation in place,
+    keeping the deleted keys; 'a' and 'A' are then two keys."""
     caplog.set_level(logging.INFO, logger="xasink.protocol.apply_step")
-    table = db.new_table()
-    db.execute(
-        f"CREATE TABLE {db.q(table)} (id varchar(10) PRIMARY KEY, name varchar(20), seq bigint) "
-        "ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"
-    )
-    s = sink()
-    columns = {"id": "string", "name": "string", "seq": "long", "deleted": "boolean"}
-    batch_direct(db.url, table, s, 0, columns, [[("a", "x", 1, False), ("b", None, 2, True)]], "append", **OPTIONS)
-    log_id = Xid.parse(db.decision(s, 0).xids[0]).log_id  # type: ignore[union-attr]
-    shadow, tomb = shadow_name("xasink_", log_id, s), tombstone_name("xasink_", log_id, s)
-    for made in (shadow, tomb):  # as an earlier xasink made them
-        db.execute(f"ALTER TABLE {db.q(made)} CONVERT TO CHARACTER SET utf8mb4 COLLATE utf8mb4_general_ci")
+    table, s = _collated_sink(db, "utf8mb4_bin")
+    made = _general_ci(db, s, "shadow", "tombstones")
     batch = [[("A", "big", 7, False)], [("a", "small", 8, False), ("B", "back", 1, False)]]
-    batch_direct(db.url, table, s, 1, columns, batch, "append", **OPTIONS)
+    batch_direct(db.url, table, s, 1, STRING_KEYED, batch, "append", **OPTIONS)
     assert sorted(db.rows(table)) == [("A", "big", 7), ("B", "back", 1), ("a", "small", 8)]
     assert written(caplog, s, 1) == 3
     assert tombstones(db, s) == [("b", 2)]  # 'B' is another key: its insert keeps 'b' deleted
-    for made in (shadow, tomb):
+    for name in made.values():
         collations = db.execute(
             "SELECT DISTINCT collation_name FROM information_schema.columns WHERE table_schema = DATABASE() "
             "AND table_name = %s "
             "AND collation_name IS NOT NULL AND column_name IN ('id', 'name')",  # the shadow's own columns aside
-            made,
+            name,
         )
-        assert collations == [("utf8mb4_bin",)], (made, collations)
+        assert collations == [("utf8mb4_bin",)], (name, collations)
 
 
-def _general_ci(db: Target, s: str, *names: str) -> None:
+STRING_KEYED = {"id": "string", "name": "string", "seq": "long", "deleted": "boolean"}
+
+
+def _collated_table(db: Target, collation: str) -> str:
+    """A MariaDB table keyed by a string whose collation is the table's default (reflection names none)."""
+    table = db.new_table()
+    db.execute(
+        f"CREATE TABLE {db.q(table)} (id varchar(10) PRIMARY KEY, name varchar(20), seq bigint) "
+        f"ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE={collation}"
+    )
+    return table
+
+
+def _collated_sink(db: Target, collation: str, first: tuple[Any, ...] = ("a", "x", 1, False)) -> tuple[str, str]:
+    """A :func:`_collated_table` and a change-data sink whose batch 0 wrote ``first`` and deleted key 'b'."""
+    table, s = _collated_table(db, collation), sink()
+    batch_direct(db.url, table, s, 0, STRING_KEYED, [[first, ("b", None, 2, True)]], "append", **OPTIONS)
+    return table, s
+
+
+def _general_ci(db: Target, s: str, *names: str) -> dict[str, str]:
     """The sink's shadow (and tombstone) tables as an earlier xasink made them: utf8mb4's default collation."""
     log_id = Xid.parse(db.decision(s, 0).xids[0]).log_id  # type: ignore[union-attr]
     made = {"shadow": shadow_name("xasink_", log_id, s), "tombstones": tombstone_name("xasink_", log_id, s)}
     for name in names:
         db.execute(f"ALTER TABLE {db.q(made[name])} CONVERT TO CHARACTER SET utf8mb4 COLLATE utf8mb4_general_ci")
+    return {name: made[name] for name in names}
 
 
 @pytest.mark.parametrize("db", [case(MARIADB)], indirect=True)
@@ -434,14 +440,8 @@ def test_a_shadow_an_earlier_xasink_made_holding_a_decided_batch_takes_the_table
     the next write, its rows kept: the next batch's 'a' and 'A' are two keys of a utf8mb4_bin table (a shadow
     kept as it was made them one change, applied to the other's key), and with utf8mb4_unicode_ci both batches
     apply (a kept shadow failed every apply with an illegal mix of collations)."""
-    table = db.new_table()
-    db.execute(
-        f"CREATE TABLE {db.q(table)} (id varchar(10) PRIMARY KEY, name varchar(20), seq bigint) "
-        f"ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE={collation}"
-    )
-    s = sink()
-    columns = {"id": "string", "name": "string", "seq": "long", "deleted": "boolean"}
-    batch_direct(db.url, table, s, 0, columns, [[("a", "x", 1, False), ("b", None, 2, True)]], "append", **OPTIONS)
+    table, s = _collated_sink(db, collation)
+    columns = STRING_KEYED
     monkeypatch.setenv("XASINK_FAULT", "driver.after_commits:raise:b=1")
     with pytest.raises(Exception, match="injected fault"):
         batch_direct(
@@ -466,14 +466,8 @@ def test_a_shadow_an_earlier_xasink_made_keeps_a_decided_batch_whose_branches_co
     died; an earlier xasink): the rows are invisible to the next write's mend, which waits for the branches'
     table lock; recovery commits them meanwhile, and the mend keeps their rows (dropping the 'empty' shadow
     lost the batch)."""
-    table = db.new_table()
-    db.execute(
-        f"CREATE TABLE {db.q(table)} (id varchar(10) PRIMARY KEY, name varchar(20), seq bigint) "
-        "ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"
-    )
-    s = sink()
-    columns = {"id": "string", "name": "string", "seq": "long", "deleted": "boolean"}
-    batch_direct(db.url, table, s, 0, columns, [[("a", "x", 1, False), ("b", None, 2, True)]], "append", **OPTIONS)
+    table, s = _collated_sink(db, "utf8mb4_bin")
+    columns = STRING_KEYED
     _general_ci(db, s, "shadow", "tombstones")
     with monkeypatch.context() as m:  # an earlier xasink: no mend; its driver dies once the batch is decided
         m.setattr("xasink.write_modes.statements.collation_drift", lambda *_: [])
@@ -500,16 +494,9 @@ def test_tombstones_an_earlier_xasink_made_whose_keys_are_one_under_the_tables_c
     tombstone table and what to delete; once the older tombstone is gone the write goes through."""
     from xasink.errors import PreflightError
 
-    table = db.new_table()
-    db.execute(
-        f"CREATE TABLE {db.q(table)} (id varchar(10) PRIMARY KEY, name varchar(20), seq bigint) "
-        "ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_unicode_ci"
-    )
-    s = sink()
-    columns = {"id": "string", "name": "string", "seq": "long", "deleted": "boolean"}
-    batch_direct(db.url, table, s, 0, columns, [[("x", "x", 1, False), ("b", None, 2, True)]], "append", **OPTIONS)
-    _general_ci(db, s, "tombstones")
-    tomb = tombstone_name("xasink_", Xid.parse(db.decision(s, 0).xids[0]).log_id, s)  # type: ignore[union-attr]
+    table, s = _collated_sink(db, "utf8mb4_unicode_ci", first=("x", "x", 1, False))
+    columns = STRING_KEYED
+    tomb = _general_ci(db, s, "tombstones")["tombstones"]
     db.execute(f"INSERT INTO {db.q(tomb)} VALUES ('ß', 5), ('ss', 6)")
     batch = [[("ß", "old", 5, False), ("y", "y", 7, False)]]
     with pytest.raises(PreflightError, match=rf"{tomb}.*Duplicate entry.*delete the older of them from {tomb}"):
