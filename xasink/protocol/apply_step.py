@@ -20,8 +20,9 @@ from xasink.journal.log import Journal
 from xasink.journal.records import BatchRecord
 from xasink.protocol.retry import RetryPolicy
 from xasink.protocol.xid import Xid
+from xasink.write_modes.shadow import decided_rows
 from xasink.write_modes.spec import ApplySpec
-from xasink.write_modes.statements import apply_lock_name, apply_statements, decided_branches, withdraw
+from xasink.write_modes.statements import apply_lock_name, apply_statements, withdraw
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +70,7 @@ class ApplyStep:
                         conn.rollback()
                         return False
                     dialect.durable_commit(conn)
-                    branches = decided_branches(conn, spec, tuple(xids))
-                    rows = apply_statements(dialect, conn, spec, batch_id, branches)
+                    rows = apply_statements(dialect, conn, spec, batch_id, decided_rows(dialect, conn, spec, xids))
                     conn.commit()
                 except BaseException:
                     conn.rollback()
@@ -137,7 +137,8 @@ class ApplyStep:
                 )
                 return False
             if decided is not None and self.journal.withdraw(conn, self.sink_id, batch_id):
-                withdraw(self.journal.dialect, conn, spec, batch_id, decided_branches(conn, spec, decided.xids))
+                found = decided_rows(self.journal.dialect, conn, spec, decided.xids)
+                withdraw(self.journal.dialect, conn, spec, batch_id, found)
         log.warning(
             "sink %s batch %s: decision withdrawn, nothing of it is visible (%s)", self.sink_id, batch_id, reason
         )

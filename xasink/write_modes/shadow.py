@@ -4,6 +4,7 @@ its rows an apply reads (only the decided branches')."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
@@ -11,6 +12,7 @@ from sqlalchemy.engine import Connection
 
 from xasink.dialects.base import Dialect
 from xasink.dialects.values import SHADOW_ROW_COLUMN, SHADOW_TAG_COLUMN, branch_tag
+from xasink.protocol.xid import Xid
 from xasink.write_modes.spec import BATCH_COLUMN, BRANCH_COLUMN, ApplySpec
 
 
@@ -40,11 +42,24 @@ def of_branches(shadow: sa.FromClause, batch_id: int, branches: Sequence[str] | 
     return mine
 
 
-def key_columns(dialect: Dialect, conn: Connection, spec: ApplySpec) -> list[str]:
-    """The shadow's key columns, when it is keyed (the apply goes by that key; a shadow made before: its index)."""
-    have = (
-        [c["name"] for c in sa.inspect(conn).get_columns(spec.shadow, schema=spec.schema)]
-        if dialect.keyed_shadow
-        else []
-    )
-    return [SHADOW_TAG_COLUMN, SHADOW_ROW_COLUMN] if SHADOW_ROW_COLUMN in have else []
+@dataclass(frozen=True)
+class DecidedRows:
+    """How an apply finds a decision's rows in the shadow, as the shadow (perhaps an earlier xasink's) is laid
+    out: read once per apply."""
+
+    branches: tuple[str, ...] | None  # the decided branches' bquals; None: rows that carry no branch (all the batch's)
+    keys: tuple[str, ...] = ()  # the shadow's key columns, when it is keyed (the apply goes by that key)
+
+    def tag_columns(self) -> list[str]:
+        """The shadow's columns beside the target's (and the delete flag) that the apply names."""
+        return [BATCH_COLUMN] + ([BRANCH_COLUMN, *self.keys] if self.branches is not None else [])
+
+
+def decided_rows(dialect: Dialect, conn: Connection, spec: ApplySpec, xids: Sequence[Xid]) -> DecidedRows:
+    """The decision ``xids``'s rows in the shadow: a shadow made by an earlier xasink has no branch column (a
+    batch decided before an upgrade is applied or withdrawn as it was written), or no key."""
+    have = {c["name"] for c in sa.inspect(conn).get_columns(spec.shadow, schema=spec.schema)}
+    if BRANCH_COLUMN not in have:
+        return DecidedRows(None)
+    keyed = dialect.keyed_shadow and SHADOW_ROW_COLUMN in have
+    return DecidedRows(tuple(x.bqual for x in xids), (SHADOW_TAG_COLUMN, SHADOW_ROW_COLUMN) if keyed else ())

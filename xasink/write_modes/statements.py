@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -30,10 +29,9 @@ from xasink.dialects.base import Dialect
 from xasink.dialects.values import SHADOW_ROW_COLUMN, SHADOW_TAG_COLUMN, TargetPlan
 from xasink.errors import ApplyError, PreflightError
 from xasink.options import TableName
-from xasink.protocol.xid import Xid
 from xasink.support.faults import fault
 from xasink.write_modes.changes import apply_changes, check_changes_table
-from xasink.write_modes.shadow import key_columns, of_branches, shadow_table
+from xasink.write_modes.shadow import DecidedRows, of_branches, shadow_table
 from xasink.write_modes.spec import (
     BATCH_COLUMN,
     BRANCH_COLUMN,
@@ -76,17 +74,18 @@ def ensure_shadow(dialect: Dialect, conn: Connection, spec: ApplySpec) -> None:
     target = sa.Table(spec.table, sa.MetaData(schema=spec.schema), autoload_with=conn)
     types = {c.name: c.type for c in target.c}
     want = shadow_table(spec, types, dialect.keyed_shadow)
+    collations = dialect.column_collations(conn, spec.schema, spec.table)  # the target's, read once
     insp = sa.inspect(conn)
     if insp.has_table(spec.shadow, schema=spec.schema):
         have = [c["name"] for c in insp.get_columns(spec.shadow, schema=spec.schema)]
-        drift = collation_drift(dialect, conn, spec, spec.shadow)
+        drift = collation_drift(dialect, conn, spec, spec.shadow, collations)
         conn.rollback()
         if have == [c.name for c in want.c] and drift:  # made by an earlier xasink: mend it in place
             # ALTER keeps every row: a decided batch not applied yet, or one whose branches are still prepared
             # (invisible to a count: dropping the "empty" table once they commit would lose the batch); the
             # shadow's own keys are xasink's columns, so no two of its rows can collide under the new collation
             advice = "If an earlier run's branches are still prepared in it, run 'xasink recover', then write again"
-            _mend_collations(dialect, conn, spec, want, drift, advice)
+            _mend_collations(dialect, conn, spec, want, {c: collations[c] for c in drift}, advice)
         elif have != [c.name for c in want.c]:
             log.info("shadow table %s no longer matches %s: making it anew", spec.shadow, spec.table)
             held = _branches_into(dialect, conn, spec.shadow)
@@ -118,14 +117,14 @@ def ensure_shadow(dialect: Dialect, conn: Connection, spec: ApplySpec) -> None:
     if spec.tombstones is not None:
         tombstones = _tombstone_table(spec, types)
         _create(dialect, conn, tombstones, target)
-        drift = collation_drift(dialect, conn, spec, spec.tombstones)
+        drift = collation_drift(dialect, conn, spec, spec.tombstones, collations)
         conn.rollback()
         if drift:  # made by an earlier xasink: its keys take the target's collation, the deleted keys stay
             advice = (
                 "If it names a duplicate entry, two deleted keys are one key under the table's collation: delete "
                 f"the older of them from {spec.tombstones}, then write again"
             )
-            _mend_collations(dialect, conn, spec, tombstones, drift, advice)
+            _mend_collations(dialect, conn, spec, tombstones, {c: collations[c] for c in drift}, advice)
     if spec.kind == CHANGES:
         check_changes_table(dialect, conn, spec, want)
     if spec.kind in (OVERWRITE, REPLACE_WHERE):
@@ -146,14 +145,13 @@ def _branches_into(dialect: Dialect, conn: Connection, shadow: str) -> int:
 
 
 def _mend_collations(
-    dialect: Dialect, conn: Connection, spec: ApplySpec, table: sa.Table, drift: list[str], advice: str
+    dialect: Dialect, conn: Connection, spec: ApplySpec, table: sa.Table, want: dict[str, str], advice: str
 ) -> None:
-    """Give the drifted columns of a table an earlier xasink made the target's collations, keeping its rows."""
-    log.info("%s: columns %s take the collation of %s", table.name, ", ".join(drift), spec.table)
-    want = dialect.column_collations(conn, spec.schema, spec.table)
-    conn.rollback()
+    """Give the drifted columns of a table an earlier xasink made the target's collations (``want``: column to
+    collation), keeping its rows."""
+    log.info("%s: columns %s take the collation of %s", table.name, ", ".join(want), spec.table)
     try:
-        dialect.modify_columns(conn, table, {c: want[c] for c in drift})
+        dialect.modify_columns(conn, table, want)
     except sa.exc.DBAPIError as exc:
         conn.rollback()
         raise PreflightError(
@@ -163,9 +161,8 @@ def _mend_collations(
     conn.commit()
 
 
-def collation_drift(dialect: Dialect, conn: Connection, spec: ApplySpec, table: str) -> list[str]:
-    """The columns of ``table`` (one xasink made) whose collation is not the target's same column's."""
-    want = dialect.column_collations(conn, spec.schema, spec.table)
+def collation_drift(dialect: Dialect, conn: Connection, spec: ApplySpec, table: str, want: dict[str, str]) -> list[str]:
+    """The columns of ``table`` (one xasink made) whose collation is not ``want``'s (the target's) same column's."""
     have = dialect.column_collations(conn, spec.schema, table)
     return [c for c, collation in have.items() if c in want and collation != want[c]]
 
@@ -237,13 +234,6 @@ def _predicate(spec: ApplySpec) -> sa.ColumnElement[bool]:
 def _first_line(exc: BaseException) -> str:
     text = str(getattr(exc, "orig", exc)).strip()
     return text.splitlines()[0] if text else type(exc).__name__
-
-
-def decided_branches(conn: Connection, spec: ApplySpec, xids: Sequence[Xid]) -> list[str] | None:
-    """The shadow's tags of a decision's branches, or None for a shadow made by an earlier xasink, whose rows
-    carry no branch: a batch decided before an upgrade is applied (or withdrawn) as it was written."""
-    have = {c["name"] for c in sa.inspect(conn).get_columns(spec.shadow, schema=spec.schema)}
-    return [x.bqual for x in xids] if BRANCH_COLUMN in have else None
 
 
 def _clear(
@@ -329,16 +319,13 @@ def _replace_in_place(
     return written
 
 
-def apply_statements(
-    dialect: Dialect, conn: Connection, spec: ApplySpec, batch_id: int, branches: Sequence[str] | None
-) -> int:
-    """Replace the target's rows from the rows of the shadow's decided ``branches`` (their bquals), inside the
-    caller's transaction; rows written."""
+def apply_statements(dialect: Dialect, conn: Connection, spec: ApplySpec, batch_id: int, decided: DecidedRows) -> int:
+    """Replace the target's rows from the shadow's rows of the ``decided`` branches, inside the caller's
+    transaction; rows written."""
     names = list(spec.columns)
     target = sa.table(spec.table, *(sa.column(c) for c in names), schema=spec.schema)
-    shadow_cols = names + ([spec.flag] if spec.flag else []) + [BATCH_COLUMN]
-    if branches is not None:
-        shadow_cols += [BRANCH_COLUMN, *key_columns(dialect, conn, spec)]
+    branches = decided.branches
+    shadow_cols = names + ([spec.flag] if spec.flag else []) + decided.tag_columns()
     shadow = sa.table(spec.shadow, *(sa.column(c) for c in shadow_cols), schema=spec.schema)
     mine = of_branches(shadow, batch_id, branches)
     if spec.kind in (OVERWRITE, REPLACE_WHERE):
@@ -379,13 +366,10 @@ def apply_statements(
     return written
 
 
-def withdraw(
-    dialect: Dialect, conn: Connection, spec: ApplySpec, batch_id: int, branches: Sequence[str] | None
-) -> None:
+def withdraw(dialect: Dialect, conn: Connection, spec: ApplySpec, batch_id: int, decided: DecidedRows) -> None:
     """Delete the rows of a batch whose decision is withdrawn (its apply can never succeed) from the shadow."""
-    cols = [BATCH_COLUMN, BRANCH_COLUMN, *(key_columns(dialect, conn, spec) if branches is not None else [])]
-    shadow = sa.table(spec.shadow, *(sa.column(c) for c in cols), schema=spec.schema)
-    _clear(dialect, conn, shadow, of_branches(shadow, batch_id, branches), branches is None)
+    shadow = sa.table(spec.shadow, *(sa.column(c) for c in decided.tag_columns()), schema=spec.schema)
+    _clear(dialect, conn, shadow, of_branches(shadow, batch_id, decided.branches), decided.branches is None)
 
 
 def table_name(spec: ApplySpec) -> TableName:
