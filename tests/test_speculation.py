@@ -41,9 +41,11 @@ SPECULATION = {
     "spark.speculation.interval": "100ms",
     "spark.speculation.quantile": "0.5",  # one of the two tasks finished is enough
     "spark.speculation.multiplier": "1.0",
-    # no copy before 8 s: by then the straggler stalled after PREPARE has prepared (it is as fast as
-    # partition 0 up to its stall), so its copy adopts its branch instead of racing it
-    "spark.speculation.minTaskRuntime": "8s",
+    # no copy before 15 s: by then the straggler stalled after PREPARE has prepared (it is as fast as
+    # partition 0 up to its stall), so its copy adopts its branch instead of racing it.  8 s was too short
+    # for a cold executor under CI load: the copy found nothing prepared, wrote a branch of its own and
+    # stalled, and the straggler won at 30 s (the job took 47.6 s); 15 s still leaves the copy 15 s to adopt
+    "spark.speculation.minTaskRuntime": "15s",
     "spark.cores.max": "2",
     "spark.executor.cores": "1",
     "spark.scheduler.minRegisteredResourcesRatio": "1.0",  # both executors (both hosts) before the job
