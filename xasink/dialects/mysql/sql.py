@@ -40,8 +40,8 @@ _share_preferred_tls_context()
 SA_DIALECT = sa_pymysql.dialect()
 # identifiers for the statements a pymysql cursor runs as they are (the branch's): SQLAlchemy's own preparer
 # doubles '%' for the driver's formatting, which a statement run without parameters never undoes
-_PREPARER = type(SA_DIALECT.identifier_preparer)(SA_DIALECT)
-_PREPARER._double_percents = False
+# (a dialect whose paramstyle is not printf-like quotes without doubling)
+_PREPARER = sa_pymysql.dialect(paramstyle="named").identifier_preparer
 
 # the sql_mode of every session xasink writes with (branches, and control sessions: the decision log, the
 # apply step): bad or too long values fail instead of being truncated; 0 stays 0 in AUTO_INCREMENT columns;

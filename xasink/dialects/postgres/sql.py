@@ -13,8 +13,8 @@ from xasink.dialects.values import TargetPlan
 SA_DIALECT = pg.psycopg2.dialect()
 # identifiers for the statements ADBC runs as they are (the branch's) and for names bound as values: SQLAlchemy's
 # own preparer doubles '%' for psycopg2's formatting, which nothing undoes there
-_PREPARER = type(SA_DIALECT.identifier_preparer)(SA_DIALECT)
-_PREPARER._double_percents = False
+# (a dialect whose paramstyle is not printf-like quotes without doubling)
+_PREPARER = pg.psycopg2.dialect(paramstyle="named").identifier_preparer
 
 UPSERT_LOCK_HINT = (
     "another partition of this batch (or another transaction) holds rows with the same upsert keys ({keys}): a "
