@@ -16,12 +16,15 @@ the refusal of a write whose query cannot be known included, on PostgreSQL and M
 from __future__ import annotations
 
 import json
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
-from pyspark.sql import DataFrame
+from pyspark import inheritable_thread_target
+from pyspark.sql import DataFrame, SparkSession
 
 import xasink
 from tests.harness import (
@@ -183,3 +186,77 @@ def test_a_batch_job_beside_a_running_stream_stays_a_batch_job(stream: Stream, p
     assert pg.rows(table) == expected(range(10))
     assert "query" not in recorded_target(pg.url, sink, 0)
     assert sorted(decisions(pg.url, sink)) == [0]
+
+
+def fmt_write(spark: SparkSession, df: DataFrame, url: str, table: str, sink: str, batch: int) -> None:
+    """``format("xasink")`` of a micro-batch with ``batchId``, from a thread of the user's own."""
+    xasink.register(spark)
+    options = {"url": url, "dbtable": table, "sinkId": sink, "batchId": str(batch)}
+    df.write.format("xasink").options(**options).mode("append").save()
+
+
+def test_a_pool_thread_left_with_another_querys_properties_writes_for_its_micro_batchs_query(
+    stream: Stream, pg: Target, tmp_path: Path
+) -> None:
+    """Two queries at once, one pool thread.  In query A's micro-batch the thread runs a function wrapped by
+    PySpark's ``inheritable_thread_target``, which leaves A's local properties on it; then it writes query
+    B's micro-batch, unwrapped.  B's batch records B (the query marked on B's session wins over the
+    thread's stale properties), A's records A."""
+    spark, url = stream.spark, stream.url
+    one = ThreadPoolExecutor(1)
+    tables, sinks = [pg.new_table(), pg.new_table()], [f"{stream.sink_id}-a", f"{stream.sink_id}-b"]
+    (tmp_path / "b").mkdir()
+    a, b = stream, Stream(spark, tmp_path / "b", url)
+    a.add_files(1)
+    b.add_files(1)
+    a_wrote = threading.Event()
+
+    def into_a(df: DataFrame, epoch_id: int) -> None:
+        try:
+            wrapped = inheritable_thread_target(spark)(lambda: fmt_write(spark, df, url, tables[0], sinks[0], epoch_id))
+            one.submit(wrapped).result()
+        finally:
+            a_wrote.set()
+        time.sleep(2)  # A still runs while B writes
+
+    def into_b(df: DataFrame, epoch_id: int) -> None:
+        assert a_wrote.wait(120)
+        one.submit(fmt_write, spark, df, url, tables[1], sinks[1], epoch_id).result()
+
+    try:
+        query_a, query_b = a.foreach_batch(into_a), b.foreach_batch(into_b)
+        query_a.awaitTermination()
+        query_b.awaitTermination()
+    finally:
+        one.shutdown()
+    assert recorded_target(url, sinks[0], 0).get("query") == checkpoint_query_id(a.checkpoint)
+    assert recorded_target(url, sinks[1], 0).get("query") == checkpoint_query_id(b.checkpoint)
+    assert [r[0] for r in pg.rows(tables[1])] == list(range(ROWS))
+
+
+def test_a_query_started_from_a_querys_session_is_not_taken_for_it(stream: Stream, pg: Target, tmp_path: Path) -> None:
+    """Query C is started from query A's own session, which xasink marked with A's id: C's session (Spark's
+    clone of it) inherits the mark.  A write in C's thread, before any xasink call could mark C, records
+    C: the mark names the session it was made for."""
+    spark, url = stream.spark, stream.url
+    stream.add_files(1)
+    sessions: list[SparkSession] = []
+
+    def keep_session(df: DataFrame, epoch_id: int) -> None:
+        xasink.register(spark)  # marks A's session
+        sessions.append(df.sparkSession)
+
+    stream.foreach_batch(keep_session).awaitTermination()
+    (tmp_path / "c").mkdir()
+    c = Stream(spark, tmp_path / "c", url)
+    c.add_files(1)
+    table, sink = pg.new_table(), f"{stream.sink_id}-c"
+
+    def into_c(df: DataFrame, epoch_id: int) -> None:
+        options = {"url": url, "dbtable": table, "sinkId": sink, "batchId": str(epoch_id)}
+        df.write.format("xasink").options(**options).mode("append").save()
+
+    source = sessions[0].readStream.schema("id LONG").json(str(c.input))
+    writer = source.writeStream.foreachBatch(into_c).option("checkpointLocation", str(c.checkpoint))
+    writer.trigger(availableNow=True).start().awaitTermination()
+    assert recorded_target(url, sink, 0).get("query") == checkpoint_query_id(c.checkpoint)

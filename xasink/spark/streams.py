@@ -84,9 +84,14 @@ def mark_running_queries(spark: SparkSession) -> list[tuple[str, Any]]:
     The mark names the session too (Spark's ``sessionUUID``, which every job of the session carries in
     its tags): a session cloned from a marked one (a query started from a query's session) inherits the
     mark, and must not pass for that query's until it is marked as its own query's."""
+    from py4j.protocol import Py4JError
+
     running = _running(spark)
     for query, session in running:
-        session.conf().set(QUERY_CONF, f"{query} {session.sessionUUID()}")
+        try:
+            session.conf().set(QUERY_CONF, f"{query} {session.sessionUUID()}")
+        except Py4JError as exc:  # a query ending meanwhile: its tasks still see STREAM_SESSION_CONF
+            log.debug("cannot mark streaming query %s: %s", query, exc)
     return running
 
 
