@@ -12,8 +12,9 @@ SQL settings to its tasks as local properties.  Hence:
   write of a micro-batch DataFrame (or one derived from it) read it, in whatever thread it was saved.
   :func:`session_query` finds the query of a DataFrame on the driver the same way.  Both read the JVM's
   list of running queries (``SharedState.activeStreamingQueries``) and each query's session
-  (``StreamExecution.sparkSessionForStream``): Spark internals, checked by the tests on every version
-  xasink supports.
+  (``StreamExecution.sparkSessionForStream``): Spark internals, which tests/test_stream_threads.py checks
+  on the Spark it runs; were they renamed, a pool thread's write would be refused as ``UNKNOWN_QUERY``
+  where it is decided, never skipped.
 - Spark Connect, and a classic query that no xasink call has marked yet: Spark's own setting
   :data:`STREAM_SESSION_CONF`, which it puts in every streaming query's session, tells a task that it
   writes a micro-batch, but not which query's: such a write is recorded with ``UNKNOWN_QUERY``, which no
@@ -70,8 +71,10 @@ def _running(spark: SparkSession) -> list[tuple[str, Any]]:
     from py4j.protocol import Py4JError
 
     try:
-        active = list(jsession.sharedState().activeStreamingQueries().values())  # Py4J maps a Java Map to a dict
-        return [(str(q.id().toString()), q.sparkSessionForStream()) for q in active]
+        # a Java ConcurrentHashMap, which Py4J wraps as a dict: its keys' array costs one call, values() many
+        active = jsession.sharedState().activeStreamingQueries()
+        queries = [active[key] for key in active.keySet().toArray()]
+        return [(str(q.id().toString()), q.sparkSessionForStream()) for q in queries if q is not None]
     except Py4JError as exc:  # a stopped context, or internals renamed: the tasks still see STREAM_SESSION_CONF
         log.debug("cannot list the running streaming queries: %s", exc)
         return []
