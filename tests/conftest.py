@@ -109,6 +109,7 @@ SLOW_MODULES = {
     "test_quiet.py": 128,
     "test_hostile.py": 86,
     "test_transaction.py": 72,
+    "test_stream_threads.py": 70,
     "test_property.py": 63,
     "test_adversary.py": 59,
     "test_wheel.py": 57,
