@@ -46,7 +46,7 @@ def register(spark: SparkSession) -> None:
     to the query's own thread only; this ties every running query to its own session, so the tasks of a
     ``format("xasink")`` write of the micro-batch DataFrame (or one derived from it) learn the query
     whichever thread saves it.  ``xasink.write``, ``foreach_batch`` and ``foreach_batch_multi`` do it
-    themselves.  What works from which thread: docs/protocol.md, "Entry point by entry point".
+    themselves.  What works from which thread: docs/protocol.md, "From which thread".
     """
     if spark not in _registered:
         spark.dataSource.register(XasinkDataSource)
