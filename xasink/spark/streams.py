@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
@@ -47,8 +48,17 @@ STREAM_BATCH_PROPERTY = "streaming.sql.batchId"
 STREAM_QUERY_PROPERTY = "sql.streaming.queryId"
 # xasink's mark on a streaming query's own session: its id, for the tasks of writes from any thread
 QUERY_CONF = "spark.xasink.internal.streamingQueryId"
-# Spark's (4.x) setting in every streaming query's session: a task whose job carries it writes a micro-batch
+# Spark's (4.1+) setting in every streaming query's session: a task whose job carries it writes a micro-batch
 STREAM_SESSION_CONF = "spark.sql.streaming.internal.stateStore.partitions"
+# Spark 3.5 and 4.0 set no such setting in a query's session, only these three, which a batch session holds
+# only if its user set all three (then its writes are taken for a micro-batch's: refused where a stream's
+# would be, never skipped): StreamExecution's clone switches adaptive execution and cost-based
+# optimisation off and sets requireAllClusterKeysForDistribution to its default explicitly
+OLDER_STREAM_SESSION_CONFS = {
+    "spark.sql.adaptive.enabled": "false",
+    "spark.sql.cbo.enabled": "false",
+    "spark.sql.requireAllClusterKeysForDistribution": "false",
+}
 # the tags of a task's job, among them "spark-session-<sessionUUID>" of the session that started it
 JOB_TAGS_PROPERTY = "spark.job.tags"
 SESSION_TAG = re.compile(r"(?:^|,)spark-session-([0-9a-f-]{36})(?=,|-execution-|$)")
@@ -120,7 +130,14 @@ def session_query(spark: SparkSession) -> str | None:
 
 def in_stream_session(spark: SparkSession) -> bool:
     """Whether ``spark`` is a streaming query's own session (a micro-batch DataFrame's, classic or Connect)."""
-    return any(spark.conf.get(key, None) for key in (QUERY_CONF, STREAM_SESSION_CONF))
+    return _stream_settings(lambda key: spark.conf.get(key, None))
+
+
+def _stream_settings(get: Callable[[str], str | None]) -> bool:
+    """Whether the session settings ``get`` reads are a streaming query's own session's (any Spark version)."""
+    if any(get(key) for key in (QUERY_CONF, STREAM_SESSION_CONF)):
+        return True
+    return all(get(key) == value for key, value in OLDER_STREAM_SESSION_CONFS.items())
 
 
 def micro_batch_query(df: DataFrame, checkpoint_location: str | None = None) -> str | None:
@@ -178,7 +195,7 @@ def unknown_query_message(sink_id: str, batch_id: int) -> str:
 
 def in_micro_batch(ctx: TaskContext) -> bool:
     """Whether the task's job was started for a streaming micro-batch, from the query's thread or another."""
-    return any(ctx.getLocalProperty(p) is not None for p in (STREAM_BATCH_PROPERTY, QUERY_CONF, STREAM_SESSION_CONF))
+    return ctx.getLocalProperty(STREAM_BATCH_PROPERTY) is not None or _stream_settings(ctx.getLocalProperty)
 
 
 def task_query(ctx: TaskContext, given: str | None = None) -> str | None:

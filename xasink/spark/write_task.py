@@ -7,7 +7,6 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from pyspark import TaskContext
-from pyspark.sql.datasource import WriterCommitMessage
 
 from xasink.errors import OptionError
 from xasink.options import WriteOptions
@@ -15,6 +14,7 @@ from xasink.results import BranchOutcome
 from xasink.spark.planning import WritePlan
 from xasink.spark.streams import task_query
 from xasink.spark.txwrite import TxWrite
+from xasink.spark.versions import WriterCommitMessage
 from xasink.support import faults, notices
 
 if TYPE_CHECKING:
