@@ -26,7 +26,7 @@ from pyspark.sql import functions as F  # noqa: N812 - Spark's usual alias
 from pyspark.sql.types import IntegerType
 
 import xasink
-from tests.harness import expected, frame
+from tests.harness import expected, frame, needs_data_source
 from tests.leaks import texts
 from tests.targets import (
     MARIADB,
@@ -132,6 +132,7 @@ def table(pg: Target) -> str:
 # --------------------------------------------------------------------------- happy path, idempotence
 
 
+@pytest.mark.core
 def test_write_commits_every_partition_once(spark: SparkSession, db: Target) -> None:
     table = db.new_table()
     result = write(db, frame(spark, range(120), 4), table)
@@ -142,6 +143,7 @@ def test_write_commits_every_partition_once(spark: SparkSession, db: Target) -> 
     assert db.prepared(result.sink_id) == []
 
 
+@pytest.mark.core
 def test_rerun_of_committed_batch_writes_nothing(spark: SparkSession, db: Target) -> None:
     table, sink = db.new_table(), new_sink()
     first = write(db, frame(spark, range(40), 2), table, sink_id=sink, batch_id=7)
@@ -178,6 +180,7 @@ def test_same_batch_to_another_table_is_refused(spark: SparkSession, db: Target,
 # --------------------------------------------------------------------------- atomicity
 
 
+@pytest.mark.core
 @pytest.mark.parametrize(("db", "path"), DB_PATHS, indirect=["db"])
 def test_failing_udf_in_one_partition_leaves_nothing(spark: SparkSession, db: Target, path: str) -> None:
     # a serial column proves rows of the other partitions were really loaded (sequences ignore rollback)
@@ -195,6 +198,7 @@ def test_failing_udf_in_one_partition_leaves_nothing(spark: SparkSession, db: Ta
         err = failing_write(path, df, db, table, BatchAbortedError, r"rolled back.*ValueError: boom: row 119")
         assert "nothing" in str(err) or "no row" in str(err)
     else:
+        needs_data_source()
         failing_write(path, df, db, table, XasinkError, r"ValueError: boom: row 119 is poisoned")
     assert db.rows(table) == []
     assert db.prepared() == []
@@ -273,6 +277,7 @@ def test_duplicate_keys_across_partitions_fail_instead_of_hanging(spark: SparkSe
 # --------------------------------------------------------------------------- task retry
 
 
+@pytest.mark.core
 @pytest.mark.parametrize("primary_key", [False, True], ids=["heap", "primary-key"])
 def test_retried_task_after_prepare_commits_each_row_once(spark: SparkSession, db: Target, primary_key: bool) -> None:
     """Attempt 0 of partition 1 prepares, then fails; Spark's retry adopts its prepared branch (reports it,

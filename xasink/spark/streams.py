@@ -13,12 +13,15 @@ SQL settings to its tasks as local properties.  Hence:
   :func:`session_query` finds the query of a DataFrame on the driver the same way.  Both read the JVM's
   list of running queries (``SharedState.activeStreamingQueries``) and each query's session
   (``StreamExecution.sparkSessionForStream``): Spark internals, which tests/test_stream_threads.py checks
-  on the Spark it runs; were they renamed, a pool thread's write would be refused as ``UNKNOWN_QUERY``
-  where it is decided, never skipped.
+  on the Spark it runs, and tests/test_spark_versions.py on 3.5 and 4.0 too (Spark 3.5 gives jobs no
+  session tags, so there a mark is taken as it is: every xasink write marks each running query first);
+  were they renamed, a pool thread's write would be refused as ``UNKNOWN_QUERY`` where it is decided,
+  never skipped.
 - Spark Connect, and a classic query that no xasink call has marked yet: Spark's own setting
-  :data:`STREAM_SESSION_CONF`, which it puts in every streaming query's session, tells a task that it
-  writes a micro-batch, but not which query's: such a write is recorded with ``UNKNOWN_QUERY``, which no
-  decided batch accepts as its replay (:func:`xasink.journal.targets.same_target`).
+  :data:`STREAM_SESSION_CONF`, which 4.1+ puts in every streaming query's session (3.5 and 4.0: the
+  settings :data:`OLDER_STREAM_SESSION_CONFS`), tells a task that it writes a micro-batch, but not which
+  query's: such a write is recorded with ``UNKNOWN_QUERY``, which no decided batch accepts as its replay
+  (:func:`xasink.journal.targets.same_target`).
 
 A write xasink cannot tie to any micro-batch (a DataFrame of another session, written outside the query's
 thread) is a batch job to it: nothing in it names a stream.
