@@ -106,6 +106,7 @@ SLOW_MODULES = {
     "test_write_modes_crash.py": 152,
     "test_faults.py": 145,
     "test_secrets.py": 137,
+    "test_spark_versions.py": 135,
     "test_transaction_crash.py": 134,
     "test_quiet.py": 128,
     "test_hostile.py": 86,

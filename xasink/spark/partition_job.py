@@ -22,6 +22,7 @@ still running included (the abort's settle window, then their own late check).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import pickle
 from collections.abc import Callable, Iterator
@@ -69,6 +70,13 @@ def save(df: DataFrame, options: dict[str, str], mode: str) -> None:
         raise XasinkError(
             f"xasink writes through Spark Connect need the Python data source API of Spark 4.0 or later (this is "
             f"PySpark {pyspark_version()}); use a classic SparkSession on Spark 3.5"
+        )
+    if not HAS_DATA_SOURCE and importlib.util.find_spec("pandas") is None:
+        # PySpark 3.5 builds mapInArrow's function with pandas_udf, which refuses to run without pandas
+        raise XasinkError(
+            f"xasink on PySpark {pyspark_version()} writes through mapInArrow, which PySpark 3.5 runs only with "
+            "pandas installed: pip install 'pandas>=2.0,<2.3' in the driver's and the executors' Python "
+            "(docs/spark-versions.md)"
         )
     save_by_partitions(df, options, mode)
 
