@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import tempfile
@@ -133,7 +134,8 @@ def _write(df: DataFrame, raw: dict[str, Any], mode: str, query: str | None) -> 
         raise inner from exc
     finally:
         told = list(dict.fromkeys(warned + notices.load(path)))
-        os.unlink(path)
+        with contextlib.suppress(FileNotFoundError):  # a /tmp cleaner got there first: the write stands
+            os.unlink(path)
     notices.tell(told)
     total = time.perf_counter() - t0
     after = _record(journal, parsed.sink_id, parsed.batch_id)
