@@ -69,7 +69,8 @@ def save(df: DataFrame, options: dict[str, str], mode: str) -> None:
     if is_connect(df.sparkSession):
         raise XasinkError(
             f"xasink writes through Spark Connect need the Python data source API of Spark 4.0 or later (this is "
-            f"PySpark {pyspark_version()}); use a classic SparkSession on Spark 3.5"
+            f"PySpark {pyspark_version()}{f', {WAY_IN_ENV}=partitions' if HAS_DATA_SOURCE else ''}); use a "
+            "classic SparkSession on Spark 3.5"
         )
     if not HAS_DATA_SOURCE and importlib.util.find_spec("pandas") is None:
         # PySpark 3.5 builds mapInArrow's function with pandas_udf, which refuses to run without pandas
