@@ -38,6 +38,7 @@ from xasink.protocol.partition_writer import write_partition
 from xasink.protocol.xid import FORMAT_ID, Xid, new_run_nonce
 from xasink.results import BranchOutcome, WriteResult
 from xasink.support.embedded import free_port
+from xasink.support.embedded_mariadb import EmbeddedMariaDB, EmbeddedMariaDBError
 from xasink.support.faults import LOCAL_PROPERTY
 from xasink.write_modes.schema import plan_target
 
@@ -100,6 +101,25 @@ def three_tables(pg: Target, maria: Target) -> tuple[str, str, str]:
     for t, name in ((pg, orders), (pg, lines), (maria, events)):
         t.keyed_table(name)
     return orders, lines, events
+
+
+@contextmanager
+def private_mariadb(database: str, overrides: dict[str, str] | None = None) -> Iterator[tuple[EmbeddedMariaDB, str]]:
+    """A MariaDB server of the test's own (to crash and restart, or set up unlike the shared one) and the URL of
+    a fresh ``database`` on it; stopped and removed on exit.  Skipped without MariaDB (a failure under CI)."""
+    server = EmbeddedMariaDB(overrides)
+    try:
+        server.start()
+    except EmbeddedMariaDBError as exc:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"no private MariaDB: {exc}", pytrace=False)
+        pytest.skip(f"no private MariaDB: {exc}")
+    try:
+        with targets.mariadb_connect(server.url, database=False) as conn, conn.cursor() as cur:
+            cur.execute(f"CREATE DATABASE `{database}` CHARACTER SET utf8mb4")
+        yield server, server.url + database
+    finally:
+        server.stop()
 
 
 # --------------------------------------------------------------------------- a sink driven without Spark

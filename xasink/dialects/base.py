@@ -8,9 +8,8 @@ branch side (an executor loading rows) uses whatever driver API is fastest.
 from __future__ import annotations
 
 import logging
-import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -62,16 +61,6 @@ class BranchSession(ABC):
 _DURABILITY_WARNED: set[tuple[str, str, str]] = set()
 
 
-def _stamp_connect(dialect: Any, conn_rec: Any, cargs: Any, cparams: Any) -> None:
-    conn_rec.info["xasink_connect_start"] = time.time()
-
-
-def _record_connect(dbapi_conn: Any, conn_rec: Any) -> None:
-    start = conn_rec.info.pop("xasink_connect_start", None)
-    if start is not None:
-        phases.record("connect.control", start, time.time())
-
-
 class Dialect(ABC):
     """One place per database."""
 
@@ -110,8 +99,8 @@ class Dialect(ABC):
             watch_checkouts(engine, self.socket_fd)
         sa.event.listen(engine, "connect", self.on_connect)
         if phases.enabled():  # the benchmark's breakdown: what a control connection's set-up costs
-            sa.event.listen(engine, "do_connect", _stamp_connect)
-            sa.event.listen(engine, "connect", _record_connect)
+            sa.event.listen(engine, "do_connect", phases.stamp_connect)
+            sa.event.listen(engine, "connect", phases.record_connect)
         return engine
 
     def socket_fd(self, dbapi_conn: Any) -> int | None:
@@ -160,6 +149,9 @@ class Dialect(ABC):
             if engine is not None:
                 engine.dispose()
         self._engine = self._autocommit_engine = None
+
+    def before_finishing(self, conn: Connection, xids: Sequence[Xid]) -> None:  # noqa: B027 - optional hook
+        """Before COMMIT / ROLLBACK PREPARED of many branches (MariaDB: every owner's exit is seen at once)."""
 
     @abstractmethod
     def commit_prepared(self, conn: Connection, xid: Xid) -> None: ...
