@@ -1,8 +1,10 @@
-"""MariaDB edges of issue 37 item 6 that need a server of the test's own: restarts (kill -9).
+"""MariaDB edges of issue 37 item 6 that need a server of the test's own: restarts (kill -9) and binary logging.
 
 * A run that claimed its batch in the very second the server restarted is alive during the restart grace
   (MariaDB's uptime, clock and claim stamps are whole seconds: a strict ``<`` judged it dead).
 * A branch whose session id is handed to another session after a restart still reports its xid.
+* With statement-based binary logging an overwrite or change-data write is refused before anything is
+  decided (the apply's READ COMMITTED statements cannot be logged as statements: error 1665).
 """
 
 from __future__ import annotations
@@ -16,16 +18,24 @@ from typing import Any
 
 import pymysql
 import pytest
+from pyspark.sql.types import IntegerType, StringType, StructField, StructType
 
-from tests.harness import Sink, expected, private_mariadb
+from tests.harness import NAMES, Sink, expected, private_mariadb, record_batch
 from tests.leaks import run_cli
 from tests.targets import mariadb_connect, mariadb_recover, mariadb_rows
 from xasink.dialects.mysql import MySQLDialect
+from xasink.errors import PreflightError
+from xasink.options import parse_options
 from xasink.protocol.coordinator import Coordinator
 from xasink.protocol.judgement import WAIT
+from xasink.protocol.partition_writer import write_partition
+from xasink.protocol.xid import new_run_nonce
+from xasink.spark.planning import prepare_write
 from xasink.support.embedded_mariadb import EmbeddedMariaDB
 
 pytestmark = [pytest.mark.mariadb, pytest.mark.crash]
+
+STRUCT = StructType([StructField("id", IntegerType(), False), StructField("name", StringType(), True)])
 
 
 @pytest.fixture(scope="module")
@@ -151,3 +161,94 @@ def test_a_branch_whose_session_id_is_taken_after_a_restart_still_reports(
         coordinator.close()
     assert sorted(mariadb_rows(url, table)) == expected(range(5))
     assert [x for x in mariadb_recover(url) if sink.sink_id.encode() in x[1]] == []
+
+
+# --------------------------------------------------------------------------- statement-based binary logging
+
+
+@pytest.fixture(scope="module")
+def statement_logged() -> Iterator[str]:
+    """A private MariaDB whose binary log is on, in STATEMENT format: the URL of a database on it."""
+    with private_mariadb("binlog", {"log-bin": "mariadb-bin", "binlog-format": "STATEMENT"}) as (_, url):
+        yield url
+
+
+MODES = [  # Spark's save mode, and the options
+    pytest.param("overwrite", {}, id="overwrite"),
+    pytest.param("overwrite", {"replaceWhere": "id < 100"}, id="replaceWhere"),
+    pytest.param("append", {"upsertKeyColumns": "id", "sequenceColumn": "id"}, id="change-data"),
+]
+
+
+@pytest.mark.parametrize(("mode", "extra"), MODES)
+def test_a_write_mode_under_statement_binary_logging_is_refused_before_it_decides(
+    statement_logged: str, mode: str, extra: dict[str, str]
+) -> None:
+    """binlog_format=STATEMENT: an overwrite, a replaceWhere and a change-data write are refused when planned,
+    with what to set; the table keeps its rows, nothing is decided or prepared.  Before the fix the write
+    decided and committed its branches, its apply failed with error 1665 (classed fatal) and every
+    ``xasink recover`` exited 1, the table keeping its old rows."""
+    url = statement_logged
+    table = _table(url)
+    with mariadb_connect(url) as conn, conn.cursor() as cur:
+        cur.execute(f"INSERT INTO `{table}` VALUES (1, 'old')")
+    sink_id = f"bl{uuid.uuid4().hex[:8]}"
+    options = parse_options({"url": url, "dbtable": table, "sinkId": sink_id, "batchId": "1", **extra})
+    options = options.with_mode(mode)
+    with pytest.raises(PreflightError, match=r"binlog_format = STATEMENT.*SET GLOBAL binlog_format = 'MIXED'"):
+        plan = prepare_write(options, STRUCT, 1)
+        outcome = write_partition(
+            options,
+            plan.target,
+            batch_id=1,
+            partition=0,
+            task_attempt_id=1,
+            run=new_run_nonce(),
+            batches=[record_batch(range(2, 4), NAMES)],
+            log_id=plan.log_id,
+        )
+        coordinator = Coordinator(options)
+        try:
+            coordinator.commit(1, [outcome], apply=plan.apply)
+        finally:
+            coordinator.close()
+    assert mariadb_rows(url, table) == [(1, "old")]
+    assert [x for x in mariadb_recover(url) if sink_id.encode() in x[1]] == []
+    cli = run_cli("recover", "--url", url, "--sink-id", sink_id)
+    assert cli.returncode == 0, cli.stderr
+
+
+def test_a_plain_append_under_statement_binary_logging_is_written(statement_logged: str) -> None:
+    """Appends and upserts have no apply step: statement logging is no reason to refuse them."""
+    table = _table(statement_logged)
+    sink = Sink(statement_logged, table, prefix="ba")
+    assert sink.batch(1, range(6)).rows == 6
+    assert sorted(mariadb_rows(statement_logged, table)) == expected(range(6))
+
+
+def test_a_session_that_logs_by_row_may_apply_under_a_statement_log(statement_logged: str) -> None:
+    """The check reads the apply's own session: a URL whose sessions log by row (a user with the privilege to
+    set binlog_format) overwrites on a server that logs statements by default."""
+    table = _table(statement_logged)
+    with mariadb_connect(statement_logged) as conn, conn.cursor() as cur:
+        cur.execute(f"INSERT INTO `{table}` VALUES (1, 'old')")
+    url = statement_logged + "?init_command=SET+SESSION+binlog_format%3DROW"
+    options = parse_options({"url": url, "dbtable": table, "sinkId": f"br{uuid.uuid4().hex[:8]}", "batchId": "1"})
+    options = options.with_mode("overwrite")
+    plan = prepare_write(options, STRUCT, 1)
+    outcome = write_partition(
+        options,
+        plan.target,
+        batch_id=1,
+        partition=0,
+        task_attempt_id=1,
+        run=new_run_nonce(),
+        batches=[record_batch(range(2, 4), NAMES)],
+        log_id=plan.log_id,
+    )
+    coordinator = Coordinator(options)
+    try:
+        assert coordinator.commit(1, [outcome], apply=plan.apply).rows == 2
+    finally:
+        coordinator.close()
+    assert sorted(mariadb_rows(statement_logged, table)) == expected(range(2, 4))

@@ -300,6 +300,9 @@ class Dialect(ABC):
     keyed_shadow = False
     apply_isolation: str | None = None
 
+    def check_apply(self, conn: Connection) -> None:  # noqa: B027 - optional hook
+        """Planning a write with an apply step: :class:`PreflightError` when its sessions could not run the apply."""
+
     @abstractmethod
     def lock_apply(self, conn: Connection, name: str) -> None:
         """Take the apply lock ``name`` inside the caller's transaction, waiting at most controlLockTimeout (a

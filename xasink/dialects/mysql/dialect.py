@@ -203,6 +203,9 @@ class MySQLDialect(Dialect):
 
     keyed_shadow = True
 
+    def check_apply(self, conn: Connection) -> None:
+        preflight.check_apply(self, conn)
+
     # the apply reads the shadow (INSERT .. SELECT, joins) as a consistent read, locking none of its rows
     apply_isolation = "READ COMMITTED"
 
