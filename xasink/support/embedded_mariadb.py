@@ -111,16 +111,27 @@ class EmbeddedMariaDB:
         )
         deadline = time.monotonic() + timeout
         while True:
-            try:
-                pymysql.connect(host="127.0.0.1", port=self.port, user="root", password="").close()
-                break
-            except pymysql.MySQLError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    errors = (self.dir / "error.log").read_text(errors="replace")[-800:] if self.dir.exists() else ""
-                    self.stop()
-                    raise EmbeddedMariaDBError(f"the private MariaDB did not start: {errors}") from None
-                time.sleep(0.2)
+            with contextlib.suppress(pymysql.MySQLError):
+                if self._answers(data):
+                    break
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                errors = (self.dir / "error.log").read_text(errors="replace")[-800:] if self.dir.exists() else ""
+                self.stop()
+                raise EmbeddedMariaDBError(f"the private MariaDB did not start: {errors}")
+            time.sleep(0.2)
         log.info("private MariaDB at 127.0.0.1:%s (pid %s, %s)", self.port, self.pid, self.dir)
+
+    def _answers(self, data: Path) -> bool:
+        """Whether this server answers on its port: another one that took the port first (a free port is only
+        free until someone binds it) is not taken for it."""
+        conn = pymysql.connect(host="127.0.0.1", port=self.port, user="root", password="")
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT @@datadir")
+                row = cur.fetchone()
+        finally:
+            conn.close()
+        return row is not None and Path(str(row[0])).resolve() == data.resolve()
 
     def crash(self) -> None:
         """SIGKILL the server, as a crash of its machine would end it; its data directory stays."""

@@ -14,11 +14,11 @@ So a verb is sent only once the owner is **proven** detached, never after a time
 * the branch's owner lock (held by its session from XA START to its end, :func:`.xa.owner_lock`) is free:
   the session is past handing over the xid;
 * then a view of INNODB_TRX taken after that shows no transaction the owner may still hold: any attached to
-  the session that held the lock (when it was seen), else any attached to a session that is gone from
-  PROCESSLIST, killed or quitting, among those seen first once the lock was free (a later one cannot be the
-  owner's).  INNODB_TRX is a cache InnoDB refreshes only when nobody read it for 0.1 s; a view counts only
-  when it lists the reader's own transaction, begun just before it (a witness), so a cache kept frozen by
-  other readers is never taken for the present.
+  the session that held the lock (when it was seen), else any idle one (no statement running) attached to a
+  session that is gone from PROCESSLIST, killed or quitting, among those seen first once the lock was free (a
+  later one cannot be the owner's).  INNODB_TRX is a cache InnoDB refreshes only when nobody read it for
+  0.1 s; a view counts only when it lists the reader's own transaction, begun just before it (a witness), so
+  a cache kept frozen by other readers is never taken for the present.
 
 A wait that runs out sends no verb: :class:`BranchBusyError` (a commit is retried with backoff, a roll-back is
 left for the next sweep).  A session that has been disconnecting longer than a wait is checked again at every
@@ -64,7 +64,7 @@ _DISCONNECTING = ("Killed", "Quit")
 # branch waits for nothing; a view frozen by readers once showed a branch that had waited before it prepared so)
 _NOT_OWNERS = ("ROLLING BACK", "LOCK WAIT")
 _VIEW_SQL = (
-    "SELECT t.trx_mysql_thread_id, CAST(t.trx_id AS CHAR), t.trx_state, p.COMMAND "
+    "SELECT t.trx_mysql_thread_id, CAST(t.trx_id AS CHAR), t.trx_state, t.trx_tables_in_use, p.COMMAND "
     "FROM information_schema.INNODB_TRX t LEFT JOIN information_schema.PROCESSLIST p "
     "ON p.ID = t.trx_mysql_thread_id AND t.trx_mysql_thread_id <> 0"
 )
@@ -80,23 +80,28 @@ class _View:
 
     after: float  # time.monotonic() before the witness transaction began
     me: int  # the witness session
-    rows: tuple[tuple[int, str, str, str | None], ...]  # session, transaction id, state, the session's COMMAND
+    # session, transaction id, state, tables in use (by a statement), the session's COMMAND (None: not listed)
+    rows: tuple[tuple[int, str, str, int, str | None], ...]
 
     def disconnecting(self) -> set[Blocker]:
-        """Transactions attached to a session that is gone from PROCESSLIST, killed or quitting."""
+        """Idle transactions attached to a session that is gone from PROCESSLIST, killed or quitting.
+
+        A prepared branch's session runs no statement on InnoDB tables (XA allows none after PREPARE), so a
+        transaction with tables in use (a killed session's statement winding down) is no owner's."""
         return {
             (session, trx)
-            for session, trx, state, command in self.rows
+            for session, trx, state, tables, command in self.rows
             if session not in (0, self.me)
             and state not in _NOT_OWNERS
+            and tables == 0
             and (command is None or command in _DISCONNECTING)
         }
 
     def of_session(self, session: int) -> set[str]:
-        return {trx for s, trx, _, _ in self.rows if s == session}
+        return {trx for s, trx, _, _, _ in self.rows if s == session}
 
     def transactions(self) -> set[str]:
-        return {trx for _, trx, _, _ in self.rows}
+        return {row[1] for row in self.rows}
 
 
 @dataclass
@@ -309,6 +314,7 @@ class OwnerWatch:
     def _fresh_view(self, after: float, patience_s: float) -> _View | None:
         """A view of INNODB_TRX taken after ``after``, or None when the cache stayed frozen for ``patience_s``."""
         stop = time.monotonic() + patience_s
+        frozen = 0
         with self._gate:
             while True:
                 if self._view is not None and self._view.after >= after:
@@ -324,8 +330,10 @@ class OwnerWatch:
                     continue
                 if time.monotonic() >= stop:
                     return None
-                # another session reads INNODB_TRX often enough to keep it frozen: give it room to go idle
-                time.sleep(random.uniform(TRX_POLL_S, 2 * TRX_POLL_S))
+                # other sessions read INNODB_TRX often enough to keep it frozen (every read, this one too, puts
+                # its refresh off by 0.1 s): read less and less often, at random, so that a gap comes
+                frozen += 1
+                time.sleep(random.uniform(TRX_POLL_S, min(1.0, TRX_POLL_S * 2**frozen)))
 
     def _read_view(self) -> _View | None:
         """INNODB_TRX with the witness transaction begun just before; None when the cache predates it."""
@@ -341,7 +349,7 @@ class OwnerWatch:
                     cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
                     try:
                         cur.execute(_VIEW_SQL)
-                        rows = tuple((int(r[0]), str(r[1]), str(r[2]), r[3]) for r in cur.fetchall())
+                        rows = tuple((int(r[0]), str(r[1]), str(r[2]), int(r[3] or 0), r[4]) for r in cur.fetchall())
                     finally:
                         cur.execute("COMMIT")
                 break
@@ -349,7 +357,7 @@ class OwnerWatch:
                 self.close()
                 if attempt == 2 or errno_of(exc) in PRIVILEGE_CODES:
                     raise
-        if not any(session == self._witness_id for session, _, _, _ in rows):
+        if not any(row[0] == self._witness_id for row in rows):
             return None
         return _View(after, self._witness_id, rows)
 
