@@ -28,6 +28,7 @@ import pytest
 from tests.harness import private_mariadb
 from tests.targets import mariadb_connect, mariadb_recover
 from xasink.dialects.mysql import BranchBusyError, MySQLBranch, MySQLDialect, xid_literal
+from xasink.dialects.mysql.innodb import TrxReader
 from xasink.dialects.values import TargetPlan
 from xasink.options import parse_options
 from xasink.protocol.xid import FORMAT_ID, Xid, new_run_nonce
@@ -143,6 +144,38 @@ def test_a_branch_finished_as_its_owner_leaves_is_finished_for_real(server: str,
                 _finish(dialect, ctl, server, branch.xid, verb)  # ... while its branch is finished
         assert _hidden(server, table, owners, verb) == []
     finally:
+        dialect.dispose()
+
+
+@pytest.mark.parametrize("source", ["status", "innodb_trx"])
+def test_a_view_of_innodb_shows_a_prepared_branch_attached_then_detached(server: str, source: str) -> None:
+    """What the owner waits read (SHOW ENGINE INNODB STATUS, else INNODB_TRX with a witness): a prepared branch
+    is attached to its owner's session while it is connected, idle and (from the status) prepared; once the
+    owner has left it is attached to no session, and once committed it is gone."""
+    dialect = _dialect(server)
+    table = _table(server)
+    [branch] = _prepared_owners(dialect, table, range(1))
+    reader = TrxReader(dialect.raw_connect, status=source == "status")  # (INNODB_TRX: the fallback)
+    try:
+        attached = [t for t in reader.view(time.monotonic(), 5).rows if t.session == branch.connection_id]  # type: ignore[union-attr]
+        assert len(attached) == 1 and not attached[0].busy and attached[0].command == "Sleep"
+        assert attached[0].prepared is (True if source == "status" else None)
+        branch.conn.close()
+        deadline = time.monotonic() + 10
+        while True:
+            view = reader.view(time.monotonic(), 5)
+            assert view is not None
+            if not view.of_session(branch.connection_id):
+                break
+            assert time.monotonic() < deadline, "the owner's transaction stayed attached"
+            time.sleep(0.05)
+        assert attached[0].id in view.transactions()  # prepared, detached
+        with dialect.connect(autocommit=True) as conn:
+            dialect.commit_prepared(conn, branch.xid)
+        view = reader.view(time.monotonic(), 5)
+        assert view is not None and attached[0].id not in view.transactions()
+    finally:
+        reader.close()
         dialect.dispose()
 
 

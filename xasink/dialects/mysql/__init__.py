@@ -24,9 +24,9 @@ option ``localInfile`` allows it.
 
 The package keeps one job per module, as Flink's XA package does: :mod:`.xa` (how an xid is spelled and
 listed), :mod:`.errors` (what a server error means), :mod:`.encoding` (rows as LOAD DATA text),
-:mod:`.owner` (proving a branch's owner has let go of it), :mod:`.branch` (the executor's branch),
-:mod:`.preflight` (server and table checks), :mod:`.types` (type mapping) and :mod:`.dialect` (the
-driver's XA verbs, tying the rest together).
+:mod:`.owner` (proving a branch's owner has let go of it), :mod:`.innodb` (InnoDB's view of its
+transactions), :mod:`.branch` (the executor's branch), :mod:`.preflight` (server and table checks),
+:mod:`.types` (type mapping) and :mod:`.dialect` (the driver's XA verbs, tying the rest together).
 """
 
 from typing import TYPE_CHECKING, Any

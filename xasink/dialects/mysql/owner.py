@@ -13,27 +13,26 @@ So a verb is sent only once the owner is **proven** detached, never after a time
 
 * the branch's owner lock (held by its session from XA START to its end, :func:`.xa.owner_lock`) is free:
   the session is past handing over the xid;
-* then a view of INNODB_TRX taken after that shows no transaction the owner may still hold: any attached to
-  the session that held the lock (when it was seen), else any idle one (no statement running) attached to a
-  session that is gone from PROCESSLIST, killed or quitting, among those seen first once the lock was free (a
-  later one cannot be the owner's).  INNODB_TRX is a cache InnoDB refreshes only when nobody read it for
-  0.1 s; a view counts only when it lists the reader's own transaction, begun just before it (a witness), so
-  a cache kept frozen by other readers is never taken for the present.
+* then a view of InnoDB's transactions taken after that (:mod:`.innodb`: live from SHOW ENGINE INNODB STATUS,
+  else INNODB_TRX proven fresh) shows no transaction the owner may still hold: any attached to the session
+  that held the lock (when it was seen), else any prepared, idle one attached to a session that is gone from
+  PROCESSLIST, killed or quitting, among those seen first once the lock was free (a later one cannot be the
+  owner's).
 
 A wait that runs out sends no verb: :class:`BranchBusyError` (a commit is retried with backoff, a roll-back is
 left for the next sweep).  A session that has been disconnecting longer than a wait is checked again at every
 verb but not waited for in full again.  When the owner's InnoDB transaction was seen, the verb is verified
 afterwards: that transaction must be gone (:class:`HiddenBranchError` otherwise).
 
-Without the PROCESS privilege INNODB_TRX cannot be read and the detach cannot be proven: the wait ends once the
-lock is free, no session of the user is killed or quitting, and :data:`SETTLE_S` more have passed (the detach
-follows the session's exit from PROCESSLIST within microseconds).  docs/mysql.md says to grant PROCESS.
+Without the PROCESS privilege InnoDB's transactions cannot be seen and the detach cannot be proven: the wait
+ends once the lock is free, no session of the user is killed or quitting, and :data:`SETTLE_S` more have passed
+(the detach follows the session's exit from PROCESSLIST within microseconds).  docs/operations.md says to
+grant PROCESS.
 """
 
 from __future__ import annotations
 
 import logging
-import random
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -44,6 +43,7 @@ import pymysql
 from sqlalchemy.engine import Connection
 
 from xasink.dialects.mysql.errors import PRIVILEGE_CODES, BranchBusyError, HiddenBranchError
+from xasink.dialects.mysql.innodb import DISCONNECTING, Blocker, TrxReader
 from xasink.dialects.mysql.sql import errno_of
 from xasink.dialects.mysql.xa import owner_lock
 from xasink.errors import BranchError
@@ -52,56 +52,9 @@ from xasink.protocol.xid import Xid
 log = logging.getLogger("xasink.dialects.mysql")
 
 DETACH_TIMEOUT_S = 30.0
-# InnoDB refreshes the cache behind INNODB_TRX only when nobody has read it for 0.1 s (trx_i_s_cache's
-# CACHE_MIN_IDLE_TIME_NS): readers that come more often, together, freeze it server-wide.  This process reads
-# it at most this often, whatever the number of threads finishing branches.
-TRX_POLL_S = 0.12
 OWNER_WAIT_S = 5.0  # longest wait for a branch's owner to let go before XA COMMIT / ROLLBACK is given up for now
 SETTLE_S = 0.05  # without PROCESS: the pause after the owner's lock and session are gone, for its InnoDB detach
 _LOCKS_PER_QUERY = 200
-_DISCONNECTING = ("Killed", "Quit")
-# a transaction in these states is no disconnecting owner's: rolling back, or waiting for a row lock (a prepared
-# branch waits for nothing; a view frozen by readers once showed a branch that had waited before it prepared so)
-_NOT_OWNERS = ("ROLLING BACK", "LOCK WAIT")
-_VIEW_SQL = (
-    "SELECT t.trx_mysql_thread_id, CAST(t.trx_id AS CHAR), t.trx_state, t.trx_tables_in_use, p.COMMAND "
-    "FROM information_schema.INNODB_TRX t LEFT JOIN information_schema.PROCESSLIST p "
-    "ON p.ID = t.trx_mysql_thread_id AND t.trx_mysql_thread_id <> 0"
-)
-_LAST_READ = [0.0]  # when this process last read INNODB_TRX (time.monotonic): see TRX_POLL_S
-_READ_GATE = threading.Lock()
-
-Blocker = tuple[int, str]  # (session, owner lock or InnoDB transaction id): what a wait is waiting for
-
-
-@dataclass(frozen=True)
-class _View:
-    """INNODB_TRX as it was at some moment after ``after`` (proven by the witness)."""
-
-    after: float  # time.monotonic() before the witness transaction began
-    me: int  # the witness session
-    # session, transaction id, state, tables in use (by a statement), the session's COMMAND (None: not listed)
-    rows: tuple[tuple[int, str, str, int, str | None], ...]
-
-    def disconnecting(self) -> set[Blocker]:
-        """Idle transactions attached to a session that is gone from PROCESSLIST, killed or quitting.
-
-        A prepared branch's session runs no statement on InnoDB tables (XA allows none after PREPARE), so a
-        transaction with tables in use (a killed session's statement winding down) is no owner's."""
-        return {
-            (session, trx)
-            for session, trx, state, tables, command in self.rows
-            if session not in (0, self.me)
-            and state not in _NOT_OWNERS
-            and tables == 0
-            and (command is None or command in _DISCONNECTING)
-        }
-
-    def of_session(self, session: int) -> set[str]:
-        return {trx for s, trx, _, _, _ in self.rows if s == session}
-
-    def transactions(self) -> set[str]:
-        return {row[1] for row in self.rows}
 
 
 @dataclass
@@ -120,11 +73,8 @@ class OwnerWatch:
 
     def __init__(self, raw_connect: Callable[[], Any]) -> None:
         self._raw_connect = raw_connect
-        self._trx_visible = True  # whether this user may read INNODB_TRX (the PROCESS privilege)
-        self._gate = threading.Lock()  # the witness connection and the latest view
-        self._witness: Any = None
-        self._witness_id = 0
-        self._view: _View | None = None
+        self._trx_visible = True  # whether this user may see InnoDB's transactions (the PROCESS privilege)
+        self._trx = TrxReader(raw_connect)
         self._lock = threading.Lock()  # the two sets below
         self._detached: set[str] = set()  # gids whose owner was proven detached (until their verb is done)
         self._slow: dict[Blocker, float] = {}  # what waits gave up on, and since when it has been seen
@@ -208,7 +158,7 @@ class OwnerWatch:
                 self._detached.discard(xid.gid)
         if owner is None or not owner.transactions or not self._trx_visible:
             return
-        view = self._fresh_view(time.monotonic(), OWNER_WAIT_S)
+        view = self._trx.view(time.monotonic(), OWNER_WAIT_S)
         if view is None:
             log.warning("XA %s %s: INNODB_TRX stayed frozen; its effect is not verified", verb, literal)
             return
@@ -259,7 +209,7 @@ class OwnerWatch:
                 free[key] = owner
         if self._trx_visible:
             try:
-                view = self._fresh_view(after, max(0.0, deadline - time.monotonic())) if free or out else None
+                view = self._trx.view(after, max(0.0, deadline - time.monotonic())) if free or out else None
             except pymysql.err.MySQLError as exc:
                 if errno_of(exc) not in PRIVILEGE_CODES:
                     raise
@@ -282,7 +232,7 @@ class OwnerWatch:
                     out[key] = mine
             return out
         if free:
-            leaving = {(session, "session") for session, command in _sessions(conn) if command in _DISCONNECTING}
+            leaving = {(session, "session") for session, command in _sessions(conn) if command in DISCONNECTING}
             now = time.monotonic()
             for key, owner in free.items():
                 if owner.session is not None:
@@ -311,63 +261,8 @@ class OwnerWatch:
             found.update({n: int(h) for n, h in zip(chunk, row, strict=True) if h is not None})
         return found
 
-    def _fresh_view(self, after: float, patience_s: float) -> _View | None:
-        """A view of INNODB_TRX taken after ``after``, or None when the cache stayed frozen for ``patience_s``."""
-        stop = time.monotonic() + patience_s
-        frozen = 0
-        with self._gate:
-            while True:
-                if self._view is not None and self._view.after >= after:
-                    return self._view  # taken meanwhile for another branch: it proves this one's too
-                with _READ_GATE:
-                    pause = TRX_POLL_S - (time.monotonic() - _LAST_READ[0])
-                    if pause > 0:
-                        time.sleep(pause)
-                    view = self._read_view()
-                    _LAST_READ[0] = time.monotonic()
-                if view is not None:
-                    self._view = view
-                    continue
-                if time.monotonic() >= stop:
-                    return None
-                # other sessions read INNODB_TRX often enough to keep it frozen (every read, this one too, puts
-                # its refresh off by 0.1 s): read less and less often, at random, so that a gap comes
-                frozen += 1
-                time.sleep(random.uniform(TRX_POLL_S, min(1.0, TRX_POLL_S * 2**frozen)))
-
-    def _read_view(self) -> _View | None:
-        """INNODB_TRX with the witness transaction begun just before; None when the cache predates it."""
-        for attempt in (1, 2):
-            try:
-                if self._witness is None:
-                    self._witness = self._raw_connect()
-                    with self._witness.cursor() as cur:
-                        cur.execute("SELECT CONNECTION_ID()")
-                        self._witness_id = int(cur.fetchone()[0])
-                after = time.monotonic()
-                with self._witness.cursor() as cur:
-                    cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
-                    try:
-                        cur.execute(_VIEW_SQL)
-                        rows = tuple((int(r[0]), str(r[1]), str(r[2]), int(r[3] or 0), r[4]) for r in cur.fetchall())
-                    finally:
-                        cur.execute("COMMIT")
-                break
-            except pymysql.err.MySQLError as exc:
-                self.close()
-                if attempt == 2 or errno_of(exc) in PRIVILEGE_CODES:
-                    raise
-        if not any(row[0] == self._witness_id for row in rows):
-            return None
-        return _View(after, self._witness_id, rows)
-
     def close(self) -> None:
-        if self._witness is not None:
-            try:
-                self._witness.close()
-            except Exception:  # noqa: BLE001,S110 - closing a broken connection
-                pass
-            self._witness = None
+        self._trx.close()
 
 
 def _describe(blockers: Iterable[Blocker]) -> str:
