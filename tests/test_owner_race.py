@@ -28,10 +28,14 @@ import pytest
 from tests.harness import private_mariadb
 from tests.targets import mariadb_connect, mariadb_recover
 from xasink.dialects.mysql import BranchBusyError, MySQLBranch, MySQLDialect, xid_literal
+from xasink.dialects.mysql.errors import HiddenBranchError
 from xasink.dialects.mysql.innodb import TrxReader
+from xasink.dialects.mysql.owner import Owner
+from xasink.dialects.mysql.xa import owner_lock
 from xasink.dialects.values import TargetPlan
 from xasink.options import parse_options
 from xasink.protocol.xid import FORMAT_ID, Xid, new_run_nonce
+from xasink.support.embedded_mariadb import EmbeddedMariaDB
 
 pytestmark = pytest.mark.mariadb
 
@@ -40,10 +44,15 @@ HELD_VARIABLES = 300_000  # an owner holding this many user variables takes ~20 
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[str]:
-    """The URL of a database on a private MariaDB."""
-    with private_mariadb("race") as (_, url):
-        yield url
+def private() -> Iterator[tuple[EmbeddedMariaDB, str]]:
+    """A private MariaDB and the URL of a database on it."""
+    with private_mariadb("race") as found:
+        yield found
+
+
+@pytest.fixture
+def server(private: tuple[EmbeddedMariaDB, str]) -> str:
+    return private[1]
 
 
 def _dialect(url: str) -> MySQLDialect:
@@ -174,6 +183,44 @@ def test_a_view_of_innodb_shows_a_prepared_branch_attached_then_detached(server:
             dialect.commit_prepared(conn, branch.xid)
         view = reader.view(time.monotonic(), 5)
         assert view is not None and attached[0].id not in view.transactions()
+    finally:
+        reader.close()
+        dialect.dispose()
+
+
+def test_a_verb_that_answered_ok_but_left_its_branch_hidden_is_caught(private: tuple[EmbeddedMariaDB, str]) -> None:
+    """The check after the verb, where the owner's transaction was seen: a branch left hidden by a plain
+    ``XA COMMIT`` sent again and again while its slow owner left (what xasink did before the fix) answers OK,
+    yet its transaction is still in InnoDB: :class:`HiddenBranchError`, not "committed".  After a restart the
+    branch is listed again (and rolled back here)."""
+    server, url = private
+    dialect = _dialect(url)
+    table = _table(url)
+    reader = TrxReader(dialect.raw_connect)
+    try:
+        for i in range(5):  # the plain verb lands in the owner's exit nearly always; a few tries to be sure
+            [branch] = _prepared_owners(dialect, table, range(i, i + 1), variables=HELD_VARIABLES)
+            seen = reader.view(time.monotonic(), 5)
+            assert seen is not None
+            owner = Owner(owner_lock(branch.xid), branch.connection_id, seen.of_session(branch.connection_id))
+            with mariadb_connect(url) as raw, raw.cursor() as cur:
+                branch.conn.close()
+                while True:
+                    try:
+                        cur.execute(f"XA COMMIT {xid_literal(branch.xid)}")
+                        break
+                    except pymysql.err.OperationalError as exc:
+                        assert exc.args[0] == 1397, exc  # XAER_NOTA: the owner has not let go yet
+            if _hidden(url, table, [branch], "COMMIT"):
+                break
+        else:
+            pytest.fail("no XA COMMIT left its branch hidden in five tries")
+        with pytest.raises(HiddenBranchError, match="restart"):
+            dialect.owners.finished(branch.xid, owner, "COMMIT", xid_literal(branch.xid))
+        server.restart()
+        assert _listed(url, branch.xid)
+        with mariadb_connect(url) as conn, conn.cursor() as cur:
+            cur.execute(f"XA ROLLBACK {xid_literal(branch.xid)}")
     finally:
         reader.close()
         dialect.dispose()
