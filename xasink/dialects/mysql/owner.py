@@ -53,6 +53,7 @@ log = logging.getLogger("xasink.dialects.mysql")
 
 DETACH_TIMEOUT_S = 30.0
 OWNER_WAIT_S = 5.0  # longest wait for a branch's owner to let go before XA COMMIT / ROLLBACK is given up for now
+PROVE_S = 1.0  # how long the look at many owners at once waits for them (each verb then waits for its own)
 SETTLE_S = 0.05  # without PROCESS: the pause after the owner's lock and session are gone, for its InnoDB detach
 _LOCKS_PER_QUERY = 200
 
@@ -69,7 +70,7 @@ class Owner:
 
 
 class OwnerWatch:
-    """The owner waits of one server: a witness connection for INNODB_TRX, owners proven detached, slow sessions."""
+    """The owner waits of one server: a reader of InnoDB's transactions, owners proven detached, slow sessions."""
 
     def __init__(self, raw_connect: Callable[[], Any]) -> None:
         self._raw_connect = raw_connect
@@ -115,11 +116,11 @@ class OwnerWatch:
         return row is not None and int(row[0]) > 0
 
     # -- the driver: before XA COMMIT / ROLLBACK ---------------------------------------------
-    def prove(self, conn: Connection, xids: Iterable[Xid], timeout_s: float = OWNER_WAIT_S) -> list[Xid]:
+    def prove(self, conn: Connection, xids: Iterable[Xid], timeout_s: float = PROVE_S) -> list[Xid]:
         """Wait (at most ``timeout_s``) until the owners of these branches are proven detached; those not proven.
 
         For many branches at once: one look at their locks and one view of InnoDB prove all whose owners are
-        gone, so their verbs need not wait one by one.
+        gone, so their verbs need not wait one by one (an owner still there is waited for by its own verb).
         """
         owners = {x.gid: Owner(owner_lock(x)) for x in xids if x.gid not in self._detached}
         if not owners:
@@ -160,7 +161,7 @@ class OwnerWatch:
             return
         view = self._trx.view(time.monotonic(), OWNER_WAIT_S)
         if view is None:
-            log.warning("XA %s %s: INNODB_TRX stayed frozen; its effect is not verified", verb, literal)
+            log.warning("XA %s %s: InnoDB's transactions could not be read; its effect is not verified", verb, literal)
             return
         left = owner.transactions & view.transactions()
         if left:
@@ -213,7 +214,7 @@ class OwnerWatch:
             except pymysql.err.MySQLError as exc:
                 if errno_of(exc) not in PRIVILEGE_CODES:
                     raise
-                log.info("INNODB_TRX is not readable (no PROCESS privilege): owner detaches cannot be proven")
+                log.info("InnoDB's transactions are not readable (no PROCESS privilege): owner detaches not proven")
                 self._trx_visible = False
                 return self._look(conn, owners, deadline)
             if view is None:  # frozen by other readers all along: nothing proven
