@@ -150,8 +150,8 @@ class Dialect(ABC):
                 engine.dispose()
         self._engine = self._autocommit_engine = None
 
-    def before_finishing(self, conn: Connection, xids: Sequence[Xid]) -> None:  # noqa: B027 - optional hook
-        """Before COMMIT / ROLLBACK PREPARED of many branches (MariaDB: every owner's exit is seen at once)."""
+    def before_finishing(self, xids: Sequence[Xid]) -> None:  # noqa: B027 - optional hook
+        """Before COMMIT / ROLLBACK PREPARED of many branches (MariaDB: all owners' exits seen at once). No raise."""
 
     @abstractmethod
     def commit_prepared(self, conn: Connection, xid: Xid) -> None: ...

@@ -100,10 +100,13 @@ class MySQLDialect(Dialect):
         """Return once the branch's owner is proven detached, else BranchBusyError (see :mod:`.owner`)."""
         return self.owners.await_owner(conn, xid, timeout_s)
 
-    def before_finishing(self, conn: Connection, xids: Sequence[Xid]) -> None:
+    def before_finishing(self, xids: Sequence[Xid]) -> None:
         """Prove the owners of many branches detached at once, so their verbs need not wait one by one."""
+        if not xids:
+            return
         try:
-            self.owners.prove(conn, xids)
+            with self.connect(autocommit=True) as conn:
+                self.owners.prove(conn, xids)
         except Exception as exc:  # noqa: BLE001 - each verb still waits for its own owner (and says what failed)
             log.info("owners of %d branches not looked at together: %s", len(xids), exc)
 
