@@ -146,18 +146,22 @@ def test_a_target_database_down_at_the_decision_is_named_and_recovered_once_back
     assert rows(pg, orders) == expected(range(10)) and rows(maria, events) == expected(range(100, 104))
 
 
-@pytest.mark.parametrize("reply_lost", [True, False], ids=["reply-lost", "statement-lost"])
-def test_a_decision_whose_commit_was_cut_is_settled_by_the_log(pg, maria, sink, reply_lost):  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("cut", ["reply-lost", "reply-lost-log-down", "statement-lost"])
+def test_a_decision_whose_commit_was_cut_is_settled_by_the_log(pg, maria, sink, cut):  # type: ignore[no-untyped-def]
     """The connection breaks around the decision's COMMIT (the log on PostgreSQL, through a proxy): when the
-    server committed it, the transaction is decided and is committed everywhere, never aborted; when it did
-    not, every part is rolled back and the caller is told nothing is visible."""
+    server committed it, the transaction is decided and is committed everywhere, never aborted, even when the
+    log does not answer for a while after the cut (it is read again until it does; main gave up at once with
+    DecisionUnknownError); when the server did not commit it, every part is rolled back and the caller is told
+    nothing is visible."""
     orders, _, events = three_tables(pg, maria)
+    reply_lost = cut != "statement-lost"
     with TcpProxy(*host_port(pg.url)) as proxy:
         tx = MultiTx(sink, 3, pg, journal_url=through(proxy, pg.url))
         try:
             tx.write(pg, orders, range(10))
             tx.write(maria, events, range(100, 104))
-            proxy.cut_on(b"COMMIT", armed_by=DECISION, after_reply=reply_lost)
+            down = {"then_down_for": 3.0} if cut == "reply-lost-log-down" else {}
+            proxy.cut_on(b"COMMIT", armed_by=DECISION, after_reply=reply_lost, **down)
             if reply_lost:
                 tx.commit()
             else:

@@ -16,6 +16,7 @@ from xasink.dialects.base import Dialect
 from xasink.errors import BatchAbortedError, ReplayIncompleteError
 from xasink.journal.log import Journal
 from xasink.journal.parts import decided_parts, still_to_recover
+from xasink.protocol.liveness import RESTART_GRACE_S
 from xasink.protocol.retry import RetryPolicy
 from xasink.protocol.target_db import TargetDb
 from xasink.support.masking import display_url
@@ -53,8 +54,9 @@ class TransactionEnd:
         return (
             f"{head}. Its branches in the other databases were rolled back, but the roll-back could not reach "
             f"{'; '.join(left)}. This run's branches there stay prepared, holding their row locks, until that "
-            "command (or the next run of this sink writing there) rolls them back: this run has ended, so they "
-            "are rolled back at once"
+            "command (or the next run of this sink writing there) rolls them back: this run has ended, so they are "
+            "rolled back as soon as the database answers (after a restart of the decision log's database, once "
+            f"{RESTART_GRACE_S:.0f} s of its uptime have passed: the run guards' grace to be taken again)"
         )
 
     def abort(self) -> list[str]:

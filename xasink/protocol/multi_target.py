@@ -19,10 +19,12 @@ from dataclasses import replace
 
 from xasink.dialects import dialect_for
 from xasink.errors import (
+    BatchAbortedError,
     BatchIdentityError,
     ConcurrentWriterError,
     DecisionUnknownError,
     ForgottenBatchError,
+    JournalError,
     OptionError,
 )
 from xasink.journal.log import Journal
@@ -231,8 +233,9 @@ class MultiCoordinator(TransactionEnd):
             self.guard.ensure()
             ok, parts, why = self._decide(by_server, expected_parts)
         except Exception as exc:  # leaving locked() sends the decision's COMMIT: a failure there is ambiguous
-            if not self._sent:
-                self.fail(f"the decision could not be made ({self.policy.describe(exc)})", exc)
+            if not self._sent:  # an xasink error of a batch not decided keeps its class (ConcurrentWriterError)
+                error = type(exc) if isinstance(exc, BatchAbortedError) else BatchAbortedError
+                self.fail(f"the decision could not be made ({self.policy.describe(exc)})", exc, error)
             ok, parts, why = True, self._settle(exc), ""
         if not ok:
             self.fail(why, None, ConcurrentWriterError)
@@ -327,9 +330,17 @@ class MultiCoordinator(TransactionEnd):
                 "--journal-url where the log is elsewhere): either finishes it if it was decided and rolls it "
                 "back if not"
             ) from exc
-        # this run's own decision (it still holds its claim), with exactly the branches of its parts: never
-        # one whose runs merely include this run's (an empty decision of a newer writer has no runs at all)
-        if found is not None and set(found.xids) == {x for p in parts for x in p.xids}:
+        # this run's own decision (it still holds its claim: nobody takes a decided batch over; never one whose
+        # runs merely include this run's, as an empty decision of a newer writer has no runs at all) lists
+        # exactly the branches of its parts.  Found, it is only ever finished forward, never aborted
+        if found is not None:
+            if set(found.xids) != {x for p in parts for x in p.xids}:
+                raise JournalError(
+                    f"sink {self.sink_id} transaction {self.batch_id}: the decision log holds this run's decision, "
+                    "but its branches are not those of the run's recorded writes: someone changed the log's "
+                    f"{self.journal.batches.fullname} or its parts table. The decision stands; 'xasink recover' on "
+                    "each database finishes it"
+                ) from cause
             return parts
         self.fail(
             "the connection broke while the decision was committed, and the log shows this run's decision was "
