@@ -178,6 +178,33 @@ def test_a_decision_whose_commit_was_cut_is_settled_by_the_log(pg, maria, sink, 
     assert pg.prepared(sink) == [] and maria.prepared(sink) == []
 
 
+def test_the_log_unreachable_after_the_decision_commits_every_database_and_says_decided(pg, maria, sink):  # type: ignore[no-untyped-def]
+    """The log's database stops answering right after the decision (its first part's mark is cut, then every
+    connection refused): every target database is still committed, and the caller is told CommitIncompleteError
+    (decided: recovery finishes it), not a connection error that says nothing happened.  Main raised
+    ConnectError (a PreflightError: "nothing visible, nothing prepared") with the PostgreSQL rows visible and
+    the MariaDB part still prepared.  Recovery of both databases then marks the transaction committed."""
+    orders, _, events = three_tables(pg, maria)
+    with TcpProxy(*host_port(pg.url)) as proxy:
+        via = through(proxy, pg.url)
+        tx = MultiTx(sink, 6, pg, journal_url=via, commitTimeout=1)
+        try:
+            tx.write(pg, orders, range(10))
+            tx.write(maria, events, range(100, 104))
+            proxy.cut_on(b"UPDATE xasink_parts", after_reply=False, then_down=True)
+            with pytest.raises(xasink.CommitIncompleteError, match="is decided"):
+                tx.commit()
+        finally:
+            tx.close()
+        assert rows(pg, orders) == expected(range(10)) and rows(maria, events) == expected(range(100, 104))
+        assert pg.prepared(sink) == [] and maria.prepared(sink) == []
+        proxy.set_down(False)
+    assert pg.execute("SELECT state FROM xasink_batches WHERE sink_id = %s", sink) == [("committing",)]
+    assert cli("recover", "--url", maria.url, "--journal-url", pg.url, "--sink-id", sink)[0] == 1  # pg's mark
+    assert cli("recover", "--url", pg.url, "--sink-id", sink)[0] == 0
+    assert pg.execute("SELECT state FROM xasink_batches WHERE sink_id = %s", sink) == [("committed",)]
+
+
 # --------------------------------------------------------------------------- item 5: replays of a subset
 
 

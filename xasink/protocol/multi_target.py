@@ -15,12 +15,15 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 
 from xasink.dialects import dialect_for
 from xasink.errors import (
     BatchAbortedError,
     BatchIdentityError,
+    CommitIncompleteError,
     ConcurrentWriterError,
     DecisionUnknownError,
     ForgottenBatchError,
@@ -35,6 +38,7 @@ from xasink.journal.parts import (
     multi_target,
     read_parts,
     recorded_targets,
+    still_to_recover,
 )
 from xasink.journal.records import BatchRecord
 from xasink.journal.targets import UNKNOWN_QUERY, describe_target, forgotten_message, target_identity
@@ -242,23 +246,61 @@ class MultiCoordinator(TransactionEnd):
         log.info("decided sink %s transaction %s over %d writes", self.sink_id, self.batch_id, len(parts))
         fault("driver.after_decide", batch=self.batch_id)
         t_commit = time.perf_counter()
+        deadline = self.policy.deadline()
         first = True
-        for part in parts:
-            db = by_server[part.server]
-            db.recovery.group.commit(part.xids, first_commit_fault=first)
+        blocked: list[tuple[Part, CommitIncompleteError]] = []
+        unmarked: list[CommitIncompleteError] = []
+        for part in parts:  # every database that answers is committed, whichever one does not (only forward)
+            try:
+                by_server[part.server].recovery.group.commit(part.xids, first_commit_fault=first, deadline=deadline)
+            except CommitIncompleteError as exc:
+                blocked.append((part, exc))
+                continue
             first = first and not part.xids
-            with self.dialect.connect() as conn:
-                mark_parts_committed(conn, self.journal, [part])
+            try:
+                self._forward(f"marking write {part.part} committed", partial(self._mark_part, part), deadline)
+            except CommitIncompleteError as exc:
+                unmarked.append(exc)
+        if blocked:
+            left = still_to_recover([(p.server, p.target) for p, _ in blocked], self.log_server)
+            raise CommitIncompleteError(self._incomplete(left, blocked[0][1])) from blocked[0][1]
+        if unmarked:  # every branch is committed (the rows are visible); the log says so once recovery marks it
+            raise unmarked[0]
         fault("driver.after_commits", batch=self.batch_id)
         commit_s = time.perf_counter() - t_commit
-        with self.dialect.connect() as conn:
-            self.journal.mark_committed(conn, self.sink_id, self.batch_id, int(commit_s * 1000))
+        self._forward("marking it committed", lambda: self._mark(int(commit_s * 1000)), deadline)
         fault("driver.after_mark", batch=self.batch_id)
         t_sweep = time.perf_counter()
         for db in self.targets.values():
             db.recovery.after_commit(self.batch_id, db.retention)  # sweep and trim: a failure is a warning
         timings = {"decide": t_commit - t0, "commit": commit_s, "sweep": time.perf_counter() - t_sweep}
         return parts, timings
+
+    def _mark_part(self, part: Part) -> None:
+        with self.dialect.connect() as conn:
+            mark_parts_committed(conn, self.journal, [part])
+
+    def _mark(self, commit_ms: int) -> None:
+        with self.dialect.connect() as conn:
+            self.journal.mark_committed(conn, self.sink_id, self.batch_id, commit_ms)
+
+    def _forward(self, what: str, step: Callable[[], None], deadline: float) -> None:
+        """A step after the decision: retried until commitTimeout; its failure is :class:`CommitIncompleteError`
+        (the transaction is decided: recovery finishes it), never an error that says nothing happened."""
+        try:
+            self.policy.forward(f"sink {self.sink_id} transaction {self.batch_id}: {what}", step, deadline)
+        except (CommitIncompleteError, JournalError):
+            raise
+        except Exception as exc:
+            raise CommitIncompleteError(self._incomplete(f"{what} in the decision log failed", exc)) from exc
+
+    def _incomplete(self, what: str, exc: BaseException) -> str:
+        return (
+            f"sink {self.sink_id} transaction {self.batch_id} is decided, but {what} ({self.policy.describe(exc)}). "
+            "The decision is durable: the next run of this sink, or 'xasink recover' on each database (with "
+            "--journal-url where the log is elsewhere), finishes it; no row is lost or doubled. Do not rerun it "
+            "under another sink_id: its rows would be written twice"
+        )
 
     def _decide(self, by_server: dict[str, TargetDb], expected_parts: set[int]) -> tuple[bool, list[Part], str]:
         """Under the log's sink lock: record the one decision if this run holds the batch, every write recorded
