@@ -28,6 +28,7 @@ import pytest
 
 import xasink
 from tests.harness import MultiTx, cli, expected, frame, host_port, three_tables, through
+from tests.leaks import assert_no_secret
 from tests.targets import POSTGRESQL, Target
 from tests.tcp_proxy import TcpProxy
 from xasink.support.faults import ENV as FAULT_ENV
@@ -103,7 +104,7 @@ def test_a_lock_held_on_the_log_at_the_decision_rolls_back_every_write(  # type:
         assert pg.prepared(sink) == [] and maria.prepared(sink) == []
         assert rows(pg, orders) == [] and rows(maria, events) == []
     message = str(caught.value).lower()
-    assert "nothing of it is visible and nothing is left prepared" in message, message
+    assert "nothing it wrote is visible and nothing of it is left prepared" in message, message
     assert caught.value.__cause__ is not None  # the lock timeout, as the server said it
     assert log.execute("SELECT count(*) FROM xasink_batches WHERE sink_id = %s", sink) == [(0,)]
     # the lock is gone: the same batch runs again and commits, nothing of the failed attempt counts
@@ -134,8 +135,9 @@ def test_a_target_database_down_at_the_decision_is_named_and_recovered_once_back
         assert pg.prepared(sink) == [] and len(maria.prepared(sink)) == 2
         assert rows(pg, orders) == [] and rows(maria, events) == []
         message = str(caught.value)
-        assert "nothing of it is visible" in message.lower(), message
+        assert "nothing it wrote is visible" in message.lower(), message
         assert f"127.0.0.1:{proxy.port}" in message and "xasink recover" in message and "--journal-url" in message
+        assert_no_secret(caught.value)  # the PostgreSQL log's URL is in the command, its password is not
         proxy.set_down(False)
         code, out, err = cli("recover", "--url", maria_via, "--journal-url", pg.url, "--sink-id", sink)
     assert code == 0, out + err
@@ -165,7 +167,7 @@ def test_a_decision_whose_commit_was_cut_is_settled_by_the_log(pg, maria, sink, 
             if reply_lost:
                 tx.commit()
             else:
-                with pytest.raises(xasink.BatchAbortedError, match="(?i)nothing of it is visible and nothing is left"):
+                with pytest.raises(xasink.BatchAbortedError, match="(?i)nothing it wrote is visible and nothing of"):
                     tx.commit()
         finally:
             tx.close()

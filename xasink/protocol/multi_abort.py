@@ -45,15 +45,15 @@ class TransactionEnd:
 
     def aborted(self, why: str, left: list[str]) -> str:
         """What the user is told of a transaction rolled back before its decision (``left``: :meth:`abort`'s)."""
-        head = f"sink {self.sink_id} transaction {self.batch_id} was not decided: {why}. Nothing of it is visible"
+        head = f"sink {self.sink_id} transaction {self.batch_id}: this run did not decide it ({why}). Nothing it wrote"
         if not left:
             return (
-                f"{head} and nothing is left prepared: every write's branches were rolled back. Run it again with "
-                "the same sink_id and batch_id"
+                f"{head} is visible and nothing of it is left prepared: every write's branches were rolled back. "
+                "Run it again with the same sink_id and batch_id"
             )
         return (
-            f"{head}. Its branches in the other databases were rolled back, but the roll-back could not reach "
-            f"{'; '.join(left)}. This run's branches there stay prepared, holding their row locks, until that "
+            f"{head} is visible. Its branches in the other databases were rolled back, but the roll-back could not "
+            f"reach {'; '.join(left)}. This run's branches there stay prepared, holding their row locks, until that "
             "command (or the next run of this sink writing there) rolls them back: this run has ended, so they are "
             "rolled back as soon as the database answers (after a restart of the decision log's database, once "
             f"{RESTART_GRACE_S:.0f} s of its uptime have passed: the run guards' grace to be taken again)"
