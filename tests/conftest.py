@@ -117,6 +117,7 @@ SLOW_MODULES = {
     "test_dialect_edges.py": 47,
     "test_after_decision.py": 46,
     "test_upsert.py": 46,
+    "test_transaction_failures.py": 45,
     "test_batch_identity.py": 44,
     "test_user_warnings.py": 42,
     "test_values.py": 39,

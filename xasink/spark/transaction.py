@@ -207,13 +207,16 @@ class Transaction:
                 self._finish(True, {})
                 return
             if exc_type is not None or self._failed is not None:
-                mc.abort()
+                left = mc.abort()
                 self._state = "rolled back"
-                if exc_type is None:  # a write failed and the block swallowed its error: still nothing commits
-                    raise errors.BatchAbortedError(
-                        f"sink {self.sink_id} transaction {self.batch_id}: a write failed "
-                        f"({type(self._failed).__name__}), so every write was rolled back"
-                    ) from self._failed
+                # a write failed and the block swallowed its error: still nothing commits.  The block's own
+                # exception goes on as it is, unless a database kept branches of it prepared: then say where
+                if exc_type is None or left:
+                    failed = type(self._failed).__name__ if exc_type is None else exc_type.__name__
+                    why = f"a write failed ({failed})" if exc_type is None else f"the block raised {failed}"
+                    raise errors.BatchAbortedError(mc.aborted(f"{why}, so every write is rolled back", left)) from (
+                        exc if exc is not None else self._failed
+                    )
                 return
             _, timings = mc.commit(set(self._written))
             self._finish(False, timings)
