@@ -1,0 +1,79 @@
+"""Database servers a scenario may kill (SIGKILL, like a crash of the machine) and start again.
+
+- :class:`PostgresRestarts`: the test session's private cluster (xasink.support.embedded.EmbeddedPostgres, the
+  ``pg_server`` fixture): its postmaster and every backend are killed, and the cluster started again on the
+  same data directory and port (crash recovery; prepared transactions survive).
+- :class:`PrivateMariaDB`: a MariaDB server of the test's own (xasink.support.embedded_mariadb), killed and
+  started again on the same data directory and port (InnoDB crash recovery; prepared XA branches come back in
+  ``XA RECOVER``).  Never the shared server at 127.0.0.1:3306, which other sessions use.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pymysql
+
+from tests.cluster import descendants, proc_table, sigkill, wait_gone
+from xasink.support.embedded import EmbeddedPostgres
+from xasink.support.embedded_mariadb import EmbeddedMariaDB, EmbeddedMariaDBError, find_server
+
+
+class PostgresRestarts:
+    """Kill -9 and start again the session's private PostgreSQL cluster."""
+
+    def __init__(self, server: EmbeddedPostgres) -> None:
+        self.server = server
+        self.kills = 0
+
+    def kill(self) -> None:
+        pid = int((self.server.data_dir / "postmaster.pid").read_text().split()[0])
+        below = descendants(pid, proc_table())
+        os.kill(pid, signal.SIGKILL)  # the postmaster first: that is the crash
+        sigkill(below)  # then every backend, as the machine's crash takes them too
+        wait_gone([pid, *below])
+        self.kills += 1
+
+    def start_again(self) -> None:
+        self.server.start()
+
+
+class PrivateMariaDB(EmbeddedMariaDB):
+    """A private MariaDB server (see :class:`EmbeddedMariaDB`) that can be killed and started again."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kills = 0
+        self.command: list[str] = []
+
+    def start(self, timeout: float = 60.0) -> str:
+        where = super().start(timeout)
+        assert self.proc is not None
+        self.command = list(self.proc.args)  # type: ignore[arg-type]
+        return where
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+        self.kills += 1
+
+    def start_again(self, timeout: float = 120.0) -> None:
+        """The same server on the same data directory and port, after a crash (InnoDB recovers)."""
+        if find_server() is None or not self.command:
+            raise EmbeddedMariaDBError("the private MariaDB was never started")
+        self.proc = subprocess.Popen(self.command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                pymysql.connect(host="127.0.0.1", port=self.port, user="root", password="").close()
+                return
+            except pymysql.MySQLError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    errors = Path(self.dir / "error.log").read_text(errors="replace")[-800:]
+                    raise EmbeddedMariaDBError(f"the private MariaDB did not start again: {errors}") from None
+                time.sleep(0.2)
