@@ -16,7 +16,8 @@ its own (tests/targets.py, never xasink code):
   constraint) for ``hold`` seconds, then the column gets a default again;
 - ``restart``: the database server is killed (SIGKILL, a crash) and started again ``hold`` seconds later:
   the session's private PostgreSQL cluster, or a private MariaDB server (tests/scenarios/servers.py), never
-  the shared MariaDB at 3306.
+  the shared MariaDB at 3306.  The final recover waits out xasink's grace after a restart (RESTART_GRACE_S: a
+  run that claimed before the restart counts as alive that long, to take its guard again).
 
 An event starts at a time of the schedule, or ``start`` seconds after a writer reached a fault point (its
 ``anchor``, e.g. ``w0:driver.after_commits``: the writer reports the points it reaches, tests/scenarios/driver.py),
@@ -48,6 +49,7 @@ from tests.scenarios.model import (
     split_rows,
 )
 from tests.targets import MARIADB, Target
+from xasink.protocol.liveness import RESTART_GRACE_S
 
 KINDS = ("lock_table", "lock_rows", "lock_sink", "add_column", "require_column", "restart")
 OWN_LOCK_WAIT_S = 5  # how long an interfering session waits for its own lock or DDL before giving up
@@ -82,6 +84,7 @@ class Interference:
     stop: threading.Event = field(default_factory=threading.Event)
     releases: list[tuple[Event, threading.Event]] = field(default_factory=list)  # each event's early end
     down: set[str] = field(default_factory=set)  # the databases killed and not started again yet
+    outages: list[tuple[str, float, float | None]] = field(default_factory=list)  # (db, killed at, up again at)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def start(self, event: Event) -> None:
@@ -106,6 +109,17 @@ class Interference:
         """Every server is up (the runner's own reads wait for it)."""
         return not self.down
 
+    def was_down(self, db: str, start: float, end: float) -> bool:
+        """Whether ``db``'s server was down at some time between ``start`` and ``end`` (monotonic)."""
+        return any(d == db and down <= end and (up is None or up >= start) for d, down, up in self.outages)
+
+    def after_restarts(self) -> None:
+        """Wait out xasink's grace after a server restart (a run that claimed before it counts as alive for
+        RESTART_GRACE_S, to take its guard again): only then may the final recover judge every run dead."""
+        ups = [up for _, _, up in self.outages if up is not None]
+        if ups:
+            time.sleep(max(0.0, max(ups) + RESTART_GRACE_S + 1.0 - time.monotonic()))
+
     def finish(self, timeout: float = 120.0) -> None:
         """End every event now: cut the holds short, wait for the threads (a restart starts its server again)."""
         self.stop.set()
@@ -119,6 +133,7 @@ class Interference:
             if server is not None:
                 server.start_again()
                 self.down.discard(db)
+                self.outages.append((db, time.monotonic(), time.monotonic()))
         if any(t.is_alive() for t in self.threads):
             raise RuntimeError(f"interference threads still running after {timeout:.0f}s: {self.notes}")
 
@@ -200,11 +215,14 @@ class Interference:
             self.note(event, "skipped: no server of the test's own to restart")
             return
         self.down.add(event.db)
+        outage = len(self.outages)
+        self.outages.append((event.db, time.monotonic(), None))
         try:
             server.kill()
             release.wait(event.hold)
         finally:
             server.start_again()
+            self.outages[outage] = (event.db, self.outages[outage][1], time.monotonic())
             self.down.discard(event.db)
 
 

@@ -29,7 +29,6 @@ from tests.scenarios.runner import (
     Runner,
     Watch,
     fork_server,
-    outside_decisions,
     told_lines,
 )
 from tests.targets import Target
@@ -101,11 +100,6 @@ class MultiRunner:
             argv += ["--journal-url", self.recover_urls[log]]
         return RecoverRun(argv, here / f"recover-{name}-{db}-{log}.log")
 
-    def _leftover(self, schedule: MultiSchedule, sink: str) -> Any:
-        """run -> its branches prepared on either database that no decision lists (in any log it may use)."""
-        logs = [self.dbs[db] for db in (DBS if schedule.log == "none" else (schedule.log,))]
-        return lambda run: [g for t in self.dbs.values() for g in outside_decisions(t, logs, sink, run)]
-
     def run(self, schedule: MultiSchedule) -> MultiOutcome:
         t_begin = time.monotonic()
         tables = {}
@@ -144,7 +138,8 @@ class MultiRunner:
         waiting: list[MultiWriter] = list(schedule.writers)
         anchored = [Anchored(e) for e in schedule.events] + [Anchored(r) for r in schedule.recovers]
         watch = Watch()
-        exits = Exits(None, sink, here, self._leftover(schedule, sink))
+        log_dbs = [self.dbs[db] for db in (DBS if schedule.log == "none" else (schedule.log,))]
+        exits = Exits(self.dbs, log_dbs, sink, here, interference)
         dropped: list[str] = []
         t0 = time.monotonic()
         try:
@@ -184,6 +179,7 @@ class MultiRunner:
         watch.join_writers()
         interference.finish()  # every lock released, the server up: the final recovers must be able to finish
         exits.look(watch)
+        interference.after_restarts()
         logs = DBS if schedule.log == "none" else (schedule.log,)
         rcs = []
         for log in logs:  # the log first, then the other database: each finishes what the log decided there

@@ -12,6 +12,8 @@ runs' answers impose:
   "decided by another run, recovery will finish it" (``ReplayIncompleteError``): not in the set, and its
   batch has a run in the set (a "skipped" whose batch was not finished yet);
 - killed by its fault at a point after the decision: in the set (a decided batch is finished forward);
+  "decided" (told ``CommitIncompleteError``, or killed after the decision) but inserting rows while the
+  schedule made a column of the table required: either (its rows may rightly be withdrawn then);
 - killed elsewhere, or any other error: either;
 - decision order is the order of effect (DESIGN invariant 12): a run in the set was decided before its
   process ended (only the holder of its batch's claim decides, in its own process), so it takes effect
@@ -242,7 +244,8 @@ def explain(
     must = {
         w.label
         for w in writers
-        if told[w.label].membership() is True or (decided_when_killed(w, told[w.label]) and can_commit(mode, w))
+        if (told[w.label].membership() is True or (decided_when_killed(w, told[w.label]) and can_commit(mode, w)))
+        and (told[w.label].outcome == "written" or not withdrawable(schedule, w))
     }
     never = {w.label for w in writers if told[w.label].membership() is False or not can_commit(mode, w)}
     free = [w for w in writers if w.label not in must and w.label not in never]
@@ -272,6 +275,21 @@ def explain(
                 if rows == sorted(table) and (child is None or children == sorted(child)):
                     return [w.label for w in order]
     return None
+
+
+def withdrawable(schedule: Schedule, w: Writer) -> bool:
+    """Whether a decided batch of ``w`` may rightly be withdrawn for its rows, besides a row outside replaceWhere
+    (``can_commit``): its apply inserts rows while the schedule made a column required (NOT NULL without a
+    default), so its rows may break the table when the apply runs.  A batch that inserts no row (empty, or
+    only deletions) breaks nothing: its withdrawal is never right."""
+    if mode_applies(schedule.mode) and any(e.kind == "require_column" for e in schedule.events):
+        return any(not (len(r) > 3 and r[3]) for r in w.rows)
+    return False
+
+
+def mode_applies(mode: str) -> bool:
+    """The write modes whose batches are applied (and may be withdrawn) after the decision."""
+    return mode in ("overwrite", "replaceWhere", "changes")
 
 
 def twice(batches: Iterable[int], what: str) -> list[str]:

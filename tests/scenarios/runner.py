@@ -199,7 +199,7 @@ class Runner:
         waiting = list(schedule.writers)
         anchored = [Anchored(e) for e in schedule.events] + [Anchored(r) for r in schedule.recovers]
         watch = Watch()
-        exits = Exits(self.db, sink, here)
+        exits = Exits({"": self.db}, [self.db], sink, here, interference)
         dropped: list[str] = []
         t0 = time.monotonic()
         try:
@@ -242,6 +242,7 @@ class Runner:
         watch.join_writers()
         interference.finish()  # every lock released, the server up: the final recover must be able to finish
         exits.look(watch)
+        interference.after_restarts()
         final = self._recover(None, sink, here, name="final")
         final_rc = final.wait(RECOVER_LIMIT_S)
         told = {w.label: exits.told(watch, w.label) for w in schedule.writers}
@@ -408,19 +409,19 @@ class Watch:
 class Exits:
     """Each writer's reports as they come (the fault points it reached, which start anchored items) and, the
     moment its process ended, its branches still prepared outside any decision: for a run told an error that
-    promises a clean end (``Told.must_leave_nothing``), the oracle's "left prepared" finding.  ``leftover``:
-    run nonce -> those gids (read with the plain driver); by default in ``db``, against its decision log."""
+    promises a clean end (``Told.must_leave_nothing``), the oracle's "left prepared" finding.  ``dbs``: where
+    the sink's branches may be, by the name interference uses for them; ``logs``: the decision logs that may
+    list them.  Branches on a database that was down (killed) while the run ran or ended are excused: nothing
+    can roll them back then, recovery does later."""
 
-    def __init__(self, db: Target | None, sink: str, here: Path, leftover: Any = None) -> None:
+    def __init__(
+        self, dbs: dict[str, Target], logs: list[Target], sink: str, here: Path, interference: Interference
+    ) -> None:
+        self.dbs, self.logs = dbs, logs
         self.here = here
         self.sink = sink
-        self.db = db
-        self.leftover = leftover or self._leftover
+        self.interference = interference
         self.looked: dict[str, list[str]] = {}
-
-    def _leftover(self, run: str) -> list[str]:
-        assert self.db is not None
-        return outside_decisions(self.db, [self.db], self.sink, run)
 
     def reached(self, watch: Watch) -> dict[str, dict[str, float]]:
         """Each started writer's fault points reached so far, and when."""
@@ -441,12 +442,15 @@ class Exits:
                 continue
             told = watch.told(label, self.here)
             self.looked[label] = []
-            if told.must_leave_nothing() and told.run:
+            if not (told.must_leave_nothing() and told.run):
+                continue
+            for name, db in self.dbs.items():
+                if self.interference.was_down(name, told.started, told.ended):
+                    continue
                 try:
-                    self.looked[label] = self.leftover(told.run)
-                except Exception as exc:  # noqa: BLE001 - a server down: this look proves nothing
-                    self.looked[label] = []
-                    del exc
+                    self.looked[label] += outside_decisions(db, self.logs, self.sink, told.run)
+                except Exception:  # noqa: BLE001 - a server down now: this look proves nothing
+                    continue
 
     def told(self, watch: Watch, label: str) -> Told:
         told = watch.told(label, self.here)

@@ -19,7 +19,7 @@ from pathlib import Path
 import pymysql
 
 from tests.cluster import descendants, proc_table, sigkill, wait_gone
-from xasink.support.embedded import EmbeddedPostgres
+from xasink.support.embedded import EmbeddedPostgres, EmbeddedPostgresError
 from xasink.support.embedded_mariadb import EmbeddedMariaDB, EmbeddedMariaDBError, find_server
 
 
@@ -32,14 +32,41 @@ class PostgresRestarts:
 
     def kill(self) -> None:
         pid = int((self.server.data_dir / "postmaster.pid").read_text().split()[0])
-        below = descendants(pid, proc_table())
+        os.kill(pid, signal.SIGSTOP)  # no backend forked from here on
+        doomed = [pid, *descendants(pid, proc_table()), *self._in_data_dir()]
         os.kill(pid, signal.SIGKILL)  # the postmaster first: that is the crash
-        sigkill(below)  # then every backend, as the machine's crash takes them too
-        wait_gone([pid, *below])
+        sigkill(doomed)  # then every backend, as the machine's crash takes them too
+        wait_gone(doomed)
         self.kills += 1
 
-    def start_again(self) -> None:
-        self.server.start()
+    def _in_data_dir(self) -> list[int]:
+        """Every process working in the cluster's data directory (the postmaster and its backends)."""
+        found = []
+        data = str(self.server.data_dir.resolve())
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    if os.readlink(entry / "cwd") == data:
+                        found.append(int(entry.name))
+                except OSError:
+                    continue
+        return found
+
+    def start_again(self, tries: int = 5) -> None:
+        """Start the cluster again; a backend of the killed one still exiting is killed and waited for first."""
+        for attempt in range(tries):
+            left = self._in_data_dir()
+            sigkill(left)
+            wait_gone(left)
+            try:
+                self.server.start()
+                return
+            except EmbeddedPostgresError:
+                if attempt == tries - 1:
+                    log = self.server.base_dir / "server.log"
+                    tail = log.read_text(errors="replace")[-1500:] if log.exists() else ""
+                    raise EmbeddedPostgresError(f"PostgreSQL did not start again: {tail}") from None
+                time.sleep(1.0)
 
 
 class PrivateMariaDB(EmbeddedMariaDB):
