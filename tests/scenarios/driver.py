@@ -1,21 +1,22 @@
 """One writer of a scenario, without Spark: what a Spark job's driver and tasks do, in one process.
 
-:func:`writer_main` runs in a process of its own (forked by the runner's fork server, which imported
-xasink once, so a writer starts in milliseconds): it plans the write as the data source's ``writer()``
-does (server checks, the table's plan, the shadow table of an apply mode, the run guard, the batch's
-check, the driver's claim, recovery of earlier runs), writes each partition with ``write_partition`` as a
-task does (a failed task is retried once as attempt 1, as Spark retries it; a second failure aborts the
-batch), then commits with ``Coordinator.commit`` (or aborts).  The fault comes from ``XASINK_FAULT``, so a
-fault point ``kill`` takes this process down at that protocol point, ``sleep=`` pauses it there.
+:func:`writer_main` runs in a process of its own (forked by the runner's fork server, which imported xasink
+once, so a writer starts in milliseconds): it plans the write as the data source's ``writer()`` does (server
+checks, the table's plan, the shadow table of an apply mode, the run guard, the batch's check, the driver's
+claim, recovery of earlier runs), writes each partition with ``write_partition`` as a task does (a failed task
+is retried once as attempt 1, as Spark retries it; a second failure aborts the batch), then commits with
+``Coordinator.commit`` (or aborts); a commit that raises is followed by ``Coordinator.abort``, as Spark calls a
+batch write's ``abort()`` when its ``commit()`` fails. The fault comes from ``XASINK_FAULT``, so a fault point
+``kill`` takes this process down at that protocol point, ``sleep=`` pauses it there.
 
 It appends JSON lines to its result file: ``{"event": "run", "run": ...}`` (its run nonce, the end of its
 branches' xids), ``{"event": "claiming", "t": ...}`` as it begins its claim, ``{"event": "claimed", "t": ...}``
-once the claim took the batch over, ``{"event": "committing", "t": ...}`` as it begins the commit,
-``{"event": "fault", "point": ..., "t": ...}`` as it reaches a fault point its spec names (the runner starts
-anchored interference and recover runs from these), and last its outcome (``written`` / ``skipped`` /
-``error`` with the exception's classes, message and the phase it failed in, and for ``spec["look"]`` the ids
-each named table held right after: read with the plain driver, tests/targets.py).  ``t`` is
-``time.monotonic()``, which all processes of the machine share.
+once the claim took the batch over, ``{"event": "committing", "t": ...}`` as it begins the commit, ``{"event":
+"fault", "point": ..., "t": ...}`` as it reaches a fault point its spec names (the runner starts anchored
+interference and recover runs from these), and last its outcome (``written`` / ``skipped`` / ``error`` with the
+exception's classes, message and the phase it failed in, and for ``spec["look"]`` the ids each named table held
+right after: read with the plain driver, tests/targets.py). ``t`` is ``time.monotonic()``, which all processes
+of the machine share.
 """
 
 from __future__ import annotations
@@ -147,7 +148,14 @@ def write(spec: dict[str, Any], emit: Any, phase: _Phase) -> WriteResult:
             outcomes.append(outcome)
         phase.name = "commit"
         emit(event="committing", t=time.monotonic())
-        return coordinator.commit(batch_id, outcomes, query=query, apply=apply)
+        try:
+            return coordinator.commit(batch_id, outcomes, query=query, apply=apply, run=run)
+        except Exception:  # Spark calls the writer's abort() when its commit() fails, then raises commit's error
+            try:
+                coordinator.abort(batch_id, outcomes, run=run)
+            except Exception:  # noqa: BLE001 - Spark logs a failed abort and raises the commit's error
+                logging.getLogger(__name__).warning("abort after the failed commit failed too", exc_info=True)
+            raise
     finally:
         if guard is not None:
             guard.close()

@@ -262,14 +262,17 @@ def due_items(
 # --------------------------------------------------------------------------- the schedules
 
 
-def _anchor(rng: random.Random, writers: list[Writer]) -> str:
-    """A fault point of a writer to start from, added to its spec as a pause of 0 s if it names none."""
+def _anchor(rng: random.Random, writers: list[Writer], among: tuple[str, ...] = ()) -> str:
+    """A fault point of a writer to start from (one of ``among``, if given), added to its spec as a pause of 0 s
+    if it names none."""
     w = rng.choice(writers)
     named = [item.split(":")[0] for item in (w.fault or "").split(",") if item]
     points = [p for p in named if p.startswith("driver.")]
-    if not points or rng.random() < 0.3:
+    if among or not points or rng.random() < 0.3:
         full = [p for p, rows in enumerate(w.partitions) if rows]
-        point = rng.choice(("task.after_prepare",) * bool(full) + ("driver.before_decide",) + AFTER_DECISION)
+        choices = among or ("task.after_prepare", "driver.before_decide", *AFTER_DECISION)
+        choices = tuple(p for p in choices if full or not p.startswith("task.")) or ("driver.before_decide",)
+        point = rng.choice(choices)
         if point not in named:  # a pause of 0 s: the writer reports the point and goes on
             item = f"{point}:sleep=0" + (f":p={full[0]}" if point.startswith("task.") else "")
             w.fault = f"{w.fault},{item}" if w.fault else item
@@ -322,7 +325,9 @@ def draw_interfere(seed: int, mode: str | None = None) -> Schedule:
     for _ in range(rng.choice((1, 1, 2, 3))):
         kind = rng.choice(KINDS + ("lock_table", "lock_rows", "lock_sink", "require_column"))
         hold = {"add_column": 0.0, "restart": rng.choice((0.5, 1.5, 3.0))}.get(kind, rng.choice((1.5, 4.0, 7.0, 12.0)))
-        if rng.random() < 0.7:
+        if kind == "restart" and rng.random() < 0.6:  # while branches' owners disconnect, or XA COMMIT waits on them
+            events.append(Event(kind, 0.0, hold, _anchor(rng, writers, ("task.after_prepare", "driver.after_decide"))))
+        elif rng.random() < 0.7:
             events.append(Event(kind, rng.choice((0.0, 0.2, 1.0)), hold, _anchor(rng, writers)))
         else:
             events.append(Event(kind, round(rng.uniform(0.0, 4.0), 2), hold))
