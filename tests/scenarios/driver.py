@@ -158,7 +158,10 @@ def write(spec: dict[str, Any], emit: Any, phase: _Phase) -> WriteResult:
             raise
     finally:
         if guard is not None:
-            guard.close()
+            try:  # the data source's run guard lives in a keeper process of its own: its end is not the write's
+                guard.close()
+            except Exception:  # noqa: BLE001 - a session lost in a restart: the lock went with it
+                logging.getLogger(__name__).warning("the run guard's session was lost", exc_info=True)
         coordinator.close()
 
 
