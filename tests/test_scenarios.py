@@ -204,6 +204,13 @@ class Runners:
                 self.killer = Runner(self.private, self.tmp_path, private)
         return self.killer
 
+    def revive(self) -> None:
+        """After a schedule whose runner failed: a server it killed and could not start again is started now, so the
+        next schedules run (an unattended long run goes on)."""
+        server = self.killer.server if self.killer is not None else None
+        if server is not None and not server.alive():
+            server.start_again()
+
     def close(self) -> None:
         if self.private is not None:
             left = self.private.prepared()
@@ -227,6 +234,7 @@ def run_schedules(
             outcome = runners(schedule).run(schedule)
         except Exception:  # noqa: BLE001 - an unattended long run records it and goes on
             outcome = Outcome(schedule, {}, [], [f"the runner failed: {traceback.format_exc()[-3000:]}"], 0.0)
+            runners.revive()
         if os.environ.get("XASINK_SCENARIO_SHOW") == "1":  # with -s: every schedule's report
             print(f"\n{outcome.report()}\n  {outcome.seconds:.1f}s")
         if outcome.violations:
@@ -483,6 +491,8 @@ def run_multi(
                 outcome = runner.run(schedule)
             except Exception:  # noqa: BLE001 - an unattended long run records it and goes on
                 outcome = MultiOutcome(schedule, {}, {}, [f"the runner failed: {traceback.format_exc()[-3000:]}"], 0)
+                if runner.servers["pg"] is not None and not runner.servers["pg"].alive():
+                    runner.servers["pg"].start_again()
             if os.environ.get("XASINK_SCENARIO_SHOW") == "1":  # with -s: every schedule's report
                 print(f"\n{outcome.report()}\n  {outcome.seconds:.1f}s")
             if outcome.violations:

@@ -52,6 +52,14 @@ class PostgresRestarts:
                     continue
         return found
 
+    def alive(self) -> bool:
+        """Whether the cluster's postmaster runs."""
+        try:
+            os.kill(int((self.server.data_dir / "postmaster.pid").read_text().split()[0]), 0)
+            return True
+        except (OSError, ValueError, IndexError):
+            return False
+
     def start_again(self, tries: int = 5) -> None:
         """Start the cluster again; a backend of the killed one still exiting is killed and waited for first."""
         for attempt in range(tries):
@@ -82,6 +90,9 @@ class PrivateMariaDB(EmbeddedMariaDB):
         assert self.proc is not None
         self.command = list(self.proc.args)  # type: ignore[arg-type]
         return where
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
 
     def kill(self) -> None:
         assert self.proc is not None
