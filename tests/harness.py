@@ -288,6 +288,27 @@ class Stream:
         assert sum(d["rows"] for d in decided.values()) == self.files * ROWS
 
 
+def failure_text(query: StreamingQuery) -> str:
+    """The text of the error that ended ``query`` (Spark wraps ours; its text carries our message)."""
+    with pytest.raises(Exception) as info:  # noqa: PT011 - Spark's wrapper class varies
+        query.awaitTermination()
+    return str(info.value)
+
+
+def recorded_target(url: str, sink_id: str, batch_id: int) -> dict[str, Any]:
+    """What the decision log recorded as the batch's target (its JSON, read with the plain driver)."""
+    with targets.connect(url) as conn, conn.cursor() as cur:
+        cur.execute("SELECT target FROM xasink_batches WHERE sink_id = %s AND batch_id = %s", (sink_id, batch_id))
+        found = cur.fetchone()
+    assert found is not None, f"sink {sink_id} batch {batch_id} is not in the log"
+    return dict(json.loads(found[0]))
+
+
+def checkpoint_query_id(checkpoint: Path) -> str:
+    """The streaming query's id, as Spark keeps it in its checkpoint's ``metadata`` file."""
+    return str(json.loads((checkpoint / "metadata").read_text().splitlines()[0])["id"])
+
+
 def table_exists(url: str, table: str) -> bool:
     with targets.connect(url) as conn, conn.cursor() as cur:
         cur.execute("SELECT to_regclass(%s) IS NOT NULL", (table,))

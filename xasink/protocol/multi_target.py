@@ -149,8 +149,8 @@ class MultiCoordinator:
         why = (
             f"by streaming query {was}, and is now written by query {self.query}"
             if not self.blind
-            else "and this foreachBatch call cannot learn its streaming query's id (Spark Connect): a replay "
-            "cannot be told from another query's batch; pass checkpoint_location to foreach_batch_multi"
+            else "and this foreachBatch call cannot learn its streaming query's id: a replay cannot be told "
+            "from another query's batch; under Spark Connect pass checkpoint_location to foreach_batch_multi"
         )
         raise BatchIdentityError(
             f"sink {self.sink_id} batch {self.batch_id} was committed as {self._described()} {why}. Nothing of "

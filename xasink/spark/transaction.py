@@ -21,13 +21,15 @@ from typing import Any
 from pyspark.sql import DataFrame
 
 from xasink import errors
+from xasink.journal.targets import UNKNOWN_QUERY
 from xasink.options import WriteOptions, parse_options
 from xasink.protocol.multi_target import MultiCoordinator
 from xasink.protocol.xid import MAX_BATCH_ID, valid_sink_id
 from xasink.results import TargetResult, TransactionResult, WriteResult
-from xasink.spark.api import is_connect, micro_batch_query, register, shape
+from xasink.spark.api import is_connect, register, shape
 from xasink.spark.datasource import RUN_OPTION
 from xasink.spark.job_errors import error_summary, unwrap_error
+from xasink.spark.streams import micro_batch_query
 from xasink.spark.txwrite import TX_GUARD_OPTION, TX_PART_OPTION, TX_URL_OPTION
 from xasink.support.faults import fault
 from xasink.support.masking import redact, url_secrets
@@ -250,9 +252,10 @@ def foreach_batch_multi(
 
     The micro-batch id is the transaction's batch id and the streaming query's id is recorded with it: a
     replayed micro-batch of the same query writes nothing anywhere; a micro-batch id below the sink's last
-    decided one (a new or reset checkpoint) and a decided batch of another query are refused.  Under Spark
-    Connect the query's id is read from ``checkpoint_location`` (else a decided batch is refused, since a
-    replay cannot be told from another query's batch).
+    decided one (a new or reset checkpoint) and a decided batch of another query are refused.  The
+    function may be called in any thread (classic Spark finds the query from ``df``'s session).  Under
+    Spark Connect the query's id is read from ``checkpoint_location`` (else a decided batch is refused,
+    since a replay cannot be told from another query's batch).
     """
     if not valid_sink_id(sink_id):
         raise errors.OptionError(f"sink_id {sink_id[:60]!r} is invalid: 1 to 32 of A-Z a-z 0-9 _ . -")
@@ -260,8 +263,10 @@ def foreach_batch_multi(
     def run_batch(df: DataFrame, epoch_id: int) -> TransactionResult | None:
         tx = transaction(sink_id, int(epoch_id), journal_url, **options)
         tx._stream = True
-        tx._query = micro_batch_query(df, checkpoint_location)
-        tx._blind = is_connect(df.sparkSession)
+        # whichever thread calls: classic Spark finds the query from the micro-batch DataFrame's session
+        query = micro_batch_query(df, checkpoint_location)
+        tx._query = None if query == UNKNOWN_QUERY else query
+        tx._blind = query == UNKNOWN_QUERY  # a micro-batch whose query cannot be known: a decided one is refused
         with tx:
             fn(df, int(epoch_id), tx)
         return tx.result

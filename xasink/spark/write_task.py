@@ -13,15 +13,12 @@ from xasink.errors import OptionError
 from xasink.options import WriteOptions
 from xasink.results import BranchOutcome
 from xasink.spark.planning import WritePlan
+from xasink.spark.streams import task_query
 from xasink.spark.txwrite import TxWrite
 from xasink.support import faults, notices
 
 if TYPE_CHECKING:
     import pyarrow as pa
-
-STREAM_BATCH_PROPERTY = "streaming.sql.batchId"
-# the streaming query's id, kept in its checkpoint across restarts: recorded with each batch it writes
-STREAM_QUERY_PROPERTY = "sql.streaming.queryId"
 
 
 def _task_fault_spec() -> str | None:
@@ -98,7 +95,7 @@ def _write_partition(
         batches=iterator,
         log_id=plan.log_id,
         guard=plan.guard,
-        query=ctx.getLocalProperty(STREAM_QUERY_PROPERTY) or query,
+        query=task_query(ctx, query),  # whichever thread started the job
         journal_url=tx.journal_url if tx is not None else None,
         claimed=plan.claimed,
     )
