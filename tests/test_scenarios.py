@@ -576,6 +576,18 @@ def test_oracle_rejects_a_skip_for_another_query() -> None:
     assert oracle.check(s, skipped, with_keys(INIT, k1="w0"), [], True, CHILD, 0) == []
 
 
+def test_oracle_rejects_a_skip_for_a_write_whose_query_cannot_be_known() -> None:
+    """Issue 37 item 7: a micro-batch written where its query cannot be known is recorded as unknown and replays
+    nothing: qA's own later run from such a thread must be refused, never told 'skipped'."""
+    s = upsert_schedule(("w0", 1, [1]), ("w1", 1, [2]))
+    s.writers[0].query, s.writers[1].query = "qA", model.UNKNOWN_QUERY
+    refused = {"w0": oracle.Told("written", 0, 1), "w1": oracle.Told("error", 2, 3, "BatchIdentityError XasinkError")}
+    assert oracle.check(s, refused, with_keys(INIT, k1="w0"), [], True, CHILD, 0) == []
+    skipped = {"w0": oracle.Told("written", 0, 1), "w1": oracle.Told("skipped", 2, 3)}
+    found = oracle.check(s, skipped, with_keys(INIT, k1="w0"), [], True, CHILD, 0)
+    assert any("its query cannot be known" in v for v in found), found
+
+
 def test_oracle_reads_a_replay_whose_finish_failed_as_a_skip_not_yet_finished() -> None:
     """MariaDB seed 1008: w0 (taken over) found batch 1 decided by w1, and finishing w1's decision failed; both
     are told an incomplete commit.  Only w1's rows may be committed (w0's are not part of the decision), and

@@ -49,11 +49,13 @@ from typing import Any
 from tests.scenarios.model import (
     AFTER_DECISION,
     MARGIN_S,
+    UNKNOWN_QUERY,
     Row,
     Schedule,
     Writer,
     can_commit,
     expected_state,
+    same_query,
 )
 
 RowsOf = Callable[[Any], list[Row]]  # the rows a writer writes into one table
@@ -144,6 +146,8 @@ def check(
         w = by_label[label]
         if t.outcome == "written" and not can_commit(mode, w):
             found.append(f"{label} told 'written' though a row is outside replaceWhere")
+        if t.outcome == "skipped" and w.query == UNKNOWN_QUERY:
+            found.append(f"{label} told 'skipped' though its query cannot be known: it replays nothing")
         if t.outcome != "written" or t.claimed_at is None or t.committing_at is None:
             continue
         # the decision comes after the commit began, and after a pause the schedule put just before it
@@ -263,7 +267,7 @@ def explain(
                 continue
             if any(
                 told[w.label].outcome == "skipped"
-                and not any(m.batch == w.batch and m.query == w.query for m in members)
+                and not any(m.batch == w.batch and same_query(m.query, w.query) for m in members)
                 for w in writers
             ):
                 continue  # told "skipped" for a batch another streaming query decided: a batch of its own was lost

@@ -169,7 +169,7 @@ class Runner:
         table, child, sibling = self._tables(schedule.mode)
         sink = f"sc{uuid.uuid4().hex[:10]}"
         here = Path(tempfile.mkdtemp(prefix=f"seed{schedule.seed}-", dir=self.workdir))
-        interference = Interference({"": Place(self.db, table, self.server)}, sink)  # noqa: F841 (see finally)
+        interference = Interference({"": Place(self.db, table, self.server)}, sink)
         try:
             return self._run(schedule, table, child, sibling, sink, here, interference, t_begin)
         finally:  # even when the schedule failed: nothing of it prepared, its tables dropped
