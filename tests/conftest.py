@@ -96,11 +96,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 SLOW_MODULES = {
     "test_stream_crash.py": 494,
     "test_connect.py": 431,
+    "test_scenarios.py": 300,
     "test_streaming.py": 255,
     "test_crash.py": 246,
     "test_spark_writer.py": 214,
     "test_write_modes.py": 212,
-    "test_scenarios.py": 186,
     "test_speculation.py": 161,
     "test_write_modes_crash.py": 152,
     "test_faults.py": 145,
