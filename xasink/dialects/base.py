@@ -180,6 +180,10 @@ class Dialect(ABC):
     def check_server(self, conn: Connection, branches: int | None) -> None:
         """Raise :class:`PreflightError` when the server cannot hold ``branches`` prepared branches."""
 
+    def denied(self, exc: BaseException) -> bool:
+        """Whether the server refused a statement for want of a privilege (the user needs a GRANT)."""
+        return False
+
     def write_blockers(self, conn: Connection) -> list[str]:
         """Why xasink cannot write on this server at all, one sentence each with the fix (``xasink status``
         reports them as CRITICAL); empty when nothing server-wide stops a write."""

@@ -203,6 +203,9 @@ class PostgresDialect(PostgresTypes, Dialect):
                 risks.append(DurabilityRisk(setting, value, fix))
         return risks
 
+    def denied(self, exc: BaseException) -> bool:
+        return sqlstate_of(exc) == "42501"  # insufficient_privilege
+
     def write_blockers(self, conn: Connection) -> list[str]:
         limit, standby = conn.exec_driver_sql(
             "SELECT current_setting('max_prepared_transactions')::int, pg_is_in_recovery()"
