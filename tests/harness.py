@@ -82,6 +82,20 @@ def frame(spark: SparkSession, ids: range, partitions: int, tag: str = "n") -> D
     )
 
 
+@contextmanager
+def spark_jobs(spark: SparkSession) -> Iterator[list[int]]:
+    """The ids of the Spark jobs this thread starts inside the block (its own job group)."""
+    sc = spark.sparkContext
+    group = f"xasink-test-{uuid.uuid4().hex[:8]}"
+    sc.setJobGroup(group, "counted by the test")
+    found: list[int] = []
+    try:
+        yield found
+    finally:
+        found += sc.statusTracker().getJobIdsForGroup(group)
+        sc.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+
+
 def fill(db: Target, table: str, rows: list[tuple[int, str]]) -> None:
     """Insert ``rows`` into an ``(id, name)`` table, committed."""
     with db.connect() as conn, conn.cursor() as cur:

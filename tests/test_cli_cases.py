@@ -12,6 +12,7 @@ tests/harness.py) and declares the docs' cases it covers (tests/doc_cases.py).
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from typing import Any
 
@@ -153,3 +154,18 @@ def test_a_threshold_on_lock_waits_the_user_cannot_read_is_unknown(mariadb_url: 
     finally:
         with targets.mariadb_connect(mariadb_url, database=False) as conn, conn.cursor() as cur:
             cur.execute(f"DROP USER IF EXISTS '{user}'@'{params['host']}'")
+
+
+def test_times_are_shown_alike_on_both_databases(db: Db) -> None:
+    """``decided (UTC)`` and every time of the report in whole seconds: PostgreSQL showed microseconds,
+    MariaDB (whose DATETIME keeps none) whole seconds."""
+    sink = db.sink()
+    sink.coordinator.commit(0, [sink.write(0, 0, range(3))])
+    second = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d"
+    code, doc, _ = cli_json("status", "--url", db.url, "--sink-id", sink.sink_id)
+    [s] = doc["sinks"]
+    times = [doc["server_time_utc"], s["last_committed_at"], *(r["decided_at"] for r in s["recent"])]
+    assert code == 0 and len(times) == 3 and all(re.fullmatch(second, t) for t in times), times
+    code, out, _ = cli("status", "--url", db.url, "--sink-id", sink.sink_id)
+    [row] = [ln for ln in out.splitlines() if ln.startswith("0 ") and "committed" in ln]
+    assert re.search(rf"  {second}(\s|$)", row) and not re.search(rf"{second}\.\d", row), row

@@ -237,3 +237,29 @@ def test_the_case_check_catches_what_it_should(tmp_path: Path) -> None:
         "error/OptionError: no OptionError was caught (seen: [None, 'PreflightError'])",
         "status/nope: no such case in docs/ (monitoring.md, operations.md, errors.md)",
     ]
+
+
+def _table_problems(text: str) -> list[str]:
+    """Rows of a Markdown table with another number of cells than its header (a stray row of another table)."""
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    problems, width = [], None
+    for line in text.splitlines():
+        if not line.startswith("|"):
+            width = None
+            continue
+        cells = len(re.sub(r"`[^`]*`", "code", line.strip().strip("|")).split("|"))  # a `|` in code is no border
+        if width is None:
+            width = cells
+        elif cells != width:
+            problems.append(f"{cells} cells under a header of {width}: {line[:80]}")
+    return problems
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_table_row_has_its_headers_cells(doc: Path) -> None:
+    assert _table_problems(doc.read_text(encoding="utf-8")) == []
+
+
+def test_the_table_check_catches_what_it_should() -> None:
+    text = "| a | b |\n|---|---|\n| 1 | `x|y` |\n| 1 | 2 | 3 |\n\n| c |\n|---|\n| 4 |\n"
+    assert _table_problems(text) == ["3 cells under a header of 2: | 1 | 2 | 3 |"]

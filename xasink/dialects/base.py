@@ -1,8 +1,7 @@
 """What every database dialect provides: the XA verbs, recovery, bulk load and checks.
 
-Dialects (and the decision log) are the only modules that speak SQL.  The control side (the
-driver's journal, commit and sweep) runs through a SQLAlchemy engine; the
-branch side (an executor loading rows) uses whatever driver API is fastest.
+Dialects (and the decision log) are the only modules that speak SQL.  The control side (the driver's journal, commit
+and sweep) runs on a SQLAlchemy engine; the branch side (an executor loading rows), on the fastest driver API.
 """
 
 from __future__ import annotations
@@ -180,13 +179,16 @@ class Dialect(ABC):
     def check_server(self, conn: Connection, branches: int | None) -> None:
         """Raise :class:`PreflightError` when the server cannot hold ``branches`` prepared branches."""
 
+    def free_prepared_slots(self, conn: Connection) -> tuple[int, int] | None:
+        """(free, limit) of the server's prepared-transaction slots; None where there is no limit (MySQL)."""
+        return None
+
     def denied(self, exc: BaseException) -> bool:
         """Whether the server refused a statement for want of a privilege (the user needs a GRANT)."""
         return False
 
     def write_blockers(self, conn: Connection) -> list[str]:
-        """Why xasink cannot write on this server at all, one sentence each with the fix (``xasink status``
-        reports them as CRITICAL); empty when nothing server-wide stops a write."""
+        """Why xasink cannot write on this server at all, each with its fix (``xasink status``: CRITICAL)."""
         return []
 
     def durability_risks(self, conn: Connection) -> list[DurabilityRisk]:

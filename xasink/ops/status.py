@@ -107,7 +107,8 @@ def _seconds(delta: timedelta) -> float:
 
 
 def _iso(value: datetime | None) -> str | None:
-    return value.isoformat() if value is not None else None
+    """A time of the log in whole seconds on every database (MariaDB's DATETIME keeps no more; ages stay exact)."""
+    return value.isoformat(timespec="seconds") if value is not None else None
 
 
 def status(

@@ -203,6 +203,10 @@ class PostgresDialect(PostgresTypes, Dialect):
                 risks.append(DurabilityRisk(setting, value, fix))
         return risks
 
+    def free_prepared_slots(self, conn: Connection) -> tuple[int, int] | None:
+        in_use, limit = pg_health.prepared_capacity(conn)
+        return limit - in_use, limit
+
     def denied(self, exc: BaseException) -> bool:
         return sqlstate_of(exc) == "42501"  # insufficient_privilege
 
@@ -255,7 +259,8 @@ class PostgresDialect(PostgresTypes, Dialect):
         if state == "53200" and "prepared transactions" not in text:  # a real out-of-memory
             hint = None
         what = text.splitlines()[0] if text else str(exc)
-        detail = [ln for ln in text.splitlines()[1:] if ln.startswith(("DETAIL", "HINT"))]
+        # a COPY's CONTEXT names the column and the line (row) of the partition: "COPY t, line 101, column name"
+        detail = [ln for ln in text.splitlines()[1:] if ln.startswith(("DETAIL", "HINT", "CONTEXT:  COPY"))]
         if detail:
             what += " (" + "; ".join(d.strip() for d in detail) + ")"
         err = branch_failed(xid, plan, what, hint)
