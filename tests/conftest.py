@@ -111,6 +111,7 @@ SLOW_MODULES = {
     "test_quiet.py": 128,
     "test_hostile.py": 86,
     "test_transaction.py": 72,
+    "test_format_api.py": 70,
     "test_property.py": 63,
     "test_adversary.py": 59,
     "test_wheel.py": 57,
@@ -119,12 +120,14 @@ SLOW_MODULES = {
     "test_after_decision.py": 46,
     "test_upsert.py": 46,
     "test_batch_identity.py": 44,
+    "test_grants.py": 40,
     "test_user_warnings.py": 42,
     "test_values.py": 39,
     "test_liveness.py": 36,
     "test_holder.py": 34,
     "test_status_health.py": 31,
     "test_shared_server.py": 24,
+    "test_rerun.py": 22,
 }
 
 

@@ -169,7 +169,9 @@ def test_commit_twice_and_replayed_partitions_write_nothing(sink: Sink) -> None:
     first = sink.coordinator.commit(5, outcomes)
     again = sink.coordinator.commit(5, outcomes)
     assert not first.skipped and again.skipped
-    assert (again.rows, again.branches) == (20, 2)
+    assert (again.rows, again.branches) == (0, 0)  # this run wrote nothing ...
+    assert again.earlier is not None and (again.earlier.rows, again.earlier.branches) == (20, 2)  # ... the first did
+    assert again.earlier.run == outcomes[0].run and again.earlier.committed_at is not None
 
     replay_run = new_run_nonce()  # e.g. a streaming batch re-run after a driver crash
     replayed = [sink.write(5, p, ids, run=replay_run) for p, ids in enumerate([range(0, 10), range(10, 20)])]
