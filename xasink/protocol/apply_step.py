@@ -77,7 +77,7 @@ class ApplyStep:
                     raise
                 finally:
                     _unlock(dialect, conn, lock)
-                log.debug("sink %s batch %s: %s (%d rows)", self.sink_id, batch_id, spec.describe(), rows)
+                log.info("sink %s batch %s: %s (%d rows)", self.sink_id, batch_id, spec.describe(), rows)
             return True
 
         what = f"applying sink {self.sink_id} batch {batch_id} ({spec.describe()})"
