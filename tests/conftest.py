@@ -112,6 +112,7 @@ SLOW_MODULES = {
     "test_hostile.py": 86,
     "test_transaction.py": 72,
     "test_format_api.py": 70,
+    "test_stream_threads.py": 70,
     "test_property.py": 63,
     "test_adversary.py": 59,
     "test_wheel.py": 57,
@@ -119,6 +120,7 @@ SLOW_MODULES = {
     "test_dialect_edges.py": 47,
     "test_after_decision.py": 46,
     "test_upsert.py": 46,
+    "test_transaction_failures.py": 45,
     "test_batch_identity.py": 44,
     "test_grants.py": 40,
     "test_user_warnings.py": 42,
@@ -378,6 +380,26 @@ def spark():  # type: ignore[no-untyped-def]
     from tests.jvm import classic_spark
 
     return classic_spark()
+
+
+@pytest.fixture
+def stream(spark, tmp_path, pg_url: str):  # type: ignore[no-untyped-def]
+    """One streaming query's input, checkpoint, table and sink id on PostgreSQL (tests/harness.py ``Stream``);
+    afterwards every query of the session is stopped and the table dropped."""
+    from psycopg2 import sql
+
+    from tests.harness import Stream
+    from xasink.support.faults import LOCAL_PROPERTY
+
+    s = Stream(spark, tmp_path, pg_url)
+    try:
+        yield s
+    finally:
+        for q in spark.streams.active:
+            q.stop()
+        spark.sparkContext.setLocalProperty(LOCAL_PROPERTY, None)
+        with connect(pg_url) as conn, conn.cursor() as cur:
+            cur.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(s.table)))
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,7 @@ import sys
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, redirect_stderr, redirect_stdout
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -31,6 +31,7 @@ from tests.leaks import assert_no_secret
 from tests.modes_driver import OPTIONS_ENV  # a test driver's extra write options, a JSON object
 from tests.procs import run_until_exit
 from tests.targets import POSTGRESQL, Target
+from tests.tcp_proxy import TcpProxy
 from xasink.journal.records import BatchRecord
 from xasink.ops.cli import main
 from xasink.options import WriteOptions, parse_options
@@ -116,6 +117,22 @@ def three_tables(pg: Target, maria: Target) -> tuple[str, str, str]:
     for t, name in ((pg, orders), (pg, lines), (maria, events)):
         t.keyed_table(name)
     return orders, lines, events
+
+
+# --------------------------------------------------------------------------- a URL through tests/tcp_proxy.py
+
+_HOST_PORT = re.compile(r"(//(?:[^@/]*@)?)([^:/@?]+):(\d+)")
+
+
+def host_port(url: str) -> tuple[str, int]:
+    m = _HOST_PORT.search(url)
+    assert m, "no host:port in the URL"  # not the URL itself: it holds the password
+    return m.group(2), int(m.group(3))
+
+
+def through(proxy: TcpProxy, url: str) -> str:
+    """The same URL, pointed at the proxy."""
+    return _HOST_PORT.sub(lambda m: f"{m.group(1)}127.0.0.1:{proxy.port}", url, count=1)
 
 
 # --------------------------------------------------------------------------- a sink driven without Spark
@@ -233,6 +250,79 @@ class TargetSink(Sink):
         return self.db.prepared(self.sink_id)
 
 
+# --------------------------------------------------------------------------- a multi-target transaction without Spark
+
+
+class MultiTx:
+    """One multi-target transaction driven without Spark, as ``xasink.transaction`` drives it
+    (xasink/spark/transaction.py): each :meth:`write` is what one ``tx.write``'s Spark job does (pre-flight,
+    the table's plan, its tasks' branches by ``write_partition``, its part recorded in the log), and
+    :meth:`commit` is the block's end.  ``options`` (e.g. ``controlLockTimeout``) apply to every write and
+    to the log's connection, as the transaction's do."""
+
+    def __init__(self, sink_id: str, batch_id: int, journal: Target, journal_url: str | None = None, **options: Any):
+        from xasink.protocol.multi_target import MultiCoordinator
+        from xasink.spark.transaction import LOG_TABLE_PLACEHOLDER
+
+        self.sink_id, self.batch_id, self.options = sink_id, batch_id, options
+        raw = {**options, "url": journal_url or journal.url, "dbtable": LOG_TABLE_PLACEHOLDER}
+        if journal.password is not None:
+            raw["password"] = journal.password
+        log_options = replace(parse_options(raw), sink_id=sink_id, batch_id=batch_id)
+        self.mc = MultiCoordinator(sink_id, batch_id, log_options)
+        self.written: set[int] = set()
+        self._next = 0
+
+    def write(self, db: Target, table: str, ids: range, parts: int = 2, url: str | None = None) -> None:
+        """Prepare ``ids`` for ``table`` in ``parts`` branches (``url``: ``db``'s, e.g. through a proxy)."""
+        from pyspark.sql.types import IntegerType, StringType, StructField, StructType
+        from sqlalchemy.engine import make_url
+
+        from xasink.spark.txwrite import TxWrite, prepare_tx_write, record_tx_part
+
+        raw = {**self.options, "url": url or db.url, "dbtable": table}
+        if db.password is not None:
+            raw["password"] = db.password
+        options = replace(parse_options(raw), sink_id=self.sink_id, batch_id=self.batch_id)
+        part, self._next = self._next, self._next + 1
+        if self.mc.replay:
+            self.mc.check_replay(options)
+            self.mc.target(options)
+            return
+        self.mc.before_write(options, parts)
+        tx = TxWrite(make_url(self.mc.journal_url), part, self.mc.guard.name)
+        schema = StructType([StructField("id", IntegerType(), False), StructField("name", StringType())])
+        plan = prepare_tx_write(options, schema, tx)
+        outcomes: list[BranchOutcome | None] = [
+            write_partition(
+                options,
+                plan.target,
+                batch_id=self.batch_id,
+                partition=p,
+                task_attempt_id=1000 * part + p,
+                run=self.mc.run,
+                batches=[record_batch(list(ids)[p::parts])],
+                log_id=plan.log_id,
+                guard=plan.guard,
+                journal_url=tx.journal_url,
+            )
+            for p in range(parts)
+        ]
+        record_tx_part(options, tx, self.mc.run, outcomes)
+        self.written.add(part)
+
+    def commit(self) -> None:
+        """The block's end: decide over every write and commit (or finish a replay)."""
+        if self.mc.replay:
+            self.mc.finish_replay()
+        else:
+            self.mc.commit(self.written)
+
+    def close(self) -> None:
+        """The process that entered the block lets go of it: its guard is released (a crash, after a fault)."""
+        self.mc.close()
+
+
 # --------------------------------------------------------------------------- a streaming query's input and sink
 
 
@@ -302,6 +392,27 @@ class Stream:
         assert sorted(decided) == list(range(self.files))
         assert all(d["state"] == "committed" for d in decided.values()), decided
         assert sum(d["rows"] for d in decided.values()) == self.files * ROWS
+
+
+def failure_text(query: StreamingQuery) -> str:
+    """The text of the error that ended ``query`` (Spark wraps ours; its text carries our message)."""
+    with pytest.raises(Exception) as info:  # noqa: PT011 - Spark's wrapper class varies
+        query.awaitTermination()
+    return str(info.value)
+
+
+def recorded_target(url: str, sink_id: str, batch_id: int) -> dict[str, Any]:
+    """What the decision log recorded as the batch's target (its JSON, read with the plain driver)."""
+    with targets.connect(url) as conn, conn.cursor() as cur:
+        cur.execute("SELECT target FROM xasink_batches WHERE sink_id = %s AND batch_id = %s", (sink_id, batch_id))
+        found = cur.fetchone()
+    assert found is not None, f"sink {sink_id} batch {batch_id} is not in the log"
+    return dict(json.loads(found[0]))
+
+
+def checkpoint_query_id(checkpoint: Path) -> str:
+    """The streaming query's id, as Spark keeps it in its checkpoint's ``metadata`` file."""
+    return str(json.loads((checkpoint / "metadata").read_text().splitlines()[0])["id"])
 
 
 def table_exists(url: str, table: str) -> bool:

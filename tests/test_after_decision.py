@@ -9,7 +9,6 @@ on MariaDB and checks the exact rows (each once), the decision log, and that not
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -18,7 +17,7 @@ import pytest
 
 import xasink.protocol.recovery
 from tests.doc_cases import raises
-from tests.harness import TargetSink, expected
+from tests.harness import TargetSink, expected, host_port, through
 from tests.targets import Target
 from tests.tcp_proxy import TcpProxy
 from xasink.dialects import dialect_for
@@ -32,21 +31,9 @@ from xasink.results import BranchOutcome
 OUTAGE_S = 15.0  # three times the whole retry budget of the old commit (commitRetries=5: under 5 s)
 DECISION = b"INSERT INTO xasink_batches"  # arms a cut of the COMMIT that follows on the same connection
 MARK = b"UPDATE xasink_batches"
-_HOST_PORT = re.compile(r"(//(?:[^@/]*@)?)([^:/@?]+):(\d+)")
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def host_port(url: str) -> tuple[str, int]:
-    m = _HOST_PORT.search(url)
-    assert m, "no host:port in the URL"  # not the URL itself: it holds the password
-    return m.group(2), int(m.group(3))
-
-
-def through(proxy: TcpProxy, url: str) -> str:
-    """The same URL, pointed at the proxy."""
-    return _HOST_PORT.sub(lambda m: f"{m.group(1)}127.0.0.1:{proxy.port}", url, count=1)
 
 
 @pytest.fixture

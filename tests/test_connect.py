@@ -381,3 +381,43 @@ def test_foreach_batch_tells_a_replay_from_another_querys_batch(
         run(b2, sink, checkpoint_location=str(b2.checkpoint))
     assert db.rows(table) == sorted(expected(range(10)) * 2)
     assert_committed(db, sink, [0])
+
+
+def test_format_in_foreach_batch_from_a_pool_thread(connect: SparkSession, pg: Target, tmp_path: Path) -> None:
+    """Spark Connect gives the tasks of a write inside foreachBatch neither the micro-batch's id nor its
+    query's, in the function's thread or a pool's: they learn from the micro-batch's session that they write
+    one.  A sinkId with ``batchId=epoch_id`` is written and recorded with query ``unknown`` (no later write
+    passes for its replay); a sinkId without batchId is refused (before: it was written as batch 0, and
+    every later micro-batch skipped as its replay).  PostgreSQL only: the refusal is made on the Spark side."""
+    source = Input(tmp_path)
+    source.add()
+    with_id, without_id = pg.new_table(), pg.new_table()
+    url, sink = pg.url, new_sink()
+    extra = credentials(pg)
+
+    def users_own(df: DataFrame, epoch_id: int) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        def save(table: str, sink_id: str, **batch: str) -> None:
+            options = {"url": url, "dbtable": table, "sinkId": sink_id, **extra, **batch}
+            df.write.format("xasink").options(**options).mode("append").save()
+
+        with ThreadPoolExecutor(1) as pool:
+            pool.submit(save, with_id, sink, batchId=str(epoch_id)).result()
+            pool.submit(save, without_id, f"{sink}-0").result()
+
+    writer = (
+        source.stream(connect)
+        .writeStream.foreachBatch(users_own)
+        .option("checkpointLocation", str(source.checkpoint))
+        .trigger(availableNow=True)
+    )
+    with pytest.raises(Exception, match="runs inside a streaming micro-batch") as info:  # noqa: PT011
+        start_foreach_batch(writer).awaitTermination()
+    assert "xasink.foreach_batch" in str(info.value)
+    assert pg.rows(with_id) == expected(range(10))
+    ((recorded,),) = pg.execute("SELECT target FROM xasink_batches WHERE sink_id = %s", sink)
+    assert json.loads(recorded)["query"] == "unknown", recorded
+    assert not pg.table_exists(without_id) or pg.rows(without_id) == []
+    assert pg.decision(f"{sink}-0", 0) is None
+    assert_committed(pg, sink, [0])

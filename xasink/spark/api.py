@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import tempfile
 import time
 import weakref
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlparse
 
 from pyspark.sql import DataFrame, SparkSession
 
@@ -23,10 +20,10 @@ from xasink.protocol.coordinator import Coordinator
 from xasink.protocol.xid import new_run_nonce
 from xasink.results import WriteResult
 from xasink.spark.datasource import BRANCHES_OPTION, QUERY_OPTION, RUN_OPTION, XasinkDataSource
-from xasink.spark.frames import is_connect, shape
+from xasink.spark.frames import shape
 from xasink.spark.job_errors import error_summary, unwrap_error
 from xasink.spark.stream_writer import check_batch_order
-from xasink.spark.write_task import STREAM_QUERY_PROPERTY
+from xasink.spark.streams import mark_running_queries, micro_batch_query, unknown_query_message
 from xasink.support import notices
 from xasink.support.masking import redact, url_secrets
 
@@ -44,6 +41,13 @@ def register(spark: SparkSession) -> None:
     (e.g. a thread pool's) does not have: its write would fail with DATA_SOURCE_NOT_FOUND.  So this
     also makes ``spark`` the thread's active session.  A Spark Connect session needs no such step: the
     server looks the source up in the session the client names.
+
+    Writing a micro-batch from a thread of your own inside ``foreachBatch`` (several tables at once): call
+    this in that thread before its write, once the query runs.  Spark tells the micro-batch and its query
+    to the query's own thread only; this ties every running query to its own session, so the tasks of a
+    ``format("xasink")`` write of the micro-batch DataFrame (or one derived from it) learn the query
+    whichever thread saves it.  ``xasink.write``, ``foreach_batch`` and ``foreach_batch_multi`` do it
+    themselves.  What works from which thread: docs/protocol.md, "From which thread".
     """
     if spark not in _registered:
         spark.dataSource.register(XasinkDataSource)
@@ -51,6 +55,7 @@ def register(spark: SparkSession) -> None:
     jvm, jsession = getattr(spark, "_jvm", None), getattr(spark, "_jsparkSession", None)
     if jvm is not None and jsession is not None:  # classic Spark; Spark Connect has no thread-local session here
         SparkSession._get_j_spark_session_class(jvm).setActiveSession(jsession)
+        mark_running_queries(spark)
 
 
 def write(
@@ -256,45 +261,6 @@ def _record(journal: Journal, sink_id: str, batch_id: int) -> Any:
         return journal.get(conn, sink_id, batch_id)
 
 
-def micro_batch_query(df: DataFrame, checkpoint_location: str | None = None) -> str | None:
-    """The id of the streaming query whose foreachBatch function runs now (kept in its checkpoint across
-    restarts), or None when it cannot be known.
-
-    Classic Spark calls the function in the query's thread, whose local properties name the query.  Spark
-    Connect calls it in a server-side Python process whose session knows nothing of the query: then only
-    the checkpoint's ``metadata`` file names it (``checkpoint_location``, a local path or file: URI).
-    """
-    if not is_connect(df.sparkSession):
-        found = df.sparkSession.sparkContext.getLocalProperty(STREAM_QUERY_PROPERTY)
-        if found:
-            return str(found)
-    if checkpoint_location is None:
-        return None
-    parts = urlparse(str(checkpoint_location))
-    if parts.scheme not in ("", "file"):
-        raise errors.OptionError(
-            f"checkpoint_location {checkpoint_location!r}: xasink reads the query's id from a local checkpoint only"
-        )
-    metadata = Path(parts.path if parts.scheme else str(checkpoint_location)) / "metadata"
-    try:
-        return str(json.loads(metadata.read_text().splitlines()[0])["id"])
-    except (OSError, ValueError, KeyError, IndexError) as exc:
-        raise errors.OptionError(
-            f"checkpoint_location: cannot read the streaming query's id from {metadata} ({type(exc).__name__}); "
-            "pass the query's checkpointLocation"
-        ) from None
-
-
-def unknown_query_message(sink_id: str, batch_id: int) -> str:
-    return (
-        f"sink {sink_id} batch {batch_id} was committed before, and this foreachBatch call cannot tell a replay "
-        f"of it (the same query restarting) from batch {batch_id} of another query with the same sink_id (a new "
-        "checkpoint): under Spark Connect the function does not learn the streaming query's id. Nothing was "
-        "written. Pass checkpoint_location=<the query's checkpointLocation> to xasink.foreach_batch / "
-        "foreach_batch_multi, so the query's id is read from the checkpoint."
-    )
-
-
 def _decided(coordinator: Coordinator, batch_id: int) -> bool:
     """Whether the log holds (sink, batch) as decided (refused if for another target); no log: False."""
     with coordinator.dialect.connect(autocommit=True) as conn:
@@ -335,11 +301,13 @@ def foreach_batch(
     """A function for ``writeStream.foreachBatch``: each micro-batch written once, keyed by Spark's batch id
     and the streaming query's id (a batch of another query under the same sink_id is refused).
 
-    A replayed micro-batch that was committed before writes nothing and starts no Spark job.  The options are
-    :func:`write`'s (checked now, not at batch 0); ``mode="overwrite"`` makes each micro-batch replace the
-    table's rows (a streaming aggregation's result).  ``checkpoint_location``: the query's, where Spark
-    Connect gives the function no other way to learn the query's id; without it a Connect replay cannot be
-    told from another query's batch and is refused.
+    A replayed micro-batch that was committed before writes nothing and starts no Spark job.  The function may
+    be called in the query's thread or any other (``pool.submit(fn, df, batch_id)``): in classic Spark the query
+    is found from ``df``'s session (the micro-batch DataFrame Spark passed, or one derived from it).  The options
+    are :func:`write`'s (checked now, not at batch 0); ``mode="overwrite"`` makes each micro-batch replace the
+    table's rows (a streaming aggregation's result).  ``checkpoint_location``: the query's, where Spark Connect
+    gives the function no other way to learn the query's id; without it a Connect replay cannot be told from
+    another query's batch and is refused.
 
     Returns:
         a function of ``(df, batch_id)`` returning each micro-batch's :class:`WriteResult`.
@@ -380,13 +348,13 @@ def foreach_batch(
         coordinator = Coordinator(parsed, shared=True)
         # a new or reset checkpoint would have its batches skipped as replays of the old ones
         check_batch_order(coordinator, batch_id)
+        # whichever thread calls: the query whose own session the micro-batch DataFrame has (classic)
         query = micro_batch_query(df, checkpoint_location)
-        # under Connect, a decided batch whose query cannot be known: a replay or another query's, refused
-        if query is None and is_connect(df.sparkSession) and _decided(coordinator, batch_id):
+        # a decided batch whose query cannot be known: a replay or another query's, refused (an unknown
+        # query is recorded so: no later write of this batch passes for its replay)
+        if query == UNKNOWN_QUERY and _decided(coordinator, batch_id):
             raise errors.BatchIdentityError(unknown_query_message(sink_id, batch_id))
         batch = {"url": url, "dbtable": table, "sinkId": sink_id, "batchId": batch_id, **options}
-        if query is None and is_connect(df.sparkSession):
-            query = UNKNOWN_QUERY  # recorded so: no later write of this batch passes for its replay
         return _write(df, batch, mode, query)
 
     return write_batch

@@ -5,15 +5,11 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame
 
 from xasink import errors
 from xasink.options import WriteOptions
-
-
-def is_connect(spark: SparkSession) -> bool:
-    """Whether ``spark`` is a Spark Connect session: it has no ``df.rdd`` and no JVM in this process."""
-    return type(spark).__module__.startswith("pyspark.sql.connect")
+from xasink.spark.streams import is_connect
 
 
 class Shaped(NamedTuple):

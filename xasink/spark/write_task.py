@@ -15,15 +15,12 @@ from xasink.options import WriteOptions
 from xasink.results import BranchOutcome
 from xasink.spark import progress
 from xasink.spark.planning import WritePlan
+from xasink.spark.streams import task_query
 from xasink.spark.txwrite import TxWrite
 from xasink.support import faults, notices
 
 if TYPE_CHECKING:
     import pyarrow as pa
-
-STREAM_BATCH_PROPERTY = "streaming.sql.batchId"
-# the streaming query's id, kept in its checkpoint across restarts: recorded with each batch it writes
-STREAM_QUERY_PROPERTY = "sql.streaming.queryId"
 
 
 def _task_fault_spec() -> str | None:
@@ -68,7 +65,7 @@ def write_task(
             f"call df.coalesce({options.num_partitions}) before writing, or use xasink.write(), which coalesces"
         )
     if plan.replay:  # committed before: nothing to write, and nothing to read (Spark may skip computing the rows)
-        query = ctx.getLocalProperty(STREAM_QUERY_PROPERTY) or query
+        query = task_query(ctx, query)
         return XasinkCommitMessage(BranchOutcome(partition, None, skipped=True, query=query, run=run))
     with notices.captured() as warned:
         if not plan.slots_checked:  # the driver could not count the branches: each task checks before it loads
@@ -132,7 +129,7 @@ def _write_partition(
         batches=iterator,
         log_id=plan.log_id,
         guard=plan.guard,
-        query=ctx.getLocalProperty(STREAM_QUERY_PROPERTY) or query,
+        query=task_query(ctx, query),  # whichever thread started the job
         journal_url=tx.journal_url if tx is not None else None,
         claimed=plan.claimed,
     )
