@@ -28,7 +28,7 @@ from tests.doc_cases import raises
 from tests.harness import expected, frame
 from tests.jvm import local_spark, stop_classic_spark, stop_connect_spark
 from tests.targets import MARIADB, POSTGRESQL, Target, make_target
-from xasink.spark.api import is_connect
+from xasink.spark.streams import is_connect
 
 try:
     import grpc  # noqa: F401 - the Connect client's transport
