@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 import pyarrow as pa
 import pytest
 
-from tests import targets
+from tests import doc_cases, targets
 from tests.leaks import SECRET as SUPERUSER_SECRET  # the test servers' superuser: a url of theirs holds it
 from tests.leaks import assert_no_secret
 from tests.modes_driver import OPTIONS_ENV  # a test driver's extra write options, a JSON object
@@ -39,7 +39,8 @@ from xasink.protocol.coordinator import Coordinator
 from xasink.protocol.partition_writer import write_partition
 from xasink.protocol.xid import FORMAT_ID, Xid, new_run_nonce
 from xasink.results import BranchOutcome, WriteResult
-from xasink.support.embedded import free_port
+from xasink.support.embedded import EmbeddedPostgres, free_port
+from xasink.support.embedded_mariadb import EmbeddedMariaDB
 from xasink.support.faults import LOCAL_PROPERTY
 from xasink.write_modes.schema import plan_target
 
@@ -80,6 +81,20 @@ def frame(spark: SparkSession, ids: range, partitions: int, tag: str = "n") -> D
     return spark.range(ids.start, ids.stop, 1, partitions).selectExpr(
         "cast(id as int) as id", f"concat('{tag}', id) as name"
     )
+
+
+@contextmanager
+def spark_jobs(spark: SparkSession) -> Iterator[list[int]]:
+    """The ids of the Spark jobs this thread starts inside the block (its own job group)."""
+    sc = spark.sparkContext
+    group = f"xasink-test-{uuid.uuid4().hex[:8]}"
+    sc.setJobGroup(group, "counted by the test")
+    found: list[int] = []
+    try:
+        yield found
+    finally:
+        found += sc.statusTracker().getJobIdsForGroup(group)
+        sc.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
 
 
 def fill(db: Target, table: str, rows: list[tuple[int, str]]) -> None:
@@ -464,7 +479,8 @@ class Backend:
         raise NotImplementedError
 
     def secret_url(self, user: str = ADMIN_USER) -> str:
-        """The same database as ``user`` with password :data:`SECRET`: all rights for ADMIN_USER, none for others."""
+        """The same database as ``user`` with password :data:`SECRET`: all rights for ADMIN_USER; others may log
+        in but not read the decision log."""
         raise NotImplementedError
 
     def drop_secret_user(self, user: str = ADMIN_USER) -> None:
@@ -472,6 +488,33 @@ class Backend:
 
     def unreachable_url(self) -> str:
         raise NotImplementedError
+
+    @contextmanager
+    def other_database(self) -> Iterator[str]:
+        """The URL of an empty database beside this one, on the same server (dropped afterwards): "the wrong
+        database" an operator's ``--url`` may name."""
+        raise NotImplementedError
+        yield ""
+
+    @contextmanager
+    def server_that_cannot_write(self) -> Iterator[str]:
+        """The URL of a private server of this kind on which xasink cannot write (PostgreSQL with
+        ``max_prepared_transactions = 0``, MariaDB with ``read_only = ON``), holding a decision log."""
+        raise NotImplementedError
+        yield ""
+
+
+def make_log(url: str) -> None:
+    """Create xasink's decision log in ``url``'s database, as a writer's first use does (no server check)."""
+    from xasink.database_url import parse_url
+    from xasink.dialects import dialect_for
+    from xasink.journal.log import Journal
+
+    dialect = dialect_for(parse_url(url))
+    try:
+        Journal(dialect).ensure()
+    finally:
+        dialect.dispose()
 
 
 class Postgres(Backend):
@@ -510,6 +553,23 @@ class Postgres(Backend):
     def unreachable_url(self) -> str:
         return f"postgresql://{ADMIN_USER}:{SECRET}@127.0.0.1:{free_port()}/postgres"
 
+    @contextmanager
+    def other_database(self) -> Iterator[str]:
+        name = f"xasink_other_{uuid.uuid4().hex[:8]}"
+        with targets.connect(self.url) as conn, conn.cursor() as cur:
+            cur.execute(f'CREATE DATABASE "{name}"')
+        try:
+            yield re.sub(r"/[^/?]*(\?|$)", lambda m: f"/{name}{m.group(1)}", self.url.rstrip("/"), count=1)
+        finally:
+            with targets.connect(self.url) as conn, conn.cursor() as cur:
+                cur.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+    @contextmanager
+    def server_that_cannot_write(self) -> Iterator[str]:
+        with EmbeddedPostgres(max_prepared_transactions=0, password=SUPERUSER_SECRET) as server:
+            make_log(server.url)
+            yield server.url
+
 
 class MariaDB(Backend):
     name = "mariadb"
@@ -544,15 +604,16 @@ class MariaDB(Backend):
         assert xa is not None, name
         targets.mariadb_rollback_xa(self.url, *xa)
 
-    def _server_sql(self, *statements: str) -> None:
+    def server_sql(self, *statements: str) -> None:
         with targets.mariadb_connect(self.url, database=False) as conn, conn.cursor() as cur:
             for stmt in statements:
                 cur.execute(stmt)
 
     def secret_url(self, user: str = ADMIN_USER) -> str:
         p = targets.mariadb_params(self.url)
-        grant = "ALL PRIVILEGES ON *.*" if user == ADMIN_USER else f"USAGE ON `{p['database']}`.*"
-        self._server_sql(
+        # another user may connect and sees the log (a right on one of its tables) but may not read it
+        grant = "ALL PRIVILEGES ON *.*" if user == ADMIN_USER else f"INSERT ON `{p['database']}`.`xasink_batches`"
+        self.server_sql(
             f"CREATE USER IF NOT EXISTS '{user}'@'{p['host']}' IDENTIFIED BY '{SECRET}'",
             f"GRANT {grant} TO '{user}'@'{p['host']}'",
         )
@@ -560,10 +621,31 @@ class MariaDB(Backend):
 
     def drop_secret_user(self, user: str = ADMIN_USER) -> None:
         p = targets.mariadb_params(self.url)
-        self._server_sql(f"DROP USER IF EXISTS '{user}'@'{p['host']}'")
+        self.server_sql(f"DROP USER IF EXISTS '{user}'@'{p['host']}'")
 
     def unreachable_url(self) -> str:
         return f"mysql://{ADMIN_USER}:{SECRET}@127.0.0.1:{free_port()}/db"
+
+    @contextmanager
+    def other_database(self) -> Iterator[str]:
+        name = f"{targets.mariadb_params(self.url)['database']}_other"
+        self.server_sql(f"CREATE DATABASE `{name}`")
+        try:
+            yield self.url.rsplit("/", 1)[0] + "/" + name
+        finally:
+            self.server_sql(f"DROP DATABASE IF EXISTS `{name}`")
+
+    @contextmanager
+    def server_that_cannot_write(self) -> Iterator[str]:
+        server = EmbeddedMariaDB({"read-only": "ON", "innodb-buffer-pool-size": "32M"})
+        server.start()
+        try:
+            with targets.mariadb_connect(server.url, database=False) as conn, conn.cursor() as cur:
+                cur.execute("CREATE DATABASE shop")  # root may write on a read-only server: its writers may not
+            make_log(server.url + "shop")
+            yield server.url + "shop"
+        finally:
+            server.stop()
 
 
 @dataclass
@@ -663,6 +745,7 @@ def cli(*args: str) -> tuple[int, str, str]:
     with redirect_stdout(out), redirect_stderr(err):
         code = main(list(args))
     assert_no_secret(out.getvalue(), err.getvalue(), secret=SUPERUSER_SECRET)
+    doc_cases.record_cli(args, code, out.getvalue())
     return code, out.getvalue(), err.getvalue()
 
 

@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from xasink.errors import PreflightError
+from xasink.journal.grants import check_grants
 from xasink.journal.log import Journal
 from xasink.protocol.xid import Xid
 
@@ -37,6 +38,7 @@ def ensure_parts(journal: Journal) -> None:
     """Create the parts table on a transaction's first use of a log (single-table writers never need it)."""
     with journal.dialect.connect() as conn:
         if sa.inspect(conn).has_table(journal.parts.name, schema=journal.parts.schema):
+            check_grants(journal.dialect, [("parts", journal.parts)])  # made by a DBA: may the writer use it?
             return
         conn.rollback()
         try:

@@ -26,8 +26,9 @@ from xasink.options import WriteOptions, parse_options
 from xasink.protocol.multi_target import MultiCoordinator
 from xasink.protocol.xid import MAX_BATCH_ID, valid_sink_id
 from xasink.results import TargetResult, TransactionResult, WriteResult
-from xasink.spark.api import is_connect, register, shape
+from xasink.spark.api import register
 from xasink.spark.datasource import RUN_OPTION
+from xasink.spark.frames import shape
 from xasink.spark.job_errors import error_summary, unwrap_error
 from xasink.spark.streams import micro_batch_query
 from xasink.spark.txwrite import TX_GUARD_OPTION, TX_PART_OPTION, TX_URL_OPTION
@@ -121,11 +122,10 @@ class Transaction:
                 mc.target(parsed)  # finished at the block's end, like the write would have been
                 return WriteResult(self.sink_id, self.batch_id, 0, 0, True, {"total": time.perf_counter() - t0})
             register(df.sparkSession)
-            df = shape(df, parsed)
-            # Spark Connect has no df.rdd: its count is numPartitions (a coalesce's upper bound) if given, else
-            # unknown (0: the slot check counts the other writes only, as a plain write's does under Connect)
-            branches = (parsed.num_partitions or 0) if is_connect(df.sparkSession) else df.rdd.getNumPartitions()
-            mc.before_write(parsed, branches)
+            # the branches, where Spark counts them without a job (else 0: the slot check counts the other
+            # writes only, and each task checks for a free slot before it loads)
+            df, branches = shape(df, parsed)
+            mc.before_write(parsed, branches or 0)
             raw = {
                 **self.options,
                 **options,

@@ -181,6 +181,12 @@ class MySQLDialect(Dialect):
         self.warn_durability(conn)
         preflight.check_server(self, conn)
 
+    def denied(self, exc: BaseException) -> bool:
+        return errno_of(exc) in errors.PRIVILEGE_CODES | {1143}  # 1143: a column's privilege
+
+    def write_blockers(self, conn: Connection) -> list[str]:
+        return preflight.write_blockers(self, conn)
+
     keyed_shadow = True
     # the apply reads the shadow (INSERT .. SELECT, joins) as a consistent read, locking none of its rows
     apply_isolation = "READ COMMITTED"
