@@ -14,12 +14,14 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from tests.doc_cases import raises
 from tests.harness import TargetSink, expected
 from tests.targets import Target
 from xasink.dialects import dialect_for
 from xasink.errors import BatchIdentityError, ForgottenBatchError
 from xasink.journal.layout import journal_metadata
 from xasink.journal.log import Journal
+from xasink.journal.targets import UNKNOWN_QUERY
 from xasink.options import parse_url
 from xasink.protocol.coordinator import Coordinator
 
@@ -98,6 +100,7 @@ def make_old_log(db: Target, prefix: str) -> None:
         dialect.dispose()
 
 
+@pytest.mark.doc_case("error/ForgottenBatchError")
 def test_old_log_is_upgraded_and_refuses_what_its_trim_may_have_forgotten(db: Target) -> None:
     """A log whose old trim deleted batches 1..2 of sink S (kept 3, 4): after the upgrade, 3 and 4 are replays,
     2 (forgotten) is refused, 5 (new) is written; the upgrade adds the missing columns."""
@@ -125,7 +128,7 @@ def test_old_log_is_upgraded_and_refuses_what_its_trim_may_have_forgotten(db: Ta
     s = Sink(db, sink_id=sink_id, table=table, journalTablePrefix=prefix)  # preflight upgrades the log
     assert s.batch(3, range(0, 10)).skipped
     assert s.batch(4, range(0, 10)).skipped
-    with pytest.raises(ForgottenBatchError, match=rf"sink {sink_id} batch 2: the decision log cannot tell"):
+    with raises(ForgottenBatchError, match=rf"sink {sink_id} batch 2: the decision log cannot tell"):
         s.batch(2, range(20, 30))
     coordinator = Coordinator(s.options)
     try:
@@ -146,11 +149,12 @@ def test_old_log_is_upgraded_and_refuses_what_its_trim_may_have_forgotten(db: Ta
 # --------------------------------------------------------------------------- item 2: what a batch wrote
 
 
+@pytest.mark.doc_case("error/BatchIdentityError")
 def test_same_batch_to_another_table_is_refused(db: Target) -> None:
     a = Sink(db)
     b = Sink(db, sink_id=a.sink_id)
     assert not a.batch(7, range(0, 50)).skipped
-    with pytest.raises(BatchIdentityError) as err:
+    with raises(BatchIdentityError) as err:
         b.batch(7, range(100, 150))
     text = str(err.value)
     assert f"sink {a.sink_id} batch 7 was committed to table" in text
@@ -188,4 +192,26 @@ def test_same_batch_of_another_streaming_query_is_refused(db: Target) -> None:
     with pytest.raises(BatchIdentityError, match="streaming query q-one"):
         s.batch(3, range(20, 40), query="q-two")
     assert s.rows() == expected(range(0, 20))
+    assert db.prepared(s.sink_id) == []
+
+
+def test_a_micro_batch_whose_query_is_unknown_never_passes_for_a_replay(db: Target) -> None:
+    """A task that knows it writes a micro-batch but not its query's id (a thread of the user's own, under
+    Spark Connect or before any xasink call tied the query to its session) records ``unknown``.  Such a
+    write of a decided batch is refused, whatever the record names (another query, none, or unknown too):
+    it cannot tell the same query's replay from another query's batch.  Before, an unknown write of batch 3
+    (recorded for q-one) was refused but one of batch 4 (recorded unknown) was skipped as its replay."""
+    s = Sink(db)
+    assert not s.batch(3, range(0, 20), query="q-one").skipped
+    assert not s.batch(4, range(20, 40), query=UNKNOWN_QUERY).skipped  # new: written, recorded unknown
+    assert not s.batch(5, range(40, 60)).skipped  # a batch job's: no query
+    for batch, ids in [(3, range(0, 20)), (4, range(20, 40)), (5, range(40, 60))]:
+        with pytest.raises(BatchIdentityError) as err:
+            s.batch(batch, ids, query=UNKNOWN_QUERY)
+        text = str(err.value)
+        assert f"sink {s.sink_id} batch {batch} was committed to table" in text
+        assert "whose query xasink cannot learn here" in text and "xasink.register(spark)" in text
+    assert s.batch(4, range(20, 40)).skipped  # a batch job's rerun of it: the table alone decides, as before
+    assert s.batch(3, range(0, 20), query="q-one").skipped  # q-one's own replay
+    assert s.rows() == expected(range(0, 60))
     assert db.prepared(s.sink_id) == []

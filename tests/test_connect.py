@@ -24,10 +24,11 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 
 import xasink
+from tests.doc_cases import raises
 from tests.harness import expected, frame
 from tests.jvm import local_spark, stop_classic_spark, stop_connect_spark
 from tests.targets import MARIADB, POSTGRESQL, Target, make_target
-from xasink.spark.api import is_connect
+from xasink.spark.streams import is_connect
 
 try:
     import grpc  # noqa: F401 - the Connect client's transport
@@ -129,6 +130,32 @@ def test_format_writes_exact_rows_and_a_rerun_writes_nothing(connect: SparkSessi
     save(frame(connect, range(100, 130), 2))  # same (sinkId, batchId), other rows: a replay, nothing written
     assert db.rows(table) == expected(range(30))
     assert_committed(db, sink, [3])
+
+
+def test_errors_of_format_and_a_stream_are_caught_by_their_class(
+    connect: SparkSession, db: Target, tmp_path: Path
+) -> None:
+    """Spark Connect raises its own exception classes; xasink.spark_errors() gives xasink's back, for a batch
+    write and a streaming query (a value too long for its column: a BranchError)."""
+    table = db.new_table()
+    db.create_table(table, "id int, name varchar(3)")
+    w = frame(connect, range(1000, 1010), 2).write.format("xasink").option("url", db.url).option("dbtable", table)
+    with raises(xasink.BranchError, match="could not be written"), xasink.spark_errors():
+        w.options(**credentials(db)).mode("append").save()
+    source = Input(tmp_path)
+    source.add()
+    query = (
+        source.stream(connect)
+        .selectExpr("id", "concat('n', 1000 + id) as name")
+        .writeStream.format("xasink")
+        .options(url=db.url, dbtable=table, sinkId=new_sink(), **credentials(db))
+        .option("checkpointLocation", str(source.checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    with raises(xasink.BranchError, match="could not be written"), xasink.spark_errors():
+        query.awaitTermination()
+    assert db.rows(table) == []
 
 
 def test_write_with_num_partitions(connect: SparkSession, db: Target) -> None:
@@ -354,3 +381,43 @@ def test_foreach_batch_tells_a_replay_from_another_querys_batch(
         run(b2, sink, checkpoint_location=str(b2.checkpoint))
     assert db.rows(table) == sorted(expected(range(10)) * 2)
     assert_committed(db, sink, [0])
+
+
+def test_format_in_foreach_batch_from_a_pool_thread(connect: SparkSession, pg: Target, tmp_path: Path) -> None:
+    """Spark Connect gives the tasks of a write inside foreachBatch neither the micro-batch's id nor its
+    query's, in the function's thread or a pool's: they learn from the micro-batch's session that they write
+    one.  A sinkId with ``batchId=epoch_id`` is written and recorded with query ``unknown`` (no later write
+    passes for its replay); a sinkId without batchId is refused (before: it was written as batch 0, and
+    every later micro-batch skipped as its replay).  PostgreSQL only: the refusal is made on the Spark side."""
+    source = Input(tmp_path)
+    source.add()
+    with_id, without_id = pg.new_table(), pg.new_table()
+    url, sink = pg.url, new_sink()
+    extra = credentials(pg)
+
+    def users_own(df: DataFrame, epoch_id: int) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        def save(table: str, sink_id: str, **batch: str) -> None:
+            options = {"url": url, "dbtable": table, "sinkId": sink_id, **extra, **batch}
+            df.write.format("xasink").options(**options).mode("append").save()
+
+        with ThreadPoolExecutor(1) as pool:
+            pool.submit(save, with_id, sink, batchId=str(epoch_id)).result()
+            pool.submit(save, without_id, f"{sink}-0").result()
+
+    writer = (
+        source.stream(connect)
+        .writeStream.foreachBatch(users_own)
+        .option("checkpointLocation", str(source.checkpoint))
+        .trigger(availableNow=True)
+    )
+    with pytest.raises(Exception, match="runs inside a streaming micro-batch") as info:  # noqa: PT011
+        start_foreach_batch(writer).awaitTermination()
+    assert "xasink.foreach_batch" in str(info.value)
+    assert pg.rows(with_id) == expected(range(10))
+    ((recorded,),) = pg.execute("SELECT target FROM xasink_batches WHERE sink_id = %s", sink)
+    assert json.loads(recorded)["query"] == "unknown", recorded
+    assert not pg.table_exists(without_id) or pg.rows(without_id) == []
+    assert pg.decision(f"{sink}-0", 0) is None
+    assert_committed(pg, sink, [0])

@@ -19,12 +19,10 @@ from typing import Any
 import psycopg2
 import pyarrow as pa
 import pytest
-from psycopg2 import sql
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.streaming import StreamingQuery
+from pyspark.sql import DataFrame
 
 import xasink
-from tests.harness import ROWS, Stream, no_branch_opened
+from tests.harness import ROWS, Stream, failure_text, no_branch_opened
 from tests.targets import connect, prepared_gids, rollback_prepared
 from xasink.dialects import dialect_for
 from xasink.options import parse_options
@@ -58,25 +56,6 @@ def hold_partition(flag: Path, partition: int) -> Callable[[Iterator[pa.RecordBa
         yield from batches
 
     return hold
-
-
-def failure_text(query: StreamingQuery) -> str:
-    with pytest.raises(Exception) as info:  # noqa: PT011 - Spark wraps our error; its text carries our message
-        query.awaitTermination()
-    return str(info.value)
-
-
-@pytest.fixture
-def stream(spark: SparkSession, tmp_path: Path, pg_url: str) -> Iterator[Stream]:
-    s = Stream(spark, tmp_path, pg_url)
-    try:
-        yield s
-    finally:
-        for q in spark.streams.active:
-            q.stop()
-        spark.sparkContext.setLocalProperty(LOCAL_PROPERTY, None)  # type: ignore[arg-type]
-        with connect(pg_url) as conn, conn.cursor() as cur:
-            cur.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(s.table)))
 
 
 # --------------------------------------------------------------------------- the happy path and options

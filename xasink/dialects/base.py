@@ -1,8 +1,7 @@
 """What every database dialect provides: the XA verbs, recovery, bulk load and checks.
 
-Dialects (and the decision log) are the only modules that speak SQL.  The control side (the
-driver's journal, commit and sweep) runs through a SQLAlchemy engine; the
-branch side (an executor loading rows) uses whatever driver API is fastest.
+Dialects (and the decision log) are the only modules that speak SQL.  The control side (the driver's journal, commit
+and sweep) runs on a SQLAlchemy engine; the branch side (an executor loading rows), on the fastest driver API.
 """
 
 from __future__ import annotations
@@ -16,6 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.pool import NullPool
 
+from xasink.dialects.login import connect_error
 from xasink.dialects.pooling import watch_checkouts
 from xasink.dialects.values import (
     BlockedSession,
@@ -26,7 +26,7 @@ from xasink.dialects.values import (
     PreparedTxn,
     TargetPlan,
 )
-from xasink.errors import ConnectError, XasinkError
+from xasink.errors import XasinkError
 from xasink.protocol.xid import Xid
 from xasink.support import phases
 from xasink.support.masking import display_url, redact, url_secrets
@@ -130,19 +130,8 @@ class Dialect(ABC):
 
     def connect_error(self, exc: BaseException) -> XasinkError:
         orig = getattr(exc, "orig", exc)
-        text = redact(str(orig).strip(), url_secrets(self.url))
-        low = text.lower()
-        if "password" in low or "access denied" in low or "authentication" in low:
-            return ConnectError(
-                f"authentication failed for user '{self.url.username}' at {self.where()}: "
-                f"check the 'user' and 'password' options ({text.splitlines()[0]})"
-            )
-        if "does not exist" in low or "unknown database" in low:
-            return ConnectError(f"{self.where()}: {text.splitlines()[0]}; create it or fix the database in 'url'")
-        return ConnectError(
-            f"cannot connect to {self.name} at {self.where()}: is the server running and "
-            f"reachable from here? ({text.splitlines()[0] if text else type(orig).__name__})"
-        )
+        text = redact(str(orig).strip(), url_secrets(self.url)) or type(orig).__name__
+        return connect_error(self.name, self.where(), self.url.username, self.url.database, text)
 
     def dispose(self) -> None:
         for engine in (self._engine, self._autocommit_engine):
@@ -181,6 +170,18 @@ class Dialect(ABC):
     @abstractmethod
     def check_server(self, conn: Connection, branches: int | None) -> None:
         """Raise :class:`PreflightError` when the server cannot hold ``branches`` prepared branches."""
+
+    def free_prepared_slots(self, conn: Connection) -> tuple[int, int] | None:
+        """(free, limit) of the server's prepared-transaction slots; None where there is no limit (MySQL)."""
+        return None
+
+    def denied(self, exc: BaseException) -> bool:
+        """Whether the server refused a statement for want of a privilege (the user needs a GRANT)."""
+        return False
+
+    def write_blockers(self, conn: Connection) -> list[str]:
+        """Why xasink cannot write on this server at all, each with its fix (``xasink status``: CRITICAL)."""
+        return []
 
     def durability_risks(self, conn: Connection) -> list[DurabilityRisk]:
         """The server's settings under which a crash can lose what PREPARE or the decision wrote."""

@@ -51,7 +51,11 @@ def target_identity(conn: Connection, schema: str | None, table: str, query: str
 
 
 def same_target(recorded: str | None, mine: str) -> bool:
-    """A replay: the same table (and the same streaming query, when both name one); unknown counts as same."""
+    """A replay: the same table (and the same streaming query, when both name one); an unrecorded target or
+    query counts as the same.  A write of a micro-batch whose query it cannot learn (``UNKNOWN_QUERY``)
+    replays nothing: it cannot tell the same query restarting from another query with the same sink id."""
+    if _query_of(mine) == UNKNOWN_QUERY:
+        return False
     if recorded is None:
         return True
     try:
@@ -61,6 +65,14 @@ def same_target(recorded: str | None, mine: str) -> bool:
     if any(was.get(k) != now.get(k) for k in ("db", "schema", "table")):
         return False
     return not (was.get("query") and now.get("query") and was["query"] != now["query"])
+
+
+def _query_of(ident: str) -> str | None:
+    try:
+        query = json.loads(ident).get("query")
+    except (ValueError, AttributeError):
+        return None
+    return str(query) if query else None
 
 
 def describe_target(ident: str | None) -> str:
@@ -76,6 +88,16 @@ def describe_target(ident: str | None) -> str:
 
 
 def identity_message(sink_id: str, batch_id: int, recorded: str | None, mine: str) -> str:
+    if _query_of(mine) == UNKNOWN_QUERY:
+        return (
+            f"sink {sink_id} batch {batch_id} was committed to {describe_target(recorded)}, and this write runs "
+            "in a streaming micro-batch whose query xasink cannot learn here, so it cannot tell a replay of that "
+            "batch (the same query restarting) from another query's batch with the same sinkId. Nothing of this "
+            "attempt was written. In classic Spark, call xasink.register(spark) in the writing thread once the "
+            "query runs (or write with xasink.write / xasink.foreach_batch, which find the query from the "
+            "micro-batch DataFrame); under Spark Connect, write with xasink.foreach_batch(..., "
+            "checkpoint_location=<the query's checkpointLocation>)."
+        )
     return (
         f"sink {sink_id} batch {batch_id} was committed to {describe_target(recorded)}, and is now being written "
         f"to {describe_target(mine)}: a (sinkId, batchId) names one batch of one target, so this is not a replay "

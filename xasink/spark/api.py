@@ -2,30 +2,28 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import tempfile
 import time
 import weakref
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any
-from urllib.parse import urlparse
+from typing import Any, Literal
 
 from pyspark.sql import DataFrame, SparkSession
 
 from xasink import errors
 from xasink.journal.log import Journal
 from xasink.journal.targets import UNKNOWN_QUERY
-from xasink.options import WriteOptions, parse_options
+from xasink.options import parse_options
 from xasink.protocol.coordinator import Coordinator
 from xasink.protocol.xid import new_run_nonce
 from xasink.results import WriteResult
-from xasink.spark.datasource import QUERY_OPTION, RUN_OPTION, XasinkDataSource
+from xasink.spark.datasource import BRANCHES_OPTION, QUERY_OPTION, RUN_OPTION, XasinkDataSource
+from xasink.spark.frames import shape
 from xasink.spark.job_errors import error_summary, unwrap_error
 from xasink.spark.stream_writer import check_batch_order
-from xasink.spark.write_task import STREAM_QUERY_PROPERTY
+from xasink.spark.streams import mark_running_queries, micro_batch_query, unknown_query_message
 from xasink.support import notices
 from xasink.support.masking import redact, url_secrets
 
@@ -43,6 +41,13 @@ def register(spark: SparkSession) -> None:
     (e.g. a thread pool's) does not have: its write would fail with DATA_SOURCE_NOT_FOUND.  So this
     also makes ``spark`` the thread's active session.  A Spark Connect session needs no such step: the
     server looks the source up in the session the client names.
+
+    Writing a micro-batch from a thread of your own inside ``foreachBatch`` (several tables at once): call
+    this in that thread before its write, once the query runs.  Spark tells the micro-batch and its query
+    to the query's own thread only; this ties every running query to its own session, so the tasks of a
+    ``format("xasink")`` write of the micro-batch DataFrame (or one derived from it) learn the query
+    whichever thread saves it.  ``xasink.write``, ``foreach_batch`` and ``foreach_batch_multi`` do it
+    themselves.  What works from which thread: docs/protocol.md, "From which thread".
     """
     if spark not in _registered:
         spark.dataSource.register(XasinkDataSource)
@@ -50,6 +55,7 @@ def register(spark: SparkSession) -> None:
     jvm, jsession = getattr(spark, "_jvm", None), getattr(spark, "_jsparkSession", None)
     if jvm is not None and jsession is not None:  # classic Spark; Spark Connect has no thread-local session here
         SparkSession._get_j_spark_session_class(jvm).setActiveSession(jsession)
+        mark_running_queries(spark)
 
 
 def write(
@@ -58,17 +64,104 @@ def write(
     table: str,
     sink_id: str | None = None,
     batch_id: int | None = None,
-    mode: str = "append",
+    mode: Literal["append", "overwrite"] = "append",
+    *,
+    user: str | None = None,
+    password: str | None = None,
+    numPartitions: int | None = None,
+    createTable: bool | None = None,
+    createTableColumnTypes: str | None = None,
+    batchsize: int | None = None,
+    upsertKeyColumns: str | None = None,
+    replaceWhere: str | None = None,
+    replaceWhereCheck: bool | None = None,
+    deleteFlagColumn: str | None = None,
+    sequenceColumn: str | None = None,
+    localInfile: bool | None = None,
+    lockTimeout: int | None = None,
+    journalSchema: str | None = None,
+    journalTablePrefix: str | None = None,
+    journalRetention: int | None = None,
+    commitParallelism: int | None = None,
+    commitTimeout: int | None = None,
+    commitRetries: int | None = None,
+    controlLockTimeout: int | None = None,
     **options: Any,
 ) -> WriteResult:
-    """Write ``df`` atomically: every partition's rows commit, or none do.
+    """Write ``df`` into ``table`` atomically: every partition's rows commit, or none do.
 
-    With ``sink_id`` and ``batch_id``, a rerun of a committed batch writes
-    nothing (``result.skipped``).  ``numPartitions`` coalesces first.
-    ``mode="overwrite"`` replaces the table's rows (those matching ``replaceWhere`` if given) in one
-    transaction at commit.
+    With ``sink_id`` and ``batch_id``, a rerun of a committed batch writes nothing and starts no Spark job: it
+    returns at once with ``result.skipped`` and ``result.earlier`` (what the earlier run committed, when and by
+    which run).  ``mode="overwrite"`` replaces the table's rows (those matching ``replaceWhere`` if given) in
+    one transaction at commit.  Every option is described in docs/options.md; option names are Spark's JDBC
+    writer's (any case).
+
+    Args:
+        df: the rows; its columns are matched to the table's by name.
+        url: ``jdbc:postgresql://host/db``, ``postgresql://...``, ``jdbc:mysql|mariadb://...``, ``mysql://...``.
+        table: ``table`` or ``schema.table``; created from ``df``'s schema if missing (``createTable``).
+        sink_id: a stable name of this writer (1-32 of ``A-Za-z0-9_.-``); default: a fresh random one.
+        batch_id: the batch number, 0 to 2**63-1 (default 0); a committed (sink, batch) is never written again.
+        mode: ``"append"`` or ``"overwrite"``.
+        user, password: the login, if not in ``url``.
+        numPartitions: at most this many branches (XA transactions): the rows are coalesced to it.
+        createTable, createTableColumnTypes: create a missing table, with these column types.
+        batchsize: rows per INSERT where the database loads with INSERT (MySQL family without LOAD DATA).
+        upsertKeyColumns: comma-separated key columns: merge by key instead of appending.
+        replaceWhere, replaceWhereCheck: with ``mode="overwrite"``, replace only the rows matching this SQL
+            condition; refuse batch rows outside it (default true).
+        deleteFlagColumn, sequenceColumn: change-data apply, with ``upsertKeyColumns``.
+        localInfile: MySQL/MariaDB: load with LOAD DATA LOCAL when the server allows it (default true).
+        lockTimeout, controlLockTimeout: seconds a branch / a control connection waits for a lock.
+        journalSchema, journalTablePrefix, journalRetention: where the decision log lives, how much it keeps.
+        commitParallelism, commitTimeout, commitRetries: the commit phase (``commitRetries`` is deprecated).
+        **options: any other option of docs/options.md (and Spark JDBC options xasink accepts and ignores).
+
+    Returns:
+        WriteResult: ``rows``, ``branches`` and ``timings`` of this run; ``skipped`` and ``earlier`` for a
+        batch committed before; ``warnings`` the user must know (also shown as :class:`XasinkWarning`).
+
+    Raises:
+        OptionError: an unknown, missing or invalid option (before any work).
+        PreflightError: the server or table cannot take the write (``ConnectError``: cannot connect); nothing
+            was written.
+        BranchError, BatchAbortedError (``ApplyError``, ``ConcurrentWriterError``): the batch was not
+            decided: nothing of it is visible or left prepared; run it again with the same sink and batch.
+        BatchIdentityError (``ForgottenBatchError``): the (sink, batch) was committed to another target, or
+            the log cannot tell; nothing was written.
+        CommitIncompleteError (``DecisionUnknownError``, ``ReplayIncompleteError``): the batch is (or may be)
+            decided; ``xasink recover`` or the next write of the sink finishes it. Never rerun it under
+            another sink id.
+        JournalError: the decision log was changed behind xasink's back; the batch's rows are committed.
+        LateBranchError: see docs/errors.md.
+
+    Warns:
+        XasinkWarning: the write succeeded, but the server can lose prepared rows on a crash, commits were
+            retried, a sweep failed...
     """
-    raw: dict[str, Any] = {"url": url, "dbtable": table, **options}
+    named = {
+        "user": user,
+        "password": password,
+        "numPartitions": numPartitions,
+        "createTable": createTable,
+        "createTableColumnTypes": createTableColumnTypes,
+        "batchsize": batchsize,
+        "upsertKeyColumns": upsertKeyColumns,
+        "replaceWhere": replaceWhere,
+        "replaceWhereCheck": replaceWhereCheck,
+        "deleteFlagColumn": deleteFlagColumn,
+        "sequenceColumn": sequenceColumn,
+        "localInfile": localInfile,
+        "lockTimeout": lockTimeout,
+        "journalSchema": journalSchema,
+        "journalTablePrefix": journalTablePrefix,
+        "journalRetention": journalRetention,
+        "commitParallelism": commitParallelism,
+        "commitTimeout": commitTimeout,
+        "commitRetries": commitRetries,
+        "controlLockTimeout": controlLockTimeout,
+    }
+    raw: dict[str, Any] = {"url": url, "dbtable": table, **merged_options(named, options)}
     if sink_id is not None:
         raw["sinkId"] = sink_id
     if batch_id is not None:
@@ -76,24 +169,53 @@ def write(
     return _write(df, raw, mode, None)
 
 
+def merged_options(named: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
+    """The keyword options given (``None``: not given) with the rest of ``**options``; an option given twice
+    (``numPartitions=4`` and ``numpartitions=8``: names are case-insensitive) is refused."""
+    given = {k: v for k, v in named.items() if v is not None}
+    twice = sorted(k for k in given if k.lower() in {o.lower() for o in options})
+    if twice:
+        raise errors.OptionError(f"option '{twice[0]}' is given twice (option names are case-insensitive)")
+    return {**given, **options}
+
+
 def _write(df: DataFrame, raw: dict[str, Any], mode: str, query: str | None) -> WriteResult:
     """:func:`write`; ``query``: the streaming query foreach_batch writes for, recorded with the batch."""
+    t0 = time.perf_counter()
     parsed = parse_options(raw).with_mode(mode)
     raw["sinkId"] = parsed.sink_id  # a generated id must be the same for the write and the result look-up
-    register(df.sparkSession)
-    df = shape(df, parsed)
     # the process's long-lived dialect (its pooled connections serve every write of this URL from here on)
-    journal = Coordinator(parsed, shared=True).journal
+    coordinator = Coordinator(parsed, shared=True)
+    journal = coordinator.journal
     run = new_run_nonce()
     before = _record(journal, parsed.sink_id, parsed.batch_id)
     with journal.dialect.connect(autocommit=True) as conn:  # said with every write's result, not once a process
         warned = journal.dialect.durability_warnings(conn)
+    if before is not None and before.committed and coordinator.check_batch(parsed.batch_id, query):
+        # a rerun of a committed batch (of the same target and query; another's is refused just above): a log
+        # read, no Spark job
+        notices.tell(warned)
+        skipped = WriteResult(
+            parsed.sink_id,
+            parsed.batch_id,
+            0,
+            0,
+            True,
+            {"total": time.perf_counter() - t0},
+            tuple(warned),
+            before.earlier(),
+        )
+        log.info("%s", skipped)
+        return skipped
+    register(df.sparkSession)
+    df, branches = shape(df, parsed)
     fd, path = tempfile.mkstemp(prefix="xasink-notices-", suffix=".jsonl")  # the workers' warnings (notices)
     os.close(fd)
-    t0 = time.perf_counter()
     try:
         opts = {k: str(v) for k, v in raw.items()}
         internal = {RUN_OPTION: run, notices.NOTICES_OPTION: path}
+        if branches is not None:  # checked against the free prepared-transaction slots before any task runs
+            internal[BRANCHES_OPTION] = str(branches)
         if query is not None:
             internal[QUERY_OPTION] = query
         df.write.format("xasink").options(**opts, **internal).mode(mode).save()
@@ -117,43 +239,19 @@ def _write(df: DataFrame, raw: dict[str, Any], mode: str, query: str | None) -> 
     after = _record(journal, parsed.sink_id, parsed.batch_id)
     if after is None:  # an empty DataFrame decides nothing... unless it had partitions: then it decided []
         return WriteResult(parsed.sink_id, parsed.batch_id, 0, 0, False, {"total": total}, tuple(told))
-    timings = {"prepare": after.prepare_ms / 1000, "total": total}
-    if after.commit_ms is not None:
-        timings["commit"] = after.commit_ms / 1000
     # another writer of the same (sink, batch) may have decided it while we ran: then we wrote nothing either
-    theirs = any(x.run != run for x in after.xids)
-    result = WriteResult(
-        parsed.sink_id, parsed.batch_id, after.rows, after.branches, before is not None or theirs, timings, tuple(told)
-    )
+    theirs = before is not None or any(x.run != run for x in after.xids)
+    if theirs:
+        result = WriteResult(
+            parsed.sink_id, parsed.batch_id, 0, 0, True, {"total": total}, tuple(told), after.earlier()
+        )
+    else:
+        timings = {"prepare": after.prepare_ms / 1000, "total": total}
+        if after.commit_ms is not None:
+            timings["commit"] = after.commit_ms / 1000
+        result = WriteResult(parsed.sink_id, parsed.batch_id, after.rows, after.branches, False, timings, tuple(told))
     log.info("%s", result)
     return result
-
-
-def is_connect(spark: SparkSession) -> bool:
-    """Whether ``spark`` is a Spark Connect session: it has no ``df.rdd`` and no JVM in this process."""
-    return type(spark).__module__.startswith("pyspark.sql.connect")
-
-
-def shape(df: DataFrame, parsed: WriteOptions) -> DataFrame:
-    """``df`` laid out for the write, with DataFrame calls only (Spark Connect has no ``df.rdd``).
-
-    Upsert keys: equal keys in two branches would make the second wait on the first, prepared, until a
-    lock timeout, so rows are hash-partitioned by key, into ``numPartitions`` partitions if given (else
-    as many as the DataFrame has in classic Spark, ``spark.sql.shuffle.partitions`` under Connect).
-    Otherwise ``numPartitions`` coalesces: a coalesce never adds partitions, so no count is needed.
-    """
-    unknown = [k for k in parsed.upsert_key_columns if k.lower() not in {c.lower() for c in df.columns}]
-    if unknown:  # say it in our words before Spark's repartition fails on it
-        raise errors.PreflightError(f"option 'upsertKeyColumns': '{unknown[0]}' is not a column of the DataFrame")
-    keys, num_partitions = parsed.upsert_key_columns, parsed.num_partitions
-    if keys:
-        n = num_partitions
-        if n is None and not is_connect(df.sparkSession):
-            n = df.rdd.getNumPartitions()  # classic: keep the DataFrame's parallelism, as before
-        return df.repartition(n, *keys) if n is not None else df.repartition(*keys)
-    if num_partitions is not None:
-        return df.coalesce(num_partitions)
-    return df
 
 
 def _record(journal: Journal, sink_id: str, batch_id: int) -> Any:
@@ -161,45 +259,6 @@ def _record(journal: Journal, sink_id: str, batch_id: int) -> Any:
         if not journal.exists(conn):
             return None
         return journal.get(conn, sink_id, batch_id)
-
-
-def micro_batch_query(df: DataFrame, checkpoint_location: str | None = None) -> str | None:
-    """The id of the streaming query whose foreachBatch function runs now (kept in its checkpoint across
-    restarts), or None when it cannot be known.
-
-    Classic Spark calls the function in the query's thread, whose local properties name the query.  Spark
-    Connect calls it in a server-side Python process whose session knows nothing of the query: then only
-    the checkpoint's ``metadata`` file names it (``checkpoint_location``, a local path or file: URI).
-    """
-    if not is_connect(df.sparkSession):
-        found = df.sparkSession.sparkContext.getLocalProperty(STREAM_QUERY_PROPERTY)
-        if found:
-            return str(found)
-    if checkpoint_location is None:
-        return None
-    parts = urlparse(str(checkpoint_location))
-    if parts.scheme not in ("", "file"):
-        raise errors.OptionError(
-            f"checkpoint_location {checkpoint_location!r}: xasink reads the query's id from a local checkpoint only"
-        )
-    metadata = Path(parts.path if parts.scheme else str(checkpoint_location)) / "metadata"
-    try:
-        return str(json.loads(metadata.read_text().splitlines()[0])["id"])
-    except (OSError, ValueError, KeyError, IndexError) as exc:
-        raise errors.OptionError(
-            f"checkpoint_location: cannot read the streaming query's id from {metadata} ({type(exc).__name__}); "
-            "pass the query's checkpointLocation"
-        ) from None
-
-
-def unknown_query_message(sink_id: str, batch_id: int) -> str:
-    return (
-        f"sink {sink_id} batch {batch_id} was committed before, and this foreachBatch call cannot tell a replay "
-        f"of it (the same query restarting) from batch {batch_id} of another query with the same sink_id (a new "
-        "checkpoint): under Spark Connect the function does not learn the streaming query's id. Nothing was "
-        "written. Pass checkpoint_location=<the query's checkpointLocation> to xasink.foreach_batch / "
-        "foreach_batch_multi, so the query's id is read from the checkpoint."
-    )
 
 
 def _decided(coordinator: Coordinator, batch_id: int) -> bool:
@@ -214,16 +273,73 @@ def foreach_batch(
     url: str,
     table: str,
     sink_id: str,
-    mode: str = "append",
+    mode: Literal["append", "overwrite"] = "append",
     checkpoint_location: str | None = None,
+    *,
+    user: str | None = None,
+    password: str | None = None,
+    numPartitions: int | None = None,
+    createTable: bool | None = None,
+    createTableColumnTypes: str | None = None,
+    batchsize: int | None = None,
+    upsertKeyColumns: str | None = None,
+    replaceWhere: str | None = None,
+    replaceWhereCheck: bool | None = None,
+    deleteFlagColumn: str | None = None,
+    sequenceColumn: str | None = None,
+    localInfile: bool | None = None,
+    lockTimeout: int | None = None,
+    journalSchema: str | None = None,
+    journalTablePrefix: str | None = None,
+    journalRetention: int | None = None,
+    commitParallelism: int | None = None,
+    commitTimeout: int | None = None,
+    commitRetries: int | None = None,
+    controlLockTimeout: int | None = None,
     **options: Any,
 ) -> Callable[[DataFrame, int], WriteResult]:
     """A function for ``writeStream.foreachBatch``: each micro-batch written once, keyed by Spark's batch id
     and the streaming query's id (a batch of another query under the same sink_id is refused).
 
-    ``mode="overwrite"`` makes each micro-batch replace the table's rows (a streaming aggregation's result).
-    ``checkpoint_location``: the query's, where Spark Connect gives the function no other way to learn the
-    query's id; without it a Connect replay cannot be told from another query's batch and is refused."""
+    A replayed micro-batch that was committed before writes nothing and starts no Spark job.  The function may
+    be called in the query's thread or any other (``pool.submit(fn, df, batch_id)``): in classic Spark the query
+    is found from ``df``'s session (the micro-batch DataFrame Spark passed, or one derived from it).  The options
+    are :func:`write`'s (checked now, not at batch 0); ``mode="overwrite"`` makes each micro-batch replace the
+    table's rows (a streaming aggregation's result).  ``checkpoint_location``: the query's, where Spark Connect
+    gives the function no other way to learn the query's id; without it a Connect replay cannot be told from
+    another query's batch and is refused.
+
+    Returns:
+        a function of ``(df, batch_id)`` returning each micro-batch's :class:`WriteResult`.
+
+    Raises:
+        OptionError: now, for an invalid option; in a micro-batch, for a batch id below the sink's last decided
+            one (a new or reset checkpoint: give the query its own ``sink_id``).
+        the errors of :func:`write`, in the micro-batch that meets them (Spark then stops the query).
+    """
+    named = {
+        "user": user,
+        "password": password,
+        "numPartitions": numPartitions,
+        "createTable": createTable,
+        "createTableColumnTypes": createTableColumnTypes,
+        "batchsize": batchsize,
+        "upsertKeyColumns": upsertKeyColumns,
+        "replaceWhere": replaceWhere,
+        "replaceWhereCheck": replaceWhereCheck,
+        "deleteFlagColumn": deleteFlagColumn,
+        "sequenceColumn": sequenceColumn,
+        "localInfile": localInfile,
+        "lockTimeout": lockTimeout,
+        "journalSchema": journalSchema,
+        "journalTablePrefix": journalTablePrefix,
+        "journalRetention": journalRetention,
+        "commitParallelism": commitParallelism,
+        "commitTimeout": commitTimeout,
+        "commitRetries": commitRetries,
+        "controlLockTimeout": controlLockTimeout,
+    }
+    options = merged_options(named, options)
     raw = {"url": url, "dbtable": table, "sinkId": sink_id, **options}
     parsed = parse_options(raw).with_mode(mode)  # fail now, not at batch 0
 
@@ -232,13 +348,13 @@ def foreach_batch(
         coordinator = Coordinator(parsed, shared=True)
         # a new or reset checkpoint would have its batches skipped as replays of the old ones
         check_batch_order(coordinator, batch_id)
+        # whichever thread calls: the query whose own session the micro-batch DataFrame has (classic)
         query = micro_batch_query(df, checkpoint_location)
-        # under Connect, a decided batch whose query cannot be known: a replay or another query's, refused
-        if query is None and is_connect(df.sparkSession) and _decided(coordinator, batch_id):
+        # a decided batch whose query cannot be known: a replay or another query's, refused (an unknown
+        # query is recorded so: no later write of this batch passes for its replay)
+        if query == UNKNOWN_QUERY and _decided(coordinator, batch_id):
             raise errors.BatchIdentityError(unknown_query_message(sink_id, batch_id))
         batch = {"url": url, "dbtable": table, "sinkId": sink_id, "batchId": batch_id, **options}
-        if query is None and is_connect(df.sparkSession):
-            query = UNKNOWN_QUERY  # recorded so: no later write of this batch passes for its replay
         return _write(df, batch, mode, query)
 
     return write_batch

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -13,9 +14,10 @@ from xasink.options import WriteOptions
 from xasink.protocol.coordinator import ABORT_SETTLE_S, Coordinator
 from xasink.protocol.xid import new_run_nonce
 from xasink.spark.planning import WritePlan
+from xasink.spark.streams import STREAM_BATCH_PROPERTY, in_micro_batch
 from xasink.spark.txwrite import TxWrite, abort_tx_write, record_tx_part
-from xasink.spark.worker_log import tell_tasks, told
-from xasink.spark.write_task import STREAM_BATCH_PROPERTY, XasinkCommitMessage, outcomes_of, write_task
+from xasink.spark.worker_log import tell_tasks, told, worker_logging
+from xasink.spark.write_task import XasinkCommitMessage, outcomes_of, write_task
 from xasink.support.phases import phase, worker_started
 
 if TYPE_CHECKING:
@@ -24,16 +26,18 @@ if TYPE_CHECKING:
 
 def check_not_micro_batch(options: WriteOptions) -> None:
     """A batch write with a sinkId but no batchId, run inside a streaming micro-batch (the user's own
-    foreachBatch): refused.  Its batch id would be 0 for every micro-batch, and every micro-batch after the
-    first would be skipped as a replay of batch 0.  Only a task learns that it runs in a micro-batch."""
+    foreachBatch, in the query's thread or any other): refused.  Its batch id would be 0 for every
+    micro-batch, and every micro-batch after the first would be skipped as a replay of batch 0.  Only a
+    task learns that it runs in a micro-batch (xasink.spark.streams.in_micro_batch)."""
     ctx = TaskContext.get()
-    if ctx is not None and ctx.getLocalProperty(STREAM_BATCH_PROPERTY) is not None:
+    if ctx is not None and in_micro_batch(ctx):
+        batch = ctx.getLocalProperty(STREAM_BATCH_PROPERTY)
+        which = f"batch {batch} of a foreachBatch function" if batch is not None else "a foreachBatch function's"
         raise OptionError(
-            f"sink {options.sink_id}: format('xasink') with a sinkId and no batchId runs inside streaming "
-            f"micro-batch {ctx.getLocalProperty(STREAM_BATCH_PROPERTY)} (a foreachBatch function): every "
-            "micro-batch would be batch 0 and all but the first skipped as its replay. Use "
-            "writeStream.foreachBatch(xasink.foreach_batch(url=..., table=..., sink_id=...)), or pass "
-            "batchId=epoch_id. Nothing was written."
+            f"sink {options.sink_id}: format('xasink') with a sinkId and no batchId runs inside a streaming "
+            f"micro-batch ({which}): every micro-batch would be batch 0 and all but the first skipped as its "
+            "replay. Use writeStream.foreachBatch(xasink.foreach_batch(url=..., table=..., sink_id=...)), or "
+            "pass batchId=epoch_id. Nothing was written."
         )
 
 
@@ -68,6 +72,8 @@ class XasinkBatchWriter(DataSourceArrowWriter):
             record_tx_part(self.options, self.tx, self.run, outcomes_of(messages))
             return
         with told(self.notices):
+            if self.notices is None:  # format("xasink"): the batch's INFO line goes to the driver's stderr
+                worker_logging(logging.INFO)
             tell_tasks(outcomes_of(messages))
             worker_started("driver", sink=self.options.sink_id, batch=self.options.batch_id)
             coordinator = Coordinator(self.options, shared=True)

@@ -16,8 +16,9 @@ from xasink.protocol.coordinator import ABORT_SETTLE_S, Coordinator
 from xasink.protocol.liveness import guard_name, spark_driver_process
 from xasink.protocol.xid import new_run_nonce
 from xasink.spark.planning import WritePlan, prepare_write
+from xasink.spark.streams import STREAM_BATCH_PROPERTY
 from xasink.spark.worker_log import tell_tasks, worker_logging
-from xasink.spark.write_task import STREAM_BATCH_PROPERTY, XasinkCommitMessage, outcomes_of, write_task
+from xasink.spark.write_task import XasinkCommitMessage, outcomes_of, write_task
 from xasink.support.phases import phase, worker_started
 
 if TYPE_CHECKING:

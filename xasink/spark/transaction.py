@@ -21,13 +21,16 @@ from typing import Any
 from pyspark.sql import DataFrame
 
 from xasink import errors
+from xasink.journal.targets import UNKNOWN_QUERY
 from xasink.options import WriteOptions, parse_options
 from xasink.protocol.multi_target import MultiCoordinator
 from xasink.protocol.xid import MAX_BATCH_ID, valid_sink_id
 from xasink.results import TargetResult, TransactionResult, WriteResult
-from xasink.spark.api import is_connect, micro_batch_query, register, shape
+from xasink.spark.api import register
 from xasink.spark.datasource import RUN_OPTION
+from xasink.spark.frames import shape
 from xasink.spark.job_errors import error_summary, unwrap_error
+from xasink.spark.streams import micro_batch_query
 from xasink.spark.txwrite import TX_GUARD_OPTION, TX_PART_OPTION, TX_URL_OPTION
 from xasink.support.faults import fault
 from xasink.support.masking import redact, url_secrets
@@ -119,11 +122,10 @@ class Transaction:
                 mc.target(parsed)  # finished at the block's end, like the write would have been
                 return WriteResult(self.sink_id, self.batch_id, 0, 0, True, {"total": time.perf_counter() - t0})
             register(df.sparkSession)
-            df = shape(df, parsed)
-            # Spark Connect has no df.rdd: its count is numPartitions (a coalesce's upper bound) if given, else
-            # unknown (0: the slot check counts the other writes only, as a plain write's does under Connect)
-            branches = (parsed.num_partitions or 0) if is_connect(df.sparkSession) else df.rdd.getNumPartitions()
-            mc.before_write(parsed, branches)
+            # the branches, where Spark counts them without a job (else 0: the slot check counts the other
+            # writes only, and each task checks for a free slot before it loads)
+            df, branches = shape(df, parsed)
+            mc.before_write(parsed, branches or 0)
             raw = {
                 **self.options,
                 **options,
@@ -205,13 +207,16 @@ class Transaction:
                 self._finish(True, {})
                 return
             if exc_type is not None or self._failed is not None:
-                mc.abort()
+                left = mc.abort()
                 self._state = "rolled back"
-                if exc_type is None:  # a write failed and the block swallowed its error: still nothing commits
-                    raise errors.BatchAbortedError(
-                        f"sink {self.sink_id} transaction {self.batch_id}: a write failed "
-                        f"({type(self._failed).__name__}), so every write was rolled back"
-                    ) from self._failed
+                # a write failed and the block swallowed its error: still nothing commits.  The block's own
+                # exception goes on as it is, unless a database kept branches of it prepared: then say where
+                if exc_type is None or left:
+                    failed = type(self._failed).__name__ if exc_type is None else exc_type.__name__
+                    why = f"a write failed ({failed})" if exc_type is None else f"the block raised {failed}"
+                    raise errors.BatchAbortedError(mc.aborted(f"{why}, so every write is rolled back", left)) from (
+                        exc if exc is not None else self._failed
+                    )
                 return
             _, timings = mc.commit(set(self._written))
             self._finish(False, timings)
@@ -250,9 +255,10 @@ def foreach_batch_multi(
 
     The micro-batch id is the transaction's batch id and the streaming query's id is recorded with it: a
     replayed micro-batch of the same query writes nothing anywhere; a micro-batch id below the sink's last
-    decided one (a new or reset checkpoint) and a decided batch of another query are refused.  Under Spark
-    Connect the query's id is read from ``checkpoint_location`` (else a decided batch is refused, since a
-    replay cannot be told from another query's batch).
+    decided one (a new or reset checkpoint) and a decided batch of another query are refused.  The
+    function may be called in any thread (classic Spark finds the query from ``df``'s session).  Under
+    Spark Connect the query's id is read from ``checkpoint_location`` (else a decided batch is refused,
+    since a replay cannot be told from another query's batch).
     """
     if not valid_sink_id(sink_id):
         raise errors.OptionError(f"sink_id {sink_id[:60]!r} is invalid: 1 to 32 of A-Z a-z 0-9 _ . -")
@@ -260,8 +266,10 @@ def foreach_batch_multi(
     def run_batch(df: DataFrame, epoch_id: int) -> TransactionResult | None:
         tx = transaction(sink_id, int(epoch_id), journal_url, **options)
         tx._stream = True
-        tx._query = micro_batch_query(df, checkpoint_location)
-        tx._blind = is_connect(df.sparkSession)
+        # whichever thread calls: classic Spark finds the query from the micro-batch DataFrame's session
+        query = micro_batch_query(df, checkpoint_location)
+        tx._query = None if query == UNKNOWN_QUERY else query
+        tx._blind = query == UNKNOWN_QUERY  # a micro-batch whose query cannot be known: a decided one is refused
         with tx:
             fn(df, int(epoch_id), tx)
         return tx.result

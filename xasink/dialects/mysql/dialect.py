@@ -204,6 +204,12 @@ class MySQLDialect(Dialect):
         self.warn_durability(conn)
         preflight.check_server(self, conn)
 
+    def denied(self, exc: BaseException) -> bool:
+        return errno_of(exc) in errors.PRIVILEGE_CODES | {1143}  # 1143: a column's privilege
+
+    def write_blockers(self, conn: Connection) -> list[str]:
+        return preflight.write_blockers(self, conn)
+
     keyed_shadow = True
 
     def check_apply(self, conn: Connection) -> None:
