@@ -40,7 +40,7 @@ from xasink.protocol.partition_writer import write_partition
 from xasink.protocol.xid import FORMAT_ID, Xid, new_run_nonce
 from xasink.results import BranchOutcome, WriteResult
 from xasink.support.embedded import EmbeddedPostgres, free_port
-from xasink.support.embedded_mariadb import EmbeddedMariaDB
+from xasink.support.embedded_mariadb import EmbeddedMariaDB, EmbeddedMariaDBError
 from xasink.support.faults import LOCAL_PROPERTY
 from xasink.write_modes.schema import plan_target
 
@@ -117,6 +117,25 @@ def three_tables(pg: Target, maria: Target) -> tuple[str, str, str]:
     for t, name in ((pg, orders), (pg, lines), (maria, events)):
         t.keyed_table(name)
     return orders, lines, events
+
+
+@contextmanager
+def private_mariadb(database: str, overrides: dict[str, str] | None = None) -> Iterator[tuple[EmbeddedMariaDB, str]]:
+    """A MariaDB server of the test's own (to crash and restart, or set up unlike the shared one) and the URL of
+    a fresh ``database`` on it; stopped and removed on exit.  Skipped without MariaDB (a failure under CI)."""
+    server = EmbeddedMariaDB(overrides)
+    try:
+        server.start()
+    except EmbeddedMariaDBError as exc:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"no private MariaDB: {exc}", pytrace=False)
+        pytest.skip(f"no private MariaDB: {exc}")
+    try:
+        with targets.mariadb_connect(server.url, database=False) as conn, conn.cursor() as cur:
+            cur.execute(f"CREATE DATABASE `{database}` CHARACTER SET utf8mb4")
+        yield server, server.url + database
+    finally:
+        server.stop()
 
 
 # --------------------------------------------------------------------------- a URL through tests/tcp_proxy.py
@@ -637,15 +656,10 @@ class MariaDB(Backend):
 
     @contextmanager
     def server_that_cannot_write(self) -> Iterator[str]:
-        server = EmbeddedMariaDB({"read-only": "ON", "innodb-buffer-pool-size": "32M"})
-        server.start()
-        try:
-            with targets.mariadb_connect(server.url, database=False) as conn, conn.cursor() as cur:
-                cur.execute("CREATE DATABASE shop")  # root may write on a read-only server: its writers may not
-            make_log(server.url + "shop")
-            yield server.url + "shop"
-        finally:
-            server.stop()
+        # root may write on a read-only server (the database, the log): its writers may not
+        with private_mariadb("shop", {"read-only": "ON", "innodb-buffer-pool-size": "32M"}) as (_, url):
+            make_log(url)
+            yield url
 
 
 @dataclass

@@ -7,9 +7,8 @@ and sweep) runs on a SQLAlchemy engine; the branch side (an executor loading row
 from __future__ import annotations
 
 import logging
-import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -62,16 +61,6 @@ class BranchSession(ABC):
 _DURABILITY_WARNED: set[tuple[str, str, str]] = set()
 
 
-def _stamp_connect(dialect: Any, conn_rec: Any, cargs: Any, cparams: Any) -> None:
-    conn_rec.info["xasink_connect_start"] = time.time()
-
-
-def _record_connect(dbapi_conn: Any, conn_rec: Any) -> None:
-    start = conn_rec.info.pop("xasink_connect_start", None)
-    if start is not None:
-        phases.record("connect.control", start, time.time())
-
-
 class Dialect(ABC):
     """One place per database."""
 
@@ -110,8 +99,8 @@ class Dialect(ABC):
             watch_checkouts(engine, self.socket_fd)
         sa.event.listen(engine, "connect", self.on_connect)
         if phases.enabled():  # the benchmark's breakdown: what a control connection's set-up costs
-            sa.event.listen(engine, "do_connect", _stamp_connect)
-            sa.event.listen(engine, "connect", _record_connect)
+            sa.event.listen(engine, "do_connect", phases.stamp_connect)
+            sa.event.listen(engine, "connect", phases.record_connect)
         return engine
 
     def socket_fd(self, dbapi_conn: Any) -> int | None:
@@ -149,6 +138,9 @@ class Dialect(ABC):
             if engine is not None:
                 engine.dispose()
         self._engine = self._autocommit_engine = None
+
+    def before_finishing(self, xids: Sequence[Xid]) -> None:  # noqa: B027 - optional hook
+        """Before COMMIT / ROLLBACK PREPARED of many branches (MariaDB: all owners' exits seen at once). No raise."""
 
     @abstractmethod
     def commit_prepared(self, conn: Connection, xid: Xid) -> None: ...
@@ -308,6 +300,9 @@ class Dialect(ABC):
     # secondary (batch, branch) index, as before, cost a lookup per row and a second index to load and delete)
     keyed_shadow = False
     apply_isolation: str | None = None
+
+    def check_apply(self, conn: Connection) -> None:  # noqa: B027 - optional hook
+        """Planning a write with an apply step: :class:`PreflightError` when its sessions could not run the apply."""
 
     @abstractmethod
     def lock_apply(self, conn: Connection, name: str) -> None:

@@ -36,7 +36,7 @@ class BranchHost(Protocol):
 
     def raw_connect(self, local_infile: bool = False) -> pymysql.connections.Connection: ...
 
-    def wait_detached(self, connection_id: int) -> None: ...
+    def wait_detached(self, connection_id: int, lock: str) -> None: ...
 
     def branch_error(self, exc: BaseException, xid: Xid, plan: TargetPlan) -> BranchError: ...
 
@@ -326,7 +326,7 @@ class MySQLBranch(BranchSession):
         self._close()
         if listed is False:
             raise BranchError(f"branch {self.xid} was not prepared (the server rolled it back); nothing of it remains")
-        self.dialect.wait_detached(self.connection_id)
+        self.dialect.wait_detached(self.connection_id, owner_lock(self.xid))
 
     def _listed(self) -> bool | None:
         """Whether XA RECOVER lists the branch; None when this user may not run XA RECOVER (MySQL 8)."""

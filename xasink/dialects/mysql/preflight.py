@@ -87,6 +87,31 @@ def check_server(dialect: Dialect, conn: Connection) -> None:
         )
 
 
+def check_apply(dialect: Dialect, conn: Connection) -> None:
+    """Refuse a write whose apply step (overwrite, replaceWhere, change-data) the binary log would refuse.
+
+    The apply runs at READ COMMITTED (its reads of the shadow lock nothing a prepared branch holds), and InnoDB
+    will not log a READ COMMITTED write as a statement (error 1665): with binlog_format = STATEMENT the batch
+    would be decided and its branches committed, and then no apply, by the driver or ``xasink recover``, could
+    ever run.  The session's own values count (a user with the privilege may log by row for its session).
+    """
+    log_bin, logged, binlog_format = conn.exec_driver_sql(
+        "SELECT @@GLOBAL.log_bin, @@SESSION.sql_log_bin, @@SESSION.binlog_format"
+    ).one()
+    conn.rollback()
+    if (
+        str(log_bin).upper() in ("1", "ON")
+        and str(logged).upper() in ("1", "ON")
+        and str(binlog_format).upper() == "STATEMENT"
+    ):
+        raise PreflightError(
+            f"{dialect.name} at {dialect.where()} has binlog_format = STATEMENT with the binary log on: an overwrite, "
+            "replaceWhere or change-data write applies its batch at READ COMMITTED, which statement-based logging "
+            "refuses (error 1665), so the batch could be decided but never applied. SET GLOBAL binlog_format = "
+            "'MIXED' (or 'ROW'; also in my.cnf), or log this user's sessions by row, or write with mode('append')"
+        )
+
+
 def check_table(dialect: Dialect, conn: Connection, plan: TargetPlan) -> TargetPlan:
     row = conn.execute(
         sa.text(
