@@ -28,6 +28,7 @@ import psycopg2.extensions
 import pymysql
 import pytest
 
+from tests import doc_cases
 from tests.leaks import SECRET
 from tests.targets import (
     IDS,
@@ -64,6 +65,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
     """Under CI=true a skip that hides a feature is a failure, not a quiet 's'."""
     outcome = yield
     report: pytest.TestReport = outcome.get_result()
+    setattr(item, f"report_{report.when}", report)  # documented_cases_witnessed checks only a passed call
     if not report.skipped or os.environ.get("CI") != "true" or hasattr(report, "wasxfail"):
         return
     reason = str(report.longrepr[-1]) if isinstance(report.longrepr, tuple) else str(report.longrepr)
@@ -97,11 +99,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 SLOW_MODULES = {
     "test_stream_crash.py": 494,
     "test_connect.py": 431,
+    "test_scenarios.py": 300,
     "test_streaming.py": 255,
     "test_crash.py": 246,
     "test_spark_writer.py": 214,
     "test_write_modes.py": 212,
-    "test_scenarios.py": 186,
     "test_speculation.py": 161,
     "test_write_modes_crash.py": 152,
     "test_faults.py": 145,
@@ -111,6 +113,7 @@ SLOW_MODULES = {
     "test_quiet.py": 128,
     "test_hostile.py": 86,
     "test_transaction.py": 72,
+    "test_format_api.py": 70,
     "test_stream_threads.py": 70,
     "test_property.py": 63,
     "test_adversary.py": 59,
@@ -119,13 +122,16 @@ SLOW_MODULES = {
     "test_dialect_edges.py": 47,
     "test_after_decision.py": 46,
     "test_upsert.py": 46,
+    "test_transaction_failures.py": 45,
     "test_batch_identity.py": 44,
+    "test_grants.py": 40,
     "test_user_warnings.py": 42,
     "test_values.py": 39,
     "test_liveness.py": 36,
     "test_holder.py": 34,
     "test_status_health.py": 31,
     "test_shared_server.py": 24,
+    "test_rerun.py": 22,
 }
 
 
@@ -142,6 +148,40 @@ class SlowModulesFirst:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(SlowModulesFirst(), "xasink-slow-modules-first")
+
+
+# --------------------------------------------------------------------------- the docs' cases (tests/doc_cases.py)
+
+
+@pytest.fixture(scope="session")
+def documented() -> dict[str, doc_cases.Case]:
+    return doc_cases.documented_cases()
+
+
+@pytest.fixture(autouse=True)
+def documented_cases_witnessed(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A test that declares ``@pytest.mark.doc_case(...)`` passes only if it witnessed each case it declares."""
+    declared = [case for mark in request.node.iter_markers("doc_case") for case in mark.args]
+    if not declared:
+        yield
+        return
+    from xasink.ops import cli
+
+    documented: dict[str, doc_cases.Case] = request.getfixturevalue("documented")
+    main = cli.main
+
+    def recorded(argv: list[str] | None = None) -> int:  # tests that call xasink.ops.cli.main themselves
+        code = main(argv)
+        doc_cases.record_cli(list(argv or []), code, "")
+        return code
+
+    monkeypatch.setattr(cli, "main", recorded)
+    with doc_cases.witnessing() as seen:
+        yield
+    call = getattr(request.node, "report_call", None)
+    if call is not None and call.passed:
+        missing = doc_cases.missing(declared, seen, documented)
+        assert not missing, f"declared by @pytest.mark.doc_case but not witnessed: {missing}"
 
 
 # --------------------------------------------------------------------------- PostgreSQL

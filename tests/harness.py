@@ -12,11 +12,12 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import sys
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, redirect_stderr, redirect_stdout
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -24,12 +25,13 @@ from urllib.parse import urlsplit
 import pyarrow as pa
 import pytest
 
-from tests import targets
+from tests import doc_cases, targets
 from tests.leaks import SECRET as SUPERUSER_SECRET  # the test servers' superuser: a url of theirs holds it
 from tests.leaks import assert_no_secret
 from tests.modes_driver import OPTIONS_ENV  # a test driver's extra write options, a JSON object
 from tests.procs import run_until_exit
 from tests.targets import POSTGRESQL, Target
+from tests.tcp_proxy import TcpProxy
 from xasink.journal.records import BatchRecord
 from xasink.ops.cli import main
 from xasink.options import WriteOptions, parse_options
@@ -37,7 +39,8 @@ from xasink.protocol.coordinator import Coordinator
 from xasink.protocol.partition_writer import write_partition
 from xasink.protocol.xid import FORMAT_ID, Xid, new_run_nonce
 from xasink.results import BranchOutcome, WriteResult
-from xasink.support.embedded import free_port
+from xasink.support.embedded import EmbeddedPostgres, free_port
+from xasink.support.embedded_mariadb import EmbeddedMariaDB, EmbeddedMariaDBError
 from xasink.support.faults import LOCAL_PROPERTY
 from xasink.write_modes.schema import plan_target
 
@@ -92,6 +95,20 @@ def frame(spark: SparkSession, ids: range, partitions: int, tag: str = "n") -> D
     )
 
 
+@contextmanager
+def spark_jobs(spark: SparkSession) -> Iterator[list[int]]:
+    """The ids of the Spark jobs this thread starts inside the block (its own job group)."""
+    sc = spark.sparkContext
+    group = f"xasink-test-{uuid.uuid4().hex[:8]}"
+    sc.setJobGroup(group, "counted by the test")
+    found: list[int] = []
+    try:
+        yield found
+    finally:
+        found += sc.statusTracker().getJobIdsForGroup(group)
+        sc.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+
+
 def fill(db: Target, table: str, rows: list[tuple[int, str]]) -> None:
     """Insert ``rows`` into an ``(id, name)`` table, committed."""
     with db.connect() as conn, conn.cursor() as cur:
@@ -112,6 +129,41 @@ def three_tables(pg: Target, maria: Target) -> tuple[str, str, str]:
     for t, name in ((pg, orders), (pg, lines), (maria, events)):
         t.keyed_table(name)
     return orders, lines, events
+
+
+@contextmanager
+def private_mariadb(database: str, overrides: dict[str, str] | None = None) -> Iterator[tuple[EmbeddedMariaDB, str]]:
+    """A MariaDB server of the test's own (to crash and restart, or set up unlike the shared one) and the URL of
+    a fresh ``database`` on it; stopped and removed on exit.  Skipped without MariaDB (a failure under CI)."""
+    server = EmbeddedMariaDB(overrides)
+    try:
+        server.start()
+    except EmbeddedMariaDBError as exc:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"no private MariaDB: {exc}", pytrace=False)
+        pytest.skip(f"no private MariaDB: {exc}")
+    try:
+        with targets.mariadb_connect(server.url, database=False) as conn, conn.cursor() as cur:
+            cur.execute(f"CREATE DATABASE `{database}` CHARACTER SET utf8mb4")
+        yield server, server.url + database
+    finally:
+        server.stop()
+
+
+# --------------------------------------------------------------------------- a URL through tests/tcp_proxy.py
+
+_HOST_PORT = re.compile(r"(//(?:[^@/]*@)?)([^:/@?]+):(\d+)")
+
+
+def host_port(url: str) -> tuple[str, int]:
+    m = _HOST_PORT.search(url)
+    assert m, "no host:port in the URL"  # not the URL itself: it holds the password
+    return m.group(2), int(m.group(3))
+
+
+def through(proxy: TcpProxy, url: str) -> str:
+    """The same URL, pointed at the proxy."""
+    return _HOST_PORT.sub(lambda m: f"{m.group(1)}127.0.0.1:{proxy.port}", url, count=1)
 
 
 # --------------------------------------------------------------------------- a sink driven without Spark
@@ -227,6 +279,79 @@ class TargetSink(Sink):
 
     def prepared(self) -> list[str]:
         return self.db.prepared(self.sink_id)
+
+
+# --------------------------------------------------------------------------- a multi-target transaction without Spark
+
+
+class MultiTx:
+    """One multi-target transaction driven without Spark, as ``xasink.transaction`` drives it
+    (xasink/spark/transaction.py): each :meth:`write` is what one ``tx.write``'s Spark job does (pre-flight,
+    the table's plan, its tasks' branches by ``write_partition``, its part recorded in the log), and
+    :meth:`commit` is the block's end.  ``options`` (e.g. ``controlLockTimeout``) apply to every write and
+    to the log's connection, as the transaction's do."""
+
+    def __init__(self, sink_id: str, batch_id: int, journal: Target, journal_url: str | None = None, **options: Any):
+        from xasink.protocol.multi_target import MultiCoordinator
+        from xasink.spark.transaction import LOG_TABLE_PLACEHOLDER
+
+        self.sink_id, self.batch_id, self.options = sink_id, batch_id, options
+        raw = {**options, "url": journal_url or journal.url, "dbtable": LOG_TABLE_PLACEHOLDER}
+        if journal.password is not None:
+            raw["password"] = journal.password
+        log_options = replace(parse_options(raw), sink_id=sink_id, batch_id=batch_id)
+        self.mc = MultiCoordinator(sink_id, batch_id, log_options)
+        self.written: set[int] = set()
+        self._next = 0
+
+    def write(self, db: Target, table: str, ids: range, parts: int = 2, url: str | None = None) -> None:
+        """Prepare ``ids`` for ``table`` in ``parts`` branches (``url``: ``db``'s, e.g. through a proxy)."""
+        from pyspark.sql.types import IntegerType, StringType, StructField, StructType
+        from sqlalchemy.engine import make_url
+
+        from xasink.spark.txwrite import TxWrite, prepare_tx_write, record_tx_part
+
+        raw = {**self.options, "url": url or db.url, "dbtable": table}
+        if db.password is not None:
+            raw["password"] = db.password
+        options = replace(parse_options(raw), sink_id=self.sink_id, batch_id=self.batch_id)
+        part, self._next = self._next, self._next + 1
+        if self.mc.replay:
+            self.mc.check_replay(options)
+            self.mc.target(options)
+            return
+        self.mc.before_write(options, parts)
+        tx = TxWrite(make_url(self.mc.journal_url), part, self.mc.guard.name)
+        schema = StructType([StructField("id", IntegerType(), False), StructField("name", StringType())])
+        plan = prepare_tx_write(options, schema, tx)
+        outcomes: list[BranchOutcome | None] = [
+            write_partition(
+                options,
+                plan.target,
+                batch_id=self.batch_id,
+                partition=p,
+                task_attempt_id=1000 * part + p,
+                run=self.mc.run,
+                batches=[record_batch(list(ids)[p::parts])],
+                log_id=plan.log_id,
+                guard=plan.guard,
+                journal_url=tx.journal_url,
+            )
+            for p in range(parts)
+        ]
+        record_tx_part(options, tx, self.mc.run, outcomes)
+        self.written.add(part)
+
+    def commit(self) -> None:
+        """The block's end: decide over every write and commit (or finish a replay)."""
+        if self.mc.replay:
+            self.mc.finish_replay()
+        else:
+            self.mc.commit(self.written)
+
+    def close(self) -> None:
+        """The process that entered the block lets go of it: its guard is released (a crash, after a fault)."""
+        self.mc.close()
 
 
 # --------------------------------------------------------------------------- a streaming query's input and sink
@@ -385,7 +510,8 @@ class Backend:
         raise NotImplementedError
 
     def secret_url(self, user: str = ADMIN_USER) -> str:
-        """The same database as ``user`` with password :data:`SECRET`: all rights for ADMIN_USER, none for others."""
+        """The same database as ``user`` with password :data:`SECRET`: all rights for ADMIN_USER; others may log
+        in but not read the decision log."""
         raise NotImplementedError
 
     def drop_secret_user(self, user: str = ADMIN_USER) -> None:
@@ -393,6 +519,33 @@ class Backend:
 
     def unreachable_url(self) -> str:
         raise NotImplementedError
+
+    @contextmanager
+    def other_database(self) -> Iterator[str]:
+        """The URL of an empty database beside this one, on the same server (dropped afterwards): "the wrong
+        database" an operator's ``--url`` may name."""
+        raise NotImplementedError
+        yield ""
+
+    @contextmanager
+    def server_that_cannot_write(self) -> Iterator[str]:
+        """The URL of a private server of this kind on which xasink cannot write (PostgreSQL with
+        ``max_prepared_transactions = 0``, MariaDB with ``read_only = ON``), holding a decision log."""
+        raise NotImplementedError
+        yield ""
+
+
+def make_log(url: str) -> None:
+    """Create xasink's decision log in ``url``'s database, as a writer's first use does (no server check)."""
+    from xasink.database_url import parse_url
+    from xasink.dialects import dialect_for
+    from xasink.journal.log import Journal
+
+    dialect = dialect_for(parse_url(url))
+    try:
+        Journal(dialect).ensure()
+    finally:
+        dialect.dispose()
 
 
 class Postgres(Backend):
@@ -431,6 +584,23 @@ class Postgres(Backend):
     def unreachable_url(self) -> str:
         return f"postgresql://{ADMIN_USER}:{SECRET}@127.0.0.1:{free_port()}/postgres"
 
+    @contextmanager
+    def other_database(self) -> Iterator[str]:
+        name = f"xasink_other_{uuid.uuid4().hex[:8]}"
+        with targets.connect(self.url) as conn, conn.cursor() as cur:
+            cur.execute(f'CREATE DATABASE "{name}"')
+        try:
+            yield re.sub(r"/[^/?]*(\?|$)", lambda m: f"/{name}{m.group(1)}", self.url.rstrip("/"), count=1)
+        finally:
+            with targets.connect(self.url) as conn, conn.cursor() as cur:
+                cur.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+    @contextmanager
+    def server_that_cannot_write(self) -> Iterator[str]:
+        with EmbeddedPostgres(max_prepared_transactions=0, password=SUPERUSER_SECRET) as server:
+            make_log(server.url)
+            yield server.url
+
 
 class MariaDB(Backend):
     name = "mariadb"
@@ -465,15 +635,16 @@ class MariaDB(Backend):
         assert xa is not None, name
         targets.mariadb_rollback_xa(self.url, *xa)
 
-    def _server_sql(self, *statements: str) -> None:
+    def server_sql(self, *statements: str) -> None:
         with targets.mariadb_connect(self.url, database=False) as conn, conn.cursor() as cur:
             for stmt in statements:
                 cur.execute(stmt)
 
     def secret_url(self, user: str = ADMIN_USER) -> str:
         p = targets.mariadb_params(self.url)
-        grant = "ALL PRIVILEGES ON *.*" if user == ADMIN_USER else f"USAGE ON `{p['database']}`.*"
-        self._server_sql(
+        # another user may connect and sees the log (a right on one of its tables) but may not read it
+        grant = "ALL PRIVILEGES ON *.*" if user == ADMIN_USER else f"INSERT ON `{p['database']}`.`xasink_batches`"
+        self.server_sql(
             f"CREATE USER IF NOT EXISTS '{user}'@'{p['host']}' IDENTIFIED BY '{SECRET}'",
             f"GRANT {grant} TO '{user}'@'{p['host']}'",
         )
@@ -481,10 +652,26 @@ class MariaDB(Backend):
 
     def drop_secret_user(self, user: str = ADMIN_USER) -> None:
         p = targets.mariadb_params(self.url)
-        self._server_sql(f"DROP USER IF EXISTS '{user}'@'{p['host']}'")
+        self.server_sql(f"DROP USER IF EXISTS '{user}'@'{p['host']}'")
 
     def unreachable_url(self) -> str:
         return f"mysql://{ADMIN_USER}:{SECRET}@127.0.0.1:{free_port()}/db"
+
+    @contextmanager
+    def other_database(self) -> Iterator[str]:
+        name = f"{targets.mariadb_params(self.url)['database']}_other"
+        self.server_sql(f"CREATE DATABASE `{name}`")
+        try:
+            yield self.url.rsplit("/", 1)[0] + "/" + name
+        finally:
+            self.server_sql(f"DROP DATABASE IF EXISTS `{name}`")
+
+    @contextmanager
+    def server_that_cannot_write(self) -> Iterator[str]:
+        # root may write on a read-only server (the database, the log): its writers may not
+        with private_mariadb("shop", {"read-only": "ON", "innodb-buffer-pool-size": "32M"}) as (_, url):
+            make_log(url)
+            yield url
 
 
 @dataclass
@@ -584,6 +771,7 @@ def cli(*args: str) -> tuple[int, str, str]:
     with redirect_stdout(out), redirect_stderr(err):
         code = main(list(args))
     assert_no_secret(out.getvalue(), err.getvalue(), secret=SUPERUSER_SECRET)
+    doc_cases.record_cli(args, code, out.getvalue())
     return code, out.getvalue(), err.getvalue()
 
 

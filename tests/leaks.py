@@ -14,6 +14,8 @@ from urllib.parse import quote, quote_plus
 
 import pytest
 
+from tests import doc_cases
+
 # The suite's PostgreSQL password: the private server's superuser proves it over TCP (tests/conftest.py), the
 # tests pass it as the ``password`` option, and their own roles get it too.  It must never show; the '#' in it
 # is percent-encoded (%23) in a URL, so a leak of either form is caught.
@@ -71,4 +73,5 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
         [sys.executable, "-m", "xasink.ops.cli", *args], capture_output=True, text=True, cwd=ROOT, timeout=120
     )
     assert_no_secret(cli.stdout, cli.stderr)
+    doc_cases.record_cli(args, cli.returncode, cli.stdout)
     return cli

@@ -1,9 +1,10 @@
 """A user's plain PySpark script, for tests/test_user_warnings.py to read its standard error.
 
-    python tests/plain_driver.py URL FORMAT_TABLE WRITE_TABLE
+    python tests/plain_driver.py URL FORMAT_TABLE WRITE_TABLE SINK
 
-Writes ids 0..9 with ``df.write.format("xasink")`` into FORMAT_TABLE, then with ``xasink.write`` into
-WRITE_TABLE, and prints the second's ``WriteResult.warnings`` as ``WARNINGS <json>`` on standard output.
+Writes ids 0..9 with ``df.write.format("xasink")`` into FORMAT_TABLE as batch 1 of SINK, runs that write again
+(a rerun of a committed batch), then writes them with ``xasink.write`` into WRITE_TABLE, and prints the last's
+``WriteResult.warnings`` as ``WARNINGS <json>`` on standard output.
 Like a user's script it sets up no logging: whatever xasink has to say must reach standard error by itself.
 """
 
@@ -19,7 +20,7 @@ if ROOT not in sys.path:
 
 
 def main(argv: list[str]) -> int:
-    url, format_table, write_table = argv
+    url, format_table, write_table, sink = argv
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 
@@ -29,7 +30,9 @@ def main(argv: list[str]) -> int:
     spark = local_spark("xasink-plain-driver", java_options=driver_java_options())
     xasink.register(spark)
     df = spark.range(0, 10, 1, 2).selectExpr("cast(id as int) as id", "concat('n', id) as name")
-    df.write.format("xasink").option("url", url).option("dbtable", format_table).mode("append").save()
+    writer = df.write.format("xasink").option("url", url).option("dbtable", format_table).mode("append")
+    writer.option("sinkId", sink).option("batchId", 1).save()
+    writer.option("sinkId", sink).option("batchId", 1).save()  # a rerun: nothing written, said so
     print("FORMAT DONE", flush=True)
     result = xasink.write(df, url, write_table)
     print("WARNINGS " + json.dumps(list(result.warnings)), flush=True)

@@ -14,6 +14,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from tests.doc_cases import raises
 from tests.scenarios.driver import _Phase, arrow_schema, record_batch, write
 from tests.targets import MARIADB, POSTGRESQL, Target, case
 from xasink.errors import ApplyError, CommitIncompleteError, ReplayIncompleteError
@@ -191,6 +192,7 @@ def decided_while_recovery_waits(db: Target, monkeypatch: pytest.MonkeyPatch) ->
     assert db.rows(table) == [(1, "a"), (2, "b")], report
 
 
+@pytest.mark.doc_case("error/ReplayIncompleteError")
 @pytest.mark.parametrize("db", [case(MARIADB)], indirect=True)
 def test_apply_lock_held_past_the_commit_timeout_says_the_batch_is_decided(db: Target) -> None:
     """Another apply of the same sink and target holds the apply lock past commitTimeout: the batch is
@@ -221,7 +223,7 @@ def test_apply_lock_held_past_the_commit_timeout_says_the_batch_is_decided(db: T
         assert not isinstance(first.value, ReplayIncompleteError)  # its own decision
         # a rerun of the batch finds it decided by the first run and cannot finish it either: told so, and that
         # its own rows are not part of the batch (a "skipped" not finished yet; scenario seed 1008 on MariaDB)
-        with pytest.raises(ReplayIncompleteError, match="decided by another run"):
+        with raises(ReplayIncompleteError, match="decided by another run"):
             write(
                 {"options": options, "save_mode": "append", "partitions": [[[2, "b", 6, False]]]},
                 lambda **_: None,

@@ -9,7 +9,6 @@ on MariaDB and checks the exact rows (each once), the decision log, and that not
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -17,7 +16,8 @@ from typing import Any
 import pytest
 
 import xasink.protocol.recovery
-from tests.harness import TargetSink, expected
+from tests.doc_cases import raises
+from tests.harness import TargetSink, expected, host_port, through
 from tests.targets import Target
 from tests.tcp_proxy import TcpProxy
 from xasink.dialects import dialect_for
@@ -31,21 +31,9 @@ from xasink.results import BranchOutcome
 OUTAGE_S = 15.0  # three times the whole retry budget of the old commit (commitRetries=5: under 5 s)
 DECISION = b"INSERT INTO xasink_batches"  # arms a cut of the COMMIT that follows on the same connection
 MARK = b"UPDATE xasink_batches"
-_HOST_PORT = re.compile(r"(//(?:[^@/]*@)?)([^:/@?]+):(\d+)")
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def host_port(url: str) -> tuple[str, int]:
-    m = _HOST_PORT.search(url)
-    assert m, "no host:port in the URL"  # not the URL itself: it holds the password
-    return m.group(2), int(m.group(3))
-
-
-def through(proxy: TcpProxy, url: str) -> str:
-    """The same URL, pointed at the proxy."""
-    return _HOST_PORT.sub(lambda m: f"{m.group(1)}127.0.0.1:{proxy.port}", url, count=1)
 
 
 @pytest.fixture
@@ -181,12 +169,13 @@ def test_connection_cut_during_the_decisions_commit_is_settled_by_reading_the_lo
         assert sink.rows() == expected(range(200, 230)) and sink.prepared() == []
 
 
+@pytest.mark.doc_case("error/DecisionUnknownError")
 def test_decision_that_cannot_be_read_again_in_time_is_left_to_recovery(sink: Sink) -> None:
     """The decision's COMMIT ran but its reply was lost, and the database stays away past commitTimeout:
     DecisionUnknownError (a CommitIncompleteError) says it is not known and what settles it; recovery does."""
     outcomes = sink.prepare(8, range(600, 630))
     sink.proxy.cut_on(b"COMMIT", armed_by=DECISION, after_reply=True, then_down_for=600)
-    with pytest.raises(DecisionUnknownError) as info:
+    with raises(DecisionUnknownError) as info:
         sink.commit(8, outcomes, commitTimeout=1)
     message = str(info.value)
     assert isinstance(info.value, CommitIncompleteError)
@@ -257,7 +246,7 @@ class AfterCommits:
             self.then()
 
 
-@pytest.mark.parametrize("actor", ["recovery", "hand"])
+@pytest.mark.parametrize("actor", ["recovery", pytest.param("hand", marks=pytest.mark.doc_case("error/JournalError"))])
 def test_mark_that_changes_no_row_is_detected(sink: Sink, actor: str, caplog: pytest.LogCaptureFixture) -> None:
     """Between the last COMMIT and the mark, a concurrent recovery finishes the batch (fine: it was marked),
     or someone deletes its decision row (an error that says so: a rerun would write it again)."""
@@ -279,7 +268,7 @@ def test_mark_that_changes_no_row_is_detected(sink: Sink, actor: str, caplog: py
             assert "already marked committed (by a recovery run" in caplog.text
             assert sink.state(7) == "committed"
         else:
-            with pytest.raises(JournalError) as info:
+            with raises(JournalError) as info:
                 coordinator.commit(7, outcomes)
             message = str(info.value)
             assert f"sink {sink.sink_id} batch 7" in message and "changed 0 rows" in message, message

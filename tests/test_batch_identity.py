@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from tests.doc_cases import raises
 from tests.harness import TargetSink, expected
 from tests.targets import Target
 from xasink.dialects import dialect_for
@@ -99,6 +100,7 @@ def make_old_log(db: Target, prefix: str) -> None:
         dialect.dispose()
 
 
+@pytest.mark.doc_case("error/ForgottenBatchError")
 def test_old_log_is_upgraded_and_refuses_what_its_trim_may_have_forgotten(db: Target) -> None:
     """A log whose old trim deleted batches 1..2 of sink S (kept 3, 4): after the upgrade, 3 and 4 are replays,
     2 (forgotten) is refused, 5 (new) is written; the upgrade adds the missing columns."""
@@ -126,7 +128,7 @@ def test_old_log_is_upgraded_and_refuses_what_its_trim_may_have_forgotten(db: Ta
     s = Sink(db, sink_id=sink_id, table=table, journalTablePrefix=prefix)  # preflight upgrades the log
     assert s.batch(3, range(0, 10)).skipped
     assert s.batch(4, range(0, 10)).skipped
-    with pytest.raises(ForgottenBatchError, match=rf"sink {sink_id} batch 2: the decision log cannot tell"):
+    with raises(ForgottenBatchError, match=rf"sink {sink_id} batch 2: the decision log cannot tell"):
         s.batch(2, range(20, 30))
     coordinator = Coordinator(s.options)
     try:
@@ -147,11 +149,12 @@ def test_old_log_is_upgraded_and_refuses_what_its_trim_may_have_forgotten(db: Ta
 # --------------------------------------------------------------------------- item 2: what a batch wrote
 
 
+@pytest.mark.doc_case("error/BatchIdentityError")
 def test_same_batch_to_another_table_is_refused(db: Target) -> None:
     a = Sink(db)
     b = Sink(db, sink_id=a.sink_id)
     assert not a.batch(7, range(0, 50)).skipped
-    with pytest.raises(BatchIdentityError) as err:
+    with raises(BatchIdentityError) as err:
         b.batch(7, range(100, 150))
     text = str(err.value)
     assert f"sink {a.sink_id} batch 7 was committed to table" in text

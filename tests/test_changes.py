@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests.doc_cases import raises
 from tests.harness import shadow_rows
 from tests.modes_driver import batch_direct, prepare_stray_branch
 from tests.targets import MARIADB, POSTGRESQL, Target, case
@@ -108,6 +109,7 @@ def test_keys_changed_several_times_against_stored_rows_and_tombstones(
     assert tombstones(db, s) == [(1, 5), (3, 9)]
 
 
+@pytest.mark.doc_case("error/ApplyError")
 def test_a_key_changing_twice_without_a_sequence_fails_the_batch(db: Target, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="xasink.protocol.apply_step")
     table = db.new_table()
@@ -119,7 +121,7 @@ def test_a_key_changing_twice_without_a_sequence_fails_the_batch(db: Target, cap
     assert written(caplog, s, 0) == 2
     assert db.rows(table) == [(1, "a2", 2), (3, "c", 1)]
     twice = [[(1, "x", 3, False)], [(1, None, 4, True), (4, "d", 1, False)]]
-    with pytest.raises(ApplyError, match=r"key \(1\) changes more than once"):
+    with raises(ApplyError, match=r"key \(1\) changes more than once"):
         changes(db, table, s, 1, twice, sequence=False)
     assert db.rows(table) == [(1, "a2", 2), (3, "c", 1)]
     assert shadow_rows(db) == 0 and db.prepared(s) == []

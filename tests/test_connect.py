@@ -24,10 +24,11 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 
 import xasink
+from tests.doc_cases import raises
 from tests.harness import expected, frame
 from tests.jvm import local_spark, stop_classic_spark, stop_connect_spark
 from tests.targets import MARIADB, POSTGRESQL, Target, make_target
-from xasink.spark.api import is_connect
+from xasink.spark.streams import is_connect
 
 try:
     import grpc  # noqa: F401 - the Connect client's transport
@@ -129,6 +130,32 @@ def test_format_writes_exact_rows_and_a_rerun_writes_nothing(connect: SparkSessi
     save(frame(connect, range(100, 130), 2))  # same (sinkId, batchId), other rows: a replay, nothing written
     assert db.rows(table) == expected(range(30))
     assert_committed(db, sink, [3])
+
+
+def test_errors_of_format_and_a_stream_are_caught_by_their_class(
+    connect: SparkSession, db: Target, tmp_path: Path
+) -> None:
+    """Spark Connect raises its own exception classes; xasink.spark_errors() gives xasink's back, for a batch
+    write and a streaming query (a value too long for its column: a BranchError)."""
+    table = db.new_table()
+    db.create_table(table, "id int, name varchar(3)")
+    w = frame(connect, range(1000, 1010), 2).write.format("xasink").option("url", db.url).option("dbtable", table)
+    with raises(xasink.BranchError, match="could not be written"), xasink.spark_errors():
+        w.options(**credentials(db)).mode("append").save()
+    source = Input(tmp_path)
+    source.add()
+    query = (
+        source.stream(connect)
+        .selectExpr("id", "concat('n', 1000 + id) as name")
+        .writeStream.format("xasink")
+        .options(url=db.url, dbtable=table, sinkId=new_sink(), **credentials(db))
+        .option("checkpointLocation", str(source.checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    with raises(xasink.BranchError, match="could not be written"), xasink.spark_errors():
+        query.awaitTermination()
+    assert db.rows(table) == []
 
 
 def test_write_with_num_partitions(connect: SparkSession, db: Target) -> None:

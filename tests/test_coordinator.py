@@ -18,6 +18,7 @@ from urllib.parse import quote
 import pytest
 
 from tests import harness
+from tests.doc_cases import raises
 from tests.harness import VALUES, expected, record_batch
 from tests.leaks import SECRET, assert_no_secret
 from tests.targets import (
@@ -168,7 +169,9 @@ def test_commit_twice_and_replayed_partitions_write_nothing(sink: Sink) -> None:
     first = sink.coordinator.commit(5, outcomes)
     again = sink.coordinator.commit(5, outcomes)
     assert not first.skipped and again.skipped
-    assert (again.rows, again.branches) == (20, 2)
+    assert (again.rows, again.branches) == (0, 0)  # this run wrote nothing ...
+    assert again.earlier is not None and (again.earlier.rows, again.earlier.branches) == (20, 2)  # ... the first did
+    assert again.earlier.run == outcomes[0].run and again.earlier.committed_at is not None
 
     replay_run = new_run_nonce()  # e.g. a streaming batch re-run after a driver crash
     replayed = [sink.write(5, p, ids, run=replay_run) for p, ids in enumerate([range(0, 10), range(10, 20)])]
@@ -180,6 +183,7 @@ def test_commit_twice_and_replayed_partitions_write_nothing(sink: Sink) -> None:
     assert list(sink.journal()) == [5]
 
 
+@pytest.mark.doc_case("error/ConcurrentWriterError")
 def test_replay_racing_the_first_decision_is_rolled_back(sink: Sink) -> None:
     first = sink.write_batch(2, [range(0, 10)])
     # a second run of the same batch whose tasks passed the decision check, prepared after the first run's
@@ -188,7 +192,7 @@ def test_replay_racing_the_first_decision_is_rolled_back(sink: Sink) -> None:
     second = [sink.write(2, 0, range(0, 10), run=second_run)]
     assert sink.mine() == gids(second)
     # ... so the first run cannot decide: its branch vanished
-    with pytest.raises(ConcurrentWriterError):
+    with raises(ConcurrentWriterError):
         sink.coordinator.commit(2, first)
     assert sink.rows() == []
     assert sink.journal() == {}
@@ -276,9 +280,10 @@ def test_abort_rolls_everything_back(sink: Sink) -> None:
     assert sink.rows() == expected(range(3), tag="v")
 
 
+@pytest.mark.doc_case("error/BatchAbortedError")
 def test_missing_task_report_aborts(sink: Sink) -> None:
     outcomes = sink.write_batch(1, [range(0, 10), range(10, 20)])
-    with pytest.raises(BatchAbortedError):
+    with raises(BatchAbortedError):
         sink.coordinator.commit(1, [outcomes[0], None])
     assert sink.rows() == []
     assert sink.mine() == []
@@ -476,12 +481,13 @@ def test_retried_partition_is_not_blocked_by_its_earlier_attempt(pg_url: str, fr
         s.close()
 
 
+@pytest.mark.doc_case("error/BranchError")
 def test_duplicate_key_fails_the_branch_cleanly(pg_url: str, fresh_table_name: str) -> None:
     create_table(pg_url, fresh_table_name, primary_key=True)
     s = Sink(pg_url, fresh_table_name)
     try:
         ok = s.write(0, 0, range(0, 10))
-        with pytest.raises(BranchError, match="duplicate key") as info:
+        with raises(BranchError, match="duplicate key") as info:
             s.write(0, 1, [20, 21, 21])
         assert s.options.url.render_as_string(hide_password=False) not in str(info.value)
         assert s.mine() == [ok.gid]  # the failed branch left nothing prepared
@@ -538,6 +544,7 @@ def test_check_server_counts_free_slots(pg_url: str, sink: Sink) -> None:
         sink.coordinator.abort(0, outcomes)
 
 
+@pytest.mark.doc_case("error/PreflightError")
 def test_prepared_transactions_disabled_is_explained(fresh_table_name: str) -> None:
     # synchronous_commit on: the restart below is a crash (pg_ctl -m immediate), which must not lose the decision
     # log this part creates; the log being recreated under a new identity would disown the later branches
@@ -548,7 +555,7 @@ def test_prepared_transactions_disabled_is_explained(fresh_table_name: str) -> N
         # the real password, in the URL's query (the server checks it): it must reach the server, never a message
         in_query = with_login(server.url, "postgres") + f"?password={quote(SECRET, safe='')}"
         opts = make_options(in_query, fresh_table_name)
-        with pytest.raises(PreflightError) as info:
+        with raises(PreflightError) as info:
             Coordinator(opts).preflight()
         msg = str(info.value)
         assert "max_prepared_transactions = 0" in msg and "restart" in msg

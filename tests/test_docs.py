@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import doc_cases
 from xasink.options import IGNORED, KNOWN, REJECTED
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -162,3 +163,103 @@ def test_the_code_layout_lists_every_module() -> None:
     modules = {str(p.relative_to(ROOT / "xasink")) for p in (ROOT / "xasink").rglob("*.py")}
     assert len(modules) > 40  # the package was found
     assert sorted(modules - named) == []
+
+
+# --------------------------------------------------------------------------- every documented case has a test
+
+
+def _coverage_problems(cases: dict[str, doc_cases.Case], declared: list[doc_cases.Declaration]) -> list[str]:
+    """What is wrong between the docs' cases and the tests' declarations (tests/doc_cases.py)."""
+    problems = [f"{d.case} ({d.test}): declared, but no doc lists it" for d in declared if d.case not in cases]
+    for case in cases.values():
+        by = [d for d in declared if d.case == case.name]
+        if not by:
+            problems.append(f"{case.name} ({case.where}): no test declares it")
+            continue
+        need = {"both": doc_cases.BOTH_FIXTURES, "MariaDB": doc_cases.MARIADB_FIXTURES}.get(case.databases)
+        if need is not None and not any(d.fixtures & need for d in by):
+            problems.append(
+                f"{case.name} ({case.where}): on {case.databases}, but no declaring test takes {sorted(need)}: "
+                f"{[d.test for d in by]}"
+            )
+    return problems
+
+
+def test_every_documented_case_has_a_test_that_declares_it() -> None:
+    """docs/monitoring.md, docs/operations.md and docs/errors.md: each exit-code case and error class is declared
+    by a test (``@pytest.mark.doc_case``), which fails at run time unless it witnessed it (tests/conftest.py)."""
+    cases = doc_cases.documented_cases()
+    # the parse found the tables and the headings (a renamed column would make every list empty)
+    assert {"status/no-log", "status/cannot-write", "recover/no-log", "recover/no-sink"} <= set(cases)
+    assert {"error/XasinkError", "error/PreflightError", "error/XasinkWarning"} <= set(cases)
+    assert {c.exit_code for c in cases.values() if c.command == "status"} == {0, 1, 2, 3}
+    assert {c.exit_code for c in cases.values() if c.command == "recover"} == {0, 1, 2}
+    assert {f"error/{c}" for c in _error_classes()} <= set(cases)
+    assert _coverage_problems(cases, doc_cases.declarations()) == []
+
+
+def test_the_case_check_catches_what_it_should(tmp_path: Path) -> None:
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    table = "| case | exit | when | databases |\n| --- | --- | --- | --- |\n"
+    (docs / "monitoring.md").write_text(table + "| `status/one` | 3 | a | both |\n| `status/two` | 2 | b | MariaDB |\n")
+    (docs / "operations.md").write_text("no table here\n")
+    (docs / "errors.md").write_text("## `OptionError`\n\ntext\n")
+    cases = doc_cases.documented_cases(tmp_path)
+    assert [(c.name, c.exit_code, c.databases) for c in cases.values()] == [
+        ("status/one", 3, "both"),
+        ("status/two", 2, "MariaDB"),
+        ("error/OptionError", None, "any"),
+    ]
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    (tests / "test_x.py").write_text(
+        "import pytest\n"
+        "@pytest.mark.doc_case('status/one')\n"
+        "def test_a(pg_url): ...\n"
+        "@pytest.mark.parametrize('x', [pytest.param(1, marks=pytest.mark.doc_case('status/two', 'status/gone'))])\n"
+        "def test_b(x, mariadb_url): ...\n"
+    )
+    found = doc_cases.declarations(tests)
+    assert [(d.case, d.test) for d in found] == [
+        ("status/one", "test_x.py::test_a"),
+        ("status/two", "test_x.py::test_b"),
+        ("status/gone", "test_x.py::test_b"),
+    ]
+    assert _coverage_problems(cases, found) == [
+        "status/gone (test_x.py::test_b): declared, but no doc lists it",
+        "status/one (monitoring.md): on both, but no declaring test takes ['db']: ['test_x.py::test_a']",
+        "error/OptionError (errors.md): no test declares it",
+    ]
+    seen = [doc_cases.Seen("status", 3, None), doc_cases.Seen(None, None, "PreflightError")]
+    assert doc_cases.missing(["status/one", "status/two", "error/OptionError", "status/nope"], seen, cases) == [
+        "status/two: no `xasink status` run exited 2 (runs: [('status', 3)])",
+        "error/OptionError: no OptionError was caught (seen: [None, 'PreflightError'])",
+        "status/nope: no such case in docs/ (monitoring.md, operations.md, errors.md)",
+    ]
+
+
+def _table_problems(text: str) -> list[str]:
+    """Rows of a Markdown table with another number of cells than its header (a stray row of another table)."""
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    problems, width = [], None
+    for line in text.splitlines():
+        if not line.startswith("|"):
+            width = None
+            continue
+        cells = len(re.sub(r"`[^`]*`", "code", line.strip().strip("|")).split("|"))  # a `|` in code is no border
+        if width is None:
+            width = cells
+        elif cells != width:
+            problems.append(f"{cells} cells under a header of {width}: {line[:80]}")
+    return problems
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_table_row_has_its_headers_cells(doc: Path) -> None:
+    assert _table_problems(doc.read_text(encoding="utf-8")) == []
+
+
+def test_the_table_check_catches_what_it_should() -> None:
+    text = "| a | b |\n|---|---|\n| 1 | `x|y` |\n| 1 | 2 | 3 |\n\n| c |\n|---|\n| 4 |\n"
+    assert _table_problems(text) == ["3 cells under a header of 2: | 1 | 2 | 3 |"]

@@ -21,6 +21,7 @@ import pytest
 import sqlalchemy as sa
 from pyspark.sql.types import IntegerType, StringType, StructField, StructType
 
+from tests.doc_cases import raises
 from tests.targets import MariaDBTarget, Target
 from xasink.dialects import dialect_for
 from xasink.dialects.base import Dialect
@@ -220,6 +221,7 @@ def with_statement_timeout(db: Target, seconds: int) -> str:
     return db.url + sep + "options=" + quote(f"-c statement_timeout={seconds * 1000}")
 
 
+@pytest.mark.doc_case("recover/unfinished", "recover/done")
 def test_recovery_blocked_by_a_statement_timeout_keeps_the_decided_batch_and_says_so(
     sink: tuple[Target, str, str],
     writers: Callable[..., Writer],
@@ -258,6 +260,35 @@ def test_recovery_blocked_by_a_statement_timeout_keeps_the_decided_batch_and_say
     assert rows(db, table) == named(range(6))
     decided = db.decision(sink_id, 4)
     assert decided is not None and decided.state == "committed"
+    assert db.prepared(sink_id) == []
+
+
+@pytest.mark.doc_case("recover/apply-error")
+def test_recovery_withdraws_a_decided_batch_whose_rows_the_table_refuses_and_exits_2(
+    sink: tuple[Target, str, str],
+    writers: Callable[..., Writer],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A replaceWhere batch is decided and committed into the shadow; its driver dies before the apply.  Its
+    rows lie outside replaceWhere: ``xasink recover`` withdraws the decision (ApplyError, the only reason a
+    decided batch is ever withdrawn), the table keeps its old rows, and recover exits 2 naming why."""
+    db, table, sink_id = sink
+    db.execute(f"INSERT INTO {db.q(table)} (id, name) VALUES (1, 'old')")
+    w = writers(8, "overwrite", replaceWhere="id < 3")
+    w.claim()
+    w.prepare([named(range(0, 3)), named(range(3, 6))])  # 3, 4, 5 are outside replaceWhere
+    monkeypatch.setenv("XASINK_FAULT", "driver.after_commits:raise")  # the driver dies before the apply
+    with pytest.raises(InjectedFault):
+        w.commit()
+    monkeypatch.delenv("XASINK_FAULT")
+    assert db.decision(sink_id, 8) is not None and db.prepared(sink_id) == []
+    code = cli.main(["recover", "--url", db.url, "--sink-id", sink_id, *RETRY])
+    out = capsys.readouterr()
+    assert code == 2, out
+    assert f"sink {sink_id}" in out.err and "replaceWhere" in out.err, out
+    assert db.decision(sink_id, 8) is None  # withdrawn: as if aborted, a rerun writes it
+    assert rows(db, table) == [(1, "old")]
     assert db.prepared(sink_id) == []
 
 
@@ -366,6 +397,7 @@ def test_the_dialect_tells_wrong_rows_from_not_finished(db: Target) -> None:
         dialect.dispose()
 
 
+@pytest.mark.doc_case("error/CommitIncompleteError")
 def test_sparks_abort_after_an_incomplete_apply_keeps_the_decided_batch(
     sink: tuple[Target, str, str], writers: Callable[..., Writer]
 ) -> None:
@@ -381,7 +413,7 @@ def test_sparks_abort_after_an_incomplete_apply_keeps_the_decided_batch(
         with app.cursor() as cur:
             cur.execute("BEGIN")  # (the MariaDB helper's connections autocommit)
             cur.execute(f"UPDATE {db.q(table)} SET name = 'app' WHERE id = 100")
-        with pytest.raises(CommitIncompleteError, match="batch 6 is decided"):
+        with raises(CommitIncompleteError, match="batch 6 is decided"):
             w.commit()
         report = w.coordinator.abort(6, w.outcomes, run=w.run)  # what Spark does after a failed commit
         app.rollback()

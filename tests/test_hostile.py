@@ -424,7 +424,9 @@ def test_server_going_down_mid_batch_leaves_nothing(
 def test_prepared_transaction_slots_exhausted(
     spark: SparkSession, small_pg: EmbeddedPostgres, tally: Tally, path: str
 ) -> None:
-    """Four branches, two slots: refused before any task when numPartitions says so, else at PREPARE."""
+    """Four branches, two slots: refused before any task when the driver knows the count (numPartitions, or
+    xasink.write counting a DataFrame without a shuffle), else by the first task without a slot, before it
+    loads its rows (format("xasink") without numPartitions): a PreflightError either way."""
     url, table = small_pg.url, f"m_{uuid.uuid4().hex[:6]}"
     df = frame(spark, ["id", "name"], n=40, partitions=4)
     if path == "api":
@@ -436,7 +438,7 @@ def test_prepared_transaction_slots_exhausted(
         )
     else:
         save = df.write.format("xasink").options(url=url, dbtable=table, password=SECRET).mode("append").save
-        write_fails(save, BranchError, r"no free prepared-transaction slot.*max_prepared_transactions", tally, True)
+        write_fails(save, PreflightError, r"no free prepared-transaction slot for partition \d", tally, True)
     assert not exists(url, None, table) or sql(url, f"SELECT count(*) FROM {table}") == [(0,)]
     assert ours(url) == []
     sql(url, f"DROP TABLE IF EXISTS {table}")

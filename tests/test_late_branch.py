@@ -18,6 +18,7 @@ import pyarrow as pa
 import pytest
 
 import xasink.protocol.partition_writer
+from tests.doc_cases import raises
 from tests.harness import TargetSink, expected, record_batch
 from tests.targets import POSTGRESQL, Target
 from xasink.errors import LateBranchError
@@ -86,6 +87,7 @@ def gid(outcome: BranchOutcome | None) -> str:
 # --------------------------------------------------------------------------- item 7: late PREPARE
 
 
+@pytest.mark.doc_case("error/LateBranchError")
 def test_attempt_prepared_after_its_batch_was_decided_rolls_itself_back(db: Target) -> None:
     """A zombie attempt of partition 0 loads while another attempt of it is reported and the batch is decided,
     committed and swept; it prepares after all that: it must roll itself back and fail, not stay prepared."""
@@ -96,7 +98,7 @@ def test_attempt_prepared_after_its_batch_was_decided_rolls_itself_back(db: Targ
         reported.extend([sink.attempt(0, 1, P0), sink.attempt(1, 2, P1)])
         sink.commit(reported)
 
-    with pytest.raises(LateBranchError, match="decided without it"):
+    with raises(LateBranchError, match="decided without it"):
         sink.attempt(0, 9, P0, tag="z", meanwhile=driver_decides)
 
     assert sink.rows() == expected(range(20))  # the zombie's copy of partition 0 never shows

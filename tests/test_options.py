@@ -9,7 +9,7 @@ import pytest
 
 from xasink.dialects.postgres import PostgresDialect
 from xasink.errors import OptionError
-from xasink.options import TableName, WriteOptions, parse_options
+from xasink.options import KNOWN, TableName, WriteOptions, parse_options
 
 PG = "postgresql://db.example:5432/shop"
 SECRET = "s3cr3t-P@ss:w/rd?&%é"
@@ -392,3 +392,51 @@ def test_commit_timeout_and_the_deprecated_commit_retries() -> None:
     assert opts(commitTimeout="0").commit_timeout == 0  # one try of each step, no retry
     assert "'commitTimeout'" in error({"url": PG, "dbtable": "t", "commitTimeout": "-1"})
     assert "'commitTimeout'" in error({"url": PG, "dbtable": "t", "commitTimeout": "5min"})
+
+
+# --------------------------------------------------------------------------- editor help: typed keyword options
+
+# the options write() and foreach_batch() take as arguments of their own, or that only the format API has
+POSITIONAL = {"url", "dbtable", "sinkId", "batchId"}
+NOT_KEYWORDS = {"cascadeTruncate"}  # refused unless false: not offered
+
+
+@pytest.mark.parametrize("name", ["write", "foreach_batch"])
+def test_every_option_is_a_typed_keyword_with_its_errors_documented(name: str) -> None:
+    """``help(xasink.write)`` and editors show every option with its type; the docstring lists what it raises.
+    Every other keyword still goes through ``**options`` (Spark JDBC names xasink accepts and ignores)."""
+    import inspect
+    import typing
+
+    import xasink
+    from xasink.spark import api
+
+    fn = getattr(xasink, name)
+    params = inspect.signature(fn).parameters
+    keywords = {p.name for p in params.values() if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    wanted = set(KNOWN.values()) - POSITIONAL - NOT_KEYWORDS
+    assert keywords == wanted
+    assert all(params[k].default is None for k in keywords)
+    hints = typing.get_type_hints(getattr(api, name))
+    assert all(type(None) in typing.get_args(hints[k]) for k in keywords), {k: hints[k] for k in keywords}
+    assert any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    doc = inspect.getdoc(fn) or ""
+    assert "Raises:" in doc and "Returns:" in doc
+    if name == "write":
+        assert all(k in doc for k in keywords), [k for k in keywords if k not in doc]
+        raised = {"OptionError", "PreflightError", "ConnectError", "BranchError", "BatchAbortedError", "ApplyError"}
+        raised |= {"ConcurrentWriterError", "BatchIdentityError", "ForgottenBatchError", "CommitIncompleteError"}
+        raised |= {"DecisionUnknownError", "ReplayIncompleteError", "JournalError", "XasinkWarning"}
+        assert [e for e in sorted(raised) if e not in doc] == []
+
+
+def test_keyword_options_and_options_go_together_and_an_option_twice_is_refused() -> None:
+    """No DataFrame is touched: the options are checked first."""
+    import xasink
+
+    with pytest.raises(OptionError, match="'numPartitions' is given twice"):
+        xasink.write(None, "postgresql://h/db", "t", numPartitions=2, NUMPARTITIONS=3)  # type: ignore[arg-type]
+    with pytest.raises(OptionError, match="unknown option 'numparts'"):
+        xasink.write(None, "postgresql://h/db", "t", numparts=2)  # type: ignore[arg-type]
+    with pytest.raises(OptionError, match="'batchsize'"):
+        xasink.foreach_batch("postgresql://h/db", "t", "s", batchsize=0)

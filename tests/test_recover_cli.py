@@ -105,6 +105,7 @@ def column(header: str, line: str, name: str) -> str:
 # --------------------------------------------------------------------------- recover
 
 
+@pytest.mark.doc_case("recover/done", "recover/left")
 def test_recover_plans_then_finishes_what_a_killed_job_left(db: Db) -> None:
     sink = db.sink()
     killed = killed_job(sink)
@@ -155,6 +156,7 @@ def test_recover_plans_then_finishes_what_a_killed_job_left(db: Db) -> None:
     assert sink.rows() == killed.decided_rows
 
 
+@pytest.mark.doc_case("status/ok", "status/stale")
 def test_status_reports_the_killed_job_then_the_recovered_one(db: Db) -> None:
     sink = db.sink()
     killed = killed_job(sink)
@@ -193,6 +195,7 @@ def test_status_reports_the_killed_job_then_the_recovered_one(db: Db) -> None:
     assert "1 sinks; 0 prepared branches of xasink" in out
 
 
+@pytest.mark.doc_case("recover/bad-foreign")
 def test_foreign_and_near_miss_transactions_survive(db: Db) -> None:
     sink = db.sink()
     s, log = sink.sink_id, sink.coordinator.journal.log_id()
@@ -382,6 +385,7 @@ def test_a_recovery_pass_with_nothing_prepared_does_not_need_the_logs_identity(d
         fresh.close()
 
 
+@pytest.mark.doc_case("recover/no-log", "status/no-log")
 def test_missing_decision_log_touches_nothing_and_says_why(db: Db) -> None:
     sink = db.sink()
     killed = killed_job(sink)
@@ -454,6 +458,7 @@ def test_password_never_appears_in_any_output(db: Db) -> None:
         db.backend.drop_secret_user()
 
 
+@pytest.mark.doc_case("status/cannot-connect", "recover/cannot-connect", "error/ConnectError")
 def test_unreachable_server_is_exit_code_2_without_the_password(db: Db) -> None:
     url = db.backend.unreachable_url()
     proc = subprocess.run(
@@ -473,6 +478,12 @@ def test_unreachable_server_is_exit_code_2_without_the_password(db: Db) -> None:
     assert doc["exit_code"] == 3 and doc["state"] == "UNKNOWN" and "cannot connect" in doc["error"]
     assert SECRET not in out
 
+    code, out, err = cli("recover", "--url", url, "--json")
+    doc = json.loads(out)
+    assert (code, doc["exit_code"], doc["error_class"]) == (2, 2, "ConnectError") and "cannot connect" in doc["error"]
+    assert doc["error_class"] == json.loads(cli("status", "--url", url, "--json")[1])["error_class"]
+    assert SECRET not in out + err
+
     with pytest.raises(xasink.ConnectError) as info:  # the Python API raises; the CLI turns it into exit code 2
         xasink.recover(url)
     assert SECRET not in str(info.value)
@@ -490,6 +501,7 @@ def test_wrong_password_is_exit_code_2_without_the_password(db: Db) -> None:
         db.backend.drop_secret_user()
 
 
+@pytest.mark.doc_case("status/no-rights", "recover/no-rights", "error/XasinkError")
 def test_missing_rights_are_exit_code_2_without_the_password(db: Db) -> None:
     """A user who may log in but not read the decision log: a clear error, never a traceback (exit code 2;
     status: 3, UNKNOWN)."""
@@ -503,7 +515,18 @@ def test_missing_rights_are_exit_code_2_without_the_password(db: Db) -> None:
             assert err.startswith("error: ") and "Traceback" not in err
             assert "denied" in err.lower()
             assert SECRET not in out + err
+            code, out, err = cli(command, "--url", url, "--older-than", "0s", "--json")
+            doc = json.loads(out)
+            assert (code, doc["error_class"]) == (3 if command == "status" else 2, "XasinkError"), out
+            assert "denied" in doc["error"].lower() and SECRET not in out + err
         assert len(db.mine()) == 1  # untouched
+        if db.backend.name == "mariadb":  # no right on the database at all: the login is refused, and says why
+            db.backend.drop_secret_user(PLAIN_USER)
+            db.backend.server_sql(f"CREATE USER '{PLAIN_USER}'@'{urlsplit(url).hostname}' IDENTIFIED BY '{SECRET}'")
+            code, out, err = cli("status", "--url", url, "--json")
+            doc = json.loads(out)
+            assert (code, doc["error_class"]) == (3, "ConnectError"), out
+            assert "may not use the database" in doc["error"] and "authentication failed" not in doc["error"], out
     finally:
         db.backend.drop_secret_user(PLAIN_USER)
     xasink.recover(db.url, sink_id=sink.sink_id, older_than_s=0)

@@ -151,7 +151,8 @@ def test_rerun_of_committed_batch_writes_nothing(spark: SparkSession, db: Target
     # same (sinkId, batchId), even with other rows: nothing new, through both entry points
     again = write(db, frame(spark, range(1000, 1040), 3), table, sink_id=sink, batch_id=7)
     assert again.skipped is True
-    assert (again.sink_id, again.batch_id, again.rows) == (sink, 7, 40)
+    assert (again.sink_id, again.batch_id, again.rows) == (sink, 7, 0)  # this run's rows: none
+    assert again.earlier is not None and again.earlier.rows == 40  # the earlier run's
     if HAS_DATA_SOURCE:  # format("xasink"): Spark 4.0+
         format_writer(frame(spark, range(2000, 2040), 3), db, table, sinkId=sink, batchId=7).save()
     assert db.rows(table) == expected(range(40))

@@ -374,8 +374,8 @@ def test_prometheus_says_down_when_the_server_cannot_be_reached() -> None:
 @pytest.mark.parametrize(
     "flags, pg_code, maria_code",
     [
-        (["--warn-prepared-age", "0"], 1, 1),
-        (["--crit-prepared-age", "0"], 2, 2),
+        pytest.param(["--warn-prepared-age", "0"], 1, 1, marks=pytest.mark.doc_case("status/warn")),
+        pytest.param(["--crit-prepared-age", "0"], 2, 2, marks=pytest.mark.doc_case("status/crit")),
         (["--warn-prepared-age", "0", "--crit-prepared-age", "0"], 2, 2),
         (["--warn-prepared-age", "1d", "--crit-prepared-age", "2d"], 0, None),  # MariaDB: None = baseline
         (["--warn-blocked", "0"], 1, 1),  # above 0: any blocked session

@@ -3,21 +3,31 @@
 The data source's planning, tasks and commit run in Spark's Python workers, where no logging is set up and
 nobody reads a log; a durability risk of the server (the private PostgreSQL runs with fsync = off), a fault
 point's warning in a task or in the commit, must still reach the script's standard error, and
-``xasink.write`` returns them in ``WriteResult.warnings`` (xasink/support/notices.py).
+``xasink.write`` returns them in ``WriteResult.warnings`` (xasink/support/notices.py).  The script's standard
+error also shows one INFO line per batch of ``format("xasink")`` (sink, batch, rows, branches, timings, or
+"skipped"), and each partition's rows loaded so far (``XASINK_PROGRESS_S``); a warning names the user's line.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
+from pyspark.sql import SparkSession
 from sqlalchemy.engine import make_url
 
+import xasink
+from tests.doc_cases import warns
+from tests.harness import expected, frame
 from tests.procs import run_until_exit, tail
 from tests.targets import Target
+from xasink.errors import XasinkWarning
 
 pytestmark = [pytest.mark.spark, pytest.mark.usefixtures("driver_cds")]
 
@@ -32,8 +42,10 @@ def test_a_plain_script_is_told_of_durability_risks_and_warnings_of_workers(pg: 
     for name in (by_format, by_write):
         pg.keyed_table(name)
     out, err = tmp_path / "stdout.log", tmp_path / "stderr.log"
-    env = {**os.environ, "XASINK_FAULT": FAULTS, "PYSPARK_PYTHON": sys.executable}
-    code = run_until_exit([sys.executable, str(DRIVER), pg.url, by_format, by_write], env, out, stderr=err)
+    sink = f"plain-{uuid.uuid4().hex[:8]}"
+    # progress after every Arrow batch: a line per batch a partition loads (the default is one every 30 s)
+    env = {**os.environ, "XASINK_FAULT": FAULTS, "PYSPARK_PYTHON": sys.executable, "XASINK_PROGRESS_S": "0"}
+    code = run_until_exit([sys.executable, str(DRIVER), pg.url, by_format, by_write, sink], env, out, stderr=err)
     stdout, stderr = out.read_text(errors="replace"), err.read_text(errors="replace")
     before, _, after = stdout.partition("FORMAT DONE")
 
@@ -54,9 +66,58 @@ def test_a_plain_script_is_told_of_durability_risks_and_warnings_of_workers(pg: 
     assert not any("partition 1" in w for w in warnings), warnings
     shown = [line for line in lines if "XasinkWarning: " in line]
     assert any("fsync = off" in line for line in shown) and any("driver.after_mark" in line for line in shown)
+    # each names the user's own line (the script's call of xasink.write), not xasink's
+    assert all(line.startswith(f"{DRIVER}:") for line in shown), shown
+
+    # format("xasink"): one INFO line per batch in the driver, the rerun's too
+    info = [line for line in lines if " INFO xasink" in line and f"sink {sink} batch 1:" in line]
+    assert len(info) == 2, info
+    written = re.search(
+        r"committed 10 rows in 2 branches \(prepare [0-9.]+s, decide [0-9.]+s, commit [0-9.]+s, sweep [0-9.]+s, "
+        r"total [0-9.]+s\)",
+        info[0],
+    )
+    assert written, info[0]
+    assert re.search(
+        r"skipped, nothing written \(committed earlier at \S+ UTC by run [0-9a-f]{8}: 10 rows in 2 ", info[1]
+    )
+    # progress: each partition's rows loaded so far (5 rows in one Arrow batch each), and its total
+    progress = [line for line in lines if f"sink {sink} batch 1 partition " in line]
+    assert sorted(
+        re.sub(r".*(partition \d): (\d+) rows (loaded so far|loaded in).*", r"\1 \2 \3", ln) for ln in progress
+    ) == [
+        "partition 0 5 loaded in",
+        "partition 0 5 loaded so far",
+        "partition 1 5 loaded in",
+        "partition 1 5 loaded so far",
+    ], progress
     secret = make_url(pg.url).password
     assert not secret or str(secret) not in stdout + stderr
 
     expected = [(i, f"n{i}") for i in range(10)]
     assert pg.rows(by_format) == expected and pg.rows(by_write) == expected
     assert "WARNINGS" not in before
+
+
+@pytest.mark.doc_case("error/XasinkWarning")
+def test_a_warning_names_the_line_that_called_xasink(spark: SparkSession, pg: Target) -> None:
+    """In a process that set no logging up, ``xasink.write``'s warnings are Python warnings whose place is the
+    caller's line (what ``python -W error`` or a filter by module acts on), not xasink's own."""
+    if pg.execute("SELECT current_setting('fsync')") != [("off",)]:
+        pytest.skip("needs a server with fsync = off (the embedded one)")
+    table = pg.new_table()
+    pg.keyed_table(table)
+    loggers = [logging.getLogger(), logging.getLogger("xasink")]
+    saved = {lg.name: lg.handlers[:] for lg in loggers}
+    for lg in loggers:  # as a plain script: no handler anywhere (pytest's own are put back below)
+        for handler in saved[lg.name]:
+            lg.removeHandler(handler)
+    try:
+        with warns(XasinkWarning, match="fsync = off") as caught:
+            xasink.write(frame(spark, range(4), 2), pg.url, table, password=pg.password)
+    finally:
+        for lg in loggers:
+            for handler in saved[lg.name]:
+                lg.addHandler(handler)
+    assert caught and {w.filename for w in caught} == {__file__}, [(w.filename, w.lineno) for w in caught]
+    assert pg.rows(table) == expected(range(4))

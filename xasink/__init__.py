@@ -11,6 +11,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from xasink.errors import (
+    ApplyError,
     BatchAbortedError,
     BatchIdentityError,
     BranchError,
@@ -19,16 +20,19 @@ from xasink.errors import (
     ConnectError,
     DecisionUnknownError,
     ForgottenBatchError,
+    JournalError,
     LateBranchError,
     OptionError,
     PreflightError,
     ReplayIncompleteError,
     XasinkError,
     XasinkWarning,
+    from_spark,
+    spark_errors,
 )
 from xasink.ops.status import status
 from xasink.ops.survey import recover
-from xasink.results import TransactionResult, WriteResult
+from xasink.results import EarlierCommit, TransactionResult, WriteResult
 
 if TYPE_CHECKING:
     from xasink.spark.api import foreach_batch, register, write
@@ -56,6 +60,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "ApplyError",
     "BatchAbortedError",
     "BatchIdentityError",
     "BranchError",
@@ -63,7 +68,9 @@ __all__ = [
     "ConcurrentWriterError",
     "ConnectError",
     "DecisionUnknownError",
+    "EarlierCommit",
     "ForgottenBatchError",
+    "JournalError",
     "LateBranchError",
     "OptionError",
     "PreflightError",
@@ -74,8 +81,10 @@ __all__ = [
     "XasinkWarning",
     "foreach_batch",
     "foreach_batch_multi",
+    "from_spark",
     "recover",
     "register",
+    "spark_errors",
     "status",
     "transaction",
     "write",

@@ -1,6 +1,15 @@
-"""Exceptions users can catch; every message says what to do next."""
+"""Exceptions users can catch; every message says what to do next.
+
+``df.write.format("xasink")`` and streaming queries raise Spark's exceptions (``PythonException``,
+``AnalysisException``, ``StreamingQueryException``...), which carry xasink's error only in their text:
+:func:`from_spark` and :func:`spark_errors` give it back with its own class.
+"""
 
 from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 
 class XasinkError(Exception):
@@ -91,3 +100,62 @@ class XasinkWarning(UserWarning):
     """Something the user must know though the write succeeded: a durability risk, retries after the decision,
     a batch left for recovery.  Shown by Python's ``warnings`` in the user's process and kept in
     :attr:`xasink.WriteResult.warnings`."""
+
+
+# xasink's messages are one line: the message ends at the line's end, where Spark's own text resumes (another
+# worker's traceback, a Java frame, the SQLSTATE Spark appends)
+_ERROR_RE = re.compile(r"xasink\.errors\.(\w+): ([^\n]+?)(?:\s*SQLSTATE: \w+)?\s*(?:\n|\Z)")
+_NOT_FOUND_RE = re.compile(r"DATA_SOURCE_NOT_FOUND\].*?data source: xasink\b", re.S | re.I)
+
+
+def from_spark(exc: BaseException) -> XasinkError | None:
+    """The xasink error inside an exception Spark raised (``format("xasink")``, a streaming query, Spark
+    Connect), rebuilt with its own class and message; None when it carries none.
+
+    ``exc`` itself when it is an :class:`XasinkError` already.  Spark's DATA_SOURCE_NOT_FOUND for ``xasink``
+    becomes an :class:`OptionError` that says what to do (register the source in the writing thread).
+    """
+    texts: list[str] = []
+    cause: BaseException | None = exc
+    while cause is not None and len(texts) < 10:  # the chain of explicit causes (``raise ... from``)
+        if isinstance(cause, XasinkError):
+            return cause
+        texts.append(str(cause))
+        texts += [v for v in (getattr(cause, "_desc", None), getattr(cause, "desc", None)) if isinstance(v, str)]
+        cause = cause.__cause__
+    text = "\n".join(texts)
+    found = _ERROR_RE.findall(text)
+    if found:
+        name, message = found[-1]
+        cls = globals().get(name)
+        if not (isinstance(cls, type) and issubclass(cls, XasinkError)):
+            cls = XasinkError
+        return cls(message.strip())
+    if _NOT_FOUND_RE.search(text):
+        return OptionError(
+            "Spark did not find the 'xasink' data source in this thread: Spark looks a Python data source up in "
+            "the writing thread's active session, which a new thread (a thread pool's) does not have. Call "
+            "xasink.register(spark) in the thread before writing (it is cheap and idempotent), or write with "
+            "xasink.write(df, ...), which does so itself. Nothing was written."
+        )
+    return None
+
+
+@contextmanager
+def spark_errors() -> Iterator[None]:
+    """Raise xasink's own error class from a Spark exception that carries one, so that ``except
+    xasink.BranchError`` (or any class of this module) catches what ``format("xasink")`` and streaming queries
+    raise; other exceptions pass unchanged.  The Spark exception is the new one's ``__cause__``::
+
+        with xasink.spark_errors():
+            df.write.format("xasink").option(...).save()
+    """
+    try:
+        yield
+    except XasinkError:
+        raise
+    except Exception as exc:
+        inner = from_spark(exc)
+        if inner is None:
+            raise
+        raise inner from exc

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from xasink.protocol.xid import Xid
 
@@ -26,8 +27,31 @@ class BranchOutcome:
 
 
 @dataclass(frozen=True)
+class EarlierCommit:
+    """What an earlier run committed of a batch that this run skipped (a rerun of a committed batch writes
+    nothing): its figures as the decision log recorded them, by the server's clock in UTC."""
+
+    rows: int
+    branches: int
+    decided_at: datetime | None = None
+    committed_at: datetime | None = None
+    run: str | None = None  # the writer run that decided it (its branches' run nonce); None: no branch, or trimmed
+    timings: dict[str, float] = field(default_factory=dict)  # prepare, commit: seconds, as recorded
+
+    def __str__(self) -> str:
+        when = f" at {self.committed_at.isoformat(timespec='seconds')} UTC" if self.committed_at else ""
+        by = f" by run {self.run}" if self.run else ""
+        times = "".join(f", {k} {v:.3f}s" for k, v in self.timings.items())
+        return f"committed earlier{when}{by}: {self.rows} rows in {self.branches} branches{times}"
+
+
+@dataclass(frozen=True)
 class WriteResult:
-    """The outcome of one batch, as ``xasink.write`` returns it and the log reports it."""
+    """The outcome of one batch, as ``xasink.write`` returns it and the log reports it.
+
+    ``rows``, ``branches`` and ``timings`` are this run's: for a skipped batch (``skipped``: committed before,
+    this run wrote nothing) ``rows`` and ``branches`` are 0 and ``earlier`` says what the earlier run
+    committed, when and by which run."""
 
     sink_id: str
     batch_id: int
@@ -38,11 +62,13 @@ class WriteResult:
     # what the user must know though the batch committed (a durability risk of the server, retries after the
     # decision, a sweep that failed): also shown as XasinkWarning and logged in the caller's process
     warnings: tuple[str, ...] = ()
+    earlier: EarlierCommit | None = None  # a skipped batch: what the run that committed it wrote
 
     def __str__(self) -> str:
-        what = (
-            "skipped (already committed)" if self.skipped else f"committed {self.rows} rows in {self.branches} branches"
-        )
+        if self.skipped:
+            what = "skipped, nothing written" + (f" ({self.earlier})" if self.earlier else " (committed earlier)")
+        else:
+            what = f"committed {self.rows} rows in {self.branches} branches"
         times = ", ".join(f"{k} {v:.3f}s" for k, v in self.timings.items())
         warned = f"; {len(self.warnings)} warnings" if self.warnings else ""
         return f"sink {self.sink_id} batch {self.batch_id}: {what}" + (f" ({times})" if times else "") + warned

@@ -1,18 +1,22 @@
 """One writer of a scenario, without Spark: what a Spark job's driver and tasks do, in one process.
 
-:func:`writer_main` runs in a process of its own (forked by the runner's fork server, which imported
-xasink once, so a writer starts in milliseconds): it plans the write as the data source's ``writer()``
-does (server checks, the table's plan, the shadow table of an apply mode, the run guard, the batch's
-check, the driver's claim, recovery of earlier runs), writes each partition with ``write_partition`` as a
-task does (a failed task is retried once as attempt 1, as Spark retries it; a second failure aborts the
-batch), then commits with ``Coordinator.commit`` (or aborts).  The fault comes from ``XASINK_FAULT``, so a
-fault point ``kill`` takes this process down at that protocol point, ``sleep=`` pauses it there.
+:func:`writer_main` runs in a process of its own (forked by the runner's fork server, which imported xasink
+once, so a writer starts in milliseconds): it plans the write as the data source's ``writer()`` does (server
+checks, the table's plan, the shadow table of an apply mode, the run guard, the batch's check, the driver's
+claim, recovery of earlier runs), writes each partition with ``write_partition`` as a task does (a failed task
+is retried once as attempt 1, as Spark retries it; a second failure aborts the batch), then commits with
+``Coordinator.commit`` (or aborts); a commit that raises is followed by ``Coordinator.abort``, as Spark calls a
+batch write's ``abort()`` when its ``commit()`` fails. The fault comes from ``XASINK_FAULT``, so a fault point
+``kill`` takes this process down at that protocol point, ``sleep=`` pauses it there.
 
-It appends JSON lines to its result file: ``{"event": "claiming", "t": ...}`` as it begins its claim,
-``{"event": "claimed", "t": ...}`` once the claim took the batch over, ``{"event": "committing", "t": ...}``
-as it begins the commit, and last its outcome
-(``written`` / ``skipped`` / ``error`` with the exception's classes, message and the phase it failed in).
-``t`` is ``time.monotonic()``, which all processes of the machine share.
+It appends JSON lines to its result file: ``{"event": "run", "run": ...}`` (its run nonce, the end of its
+branches' xids), ``{"event": "claiming", "t": ...}`` as it begins its claim, ``{"event": "claimed", "t": ...}``
+once the claim took the batch over, ``{"event": "committing", "t": ...}`` as it begins the commit, ``{"event":
+"fault", "point": ..., "t": ...}`` as it reaches a fault point its spec names (the runner starts anchored
+interference and recover runs from these), and last its outcome (``written`` / ``skipped`` / ``error`` with the
+exception's classes, message and the phase it failed in, and for ``spec["look"]`` the ids each named table held
+right after: read with the plain driver, tests/targets.py). ``t`` is ``time.monotonic()``, which all processes
+of the machine share.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import pyarrow as pa
 from pyspark.sql.types import IntegerType, StringType, StructField, StructType
 from sqlalchemy.engine import make_url
 
+from tests.targets import MARIADB, mariadb_rows, rows
 from xasink.ops.cli import main as cli_main
 from xasink.options import parse_options
 from xasink.protocol.coordinator import Coordinator
@@ -103,6 +108,7 @@ def write(spec: dict[str, Any], emit: Any, phase: _Phase) -> WriteResult:
                 ensure_shadow(coordinator.dialect, conn, apply)
             target = shadow_plan(target, apply, FLAG if opts.delete_flag_column else None)
         run = new_run_nonce()
+        emit(event="run", run=run)
         batch_id = opts.batch_id
         say("planned: run %s", run)
         coordinator.check_batch(batch_id, query)
@@ -142,10 +148,20 @@ def write(spec: dict[str, Any], emit: Any, phase: _Phase) -> WriteResult:
             outcomes.append(outcome)
         phase.name = "commit"
         emit(event="committing", t=time.monotonic())
-        return coordinator.commit(batch_id, outcomes, query=query, apply=apply)
+        try:
+            return coordinator.commit(batch_id, outcomes, query=query, apply=apply, run=run)
+        except Exception:  # Spark calls the writer's abort() when its commit() fails, then raises commit's error
+            try:
+                coordinator.abort(batch_id, outcomes, run=run)
+            except Exception:  # noqa: BLE001 - Spark logs a failed abort and raises the commit's error
+                logging.getLogger(__name__).warning("abort after the failed commit failed too", exc_info=True)
+            raise
     finally:
         if guard is not None:
-            guard.close()
+            try:  # the data source's run guard lives in a keeper process of its own: its end is not the write's
+                guard.close()
+            except Exception:  # noqa: BLE001 - a session lost in a restart: the lock went with it
+                logging.getLogger(__name__).warning("the run guard's session was lost", exc_info=True)
         coordinator.close()
 
 
@@ -155,9 +171,13 @@ def _output_to(log_path: str) -> None:
     os.dup2(fd, 2)
 
 
-def recover_main(argv: list[str], log_path: str) -> None:
-    """The body of an ``xasink recover`` process: the console script's entry point, output to ``log_path``."""
+def recover_main(argv: list[str], log_path: str, fault_spec: str | None = None) -> None:
+    """The body of an ``xasink recover`` process: the console script's entry point, output to ``log_path``;
+    ``fault_spec``: its ``XASINK_FAULT`` (a pause inside its apply)."""
     _output_to(log_path)
+    os.environ.pop("XASINK_FAULT", None)
+    if fault_spec:
+        os.environ["XASINK_FAULT"] = fault_spec
     rc = cli_main(argv)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -176,20 +196,50 @@ def writer_main(spec: dict[str, Any], result_path: str, log_path: str) -> None:
         with open(result_path, "a") as out:
             out.write(json.dumps(fields) + "\n")
 
+    logging.getLogger("xasink.support.faults").addHandler(FaultEvents(emit))
     phase = _Phase()
     emit(event="started", t=time.monotonic())
     try:
         result = (multi_write if spec.get("multi") else write)(spec, emit, phase)
-        emit(outcome="skipped" if result.skipped else "written", rows=result.rows, t=time.monotonic())
+        told: dict[str, Any] = {"outcome": "skipped" if result.skipped else "written", "rows": result.rows}
     except Exception as exc:
         logging.getLogger(__name__).warning("writer failed", exc_info=True)
         classes = [c.__name__ for c in type(exc).__mro__]
-        emit(outcome="error", error=" ".join(classes), message=str(exc), phase=phase.name, t=time.monotonic())
+        told = {"outcome": "error", "error": " ".join(classes), "message": str(exc), "phase": phase.name}
+    told["t"] = time.monotonic()
+    if spec.get("look") and told["outcome"] != "error":
+        told["seen"] = look(spec["look"])
+    emit(**told)
     sys.stdout.flush()
     sys.stderr.flush()
     # done: the outcome is told.  Leave at once, as a Spark worker may: waiting for the threads xasink keeps
     # for the process (commit lanes, the spare connection) to wind down costs seconds per writer
     os._exit(0)
+
+
+class FaultEvents(logging.Handler):
+    """Writes an event for each fault point the process reaches (xasink.support.faults logs it before acting)."""
+
+    def __init__(self, emit: Any) -> None:
+        super().__init__(logging.WARNING)
+        self.emit_event = emit
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.args and isinstance(record.args, tuple):
+            self.emit_event(event="fault", point=str(record.args[0]), t=time.monotonic())
+
+
+def look(tables: dict[str, dict[str, str]]) -> dict[str, list[int]] | str:
+    """The ids each table holds now, by name (``{name: {"kind", "url", "table"}}``), read with the plain driver;
+    the error's text if a read fails (a server down: the look proves nothing then)."""
+    seen = {}
+    try:
+        for name, t in tables.items():
+            found = mariadb_rows(t["url"], t["table"]) if t["kind"] == MARIADB else rows(t["url"], t["table"])
+            seen[name] = sorted(int(r[0]) for r in found)
+    except Exception as exc:  # noqa: BLE001 - reported, never judged
+        return f"{type(exc).__name__}: {exc}"
+    return seen
 
 
 # --------------------------------------------------------------------------- a multi-target writer
@@ -223,6 +273,7 @@ def multi_write(spec: dict[str, Any], emit: Any, phase: _Phase) -> Any:
     mc = MultiCoordinator(
         spec["sink"], spec["batch"], log_opts, stream=query is not None, fixed=journal_url is not None, query=query
     )
+    emit(event="run", run=mc.run)
     say("multi writer: run %s, replay %s, order %s, fault %s", mc.run, mc.replay, spec["order"], spec.get("fault"))
     if not mc.replay:
         emit(event="claimed", t=time.monotonic())

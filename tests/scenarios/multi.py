@@ -9,7 +9,14 @@ some concurrent, some *replays* started once an earlier run of the same batch en
 the other order (the second database first), some of them for another streaming query (a restart from a
 new checkpoint), faults at the multi-target points (the tasks', ``tx.after_write``, the decision's), and
 ``xasink recover`` runs of either database (``--journal-url`` the log's).  A final recover of both
-databases against every log the schedule may have used ends it.
+databases against every log the schedule may have used ends it (one that exits 1 while the other database
+still held parts of a decided batch, naming it, is run again once the other was recovered: then it exits 0).
+
+:func:`draw_multi_faults` (issue 37) draws the log on either database (``journal_url``), a fault at any point
+of the decision (each driver point as likely as the writes') or of the writes, *replays that write a subset of
+the targets* (one database, or both in the other order), the log's sink row held by another session when a
+run decides (shorter or longer than ``controlLockTimeout``: a failed decision), locks on either table, and the
+session's PostgreSQL killed and started again (tests/scenarios/interference.py).
 
 The oracle (:func:`check_multi`) judges what the runs were told against both tables:
 
@@ -21,25 +28,25 @@ The oracle (:func:`check_multi`) judges what the runs were told against both tab
 - a run whose claim was taken over before it could decide is never told "written";
 - without journal_url every run is refused: never told "written" or "skipped", and one that failed of no
   injected fault was told ``OptionError`` (nothing of it is visible: its error is before the decision);
-- nothing is left prepared on either server.
+- nothing is left prepared on either server;
+- what each run saw and left when it answered (tests/scenarios/oracle.py's ``answers`` and ``seen_rows``): an
+  xasink error, never a raw driver error; nothing of a run told an error (other than "decided, recovery will
+  finish it") left prepared outside a decision on either database; a run told "written" saw its rows on every
+  table it wrote, one told "skipped" the rows of a run of its batch on every table that run wrote.
 """
 
 from __future__ import annotations
 
 import json
 import random
-import time
-import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 from tests.scenarios import model
-from tests.scenarios.driver import multi_writer_main
-from tests.scenarios.model import Told
-from tests.scenarios.runner import RECOVER_LIMIT_S, RecoverRun, Runner, Watch, fork_server
-from tests.targets import Target
+from tests.scenarios.model import Event
+from tests.scenarios.oracle import Told, answers, killed_at, seen_rows, took_over_before, twice, unfinished
 
 DBS = ("pg", "maria")
 LOGS = ("pg", "maria", "none")  # journal_url on PostgreSQL, on MariaDB, or none (refused: two databases)
@@ -59,7 +66,8 @@ class MultiWriter:
     query: str | None = None  # a streaming query's id (foreach_batch_multi), or None (xasink.transaction)
 
     def rows(self, db: str) -> list[Row]:
-        return [r for p in self.partitions[db] for r in p]
+        """Its rows for database ``db``: none when it does not write there (a replay of a subset)."""
+        return [r for p in self.partitions[db] for r in p] if db in self.order else []
 
     def pause(self) -> float:
         return model.Writer(self.label, self.batch, [], self.fault, 0.0).pause()
@@ -70,6 +78,7 @@ class MultiRecover:
     start: float
     db: str  # the database recovered
     log: str  # the log it reads (its own database's unless the schedule's log is elsewhere)
+    anchor: str | None = None  # "w0:driver.after_decide": ``start`` counts from that writer reaching that point
 
 
 @dataclass
@@ -79,6 +88,13 @@ class MultiSchedule:
     writers: list[MultiWriter]
     recovers: list[MultiRecover] = field(default_factory=list)
     name: str = ""
+    kind: str = ""  # "" (``draw_multi``) or "multi-interfere" (``draw_multi_faults``)
+    events: list[Event] = field(default_factory=list)  # interference (tests/scenarios/interference.py)
+
+    def limit(self, w: MultiWriter) -> float:
+        """How long the writer may take before it counts as hung (see :meth:`model.Schedule.limit`)."""
+        waits = model.COMMIT_TIMEOUT_S + 6 * model.LOCK_TIMEOUT_S + w.pause() + model.MARGIN_S
+        return waits + sum(e.hold for e in self.events)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -90,7 +106,8 @@ class MultiSchedule:
             for w in d["writers"]
         ]
         recovers = [MultiRecover(**r) for r in d.get("recovers", [])]
-        return cls(**{**d, "writers": writers, "recovers": recovers})
+        events = [Event(**e) for e in d.get("events", [])]
+        return cls(**{**d, "writers": writers, "recovers": recovers, "events": events})
 
     def log_of(self, w: MultiWriter) -> str:
         """The database whose log the run claims and decides in: journal_url's, else its first write's."""
@@ -99,10 +116,12 @@ class MultiSchedule:
     def replay(self) -> str:
         if self.name:
             return f"XASINK_SCENARIO_FOUND={self.name} pytest tests/test_scenarios.py -k found_multi"
-        return f"XASINK_SCENARIO_SEED={self.seed} pytest tests/test_scenarios.py -k 'test_scenarios_multi and not long'"
+        test = "test_scenarios_multi_interfere" if self.kind else "test_scenarios_multi and not interfere"
+        return f"XASINK_SCENARIO_SEED={self.seed} pytest tests/test_scenarios.py -k '{test} and not long'"
 
     def describe(self) -> str:
-        lines = [f"{self.name or 'seed ' + str(self.seed)}: multi-target, journal_url {self.log}"]
+        kind = f" ({self.kind})" if self.kind else ""
+        lines = [f"{self.name or 'seed ' + str(self.seed)}{kind}: multi-target, journal_url {self.log}"]
         for w in self.writers:
             parts = "; ".join(
                 db + " " + (" | ".join(",".join(str(r[0]) for r in p) or "-" for p in w.partitions[db]))
@@ -112,7 +131,10 @@ class MultiSchedule:
             query = f" query {w.query}" if w.query else ""
             lines.append(f"  {w.label} batch {w.batch}{query} {when} fault {w.fault or '-'}: [{parts}]")
         for r in self.recovers:
-            lines.append(f"  recover {r.db} (log {r.log}) at {r.start:.2f}s")
+            lines.append(f"  recover {r.db} (log {r.log}) {model.at(r.start, r.anchor)}")
+        for e in self.events:
+            until = f" or until {e.until}" if e.until else ""
+            lines.append(f"  {e.kind} on {e.db} {model.at(e.start, e.anchor)} for {e.hold:.2f}s{until}")
         return "\n".join(lines)
 
 
@@ -166,7 +188,77 @@ def draw_multi(seed: int) -> MultiSchedule:
     return MultiSchedule(seed, log, writers, recovers)
 
 
+def _any_point(rng: random.Random, w: MultiWriter) -> str | None:
+    """A fault at one of the decision's points (each as likely as a write's), a kill or a pause, or none."""
+    if rng.random() < 0.2:
+        return None
+    point = rng.choice(model.DRIVER_POINTS + TX_POINTS)
+    action = "kill" if rng.random() < 0.6 else f"sleep={rng.choice((0.5, 1.5, 3.0))}"
+    if point.startswith("task."):
+        full = sorted({p for db in w.order for p, rows in enumerate(w.partitions[db]) if rows})
+        return f"{point}:{action}:p={rng.choice(full)}"
+    if point == "tx.after_write":
+        return f"{point}:{action}:p={rng.randrange(len(w.order))}"
+    return f"{point}:{action}"
+
+
+def _after_writes(w: MultiWriter, pause: float) -> str:
+    """An anchor at ``w``'s last write (its branches prepared everywhere, before its decision): the point added
+    to its fault spec as a pause."""
+    item = f"tx.after_write:sleep={pause}:p={len(w.order) - 1}"
+    if not (w.fault or "").startswith("tx.after_write"):
+        w.fault = f"{w.fault},{item}" if w.fault else item
+    return f"{w.label}:tx.after_write"
+
+
+def draw_multi_faults(seed: int) -> MultiSchedule:
+    """Issue 37's multi-target schedule of one seed (see the module's docstring)."""
+    rng = random.Random(seed ^ 0x3737)
+    log = DBS[seed % 2]
+    stream = rng.random() < 0.3
+    writers: list[MultiWriter] = []
+    for i in range(rng.randint(2, 3)):
+        label = f"w{i}"
+        parts = {}
+        for d, db in enumerate(DBS):
+            rows = [(1000 * (i + 1) + 100 * d + k, label) for k in range(rng.randint(1, 4))]
+            parts[db] = model.split_rows(rng, rows)
+        order = list(DBS) if rng.random() < 0.5 else list(reversed(DBS))
+        w = MultiWriter(label, rng.choice((1, 1, 2)), parts, order, None, 0.0)
+        if i > 0 and rng.random() < 0.6:  # a replay of an earlier run's batch, writing a subset of its targets
+            prev = writers[rng.randrange(i)]
+            w.batch, w.after, w.start = prev.batch, prev.label, rng.choice((0.0, 0.5))
+            w.order = rng.choice(([DBS[0]], [DBS[1]], list(reversed(prev.order)), list(reversed(prev.order))))
+        elif i > 0:
+            w.start = round(rng.uniform(0.0, 1.5), 2)
+        if stream:
+            w.query = "qA" if i == 0 or rng.random() < 0.6 else "qB"
+        w.fault = _any_point(rng, w)
+        writers.append(w)
+    events = []
+    if rng.random() < 0.5:  # the log's sink row held when a run decides: past controlLockTimeout or not
+        w = rng.choice([w for w in writers if w.after is None])
+        events.append(Event("lock_sink", 0.1, rng.choice((2.0, 6.0, 6.0)), _after_writes(w, 0.5), log))
+    if rng.random() < 0.2:
+        events.append(
+            Event("lock_table", round(rng.uniform(0.0, 3.0), 2), rng.choice((2.0, 6.0)), None, rng.choice(DBS))
+        )
+    if rng.random() < 0.15:  # the session's own PostgreSQL only: never the shared MariaDB
+        w = rng.choice(writers)
+        events.append(Event("restart", 0.0, rng.choice((0.5, 2.0)), _after_writes(w, 0.3), "pg"))
+    recovers = []
+    for _ in range(rng.choice((0, 1, 1, 2))):
+        db = rng.choice(DBS)
+        recovers.append(MultiRecover(round(rng.uniform(0.5, 5.0), 2), db, log))
+    return MultiSchedule(seed, log, writers, recovers, kind="multi-interfere", events=events)
+
+
 # --------------------------------------------------------------------------- the oracle
+
+
+def rows_in(db: str) -> Callable[[MultiWriter], list[Row]]:
+    """What a writer writes into ``db``'s table."""
+    return lambda w: w.rows(db)
 
 
 def check_multi(
@@ -183,8 +275,10 @@ def check_multi(
     if any(rc not in (0, None) for rc in recover_rcs):
         found.append(f"a final `xasink recover` exited {recover_rcs}")
     if any(rc is None for rc in recover_rcs):
-        found.append(f"a final `xasink recover` ran past {RECOVER_LIMIT_S}s and was killed")
-    found += model.unfinished(told)
+        found.append("a final `xasink recover` ran past its time limit and was killed")
+    found += unfinished(told)
+    found += answers(told)
+    found += seen_rows(schedule.writers, told, {db: rows_in(db) for db in DBS})
     by_label = {w.label: w for w in schedule.writers}
     present: dict[str, bool] = {}
     for db, rows in tables.items():
@@ -200,20 +294,20 @@ def check_multi(
             have = mine[w.label] & set(counts)
             if have and have != mine[w.label]:
                 found.append(f"{db}: only part of {w.label}'s rows: {sorted(have)}")
+            if db not in w.order:
+                continue  # a replay of a subset of the targets writes nothing there
             if w.label in present and present[w.label] != bool(have):
                 found.append(
-                    f"{w.label} (batch {w.batch}) committed on {'pg' if present[w.label] else db} only: "
-                    "a multi-target batch must be on both targets or on neither"
+                    f"{w.label} (batch {w.batch}) committed on {w.order[0] if present[w.label] else db} only: "
+                    "a multi-target batch must be on every target it writes or on none"
                 )
             present[w.label] = present.get(w.label, False) or bool(have)
-    found += model.twice((by_label[label].batch for label, p in present.items() if p), "committed (written twice)")
+    found += twice((by_label[label].batch for label, p in present.items() if p), "committed (written twice)")
     written = (by_label[label].batch for label, t in told.items() if t.outcome == "written")
-    found += model.twice(written, "told 'written'")
+    found += twice(written, "told 'written'")
     for label, t in told.items():
         w = by_label[label]
-        killed_decided = (
-            t.outcome == "killed" and bool(w.fault) and w.fault.startswith(model.AFTER_DECISION) and ":kill" in w.fault
-        )
+        killed_decided = t.outcome == "killed" and killed_at(w.fault) in model.AFTER_DECISION
         must = t.membership()
         if killed_decided:
             must = True
@@ -248,134 +342,6 @@ def check_multi(
                 # a claim in another log (no journal_url, the writes in another order) takes nothing over
                 same_log = schedule.log_of(by_label[other]) == schedule.log_of(w)
                 if other != label and by_label[other].batch == w.batch and o.claimed_at is not None and same_log:
-                    if model.took_over_before(t, o, decides):
+                    if took_over_before(t, o, decides):
                         found.append(f"{label} told 'written' though {other} took batch {w.batch} over first")
     return found
-
-
-# --------------------------------------------------------------------------- the runner
-
-
-@dataclass
-class MultiOutcome:
-    schedule: MultiSchedule
-    told: dict[str, Told]
-    tables: dict[str, list[Row]]
-    violations: list[str]
-    seconds: float
-
-    def report(self) -> str:
-        lines = [self.schedule.describe()]
-        for label, t in self.told.items():
-            error = t.error.split(" ")[0] if t.error else ""
-            lines.append(f"  {label}: {t.outcome} {t.phase} {error} {t.message[:300]}")
-        for db, rows in self.tables.items():
-            lines.append(f"  final {db} table: {rows}")
-        lines += [f"  VIOLATION: {v}" for v in self.violations]
-        lines.append(f"  replay: {self.schedule.replay()}")
-        return "\n".join(lines)
-
-
-class MultiRunner:
-    """Runs multi-target schedules against the session's PostgreSQL and MariaDB databases."""
-
-    def __init__(self, pg: Target, maria: Target, workdir: Path) -> None:
-        self.dbs = {"pg": pg, "maria": maria}
-        self.recover_urls = {db: Runner(t, workdir).recover_url(None) for db, t in self.dbs.items()}
-        self.workdir = workdir
-
-    def _credentials(self, db: str) -> dict[str, Any]:
-        password = self.dbs[db].password
-        return {"password": password} if password is not None else {}
-
-    def _spec(self, s: MultiSchedule, w: MultiWriter, tables: dict[str, str], sink: str) -> dict[str, Any]:
-        return {
-            "multi": True,
-            "sink": sink,
-            "batch": w.batch,
-            "common": {
-                "sinkId": sink,
-                "batchId": w.batch,
-                "commitTimeout": model.COMMIT_TIMEOUT_S,
-                "lockTimeout": model.LOCK_TIMEOUT_S,
-                "controlLockTimeout": model.LOCK_TIMEOUT_S,
-            },
-            "credentials": {db: self._credentials(db) for db in DBS},
-            "urls": {db: t.url for db, t in self.dbs.items()},
-            "tables": tables,
-            "journal_url": self.dbs[s.log].url if s.log != "none" else None,
-            "log_credentials": self._credentials(s.log) if s.log != "none" else {},
-            "order": w.order,
-            "partitions": {db: [[list(r) for r in p] for p in parts] for db, parts in w.partitions.items()},
-            "query": w.query,
-            "fault": w.fault,
-        }
-
-    def _recover(self, db: str, log: str, sink: str, here: Path, name: str) -> RecoverRun:
-        argv = ["recover", "--url", self.recover_urls[db], "--sink-id", sink]
-        if log != db:
-            argv += ["--journal-url", self.recover_urls[log]]
-        return RecoverRun(argv, here / f"recover-{name}-{db}-{log}.log")
-
-    def run(self, schedule: MultiSchedule) -> MultiOutcome:
-        t_begin = time.monotonic()
-        tables = {}
-        for db, target in self.dbs.items():
-            tables[db] = target.new_table()
-            target.create_table(tables[db], "id int, name varchar(40)")
-        sink = f"mt{uuid.uuid4().hex[:10]}"
-        here = Path(self.workdir) / f"multi-seed{schedule.seed}-{uuid.uuid4().hex[:6]}"
-        here.mkdir()
-        ctx = fork_server()
-        waiting: list[MultiWriter] = list(schedule.writers)
-        pending_recovers = sorted(schedule.recovers, key=lambda r: r.start)
-        watch = Watch()
-        t0 = time.monotonic()
-        try:
-            while waiting or pending_recovers or watch.writers_alive():
-                now = time.monotonic()
-                for w in list(waiting):
-                    base = t0 if w.after is None else watch.ended.get(w.after)
-                    if base is None or now < base + w.start:
-                        continue
-                    waiting.remove(w)
-                    proc = ctx.Process(
-                        target=multi_writer_main,
-                        args=(
-                            self._spec(schedule, w, tables, sink),
-                            str(here / f"{w.label}.jsonl"),
-                            str(here / f"{w.label}.log"),
-                        ),
-                        daemon=True,
-                    )
-                    limit = model.COMMIT_TIMEOUT_S + 6 * model.LOCK_TIMEOUT_S + w.pause() + model.MARGIN_S
-                    watch.start_writer(w.label, proc, limit)
-                while pending_recovers and pending_recovers[0].start <= now - t0:
-                    r = pending_recovers.pop(0)
-                    watch.start_recover(self._recover(r.db, r.log, sink, here, uuid.uuid4().hex[:4]))
-                watch.check()
-                time.sleep(0.02)
-            for rproc, _ in watch.recovers:
-                rproc.wait(RECOVER_LIMIT_S)
-        except BaseException:
-            watch.kill_all()
-            raise
-        watch.join_writers()
-        logs = DBS if schedule.log == "none" else (schedule.log,)
-        rcs = []
-        for log in logs:  # the log first, then the other database: each finishes what the log decided there
-            for db in sorted(DBS, key=lambda d: d != log):
-                rcs.append(self._recover(db, log, sink, here, "final").wait(RECOVER_LIMIT_S))
-        told = {w.label: watch.told(w.label, here) for w in schedule.writers}
-        rows = {db: [(int(r[0]), str(r[1])) for r in t.rows(tables[db], "id, name")] for db, t in self.dbs.items()}
-        prepared = [g for t in self.dbs.values() for g in t.prepared(sink)]
-        violations = check_multi(schedule, told, rows, prepared, rcs)
-        for db, t in self.dbs.items():
-            for gid in t.prepared(sink):
-                try:
-                    t.rollback_ours(gid)
-                except Exception:
-                    pass
-            t.tables.remove(tables[db])
-            t.drop_table(tables[db])
-        return MultiOutcome(schedule, told, rows, violations, time.monotonic() - t_begin)

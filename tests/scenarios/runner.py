@@ -5,9 +5,13 @@ server that imported xasink once, so a schedule of four writers starts in millis
 seconds; it can be SIGKILLed by its fault point and is killed here if it outlives its time limit.
 Recovery runs as the real ``xasink recover`` command (the console script's entry point, ``xasink.ops.cli:main``,
 in a forked process; ``XASINK_SCENARIO_CLI=1``: the installed script itself), some runs under a short
-statement timeout; a final one runs after every writer is gone.  Then the
-table, its child table, a sibling table and the prepared branches are read with the plain driver
-(tests/targets.py) and handed to the oracle.
+statement timeout, some started once a writer reached a fault point (``anchor``), some with a pause inside their
+apply (``fault``); a final one runs after every writer is gone.  Interference from outside xasink (locks, a
+column added, a server killed and started again: tests/scenarios/interference.py) runs beside the writers and
+is ended before the final recover.  Then the table, its child table, a sibling table and the prepared branches
+are read with the plain driver (tests/targets.py) and handed to the oracle (tests/scenarios/oracle.py), with
+what each writer saw and left when it answered: the moment a writer's process ends, its branches still
+prepared outside any decision are listed (:class:`Exits`).
 """
 
 from __future__ import annotations
@@ -24,9 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.scenarios import model
+from tests.scenarios import model, oracle
 from tests.scenarios.driver import recover_main, writer_main
-from tests.scenarios.model import Recover, Schedule, Told, Writer
+from tests.scenarios.interference import Anchored, Interference, Place, Restartable, due_items
+from tests.scenarios.model import Recover, Schedule, Writer
+from tests.scenarios.oracle import Told
 from tests.targets import MARIADB, MariaDBTarget, Target
 
 XASINK_CLI = str(Path(sys.executable).with_name("xasink"))  # the console script (XASINK_SCENARIO_CLI=1)
@@ -61,24 +67,42 @@ class Outcome:
     violations: list[str]
     seconds: float
     logs: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # what the interference did
 
     def report(self) -> str:
         lines = [self.schedule.describe()]
-        for label, t in self.told.items():
-            error = t.error.split(" ")[0] if t.error else ""
-            lines.append(f"  {label}: {t.outcome} {t.phase} {error} {t.message[:300]}")
+        lines += told_lines(self.told)
+        lines += [f"  interference: {n}" for n in self.notes]
         lines.append(f"  final table: {self.table}")
         lines += [f"  VIOLATION: {v}" for v in self.violations]
         lines.append(f"  replay: {self.schedule.replay()}")
         return "\n".join(lines)
 
 
-class Runner:
-    """Runs schedules against one database (a :class:`tests.targets.Target`)."""
+def told_lines(told: dict[str, Told]) -> list[str]:
+    """What each run was told, and what it saw and left then, for a report."""
+    lines = []
+    for label, t in told.items():
+        error = t.error.split(" ")[0] if t.error else ""
+        lines.append(f"  {label}: {t.outcome} {t.phase} {error} {t.message[:300]}".rstrip())
+        reached = ", ".join(f"{p} +{at - t.started:.2f}s" for p, at in t.faults.items())
+        took = f"ran {t.ended - t.started:.2f}s" + (f", run {t.run}" if t.run else "")
+        lines.append(f"      {took}{'; reached ' + reached if reached else ''}")
+        if t.seen is not None:
+            lines.append(f"      saw right after: {t.seen}")
+        if t.leftover:
+            lines.append(f"      left prepared outside a decision: {t.leftover}")
+    return lines
 
-    def __init__(self, db: Target, workdir: Path) -> None:
+
+class Runner:
+    """Runs schedules against one database (a :class:`tests.targets.Target`); ``server``: its server, when the
+    schedules may kill it and start it again (the session's private PostgreSQL, a private MariaDB)."""
+
+    def __init__(self, db: Target, workdir: Path, server: Restartable | None = None) -> None:
         self.db = db
         self.workdir = workdir
+        self.server = server
 
     # -- the tables ---------------------------------------------------------------------------------
     def _tables(self, mode: str) -> tuple[str, str | None, str]:
@@ -103,13 +127,11 @@ class Runner:
 
     def _options(self, schedule: Schedule, w: Writer, table: str, sink: str) -> tuple[str, dict[str, Any]]:
         options: dict[str, Any] = {
-            "url": self.db.url,
+            "url": self.writer_url(schedule.options.get("statementTimeoutMs")),
             "dbtable": table,
             "sinkId": sink,
             "batchId": w.batch,
-            "commitTimeout": model.COMMIT_TIMEOUT_S,
-            "lockTimeout": model.LOCK_TIMEOUT_S,
-            "controlLockTimeout": model.LOCK_TIMEOUT_S,
+            **{k: v for k, v in {**model.WRITER_OPTIONS, **schedule.options}.items() if k != "statementTimeoutMs"},
         }
         if self.db.password is not None:
             options["password"] = self.db.password
@@ -122,6 +144,11 @@ class Runner:
         if mode == "replaceWhere":
             options["replaceWhere"] = f"id >= {model.REPLACE_FROM}"
         return ("overwrite" if mode in ("overwrite", "replaceWhere") else "append"), options
+
+    def writer_url(self, statement_timeout_ms: int | None) -> str:
+        """The URL the writers get: the user's, or with a statement timeout the target imposes on every session
+        (as a DBA's role setting would)."""
+        return self.db.url if statement_timeout_ms is None else self.recover_url(statement_timeout_ms)
 
     def recover_url(self, statement_timeout_ms: int | None) -> str:
         """The URL ``xasink recover`` gets, with a statement timeout for every statement it runs."""
@@ -142,77 +169,116 @@ class Runner:
         table, child, sibling = self._tables(schedule.mode)
         sink = f"sc{uuid.uuid4().hex[:10]}"
         here = Path(tempfile.mkdtemp(prefix=f"seed{schedule.seed}-", dir=self.workdir))
+        interference = Interference({"": Place(self.db, table, self.server)}, sink)
+        try:
+            return self._run(schedule, table, child, sibling, sink, here, interference, t_begin)
+        finally:  # even when the schedule failed: nothing of it prepared, its tables dropped
+            interference.finish()
+            for gid in self.db.prepared(sink):
+                try:
+                    self.db.rollback_ours(gid)
+                except Exception:  # finished concurrently
+                    pass
+            for name in (table, sibling, *((child,) if child else ())):
+                if name in self.db.tables:
+                    self.db.tables.remove(name)
+            self.db.drop_table(*((child,) if child else ()), table, sibling)
+
+    def _run(
+        self,
+        schedule: Schedule,
+        table: str,
+        child: str | None,
+        sibling: str,
+        sink: str,
+        here: Path,
+        interference: Interference,
+        t_begin: float,
+    ) -> Outcome:
         ctx = fork_server()
-        pending: list[tuple[float, Writer | Recover]] = sorted(
-            [(w.start, w) for w in schedule.writers] + [(r.start, r) for r in schedule.recovers], key=lambda x: x[0]
-        )
+        waiting = list(schedule.writers)
+        anchored = [Anchored(e) for e in schedule.events] + [Anchored(r) for r in schedule.recovers]
         watch = Watch()
+        exits = Exits({"": self.db}, [self.db], sink, here, interference)
+        dropped: list[str] = []
         t0 = time.monotonic()
         try:
-            while pending or watch.writers_alive() or watch.recovering():
+            while waiting or anchored or watch.writers_alive() or watch.recovering():
                 now = time.monotonic()
-                while pending and pending[0][0] <= now - t0:
-                    _, item = pending.pop(0)
-                    if isinstance(item, Writer):
-                        save_mode, options = self._options(schedule, item, table, sink)
-                        spec = {
-                            "options": options,
-                            "save_mode": save_mode,
-                            "fault": item.fault,
-                            "partitions": [[list(r) for r in p] for p in item.partitions],
-                            "query": item.query,
-                        }
-                        proc = ctx.Process(
-                            target=writer_main,
-                            args=(spec, str(here / f"{item.label}.jsonl"), str(here / f"{item.label}.log")),
-                            daemon=True,
-                        )
-                        limit = model.COMMIT_TIMEOUT_S + 3 * model.LOCK_TIMEOUT_S + item.pause() + model.MARGIN_S
-                        watch.start_writer(item.label, proc, limit)
+                for w in list(waiting):
+                    base = t0 if w.after is None else watch.ended.get(w.after)
+                    if base is None or now < base + w.start:
+                        continue
+                    waiting.remove(w)
+                    save_mode, options = self._options(schedule, w, table, sink)
+                    spec = {
+                        "options": options,
+                        "save_mode": save_mode,
+                        "fault": w.fault,
+                        "partitions": [[list(r) for r in p] for p in w.partitions],
+                        "query": w.query,
+                        "look": {"table": self.look(table)} if schedule.mode == "append" else None,
+                    }
+                    proc = ctx.Process(
+                        target=writer_main,
+                        args=(spec, str(here / f"{w.label}.jsonl"), str(here / f"{w.label}.log")),
+                        daemon=True,
+                    )
+                    watch.start_writer(w.label, proc, schedule.limit(w))
+                reached = exits.reached(watch)
+                interference.reached(reached)
+                for item in due_items(anchored, t0, reached, set(watch.ended), dropped):
+                    if isinstance(item, Recover):
+                        watch.start_recover(self._recover(item.statement_timeout_ms, sink, here, fault=item.fault))
                     else:
-                        watch.start_recover(self._recover(item.statement_timeout_ms, sink, here))
+                        interference.start(item)
                 watch.check()
+                if interference.up():
+                    exits.look(watch)
                 time.sleep(0.02)
         except BaseException:  # the runner itself failed (or was interrupted): stop what it started
             watch.kill_all()
             raise
         watch.join_writers()
+        interference.finish()  # every lock released, the server up: the final recover must be able to finish
+        exits.look(watch)
+        interference.after_restarts()
         final = self._recover(None, sink, here, name="final")
         final_rc = final.wait(RECOVER_LIMIT_S)
-        told = {w.label: watch.told(w.label, here) for w in schedule.writers}
-        q = self.db.q
-        rows = [tuple(_plain(v) for v in r) for r in self.db.rows(table, "id, name")]
+        told = {w.label: exits.told(watch, w.label) for w in schedule.writers}
+        # the schedule's own columns only: interference may have added others
+        columns = "id, name, seq" if schedule.mode == "changes" else "id, name"
+        found = self.db.execute(f"SELECT {columns} FROM {self.db.q(table)} ORDER BY id, name")
+        rows = [tuple(_plain(v) for v in r) for r in found]
         child_rows = [tuple(int(v) for v in r) for r in self.db.rows(child)] if child is not None else []
         sibling_ok = [tuple(r) for r in self.db.rows(sibling)] == SIBLING_ROWS
         prepared = self.db.prepared(sink)
-        violations = model.check(schedule, told, rows, prepared, sibling_ok, child_rows, final_rc)
+        violations = oracle.check(schedule, told, rows, prepared, sibling_ok, child_rows, final_rc)
         if final_rc is None:
             violations.append(f"the final `xasink recover` ran past {RECOVER_LIMIT_S}s and was killed")
         if watch.stuck:
             violations.append(f"{watch.stuck} `xasink recover` run(s) during the schedule ran past {RECOVER_LIMIT_S}s")
-        for gid in prepared:  # reported above; rolled back so later schedules do not wait on their locks
-            try:
-                self.db.rollback_ours(gid)
-            except Exception:  # finished concurrently
-                pass
         logs = {}
         if violations:
             for f in sorted(here.glob("*.log")):
                 logs[f.stem] = f.read_text(errors="replace")[-4000:]
-        for name in (table, sibling, *((child,) if child else ())):
-            self.db.tables.remove(name)
-        self.db.drop_table(*((child,) if child else ()), table, sibling)
-        del q
-        return Outcome(schedule, told, rows, violations, time.monotonic() - t_begin, logs)
+        return Outcome(schedule, told, rows, violations, time.monotonic() - t_begin, logs, interference.notes + dropped)
 
-    def _recover(self, statement_timeout_ms: int | None, sink: str, here: Path, name: str = "") -> RecoverRun:
+    def look(self, table: str) -> dict[str, str]:
+        """What a writer reads the table with right after its answer (tests/scenarios/driver.py's ``look``)."""
+        url = self.db.admin_url if isinstance(self.db, MariaDBTarget) else self.db.url
+        return {"kind": self.db.kind, "url": url, "table": table}
+
+    def _recover(
+        self, statement_timeout_ms: int | None, sink: str, here: Path, name: str = "", fault: str | None = None
+    ) -> RecoverRun:
         argv = ["recover", "--url", self.recover_url(statement_timeout_ms), "--sink-id", sink]
         if statement_timeout_ms is not None:
             # a step its own statement timeout keeps blocking is retried for --retry-for (default 5 minutes, for a
             # server down that long), then reported unfinished (exit 1): bounded here so the run ends well within
             # RECOVER_LIMIT_S on a loaded machine (MariaDB seed 1042: 5 ms never fit the apply's DELETE)
             argv += ["--retry-for", f"{RECOVER_RETRY_S:g}s"]
-        return RecoverRun(argv, here / f"recover-{name or uuid.uuid4().hex[:6]}.log")
+        return RecoverRun(argv, here / f"recover-{name or uuid.uuid4().hex[:6]}.log", fault)
 
 
 class RecoverRun:
@@ -220,15 +286,17 @@ class RecoverRun:
     process forked by the fork server, or with ``XASINK_SCENARIO_CLI=1`` the installed console script itself
     (an interpreter start per run: about a second on a busy machine)."""
 
-    def __init__(self, argv: list[str], log: Path) -> None:
+    def __init__(self, argv: list[str], log: Path, fault: str | None = None) -> None:
         self.proc: Any
         if os.environ.get("XASINK_SCENARIO_CLI") == "1":
+            env = {k: v for k, v in os.environ.items() if k != "XASINK_FAULT"}
+            env.update({"XASINK_FAULT": fault} if fault else {})
             with log.open("wb") as out:
                 self.proc = subprocess.Popen(
-                    [XASINK_CLI, *argv], stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
+                    [XASINK_CLI, *argv], stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env
                 )
         else:
-            self.proc = fork_server().Process(target=recover_main, args=(argv, str(log)), daemon=True)
+            self.proc = fork_server().Process(target=recover_main, args=(argv, str(log), fault), daemon=True)
             self.proc.start()
 
     def poll(self) -> int | None:
@@ -314,7 +382,11 @@ class Watch:
             lines = [json.loads(line) for line in result.read_text().splitlines() if line.strip()]
         told = Told("killed" if process.exitcode == -9 else "lost", started, self.ended[label])
         for line in lines:
-            if line.get("event") == "started":
+            if line.get("event") == "run":
+                told.run = line["run"]
+            elif line.get("event") == "fault":
+                told.faults.setdefault(line["point"], line["t"])
+            elif line.get("event") == "started":
                 told.forked_at = line["t"]
             elif line.get("event") == "claiming":
                 told.claiming_at = line["t"]
@@ -328,9 +400,71 @@ class Watch:
                 told.message = line.get("message", "")
                 told.phase = line.get("phase", "")
                 told.told_at = line.get("t")
+                told.seen = line["seen"] if isinstance(line.get("seen"), dict) else None
         if label in self.hung:
             told.outcome = "hung"
         return told
+
+
+class Exits:
+    """Each writer's reports as they come (the fault points it reached, which start anchored items) and, the
+    moment its process ended, its branches still prepared outside any decision: for a run told an error that
+    promises a clean end (``Told.must_leave_nothing``), the oracle's "left prepared" finding.  ``dbs``: where
+    the sink's branches may be, by the name interference uses for them; ``logs``: the decision logs that may
+    list them.  Branches on a database that was down (killed) while the run ran or ended are excused: nothing
+    can roll them back then, recovery does later."""
+
+    def __init__(
+        self, dbs: dict[str, Target], logs: list[Target], sink: str, here: Path, interference: Interference
+    ) -> None:
+        self.dbs, self.logs = dbs, logs
+        self.here = here
+        self.sink = sink
+        self.interference = interference
+        self.looked: dict[str, list[str]] = {}
+
+    def reached(self, watch: Watch) -> dict[str, dict[str, float]]:
+        """Each started writer's fault points reached so far, and when."""
+        out: dict[str, dict[str, float]] = {}
+        for label in watch.writers:
+            path = self.here / f"{label}.jsonl"
+            if path.exists():
+                for line in path.read_text().splitlines():
+                    if '"fault"' in line:
+                        event = json.loads(line)
+                        out.setdefault(label, {}).setdefault(event["point"], event["t"])
+        return out
+
+    def look(self, watch: Watch) -> None:
+        """For each writer whose process ended since the last look: what it left prepared."""
+        for label in list(watch.ended):
+            if label in self.looked:
+                continue
+            told = watch.told(label, self.here)
+            self.looked[label] = []
+            if not (told.must_leave_nothing() and told.run):
+                continue
+            for name, db in self.dbs.items():
+                if self.interference.was_down(name, told.started, told.ended):
+                    continue
+                try:
+                    self.looked[label] += outside_decisions(db, self.logs, self.sink, told.run)
+                except Exception:  # noqa: BLE001 - a server down now: this look proves nothing
+                    continue
+
+    def told(self, watch: Watch, label: str) -> Told:
+        told = watch.told(label, self.here)
+        told.leftover = self.looked.get(label, [])
+        return told
+
+
+def outside_decisions(db: Target, logs: list[Target], sink: str, run: str) -> list[str]:
+    """The run's branches prepared in ``db`` that no decision of the sink lists in any of ``logs``."""
+    mine = [g for g in db.prepared(sink) if g.endswith(f"-{run}")]
+    if not mine:
+        return []
+    decided = {x for log in logs for d in log.decisions(sink).values() for x in d.xids}
+    return [g for g in mine if g not in decided]
 
 
 def _literal(v: Any) -> str:

@@ -1,22 +1,21 @@
 """What every database dialect provides: the XA verbs, recovery, bulk load and checks.
 
-Dialects (and the decision log) are the only modules that speak SQL.  The control side (the
-driver's journal, commit and sweep) runs through a SQLAlchemy engine; the
-branch side (an executor loading rows) uses whatever driver API is fastest.
+Dialects (and the decision log) are the only modules that speak SQL.  The control side (the driver's journal, commit
+and sweep) runs on a SQLAlchemy engine; the branch side (an executor loading rows), on the fastest driver API.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.pool import NullPool
 
+from xasink.dialects.login import connect_error
 from xasink.dialects.pooling import watch_checkouts
 from xasink.dialects.values import (
     BlockedSession,
@@ -27,7 +26,7 @@ from xasink.dialects.values import (
     PreparedTxn,
     TargetPlan,
 )
-from xasink.errors import ConnectError, XasinkError
+from xasink.errors import XasinkError
 from xasink.protocol.xid import Xid
 from xasink.support import phases
 from xasink.support.masking import display_url, redact, url_secrets
@@ -60,16 +59,6 @@ class BranchSession(ABC):
 
 # (dialect, host:port, setting, value) already warned about in this process: once per run, not per batch
 _DURABILITY_WARNED: set[tuple[str, str, str]] = set()
-
-
-def _stamp_connect(dialect: Any, conn_rec: Any, cargs: Any, cparams: Any) -> None:
-    conn_rec.info["xasink_connect_start"] = time.time()
-
-
-def _record_connect(dbapi_conn: Any, conn_rec: Any) -> None:
-    start = conn_rec.info.pop("xasink_connect_start", None)
-    if start is not None:
-        phases.record("connect.control", start, time.time())
 
 
 class Dialect(ABC):
@@ -110,8 +99,8 @@ class Dialect(ABC):
             watch_checkouts(engine, self.socket_fd)
         sa.event.listen(engine, "connect", self.on_connect)
         if phases.enabled():  # the benchmark's breakdown: what a control connection's set-up costs
-            sa.event.listen(engine, "do_connect", _stamp_connect)
-            sa.event.listen(engine, "connect", _record_connect)
+            sa.event.listen(engine, "do_connect", phases.stamp_connect)
+            sa.event.listen(engine, "connect", phases.record_connect)
         return engine
 
     def socket_fd(self, dbapi_conn: Any) -> int | None:
@@ -141,25 +130,17 @@ class Dialect(ABC):
 
     def connect_error(self, exc: BaseException) -> XasinkError:
         orig = getattr(exc, "orig", exc)
-        text = redact(str(orig).strip(), url_secrets(self.url))
-        low = text.lower()
-        if "password" in low or "access denied" in low or "authentication" in low:
-            return ConnectError(
-                f"authentication failed for user '{self.url.username}' at {self.where()}: "
-                f"check the 'user' and 'password' options ({text.splitlines()[0]})"
-            )
-        if "does not exist" in low or "unknown database" in low:
-            return ConnectError(f"{self.where()}: {text.splitlines()[0]}; create it or fix the database in 'url'")
-        return ConnectError(
-            f"cannot connect to {self.name} at {self.where()}: is the server running and "
-            f"reachable from here? ({text.splitlines()[0] if text else type(orig).__name__})"
-        )
+        text = redact(str(orig).strip(), url_secrets(self.url)) or type(orig).__name__
+        return connect_error(self.name, self.where(), self.url.username, self.url.database, text)
 
     def dispose(self) -> None:
         for engine in (self._engine, self._autocommit_engine):
             if engine is not None:
                 engine.dispose()
         self._engine = self._autocommit_engine = None
+
+    def before_finishing(self, xids: Sequence[Xid]) -> None:  # noqa: B027 - optional hook
+        """Before COMMIT / ROLLBACK PREPARED of many branches (MariaDB: all owners' exits seen at once). No raise."""
 
     @abstractmethod
     def commit_prepared(self, conn: Connection, xid: Xid) -> None: ...
@@ -189,6 +170,18 @@ class Dialect(ABC):
     @abstractmethod
     def check_server(self, conn: Connection, branches: int | None) -> None:
         """Raise :class:`PreflightError` when the server cannot hold ``branches`` prepared branches."""
+
+    def free_prepared_slots(self, conn: Connection) -> tuple[int, int] | None:
+        """(free, limit) of the server's prepared-transaction slots; None where there is no limit (MySQL)."""
+        return None
+
+    def denied(self, exc: BaseException) -> bool:
+        """Whether the server refused a statement for want of a privilege (the user needs a GRANT)."""
+        return False
+
+    def write_blockers(self, conn: Connection) -> list[str]:
+        """Why xasink cannot write on this server at all, each with its fix (``xasink status``: CRITICAL)."""
+        return []
 
     def durability_risks(self, conn: Connection) -> list[DurabilityRisk]:
         """The server's settings under which a crash can lose what PREPARE or the decision wrote."""
@@ -307,6 +300,9 @@ class Dialect(ABC):
     # secondary (batch, branch) index, as before, cost a lookup per row and a second index to load and delete)
     keyed_shadow = False
     apply_isolation: str | None = None
+
+    def check_apply(self, conn: Connection) -> None:  # noqa: B027 - optional hook
+        """Planning a write with an apply step: :class:`PreflightError` when its sessions could not run the apply."""
 
     @abstractmethod
     def lock_apply(self, conn: Connection, name: str) -> None:

@@ -1,6 +1,7 @@
 """The decision log: which batches of which sinks are decided, with their branch lists.
 
-Four small tables in the target database, written on the driver in short
+Five small tables in the target database (``<prefix>parts``, for multi-target transactions, is
+:mod:`xasink.journal.parts`), written on the driver in short
 ordinary transactions, never inside a branch:
 
 * ``<prefix>log``: one row, the log's identity (a random id drawn when the

@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from xasink.errors import PreflightError
+from xasink.journal.grants import check_grants
 from xasink.journal.log import Journal
 from xasink.protocol.xid import Xid
 
@@ -37,6 +38,7 @@ def ensure_parts(journal: Journal) -> None:
     """Create the parts table on a transaction's first use of a log (single-table writers never need it)."""
     with journal.dialect.connect() as conn:
         if sa.inspect(conn).has_table(journal.parts.name, schema=journal.parts.schema):
+            check_grants(journal.dialect, [("parts", journal.parts)])  # made by a DBA: may the writer use it?
             return
         conn.rollback()
         try:
@@ -122,8 +124,9 @@ def mark_parts_committed(conn: Connection, journal: Journal, parts: list[Part]) 
 
 def mark_parts_done(
     conn: Connection, journal: Journal, sink_id: str, batch_id: int, xids: tuple[Xid, ...], done: list[Part]
-) -> bool:
-    """Mark ``done`` committed and say whether every part of the decision now is, in the caller's transaction.
+) -> list[tuple[str, str]]:
+    """Mark ``done`` committed, in the caller's transaction; the parts of the decision still not committed
+    (their server and target), none once every part is.
 
     The caller holds the sink's lock (:meth:`Journal.locked`): two recoveries of two databases of one
     transaction then mark one after the other, and the later one reads the earlier one's mark, so whichever
@@ -139,9 +142,34 @@ def mark_parts_done(
     runs = {x.run for x in xids}
     # a locking read: the newest committed marks, on PostgreSQL and InnoDB (REPEATABLE READ) alike
     marks = conn.execute(
-        sa.select(p.run, p.committed).where(p.sink_id == sink_id, p.batch_id == batch_id).with_for_update()
+        sa.select(p.run, p.committed, p.server, p.target)
+        .where(p.sink_id == sink_id, p.batch_id == batch_id)
+        .order_by(p.part)
+        .with_for_update()
     )
-    return all(bool(committed) for run, committed in marks if run in runs)
+    return [(server, target) for run, committed, server, target in marks if run in runs and not committed]
+
+
+def still_to_recover(left: list[tuple[str, str]], log_server: str) -> str:
+    """Where a decided transaction's uncommitted parts are (server identity and tables), with the command that
+    finishes each: what the caller is told while the batch is unfinished.  The log can name a database only by
+    the identity its server reports (it keeps no URL), so the command is given with placeholders."""
+    tables: dict[str, list[str]] = {}
+    for server, target in left:
+        try:
+            t = json.loads(target)
+            name = f"{t.get('schema')}.{t.get('table')}"
+        except (ValueError, AttributeError):
+            name = "?"
+        if name not in tables.setdefault(server, []):
+            tables[server].append(name)
+    said = []
+    for server, names in sorted(tables.items()):
+        command = "xasink recover --url <that database>"
+        if server != log_server:
+            command += " --journal-url <the decision log's database>"
+        said.append(f"{server} ({', '.join(names)}): run '{command}'")
+    return "its writes in these databases are not committed yet: " + "; ".join(said)
 
 
 def multi_target(parts: list[Part]) -> str:

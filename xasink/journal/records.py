@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from xasink.protocol.xid import Xid
+from xasink.results import EarlierCommit
 
 COMMITTING = "committing"
 COMMITTED = "committed"
@@ -27,6 +28,16 @@ class BatchRecord:
     @property
     def committed(self) -> bool:
         return self.state == COMMITTED
+
+    def earlier(self) -> EarlierCommit:
+        """What this decided batch wrote, as a rerun that skips it reports it (labelled as earlier)."""
+        runs = sorted({x.run for x in self.xids})
+        timings = {"prepare": self.prepare_ms / 1000}
+        if self.commit_ms is not None:
+            timings["commit"] = self.commit_ms / 1000
+        return EarlierCommit(
+            self.rows, self.branches, self.decided_at, self.committed_at, ",".join(runs) or None, timings
+        )
 
 
 @dataclass(frozen=True)

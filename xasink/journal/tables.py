@@ -19,6 +19,7 @@ from sqlalchemy.engine import Connection
 
 from xasink.dialects.base import Dialect
 from xasink.errors import PreflightError
+from xasink.journal.grants import check_grants
 from xasink.journal.layout import (
     BINARY_COLLATION,
     TARGET_MAX_BYTES,
@@ -51,6 +52,12 @@ class JournalTables:
     def tables(self) -> tuple[sa.Table, ...]:
         return (self.logs, self.sinks, self.batches, self.claims)  # parts: made by a transaction (xasink.journal.parts)
 
+    def roles(self) -> list[tuple[str, sa.Table]]:
+        """Each table with what it is, for :func:`xasink.journal.grants.check_grants`."""
+        return [("log", self.logs), ("sinks", self.sinks), ("batches", self.batches), ("claims", self.claims)] + [
+            ("parts", self.parts)
+        ]
+
     # -- set-up ---------------------------------------------------------------
     def exists(self, conn: Connection) -> bool:
         return sa.inspect(conn).has_table(self.batches.name, schema=self.batches.schema)
@@ -77,6 +84,7 @@ class JournalTables:
             ready = self._ready_log_id(conn)
         if ready is not None:
             self._log_id = ready
+            check_grants(self.dialect, self.roles())
             return
         with self.dialect.connect() as conn:
             inspector = sa.inspect(conn)
@@ -96,6 +104,7 @@ class JournalTables:
                     ) from None
             conn.rollback()
             self.upgrade(conn)
+            check_grants(self.dialect, self.roles())  # on this layout's columns
             self._log_id = self._read_or_draw_log_id(conn)
 
     def _create_tables(self, conn: Connection, attempts: int = 5) -> None:

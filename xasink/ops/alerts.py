@@ -1,7 +1,9 @@
 """What ``xasink status`` alerts on: thresholds, the checks they give, and Nagios-style states and exit codes.
 
 Like check_postgres and every Nagios plugin: 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN (the state could not be
-read: no connection, no decision log, a figure the user set a threshold for is not readable).  Ages and ratios
+read: no connection, no decision log, no such sink, a figure the user set a threshold for is not readable).
+A server on which xasink cannot write at all (``max_prepared_transactions = 0``, a read-only server) is
+CRITICAL whatever the thresholds: a check must never be green where every write fails.  Ages and ratios
 alert at or above their threshold; counts alert above it, so ``--crit-blocked 0`` means "any blocked session".
 Ages are the server's clock (UTC), never the client's.
 """
@@ -39,7 +41,7 @@ class Thresholds:
 class Check:
     """One figure against its thresholds."""
 
-    name: str  # prepared_age, blocked, batch_age, prepared_ratio, stale, errors
+    name: str  # prepared_age, blocked, batch_age, prepared_ratio, stale, errors, server
     state: str
     value: float | None
     warn: float | None = None
@@ -67,6 +69,8 @@ class Figures(Protocol):
     def thresholds(self) -> Thresholds: ...
     @property
     def errors(self) -> Sequence[str]: ...
+    @property
+    def write_blockers(self) -> Sequence[str]: ...
     @property
     def older_than_s(self) -> float: ...
     @property
@@ -99,6 +103,7 @@ def evaluate(report: Figures) -> list[Check]:
     """Every check of ``report`` against its thresholds, the failed reads and the ``--older-than`` rule."""
     t = report.thresholds
     checks = [Check("errors", UNKNOWN, len(report.errors), message=e) for e in report.errors]
+    checks += [Check("server", CRITICAL, None, message=why) for why in report.write_blockers]
     if t.warn_prepared_age is not None or t.crit_prepared_age is not None:
         unknown = report.prepared_age_unknown > 0  # a branch whose age MySQL cannot give counts as old
         value = None if unknown else report.oldest_prepared_age_s

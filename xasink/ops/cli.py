@@ -243,7 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         if args.prometheus:
             print(prometheus.render(st), end="")
-            for text in st.errors + st.notes:
+            for text in st.errors + st.write_blockers + st.notes:
                 print(f"error: {text}", file=sys.stderr)
         elif args.json:
             print(json.dumps(st.to_dict(), indent=2, default=str))
@@ -258,7 +258,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(prometheus.render_down(*_labels(args.url)), end="")
             print(f"error: {text}", file=sys.stderr)
         elif getattr(args, "json", False):
-            doc: dict[str, Any] = {"error": text, "exit_code": code}
+            doc: dict[str, Any] = {"error": text, "error_class": type(exc).__name__, "exit_code": code}
             if args.command == "status":
                 doc["state"] = health.UNKNOWN
             print(json.dumps(doc))

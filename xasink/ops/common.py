@@ -45,6 +45,34 @@ def journal_of(dialect: Dialect, journal_url: str | None, journal_schema: str | 
     )
 
 
+def known_sinks(journal: Journal) -> list[str] | None:
+    """The sinks of the decision log; None when there is no log at its schema and prefix."""
+    with journal.dialect.connect() as conn:
+        if not journal.exists(conn):
+            return None
+        return journal.sink_ids(conn)
+
+
+def missing_log(journal: Journal, database: str | None) -> str:
+    """Why an operator's command found no decision log, and what to check (a typo must never look green)."""
+    where = f" in database {database}" if database else ""
+    return (
+        f"decision log {journal.batches.fullname} not found{where}: no xasink writer used this schema and "
+        "prefix here, or this user may not see it (MySQL/MariaDB hide a table the user has no right on). Check "
+        "that --url names the writers' database, pass --journal-schema / --journal-prefix as the writers set "
+        "journalSchema / journalTablePrefix, and grant SELECT on the log's tables"
+    )
+
+
+def missing_sink(journal: Journal, sink_id: str, sinks: list[str]) -> str:
+    """Why ``--sink-id`` found nothing: the sinks the log does hold (a few), so a typo shows."""
+    shown = ", ".join(sinks[:10]) + (f" and {len(sinks) - 10} more" if len(sinks) > 10 else "")
+    return (
+        f"sink {sink_id} is not in the decision log {journal.batches.fullname} "
+        f"({f'its sinks: {shown}' if sinks else 'it has no sinks yet'}); check --sink-id (the writers' sinkId)"
+    )
+
+
 def masked_url(options: WriteOptions) -> str:
     return display_url(options.url)
 

@@ -42,6 +42,11 @@ def render(report: StatusReport) -> str:
     out: list[str] = []
     out += _metric("up", "1: xasink status connected and read the server; 0: it could not (see stderr).", [(base, 1)])
     out += _status_code(base, health.EXIT_CODES[state])
+    out += _metric(
+        "writable",
+        "1: nothing server-wide stops xasink's writes; 0: they all fail (max_prepared_transactions = 0, read-only).",
+        [(base, 0 if report.write_blockers else 1)],
+    )
     by_owner = [
         ({**base, "owner": "this_log"}, report.prepared_branches),
         ({**base, "owner": "other_log"}, report.other_log_prepared),

@@ -88,6 +88,8 @@ def print_recover(report: admin.RecoverReport) -> None:
             )
     for err in report.errors:
         print(f"error: {err}", file=sys.stderr)
+    for why in report.warnings:
+        print(f"warning: {why}", file=sys.stderr)
     ours = [e for e in report.entries if e.ours]
     if report.acted:
         done = [e for e in report.entries if e.outcome == "done"]
@@ -152,6 +154,8 @@ def print_status(report: StatusReport) -> None:
             )
     for err in report.errors:
         print(f"error: {err}", file=sys.stderr)
+    for why in report.write_blockers:
+        print(f"error: xasink cannot write here: {why}", file=sys.stderr)
     print(
         f"\n{len(report.sinks)} sinks; {sum(s.prepared_branches for s in report.sinks)} prepared branches of xasink; "
         f"{report.foreign_prepared} foreign prepared transactions, "

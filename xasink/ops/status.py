@@ -14,6 +14,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from xasink.database_url import parse_url
 from xasink.dialects import Dialect
 from xasink.journal.log import Journal
 from xasink.journal.parts import recorded_targets
@@ -23,7 +24,10 @@ from xasink.ops.common import (
     check_threshold,
     dialect_of,
     journal_of,
+    known_sinks,
     masked_url,
+    missing_log,
+    missing_sink,
     on_server,
     server_error,
 )
@@ -66,6 +70,8 @@ class StatusReport:
     in_doubt_batches: int = 0
     notes: list[str] = field(default_factory=list)
     thresholds: health.Thresholds = field(default_factory=health.Thresholds)
+    # why xasink cannot write on this server at all (max_prepared_transactions = 0, a read-only server): CRITICAL
+    write_blockers: list[str] = field(default_factory=list)
 
     @property
     def prepared_ratio(self) -> float | None:
@@ -101,7 +107,8 @@ def _seconds(delta: timedelta) -> float:
 
 
 def _iso(value: datetime | None) -> str | None:
-    return value.isoformat() if value is not None else None
+    """A time of the log in whole seconds on every database (MariaDB's DATETIME keeps no more; ages stay exact)."""
+    return value.isoformat(timespec="seconds") if value is not None else None
 
 
 def status(
@@ -133,11 +140,7 @@ def status(
             database=base.url.database or "",
             thresholds=thresholds or health.Thresholds(),
         )
-        if not has_journal and (sink_id is not None or any(e.ours for e in entries)):
-            report.errors.append(
-                f"decision log {journal.batches.fullname} not found; pass --journal-schema / --journal-prefix "
-                "as the writers used them"
-            )
+        report.errors += _log_errors(journal, journal_url or url, sink_id)
         ours = [e for e in entries if e.ours]
         ages = [e.age_s for e in ours if e.age_s is not None]
         foreign_ages = [e.age_s for e in entries if e.decision == "foreign" and e.age_s is not None]
@@ -148,11 +151,13 @@ def status(
         sinks: set[str] = {e.sink_id for e in ours if e.sink_id} | set(pending)
         with dialect.connect() as conn:
             report.prepared_on_server, report.max_prepared_transactions = dialect.prepared_capacity(conn)
+            report.write_blockers = dialect.write_blockers(conn)
         with journal.dialect.connect() as conn:
             now = journal.dialect.server_now(conn)  # decided_at and committed_at are stamped by this clock, in UTC
             report.server_time_utc = _iso(now)
             if has_journal:
-                sinks |= set(journal.sink_ids(conn)) if sink_id is None else {sink_id}
+                registered = set(journal.sink_ids(conn))
+                sinks |= registered if sink_id is None else {sink_id} & registered
             for sink in sorted(sinks):
                 records = journal.recent(conn, sink, 1000) if has_journal else []
                 shown = sorted(records, key=lambda r: r.batch_id, reverse=True)[:recent]
@@ -163,6 +168,17 @@ def status(
         report.in_doubt_batches = sum(len(s.in_doubt_batches) for s in report.sinks)
         report.blocked_sessions = _blocked(dialect, entries, report)
         return report
+
+
+def _log_errors(journal: Journal, log_url: str, sink_id: str | None) -> list[str]:
+    """What a status check cannot read, so it must say UNKNOWN: no decision log (a typo in the prefix or
+    schema, the wrong database), or a ``--sink-id`` the log does not hold."""
+    sinks = known_sinks(journal)
+    if sinks is None:
+        return [missing_log(journal, parse_url(log_url).database)]
+    if sink_id is not None and sink_id not in sinks:
+        return [missing_sink(journal, sink_id, sinks)]
+    return []
 
 
 def _sink_status(

@@ -14,6 +14,7 @@ import logging
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from xasink.database_url import parse_url
 from xasink.dialects import Dialect, PreparedTxn
 from xasink.errors import OptionError
 from xasink.journal.log import Journal
@@ -23,7 +24,10 @@ from xasink.ops.common import (
     check_threshold,
     dialect_of,
     journal_of,
+    known_sinks,
     masked_url,
+    missing_log,
+    missing_sink,
     on_server,
     redacted_error,
 )
@@ -76,6 +80,7 @@ class RecoverReport:
     unfinished: dict[str, dict[int, str]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     acted: bool = False  # False for a dry run, and when planning found errors (then nothing was changed)
+    warnings: list[str] = field(default_factory=list)  # why xasink cannot write on this server (nothing to recover)
 
     def stale(self) -> list[PreparedEntry]:
         """Ours, older than the threshold (or of unknown age), and still prepared."""
@@ -185,17 +190,9 @@ def recover(
         entries, pending, has_journal = survey_prepared(dialect, journal, sink_id, older_than_s, set(rollback_foreign))
         report.entries = entries
         report.errors += _check_foreign_names(entries, rollback_foreign)
-        if not has_journal and any(e.ours for e in entries):
-            report.errors.append(
-                f"decision log {journal.batches.fullname} not found: xasink branches are prepared but their decisions "
-                "cannot be read, so none of them is touched (a decided branch must be committed, never rolled "
-                "back); pass --journal-schema / --journal-prefix as the writers used them, or --journal-url when "
-                "they belong to a multi-target transaction whose decision log is in another database (the log's "
-                "id is in each branch's xid)"
-            )
-            for e in entries:
-                if e.ours:
-                    e.action = IGNORE_UNKNOWN_SINK
+        report.errors += _log_errors(journal, journal_url or url, sink_id, entries)
+        with dialect.connect() as conn:
+            report.warnings = [f"xasink cannot write here: {why}" for why in dialect.write_blockers(conn)]
         if dry_run:
             return report
         if report.errors:
@@ -214,6 +211,29 @@ def recover(
             else:
                 e.outcome = "waiting" if e.action == WAIT else "untouched"
         return report
+
+
+def _log_errors(journal: Journal, log_url: str, sink_id: str | None, entries: list[PreparedEntry]) -> list[str]:
+    """Planning errors about the log itself: none at this schema and prefix (a typo, the wrong database: even
+    with nothing prepared, a cron line that recovers nothing must not exit 0 forever), or a ``--sink-id`` it
+    does not hold.  Without a log, xasink's branches are left alone: their decisions cannot be read."""
+    sinks = known_sinks(journal)
+    if sinks is None:
+        why = missing_log(journal, parse_url(log_url).database)
+        if any(e.ours for e in entries):
+            why += (
+                ". xasink branches are prepared but their decisions cannot be read, so none of them is touched (a "
+                "decided branch must be committed, never rolled back); pass --journal-url when they belong to a "
+                "multi-target transaction whose decision log is in another database (the log's id is in each "
+                "branch's xid)"
+            )
+            for e in entries:
+                if e.ours:
+                    e.action = IGNORE_UNKNOWN_SINK
+        return [why]
+    if sink_id is not None and sink_id not in sinks:
+        return [missing_sink(journal, sink_id, sinks)]
+    return []
 
 
 def _check_foreign_names(entries: list[PreparedEntry], names: tuple[str, ...] | list[str]) -> list[str]:

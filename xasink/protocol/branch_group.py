@@ -55,6 +55,7 @@ class BranchGroup:
         if not xids:
             return
         with self.dialect.connect(autocommit=True) as xa:
+            self.dialect.before_finishing(xids)
             for xid in xids:
                 try:
                     self.dialect.rollback_prepared(xa, xid)
@@ -136,6 +137,7 @@ def commit_branches(
     errors: list[BaseException] = []
     pending = list(xids)
     try:
+        dialect.before_finishing(xids)  # MariaDB: every owner's exit seen at once, not per verb
         if first_commit_fault and armed("driver.after_first_commit"):  # a test's kill lands between commits
             errors += lane(pending[:1])
             pending = pending[1:]

@@ -227,7 +227,7 @@ class Coordinator:
         "skipped" only once the log shows the batch committed: a decision withdrawn meanwhile (its rows were
         refused by the table) means nothing of the batch is visible, and one not finished yet is reported so.
         """
-        log.info(
+        log.debug(
             "sink %s batch %s was already decided: finishing it, writing nothing new", self.sink_id, existing.batch_id
         )
         batch = existing.batch_id
@@ -250,7 +250,10 @@ class Coordinator:
             )
         if not now.committed:  # withdrawn and decided anew by a newer run, not finished yet
             raise ReplayIncompleteError(self._replay_incomplete(batch, "decided again by a newer run meanwhile"))
-        return WriteResult(self.sink_id, batch, now.rows, now.branches, True, {"total": time.perf_counter() - t0})
+        total = {"total": time.perf_counter() - t0}
+        result = WriteResult(self.sink_id, batch, 0, 0, True, total, earlier=now.earlier())
+        log.info("%s", result)  # the batch's one INFO line, as for a batch written
+        return result
 
     def _replay_incomplete(self, batch_id: int, why: str) -> str:
         return (

@@ -147,8 +147,8 @@ class Decider:
                 raise
             self._settle(record, exc, run)
             return None
-        if sent:
-            log.info(
+        if sent:  # the batch's one INFO line is its result's (Coordinator.commit)
+            log.debug(
                 "decided sink %s batch %s: %d branches, %d rows",
                 self.sink_id,
                 record.batch_id,

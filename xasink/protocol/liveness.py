@@ -37,6 +37,10 @@ from xasink.journal.records import ClaimState
 log = logging.getLogger(__name__)
 
 RESTART_GRACE_S = 30.0  # after a server (re)start, keepers take their guards again within seconds
+# how far the server's start may lie from what runs_alive computes: MariaDB gives its uptime and clock in whole
+# seconds and stamps claims in whole seconds, so a claim in the second of a restart may read as the same second
+# or one later; judging such a claim as made before the restart errs to "alive" (only during the grace)
+CLOCK_SLACK = timedelta(seconds=2)
 KEEPER_START_TIMEOUT_S = 60.0
 GUARD_PING_S = 2.0  # how often an in-process guard checks its session is still there
 
@@ -239,7 +243,8 @@ def runs_alive(
 
     A superseded run can never decide: dead.  A run whose guard some session holds: alive.  A run that
     claimed its batch before the server last started, within a short grace after that start, counts as
-    alive too: its keeper is taking its guard again.
+    alive too: its keeper is taking its guard again.  "Before" is judged with :data:`CLOCK_SLACK` to spare
+    (never a strict comparison of whole seconds): a claim in the very second of a restart is alive.
     """
     guards = {c.guard for c in claims.values() if c.guard and not c.superseded}
     held = dialect.held_session_locks(conn, guards) if guards else set()
@@ -255,5 +260,5 @@ def runs_alive(
         elif c.guard is None:
             out[key] = None
         else:
-            out[key] = c.guard in held or (restarted_at is not None and c.claimed_at < restarted_at)
+            out[key] = c.guard in held or (restarted_at is not None and c.claimed_at <= restarted_at + CLOCK_SLACK)
     return out

@@ -15,7 +15,9 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 
 from xasink.dialects import dialect_for
 from xasink.errors import (
@@ -25,8 +27,8 @@ from xasink.errors import (
     ConcurrentWriterError,
     DecisionUnknownError,
     ForgottenBatchError,
+    JournalError,
     OptionError,
-    ReplayIncompleteError,
 )
 from xasink.journal.log import Journal
 from xasink.journal.parts import (
@@ -36,34 +38,22 @@ from xasink.journal.parts import (
     multi_target,
     read_parts,
     recorded_targets,
+    still_to_recover,
 )
 from xasink.journal.records import BatchRecord
 from xasink.journal.targets import UNKNOWN_QUERY, describe_target, forgotten_message, target_identity
 from xasink.options import WriteOptions
 from xasink.protocol.liveness import InProcessGuard
-from xasink.protocol.recovery import sink_recovery
+from xasink.protocol.multi_abort import TransactionEnd
+from xasink.protocol.retry import RetryPolicy
+from xasink.protocol.target_db import TargetDb
 from xasink.protocol.xid import Xid, new_run_nonce
 from xasink.support.faults import fault
 
 log = logging.getLogger(__name__)
 
 
-class TargetDb:
-    """One database the transaction writes into: its branches there, finished by the decisions in the log."""
-
-    def __init__(self, options: WriteOptions, journal: Journal) -> None:
-        self.dialect = dialect_for(options.url, options.branch_settings, options.control_pool_size)
-        self.recovery = sink_recovery(options, self.dialect, journal)
-        self.retention = options.journal_retention
-        with self.dialect.connect() as conn:
-            self.server = self.dialect.server_identity(conn)
-        self.branches = 0  # planned so far: what max_prepared_transactions must cover
-
-    def close(self) -> None:
-        self.dialect.dispose()
-
-
-class MultiCoordinator:
+class MultiCoordinator(TransactionEnd):
     """Claims (sink, batch) in the log, tracks the databases written, decides once, commits or aborts."""
 
     def __init__(
@@ -91,6 +81,7 @@ class MultiCoordinator:
         self.log_options = replace(log_options, sink_id=sink_id, batch_id=batch_id)
         self.dialect = dialect_for(log_options.url, log_options.branch_settings, 4)
         self.journal = Journal(self.dialect, log_options.journal_schema, log_options.journal_prefix)
+        self.policy = RetryPolicy(self.dialect, self.log_options)
         self.run = new_run_nonce()
         self.targets: dict[str, TargetDb] = {}  # by URL (with user): one coordinator per database
         self.recorded: str | None = None  # set when (sink, batch) is decided already: a replay
@@ -234,43 +225,82 @@ class MultiCoordinator:
 
     # -- the decision ------------------------------------------------------------------------------
     def commit(self, expected_parts: set[int]) -> tuple[list[Part], dict[str, float]]:
-        """Decide over every recorded part, then commit each database's branches; only forward after deciding."""
+        """Decide over every recorded part, then commit each database's branches; only forward after deciding.
+
+        Every failure before the decision rolls back every part (:meth:`abort`) and raises an xasink error that
+        says nothing is visible; a failure after the decision's COMMIT was sent is settled by the log.
+        """
         t0 = time.perf_counter()
-        self.guard.ensure()
         by_server = {db.server: db for db in self.targets.values()}
         self._sent = False
         try:
+            self.guard.ensure()
             ok, parts, why = self._decide(by_server, expected_parts)
         except Exception as exc:  # leaving locked() sends the decision's COMMIT: a failure there is ambiguous
-            if not self._sent:
-                raise
+            if not self._sent:  # an xasink error of a batch not decided keeps its class (ConcurrentWriterError)
+                error = type(exc) if isinstance(exc, BatchAbortedError) else BatchAbortedError
+                self.fail(f"the decision could not be made ({self.policy.describe(exc)})", exc, error)
             ok, parts, why = True, self._settle(exc), ""
         if not ok:
-            self.abort()
-            raise ConcurrentWriterError(
-                f"sink {self.sink_id} transaction {self.batch_id}: {why}; every branch of this transaction was "
-                "rolled back and nothing of it is visible"
-            )
+            self.fail(why, None, ConcurrentWriterError)
         log.info("decided sink %s transaction %s over %d writes", self.sink_id, self.batch_id, len(parts))
         fault("driver.after_decide", batch=self.batch_id)
         t_commit = time.perf_counter()
+        deadline = self.policy.deadline()
         first = True
-        for part in parts:
-            db = by_server[part.server]
-            db.recovery.group.commit(part.xids, first_commit_fault=first)
+        blocked: list[tuple[Part, CommitIncompleteError]] = []
+        unmarked: list[CommitIncompleteError] = []
+        for part in parts:  # every database that answers is committed, whichever one does not (only forward)
+            try:
+                by_server[part.server].recovery.group.commit(part.xids, first_commit_fault=first, deadline=deadline)
+            except CommitIncompleteError as exc:
+                blocked.append((part, exc))
+                continue
             first = first and not part.xids
-            with self.dialect.connect() as conn:
-                mark_parts_committed(conn, self.journal, [part])
+            try:
+                self._forward(f"marking write {part.part} committed", partial(self._mark_part, part), deadline)
+            except CommitIncompleteError as exc:
+                unmarked.append(exc)
+        if blocked:
+            left = still_to_recover([(p.server, p.target) for p, _ in blocked], self.log_server)
+            raise CommitIncompleteError(self._incomplete(left, blocked[0][1])) from blocked[0][1]
+        if unmarked:  # every branch is committed (the rows are visible); the log says so once recovery marks it
+            raise unmarked[0]
         fault("driver.after_commits", batch=self.batch_id)
         commit_s = time.perf_counter() - t_commit
-        with self.dialect.connect() as conn:
-            self.journal.mark_committed(conn, self.sink_id, self.batch_id, int(commit_s * 1000))
+        self._forward("marking it committed", lambda: self._mark(int(commit_s * 1000)), deadline)
         fault("driver.after_mark", batch=self.batch_id)
         t_sweep = time.perf_counter()
         for db in self.targets.values():
             db.recovery.after_commit(self.batch_id, db.retention)  # sweep and trim: a failure is a warning
         timings = {"decide": t_commit - t0, "commit": commit_s, "sweep": time.perf_counter() - t_sweep}
         return parts, timings
+
+    def _mark_part(self, part: Part) -> None:
+        with self.dialect.connect() as conn:
+            mark_parts_committed(conn, self.journal, [part])
+
+    def _mark(self, commit_ms: int) -> None:
+        with self.dialect.connect() as conn:
+            self.journal.mark_committed(conn, self.sink_id, self.batch_id, commit_ms)
+
+    def _forward(self, what: str, step: Callable[[], None], deadline: float) -> None:
+        """A step after the decision: retried until commitTimeout; its failure is :class:`CommitIncompleteError`
+        (the transaction is decided: recovery finishes it), never an error that says nothing happened."""
+        try:
+            self.policy.forward(f"sink {self.sink_id} transaction {self.batch_id}: {what}", step, deadline)
+        except (CommitIncompleteError, JournalError):
+            raise
+        except Exception as exc:
+            raise CommitIncompleteError(self._incomplete(f"{what} in the decision log failed", exc)) from exc
+
+    def _incomplete(self, what: str, exc: BaseException) -> str:
+        return (
+            f"sink {self.sink_id} transaction {self.batch_id} is decided, but {what} ({self.policy.describe(exc)}). "
+            "The decision is durable: the next run of this sink, or 'xasink recover' on each database (with "
+            "--journal-url where the log is elsewhere), finishes it; no row is lost or doubled. Do not rerun it "
+            "under another sink_id: its rows would be written twice"
+        )
 
     def _decide(self, by_server: dict[str, TargetDb], expected_parts: set[int]) -> tuple[bool, list[Part], str]:
         """Under the log's sink lock: record the one decision if this run holds the batch, every write recorded
@@ -318,65 +348,47 @@ class MultiCoordinator:
 
     def _settle(self, cause: Exception) -> list[Part]:
         """The decision was sent but not confirmed: read the log again (under the sink lock, so the broken
-        session's transaction has ended) and follow it; never guess."""
+        session's transaction has ended), retried within commitTimeout, and follow it; never guess."""
         log.warning(
             "sink %s transaction %s: the decision was not confirmed (%s); reading the log again",
             self.sink_id,
             self.batch_id,
-            type(cause).__name__,
+            self.policy.describe(cause),
         )
-        try:
+
+        def reread() -> tuple[BatchRecord | None, list[Part]]:
             with self.journal.locked(self.sink_id) as conn:
                 found = self.journal.decided_by(conn, self.sink_id, self.batch_id, self.run)
-                parts = read_parts(conn, self.journal, self.sink_id, self.batch_id, self.run)
+                return found, read_parts(conn, self.journal, self.sink_id, self.batch_id, self.run)
+
+        what = f"re-reading the decision of sink {self.sink_id} transaction {self.batch_id}"
+        try:
+            found, parts = self.policy.forward(what, reread, self.policy.deadline())
         except Exception as exc:
             raise DecisionUnknownError(
                 f"sink {self.sink_id} transaction {self.batch_id}: the connection broke while the decision was "
-                "committed and the decision log could not be read again. Run it again with the same sink_id and "
-                "batch_id, or run 'xasink recover' on each database (with --journal-url where the log is "
-                "elsewhere): either finishes it if it was decided and rolls it back if not"
+                f"committed and the decision log could not be read again ({self.policy.describe(exc)}). Run it "
+                "again with the same sink_id and batch_id, or run 'xasink recover' on each database (with "
+                "--journal-url where the log is elsewhere): either finishes it if it was decided and rolls it "
+                "back if not"
             ) from exc
-        # this run's own decision (it still holds its claim), with exactly the branches of its parts: never
-        # one whose runs merely include this run's (an empty decision of a newer writer has no runs at all)
-        if found is not None and set(found.xids) == {x for p in parts for x in p.xids}:
+        # this run's own decision (it still holds its claim: nobody takes a decided batch over; never one whose
+        # runs merely include this run's, as an empty decision of a newer writer has no runs at all) lists
+        # exactly the branches of its parts.  Found, it is only ever finished forward, never aborted
+        if found is not None:
+            if set(found.xids) != {x for p in parts for x in p.xids}:
+                raise JournalError(
+                    f"sink {self.sink_id} transaction {self.batch_id}: the decision log holds this run's decision, "
+                    "but its branches are not those of the run's recorded writes: someone changed the log's "
+                    f"{self.journal.batches.fullname} or its parts table. The decision stands; 'xasink recover' on "
+                    "each database finishes it"
+                ) from cause
             return parts
-        self.abort()
-        raise BatchAbortedError(
-            f"sink {self.sink_id} transaction {self.batch_id}: the connection broke while the decision was "
-            "committed, and the log shows this run's decision was not recorded (none, or another writer's); "
-            "every branch of this run was rolled back"
-        ) from cause
-
-    def abort(self) -> None:
-        """End the run (its late branches roll themselves back) and roll back its branches in every database."""
-        log.info("aborting sink %s transaction %s", self.sink_id, self.batch_id)  # the caller is told by its error
-        with self.journal.locked(self.sink_id) as conn:
-            if self.journal.get(conn, self.sink_id, self.batch_id) is None:  # decided by another: ours are orphans
-                self.journal.end_run(conn, self.sink_id, self.batch_id, self.run)
-        for db in self.targets.values():
-            db.recovery.recover(upto=self.batch_id)
-
-    def finish_replay(self) -> None:
-        """A replay of a decided transaction: finish what a crashed run left in the databases written now.
-
-        Told "skipped" only if that worked: a part that could not be finished yet is
-        :class:`ReplayIncompleteError` (the rows are not all there yet; recovery finishes them).
-        """
-        unfinished: list[str] = []
-        for db in self.targets.values():
-            try:
-                report = db.recovery.recover(upto=self.batch_id)
-            except CommitIncompleteError as exc:  # another decided batch of the pass could not be finished
-                unfinished.append(f"{db.server}: {type(exc).__name__}: {exc}")
-                continue
-            if self.batch_id in report.unfinished:
-                unfinished.append(f"{db.server}: {report.unfinished[self.batch_id]}")
-        if unfinished:
-            raise ReplayIncompleteError(
-                f"sink {self.sink_id} transaction {self.batch_id} was decided by another run (this run's rows are "
-                f"not part of it), and finishing it failed ({'; '.join(unfinished)}); it stays decided: the next "
-                "run of this sink or 'xasink recover' finishes it; no row is lost or doubled"
-            )
+        self.fail(
+            "the connection broke while the decision was committed, and the log shows this run's decision was "
+            "not recorded (none, or another writer's)",
+            cause,
+        )
 
     def close(self) -> None:
         self.guard.close()

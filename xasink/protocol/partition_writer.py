@@ -100,6 +100,7 @@ def clear_blockers(
         siblings = sorted((x for x in ours if x.run == me.run and x.partition == me.partition), key=_attempt_order)
         if stale:
             with dialect.connect(autocommit=True) as xa:
+                dialect.before_finishing(stale)
                 for xid in stale:
                     log.info("rolling back stale branch %s before writing %s", xid, me)
                     try:

@@ -24,12 +24,13 @@ from xasink.dialects.base import Dialect
 from xasink.dialects.values import PreparedTxn
 from xasink.errors import ApplyError, CommitIncompleteError, ConnectError
 from xasink.journal.log import Journal
-from xasink.journal.parts import decided_parts, mark_parts_done
+from xasink.journal.parts import decided_parts, mark_parts_done, still_to_recover
 from xasink.journal.records import BatchRecord
 from xasink.options import WriteOptions
 from xasink.protocol.apply_step import ApplyStep
 from xasink.protocol.branch_group import BranchGroup
 from xasink.protocol.judgement import COMMIT, ROLLBACK_ORPHAN, ROLLBACK_UNDECIDED, judge, of_log
+from xasink.protocol.liveness import runs_alive
 from xasink.protocol.retry import RetryPolicy
 from xasink.protocol.xid import Xid
 from xasink.support.phases import phase
@@ -243,7 +244,9 @@ class Recovery:
 
         Each part's branches are committed through this database only when the part was written here
         (its server identity); the batch is marked committed once every part is, by whichever recovery marks
-        the last part: marking and reading every part's mark run under the sink's lock.
+        the last part: marking and reading every part's mark run under the sink's lock.  While parts in
+        other databases are not committed, the batch is reported unfinished with the databases still to
+        recover, unless the run that decided it is alive: it is committing them.
         """
         with self.dialect.connect() as conn:
             here = self.dialect.server_identity(conn)
@@ -255,12 +258,22 @@ class Recovery:
         for part in mine:
             report.committed += self.group.commit(part.xids)
         with self.journal.locked(self.sink_id) as conn:
-            done = mark_parts_done(conn, self.journal, self.sink_id, record.batch_id, record.xids, mine)
-        if done:
+            left = mark_parts_done(conn, self.journal, self.sink_id, record.batch_id, record.xids, mine)
+        if not left:
             with self.journal.dialect.connect() as conn:
                 self.journal.mark_committed(conn, self.sink_id, record.batch_id, None)
                 report.finished_batches.append(record.batch_id)
                 log.info("recovery finished decided multi-target batch %s of sink %s", record.batch_id, self.sink_id)
+            return True
+        with self.journal.dialect.connect(autocommit=True) as conn:
+            runs = {x.run for x in record.xids}
+            claims = self.journal.claim_states(conn, self.sink_id, {record.batch_id})
+            alive = runs_alive(self.journal.dialect, conn, {k: c for k, c in claims.items() if k[1] in runs})
+            log_server = self.journal.dialect.server_identity(conn)
+        if any(alive.values()):
+            log.info("sink %s batch %s: its live run is committing its other parts", self.sink_id, record.batch_id)
+        else:
+            report.unfinished[record.batch_id] = still_to_recover(left, log_server)
         return True
 
     def after_commit(self, batch_id: int, retention: int, sweep: bool = True) -> None:

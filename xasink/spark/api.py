@@ -9,22 +9,23 @@ import tempfile
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from pyspark.sql import DataFrame, SparkSession
 
 from xasink import errors
 from xasink.journal.log import Journal
 from xasink.journal.targets import UNKNOWN_QUERY
-from xasink.options import WriteOptions, parse_options
+from xasink.options import parse_options
 from xasink.protocol.coordinator import Coordinator
 from xasink.protocol.xid import new_run_nonce
 from xasink.results import WriteResult
-from xasink.spark.datasource import QUERY_OPTION, RUN_OPTION
+from xasink.spark.datasource import BRANCHES_OPTION, QUERY_OPTION, RUN_OPTION
+from xasink.spark.frames import shape
 from xasink.spark.job_errors import error_summary, unwrap_error
 from xasink.spark.partition_job import save
 from xasink.spark.stream_writer import check_batch_order
-from xasink.spark.streams import is_connect, mark_running_queries, micro_batch_query, unknown_query_message
+from xasink.spark.streams import mark_running_queries, micro_batch_query, unknown_query_message
 from xasink.spark.versions import HAS_DATA_SOURCE, java_session_class, require_data_source
 from xasink.support import notices
 from xasink.support.masking import redact, url_secrets
@@ -78,17 +79,104 @@ def write(
     table: str,
     sink_id: str | None = None,
     batch_id: int | None = None,
-    mode: str = "append",
+    mode: Literal["append", "overwrite"] = "append",
+    *,
+    user: str | None = None,
+    password: str | None = None,
+    numPartitions: int | None = None,
+    createTable: bool | None = None,
+    createTableColumnTypes: str | None = None,
+    batchsize: int | None = None,
+    upsertKeyColumns: str | None = None,
+    replaceWhere: str | None = None,
+    replaceWhereCheck: bool | None = None,
+    deleteFlagColumn: str | None = None,
+    sequenceColumn: str | None = None,
+    localInfile: bool | None = None,
+    lockTimeout: int | None = None,
+    journalSchema: str | None = None,
+    journalTablePrefix: str | None = None,
+    journalRetention: int | None = None,
+    commitParallelism: int | None = None,
+    commitTimeout: int | None = None,
+    commitRetries: int | None = None,
+    controlLockTimeout: int | None = None,
     **options: Any,
 ) -> WriteResult:
-    """Write ``df`` atomically: every partition's rows commit, or none do.
+    """Write ``df`` into ``table`` atomically: every partition's rows commit, or none do.
 
-    With ``sink_id`` and ``batch_id``, a rerun of a committed batch writes
-    nothing (``result.skipped``).  ``numPartitions`` coalesces first.
-    ``mode="overwrite"`` replaces the table's rows (those matching ``replaceWhere`` if given) in one
-    transaction at commit.
+    With ``sink_id`` and ``batch_id``, a rerun of a committed batch writes nothing and starts no Spark job: it
+    returns at once with ``result.skipped`` and ``result.earlier`` (what the earlier run committed, when and by
+    which run).  ``mode="overwrite"`` replaces the table's rows (those matching ``replaceWhere`` if given) in
+    one transaction at commit.  Every option is described in docs/options.md; option names are Spark's JDBC
+    writer's (any case).
+
+    Args:
+        df: the rows; its columns are matched to the table's by name.
+        url: ``jdbc:postgresql://host/db``, ``postgresql://...``, ``jdbc:mysql|mariadb://...``, ``mysql://...``.
+        table: ``table`` or ``schema.table``; created from ``df``'s schema if missing (``createTable``).
+        sink_id: a stable name of this writer (1-32 of ``A-Za-z0-9_.-``); default: a fresh random one.
+        batch_id: the batch number, 0 to 2**63-1 (default 0); a committed (sink, batch) is never written again.
+        mode: ``"append"`` or ``"overwrite"``.
+        user, password: the login, if not in ``url``.
+        numPartitions: at most this many branches (XA transactions): the rows are coalesced to it.
+        createTable, createTableColumnTypes: create a missing table, with these column types.
+        batchsize: rows per INSERT where the database loads with INSERT (MySQL family without LOAD DATA).
+        upsertKeyColumns: comma-separated key columns: merge by key instead of appending.
+        replaceWhere, replaceWhereCheck: with ``mode="overwrite"``, replace only the rows matching this SQL
+            condition; refuse batch rows outside it (default true).
+        deleteFlagColumn, sequenceColumn: change-data apply, with ``upsertKeyColumns``.
+        localInfile: MySQL/MariaDB: load with LOAD DATA LOCAL when the server allows it (default true).
+        lockTimeout, controlLockTimeout: seconds a branch / a control connection waits for a lock.
+        journalSchema, journalTablePrefix, journalRetention: where the decision log lives, how much it keeps.
+        commitParallelism, commitTimeout, commitRetries: the commit phase (``commitRetries`` is deprecated).
+        **options: any other option of docs/options.md (and Spark JDBC options xasink accepts and ignores).
+
+    Returns:
+        WriteResult: ``rows``, ``branches`` and ``timings`` of this run; ``skipped`` and ``earlier`` for a
+        batch committed before; ``warnings`` the user must know (also shown as :class:`XasinkWarning`).
+
+    Raises:
+        OptionError: an unknown, missing or invalid option (before any work).
+        PreflightError: the server or table cannot take the write (``ConnectError``: cannot connect); nothing
+            was written.
+        BranchError, BatchAbortedError (``ApplyError``, ``ConcurrentWriterError``): the batch was not
+            decided: nothing of it is visible or left prepared; run it again with the same sink and batch.
+        BatchIdentityError (``ForgottenBatchError``): the (sink, batch) was committed to another target, or
+            the log cannot tell; nothing was written.
+        CommitIncompleteError (``DecisionUnknownError``, ``ReplayIncompleteError``): the batch is (or may be)
+            decided; ``xasink recover`` or the next write of the sink finishes it. Never rerun it under
+            another sink id.
+        JournalError: the decision log was changed behind xasink's back; the batch's rows are committed.
+        LateBranchError: see docs/errors.md.
+
+    Warns:
+        XasinkWarning: the write succeeded, but the server can lose prepared rows on a crash, commits were
+            retried, a sweep failed...
     """
-    raw: dict[str, Any] = {"url": url, "dbtable": table, **options}
+    named = {
+        "user": user,
+        "password": password,
+        "numPartitions": numPartitions,
+        "createTable": createTable,
+        "createTableColumnTypes": createTableColumnTypes,
+        "batchsize": batchsize,
+        "upsertKeyColumns": upsertKeyColumns,
+        "replaceWhere": replaceWhere,
+        "replaceWhereCheck": replaceWhereCheck,
+        "deleteFlagColumn": deleteFlagColumn,
+        "sequenceColumn": sequenceColumn,
+        "localInfile": localInfile,
+        "lockTimeout": lockTimeout,
+        "journalSchema": journalSchema,
+        "journalTablePrefix": journalTablePrefix,
+        "journalRetention": journalRetention,
+        "commitParallelism": commitParallelism,
+        "commitTimeout": commitTimeout,
+        "commitRetries": commitRetries,
+        "controlLockTimeout": controlLockTimeout,
+    }
+    raw: dict[str, Any] = {"url": url, "dbtable": table, **merged_options(named, options)}
     if sink_id is not None:
         raw["sinkId"] = sink_id
     if batch_id is not None:
@@ -96,24 +184,53 @@ def write(
     return _write(df, raw, mode, None)
 
 
+def merged_options(named: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
+    """The keyword options given (``None``: not given) with the rest of ``**options``; an option given twice
+    (``numPartitions=4`` and ``numpartitions=8``: names are case-insensitive) is refused."""
+    given = {k: v for k, v in named.items() if v is not None}
+    twice = sorted(k for k in given if k.lower() in {o.lower() for o in options})
+    if twice:
+        raise errors.OptionError(f"option '{twice[0]}' is given twice (option names are case-insensitive)")
+    return {**given, **options}
+
+
 def _write(df: DataFrame, raw: dict[str, Any], mode: str, query: str | None) -> WriteResult:
     """:func:`write`; ``query``: the streaming query foreach_batch writes for, recorded with the batch."""
+    t0 = time.perf_counter()
     parsed = parse_options(raw).with_mode(mode)
     raw["sinkId"] = parsed.sink_id  # a generated id must be the same for the write and the result look-up
-    ready_session(df.sparkSession)
-    df = shape(df, parsed)
     # the process's long-lived dialect (its pooled connections serve every write of this URL from here on)
-    journal = Coordinator(parsed, shared=True).journal
+    coordinator = Coordinator(parsed, shared=True)
+    journal = coordinator.journal
     run = new_run_nonce()
     before = _record(journal, parsed.sink_id, parsed.batch_id)
     with journal.dialect.connect(autocommit=True) as conn:  # said with every write's result, not once a process
         warned = journal.dialect.durability_warnings(conn)
+    if before is not None and before.committed and coordinator.check_batch(parsed.batch_id, query):
+        # a rerun of a committed batch (of the same target and query; another's is refused just above): a log
+        # read, no Spark job
+        notices.tell(warned)
+        skipped = WriteResult(
+            parsed.sink_id,
+            parsed.batch_id,
+            0,
+            0,
+            True,
+            {"total": time.perf_counter() - t0},
+            tuple(warned),
+            before.earlier(),
+        )
+        log.info("%s", skipped)
+        return skipped
+    ready_session(df.sparkSession)
+    df, branches = shape(df, parsed)
     fd, path = tempfile.mkstemp(prefix="xasink-notices-", suffix=".jsonl")  # the workers' warnings (notices)
     os.close(fd)
-    t0 = time.perf_counter()
     try:
         opts = {k: str(v) for k, v in raw.items()}
         internal = {RUN_OPTION: run, notices.NOTICES_OPTION: path}
+        if branches is not None:  # checked against the free prepared-transaction slots before any task runs
+            internal[BRANCHES_OPTION] = str(branches)
         if query is not None:
             internal[QUERY_OPTION] = query
         save(df, {**opts, **internal}, mode)  # format("xasink"), or the partition function (Spark 3.5)
@@ -141,38 +258,19 @@ def _write(df: DataFrame, raw: dict[str, Any], mode: str, query: str | None) -> 
     after = _record(journal, parsed.sink_id, parsed.batch_id)
     if after is None:  # an empty DataFrame decides nothing... unless it had partitions: then it decided []
         return WriteResult(parsed.sink_id, parsed.batch_id, 0, 0, False, {"total": total}, tuple(told))
-    timings = {"prepare": after.prepare_ms / 1000, "total": total}
-    if after.commit_ms is not None:
-        timings["commit"] = after.commit_ms / 1000
     # another writer of the same (sink, batch) may have decided it while we ran: then we wrote nothing either
-    theirs = any(x.run != run for x in after.xids)
-    result = WriteResult(
-        parsed.sink_id, parsed.batch_id, after.rows, after.branches, before is not None or theirs, timings, tuple(told)
-    )
+    theirs = before is not None or any(x.run != run for x in after.xids)
+    if theirs:
+        result = WriteResult(
+            parsed.sink_id, parsed.batch_id, 0, 0, True, {"total": total}, tuple(told), after.earlier()
+        )
+    else:
+        timings = {"prepare": after.prepare_ms / 1000, "total": total}
+        if after.commit_ms is not None:
+            timings["commit"] = after.commit_ms / 1000
+        result = WriteResult(parsed.sink_id, parsed.batch_id, after.rows, after.branches, False, timings, tuple(told))
     log.info("%s", result)
     return result
-
-
-def shape(df: DataFrame, parsed: WriteOptions) -> DataFrame:
-    """``df`` laid out for the write, with DataFrame calls only (Spark Connect has no ``df.rdd``).
-
-    Upsert keys: equal keys in two branches would make the second wait on the first, prepared, until a
-    lock timeout, so rows are hash-partitioned by key, into ``numPartitions`` partitions if given (else
-    as many as the DataFrame has in classic Spark, ``spark.sql.shuffle.partitions`` under Connect).
-    Otherwise ``numPartitions`` coalesces: a coalesce never adds partitions, so no count is needed.
-    """
-    unknown = [k for k in parsed.upsert_key_columns if k.lower() not in {c.lower() for c in df.columns}]
-    if unknown:  # say it in our words before Spark's repartition fails on it
-        raise errors.PreflightError(f"option 'upsertKeyColumns': '{unknown[0]}' is not a column of the DataFrame")
-    keys, num_partitions = parsed.upsert_key_columns, parsed.num_partitions
-    if keys:
-        n = num_partitions
-        if n is None and not is_connect(df.sparkSession):
-            n = df.rdd.getNumPartitions()  # classic: keep the DataFrame's parallelism, as before
-        return df.repartition(n, *keys) if n is not None else df.repartition(*keys)
-    if num_partitions is not None:
-        return df.coalesce(num_partitions)
-    return df
 
 
 def _record(journal: Journal, sink_id: str, batch_id: int) -> Any:
@@ -194,19 +292,73 @@ def foreach_batch(
     url: str,
     table: str,
     sink_id: str,
-    mode: str = "append",
+    mode: Literal["append", "overwrite"] = "append",
     checkpoint_location: str | None = None,
+    *,
+    user: str | None = None,
+    password: str | None = None,
+    numPartitions: int | None = None,
+    createTable: bool | None = None,
+    createTableColumnTypes: str | None = None,
+    batchsize: int | None = None,
+    upsertKeyColumns: str | None = None,
+    replaceWhere: str | None = None,
+    replaceWhereCheck: bool | None = None,
+    deleteFlagColumn: str | None = None,
+    sequenceColumn: str | None = None,
+    localInfile: bool | None = None,
+    lockTimeout: int | None = None,
+    journalSchema: str | None = None,
+    journalTablePrefix: str | None = None,
+    journalRetention: int | None = None,
+    commitParallelism: int | None = None,
+    commitTimeout: int | None = None,
+    commitRetries: int | None = None,
+    controlLockTimeout: int | None = None,
     **options: Any,
 ) -> Callable[[DataFrame, int], WriteResult]:
     """A function for ``writeStream.foreachBatch``: each micro-batch written once, keyed by Spark's batch id
     and the streaming query's id (a batch of another query under the same sink_id is refused).
 
-    The function may be called in the query's thread or any other (``pool.submit(fn, df, batch_id)``):
-    in classic Spark the query is found from ``df``'s session (the micro-batch DataFrame Spark passed, or
-    one derived from it).  ``mode="overwrite"`` makes each micro-batch replace the table's rows (a
-    streaming aggregation's result).  ``checkpoint_location``: the query's, where Spark Connect gives the
-    function no other way to learn the query's id; without it a Connect replay cannot be told from another
-    query's batch and is refused."""
+    A replayed micro-batch that was committed before writes nothing and starts no Spark job.  The function may
+    be called in the query's thread or any other (``pool.submit(fn, df, batch_id)``): in classic Spark the query
+    is found from ``df``'s session (the micro-batch DataFrame Spark passed, or one derived from it).  The options
+    are :func:`write`'s (checked now, not at batch 0); ``mode="overwrite"`` makes each micro-batch replace the
+    table's rows (a streaming aggregation's result).  ``checkpoint_location``: the query's, where Spark Connect
+    gives the function no other way to learn the query's id; without it a Connect replay cannot be told from
+    another query's batch and is refused.
+
+    Returns:
+        a function of ``(df, batch_id)`` returning each micro-batch's :class:`WriteResult`.
+
+    Raises:
+        OptionError: now, for an invalid option; in a micro-batch, for a batch id below the sink's last decided
+            one (a new or reset checkpoint: give the query its own ``sink_id``).
+        the errors of :func:`write`, in the micro-batch that meets them (Spark then stops the query).
+    """
+    named = {
+        "user": user,
+        "password": password,
+        "numPartitions": numPartitions,
+        "createTable": createTable,
+        "createTableColumnTypes": createTableColumnTypes,
+        "batchsize": batchsize,
+        "upsertKeyColumns": upsertKeyColumns,
+        "replaceWhere": replaceWhere,
+        "replaceWhereCheck": replaceWhereCheck,
+        "deleteFlagColumn": deleteFlagColumn,
+        "sequenceColumn": sequenceColumn,
+        "localInfile": localInfile,
+        "lockTimeout": lockTimeout,
+        "journalSchema": journalSchema,
+        "journalTablePrefix": journalTablePrefix,
+        "journalRetention": journalRetention,
+        "commitParallelism": commitParallelism,
+        "commitTimeout": commitTimeout,
+        "commitRetries": commitRetries,
+        "controlLockTimeout": controlLockTimeout,
+    }
+    options = merged_options(named, options)
     raw = {"url": url, "dbtable": table, "sinkId": sink_id, **options}
     parsed = parse_options(raw).with_mode(mode)  # fail now, not at batch 0
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -15,7 +16,7 @@ from xasink.spark.planning import WritePlan
 from xasink.spark.streams import STREAM_BATCH_PROPERTY, in_micro_batch
 from xasink.spark.txwrite import TxWrite, abort_tx_write, record_tx_part
 from xasink.spark.versions import DataSourceArrowWriter, WriterCommitMessage
-from xasink.spark.worker_log import tell_tasks, told
+from xasink.spark.worker_log import tell_tasks, told, worker_logging
 from xasink.spark.write_task import XasinkCommitMessage, outcomes_of, write_task
 from xasink.support.phases import phase, worker_started
 
@@ -71,6 +72,8 @@ class XasinkBatchWriter(DataSourceArrowWriter):
             record_tx_part(self.options, self.tx, self.run, outcomes_of(messages))
             return
         with told(self.notices):
+            if self.notices is None:  # format("xasink"): the batch's INFO line goes to the driver's stderr
+                worker_logging(logging.INFO)
             tell_tasks(outcomes_of(messages))
             worker_started("driver", sink=self.options.sink_id, batch=self.options.batch_id)
             coordinator = Coordinator(self.options, shared=True)

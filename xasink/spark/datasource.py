@@ -38,6 +38,8 @@ STREAM_COMMIT_MODULE = "pyspark.sql.worker.python_streaming_sink_runner"
 RUN_OPTION = "xasink.run"
 # internal option: foreach_batch names the streaming query when its tasks cannot (Spark Connect)
 QUERY_OPTION = "xasink.query"
+# internal option: xasink.write counted the DataFrame's partitions (the most branches it opens) without a job
+BRANCHES_OPTION = "xasink.branches"
 
 
 def _called_by(frame: FrameType | None, module: str) -> bool:
@@ -46,6 +48,12 @@ def _called_by(frame: FrameType | None, module: str) -> bool:
         return False
     spec = frame.f_globals.get("__spec__")
     return frame.f_globals.get("__name__") == module or getattr(spec, "name", None) == module
+
+
+def _committed(coordinator: Coordinator, batch_id: int) -> bool:
+    with coordinator.journal.dialect.connect(autocommit=True) as conn:  # reads only
+        record = coordinator.journal.get(conn, coordinator.sink_id, batch_id)
+    return record is not None and record.committed
 
 
 class XasinkDataSource(DataSource):
@@ -65,6 +73,16 @@ class XasinkDataSource(DataSource):
             raise OptionError(f"option '{RUN_OPTION}' is internal to xasink.write()")
         return str(run) if run is not None else None
 
+    def _branches(self) -> int | None:
+        """The most branches of this write as xasink.write counted them, else ``numPartitions``; None: unknown
+        (each task then checks for a free prepared-transaction slot before it loads)."""
+        counted = self.options.get(BRANCHES_OPTION)
+        if counted is None:
+            return self._options(streaming=False).num_partitions
+        if not re.fullmatch(r"\d{1,9}", str(counted)):
+            raise OptionError(f"option '{BRANCHES_OPTION}' is internal to xasink.write()")
+        return int(counted)
+
     def writer(self, schema: StructType, overwrite: bool) -> XasinkBatchWriter:
         options = self._options(streaming=False).with_mode("overwrite" if overwrite else "append")
         tx = tx_write(self.options)
@@ -82,22 +100,25 @@ class XasinkDataSource(DataSource):
         given = {k.lower() for k in self.options}
         query = self.options.get(QUERY_OPTION)
         with told(path):
-            plan = prepare_write(options, schema, options.num_partitions)
+            branches = self._branches()
+            plan = prepare_write(options, schema, branches)
             run = self._run() or new_run_nonce()
             coordinator = Coordinator(options, shared=True)
             try:
                 with phase("plan.recover", sink=options.sink_id, batch=options.batch_id):
                     # another target's (or query's) batch, or one the log forgot: refuse now
-                    coordinator.check_batch(options.batch_id, query)
+                    replay = coordinator.check_batch(options.batch_id, query)
                     # take the batch over here, once, instead of in every task; then finish what earlier runs
                     # decided and roll back their branches of this batch (superseded now, so dead to recovery)
                     claimed = coordinator.claim(options.batch_id, run, plan.guard)
                     coordinator.recover(upto=options.batch_id, run=run)
+                    # committed before (a replay of its target; a committed batch stays so): its tasks load nothing
+                    committed = replay and not claimed and _committed(coordinator, options.batch_id)
             finally:
                 coordinator.close()
         return XasinkBatchWriter(
             options,
-            replace(plan, claimed=claimed),
+            replace(plan, claimed=claimed, replay=committed),
             run,
             notices_path=path,
             sink_without_batch="sinkid" in given and "batchid" not in given,

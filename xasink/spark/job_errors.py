@@ -2,27 +2,12 @@
 
 from __future__ import annotations
 
-import re
-
 from xasink import errors
-
-# the message ends where Spark's own text resumes: a blank line, a Java frame, the SQLSTATE Spark appends
-_ERROR_RE = re.compile(
-    r"xasink\.errors\.(\w+): (.+?)(?:\n\s*\n|\n\s+at |\n\tat |\n\s*SQLSTATE: |\n\s*JVM stacktrace:|\Z)", re.S
-)
 
 
 def unwrap_error(exc: BaseException) -> BaseException | None:
-    """The xasink error inside a Spark exception, rebuilt with its own class."""
-    text = str(exc)
-    found = _ERROR_RE.findall(text)
-    if not found:
-        return None
-    name, message = found[-1]
-    cls = getattr(errors, name, errors.XasinkError)
-    if not (isinstance(cls, type) and issubclass(cls, errors.XasinkError)):
-        cls = errors.XasinkError
-    return cls(message.strip())
+    """The xasink error inside a Spark exception, rebuilt with its own class (:func:`xasink.errors.from_spark`)."""
+    return errors.from_spark(exc)
 
 
 def error_summary(exc: BaseException) -> str:

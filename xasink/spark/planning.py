@@ -46,6 +46,8 @@ class WritePlan:
     guard: str | None = None  # the session lock this driver holds while its runs live (xasink.protocol.liveness)
     apply: ApplySpec | None = None  # overwrite / replaceWhere / change-data: tasks load the shadow table
     claimed: bool = False  # the driver took the batch over for this run: first task attempts skip their claim
+    replay: bool = False  # the batch was committed before: every task writes nothing, without reading its rows
+    slots_checked: bool = False  # the driver checked the free prepared-transaction slots against the branches
 
 
 def prepare_write(options: WriteOptions, schema: StructType, branches: int | None) -> WritePlan:
@@ -74,7 +76,7 @@ def prepare_write(options: WriteOptions, schema: StructType, branches: int | Non
                 check_predicate(conn, apply)
                 ensure_shadow(coordinator.dialect, conn, apply)
             target = shadow_plan(target, apply, flag)
-        return WritePlan(target, log_id, guard, apply)
+        return WritePlan(target, log_id, guard, apply, slots_checked=branches is not None)
     finally:
         coordinator.close()
 

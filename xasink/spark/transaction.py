@@ -26,8 +26,9 @@ from xasink.options import WriteOptions, parse_options
 from xasink.protocol.multi_target import MultiCoordinator
 from xasink.protocol.xid import MAX_BATCH_ID, valid_sink_id
 from xasink.results import TargetResult, TransactionResult, WriteResult
-from xasink.spark.api import is_connect, ready_session, shape
+from xasink.spark.api import ready_session
 from xasink.spark.datasource import RUN_OPTION
+from xasink.spark.frames import shape
 from xasink.spark.job_errors import error_summary, unwrap_error
 from xasink.spark.partition_job import save
 from xasink.spark.streams import micro_batch_query
@@ -122,11 +123,10 @@ class Transaction:
                 mc.target(parsed)  # finished at the block's end, like the write would have been
                 return WriteResult(self.sink_id, self.batch_id, 0, 0, True, {"total": time.perf_counter() - t0})
             ready_session(df.sparkSession)
-            df = shape(df, parsed)
-            # Spark Connect has no df.rdd: its count is numPartitions (a coalesce's upper bound) if given, else
-            # unknown (0: the slot check counts the other writes only, as a plain write's does under Connect)
-            branches = (parsed.num_partitions or 0) if is_connect(df.sparkSession) else df.rdd.getNumPartitions()
-            mc.before_write(parsed, branches)
+            # the branches, where Spark counts them without a job (else 0: the slot check counts the other
+            # writes only, and each task checks for a free slot before it loads)
+            df, branches = shape(df, parsed)
+            mc.before_write(parsed, branches or 0)
             raw = {
                 **self.options,
                 **options,
@@ -210,13 +210,16 @@ class Transaction:
                 self._finish(True, {})
                 return
             if exc_type is not None or self._failed is not None:
-                mc.abort()
+                left = mc.abort()
                 self._state = "rolled back"
-                if exc_type is None:  # a write failed and the block swallowed its error: still nothing commits
-                    raise errors.BatchAbortedError(
-                        f"sink {self.sink_id} transaction {self.batch_id}: a write failed "
-                        f"({type(self._failed).__name__}), so every write was rolled back"
-                    ) from self._failed
+                # a write failed and the block swallowed its error: still nothing commits.  The block's own
+                # exception goes on as it is, unless a database kept branches of it prepared: then say where
+                if exc_type is None or left:
+                    failed = type(self._failed).__name__ if exc_type is None else exc_type.__name__
+                    why = f"a write failed ({failed})" if exc_type is None else f"the block raised {failed}"
+                    raise errors.BatchAbortedError(mc.aborted(f"{why}, so every write is rolled back", left)) from (
+                        exc if exc is not None else self._failed
+                    )
                 return
             _, timings = mc.commit(set(self._written))
             self._finish(False, timings)

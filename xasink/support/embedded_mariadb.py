@@ -97,25 +97,58 @@ class EmbeddedMariaDB:
         if installed.returncode != 0:
             self.stop()
             raise EmbeddedMariaDBError(f"{INSTALL} failed: {installed.stderr.strip()[-500:]}")
+        self._launch(binary, timeout)
+        return f"127.0.0.1:{self.port}"
+
+    def _launch(self, binary: str, timeout: float) -> None:
+        data = self.dir / "data"
         self.proc = subprocess.Popen(
             [binary, "--no-defaults", f"--datadir={data}", f"--port={self.port}", f"--socket={self.dir / 'sock'}"]
-            + [f"--pid-file={self.dir / 'pid'}", f"--log-error={self.dir / 'error.log'}", *user, *self.settings],
+            + [f"--pid-file={self.dir / 'pid'}", f"--log-error={self.dir / 'error.log'}", *self._user()]
+            + list(self.settings),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + timeout
         while True:
-            try:
-                pymysql.connect(host="127.0.0.1", port=self.port, user="root", password="").close()
-                break
-            except pymysql.MySQLError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    errors = (self.dir / "error.log").read_text(errors="replace")[-800:] if self.dir.exists() else ""
-                    self.stop()
-                    raise EmbeddedMariaDBError(f"the private MariaDB did not start: {errors}") from None
-                time.sleep(0.2)
+            with contextlib.suppress(pymysql.MySQLError):
+                if self._answers(data):
+                    break
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                errors = (self.dir / "error.log").read_text(errors="replace")[-800:] if self.dir.exists() else ""
+                self.stop()
+                raise EmbeddedMariaDBError(f"the private MariaDB did not start: {errors}")
+            time.sleep(0.2)
         log.info("private MariaDB at 127.0.0.1:%s (pid %s, %s)", self.port, self.pid, self.dir)
-        return f"127.0.0.1:{self.port}"
+
+    def _answers(self, data: Path) -> bool:
+        """Whether this server answers on its port: another one that took the port first (a free port is only
+        free until someone binds it) is not taken for it."""
+        conn = pymysql.connect(host="127.0.0.1", port=self.port, user="root", password="")
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT @@datadir")
+                row = cur.fetchone()
+        finally:
+            conn.close()
+        return row is not None and Path(str(row[0])).resolve() == data.resolve()
+
+    def crash(self) -> None:
+        """SIGKILL the server, as a crash of its machine would end it; its data directory stays."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def restart(self, timeout: float = 60.0) -> None:
+        """Start the server again on its data directory and port (after :meth:`crash`, or a clean stop of it).
+
+        Returns once it answers: InnoDB has recovered, prepared XA branches are listed again.
+        """
+        binary = find_server()
+        if binary is None:
+            raise EmbeddedMariaDBError(f"{SERVER} not installed")
+        self.crash()
+        self._launch(binary, timeout)
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import sys
 import warnings
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from types import FrameType
 
 from xasink.errors import XasinkWarning
 
@@ -83,8 +86,23 @@ def tell(lines: Iterable[str]) -> None:
     """Report warnings in the user's process: in its log when it set logging up, else as :class:`XasinkWarning`
     (Python shows those on standard error, each text once per place, unless the user filters them)."""
     logged = _logging_set_up()
+    level = _user_level()
     for line in lines:
         if logged:
             log.warning("%s", line)
         else:
-            warnings.warn(line, XasinkWarning, stacklevel=3)
+            warnings.warn(line, XasinkWarning, stacklevel=level)
+
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # .../xasink
+
+
+def _user_level() -> int:
+    """The ``stacklevel`` that names the caller's own line: the first frame outside the xasink package, however
+    deep inside xasink the warning is told (``xasink.write``, ``foreach_batch``, a transaction's exit)."""
+    level = 1  # tell(): stacklevel 1 of its warnings.warn
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE + os.sep):
+        frame = frame.f_back
+        level += 1
+    return level

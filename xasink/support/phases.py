@@ -13,6 +13,7 @@ import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 PHASE_LOG_ENV = "XASINK_PHASE_LOG"
 IMPORTED_AT = time.time()  # when this process imported xasink: a fresh Python worker's start shows here
@@ -33,6 +34,18 @@ def record(name: str, start: float, end: float, **ids: object) -> None:
         os.write(fd, (line + "\n").encode())
     finally:
         os.close(fd)
+
+
+def stamp_connect(dialect: object, conn_rec: Any, cargs: object, cparams: object) -> None:
+    """SQLAlchemy's ``do_connect`` event: a control connection's set-up begins (see :func:`record_connect`)."""
+    conn_rec.info["xasink_connect_start"] = time.time()
+
+
+def record_connect(dbapi_conn: object, conn_rec: Any) -> None:
+    """SQLAlchemy's ``connect`` event: the set-up's time as the phase ``connect.control``."""
+    start = conn_rec.info.pop("xasink_connect_start", None)
+    if start is not None:
+        record("connect.control", start, time.time())
 
 
 @contextmanager

@@ -71,6 +71,7 @@ def ensure_shadow(dialect: Dialect, conn: Connection, spec: ApplySpec) -> None:
     """Create the shadow (the target's column types, no constraints), or make it anew when it no longer
     matches: only between batches, when recovery has applied what it held.  Also the tombstone table of a
     change-data sink with deletes and a sequence."""
+    dialect.check_apply(conn)  # first: the apply itself could not run (nothing is made or decided then)
     target = sa.Table(spec.table, sa.MetaData(schema=spec.schema), autoload_with=conn)
     types = {c.name: c.type for c in target.c}
     want = shadow_table(spec, types, dialect.keyed_shadow)

@@ -6,12 +6,11 @@ driver finishes branches with ``XA COMMIT`` / ``XA ROLLBACK`` over SQLAlchemy (`
 Two server facts shape the branch side:
 
 * A prepared branch can be finished by another session only after its owner disconnected.  Before that,
-  ``XA COMMIT`` answers XAER_NOTA as if the xid did not exist, and on MariaDB 10.11 an ``XA COMMIT`` that
-  races with the owner's disconnect can even answer OK while the transaction stays prepared, unlisted and
-  holding its locks until the server restarts (measured: about 1 in 500 immediate commits).  So the
-  branch does not report its xid until its session is gone from ``information_schema.PROCESSLIST`` (a
-  user always sees their own sessions), and whoever finishes a branch first waits until InnoDB has
-  detached it (:mod:`.owner`).
+  ``XA COMMIT`` answers XAER_NOTA as if the xid did not exist, and on MariaDB 10.11 an ``XA COMMIT`` or
+  ``XA ROLLBACK`` that races with the owner's disconnect answers OK while the transaction stays prepared,
+  unlisted and holding its locks until the server restarts.  So the branch does not report its xid until
+  its session is gone from ``information_schema.PROCESSLIST`` (a user always sees their own sessions), and
+  whoever finishes a branch sends the verb only once InnoDB is proven to have detached it (:mod:`.owner`).
 * ``LOAD DATA LOCAL`` behaves as ``LOAD DATA ... IGNORE``: duplicates and bad values become warnings and
   rows are skipped or altered, whatever ``sql_mode`` says.  Every LOAD is therefore checked: the affected
   row count must equal the rows sent and no warning may be raised, else the branch fails.
@@ -25,9 +24,9 @@ option ``localInfile`` allows it.
 
 The package keeps one job per module, as Flink's XA package does: :mod:`.xa` (how an xid is spelled and
 listed), :mod:`.errors` (what a server error means), :mod:`.encoding` (rows as LOAD DATA text),
-:mod:`.owner` (waiting for a branch's owner to disconnect), :mod:`.branch` (the executor's branch),
-:mod:`.preflight` (server and table checks), :mod:`.types` (type mapping) and :mod:`.dialect` (the
-driver's XA verbs, tying the rest together).
+:mod:`.owner` (proving a branch's owner has let go of it), :mod:`.innodb` (InnoDB's view of its
+transactions), :mod:`.branch` (the executor's branch), :mod:`.preflight` (server and table checks),
+:mod:`.types` (type mapping) and :mod:`.dialect` (the driver's XA verbs, tying the rest together).
 """
 
 from typing import TYPE_CHECKING, Any

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 from collections.abc import Iterator
 from typing import Any, Protocol
 
@@ -35,13 +36,35 @@ class BranchHost(Protocol):
 
     def raw_connect(self, local_infile: bool = False) -> pymysql.connections.Connection: ...
 
-    def wait_detached(self, connection_id: int) -> None: ...
+    def wait_detached(self, connection_id: int, lock: str) -> None: ...
 
     def branch_error(self, exc: BaseException, xid: Xid, plan: TargetPlan) -> BranchError: ...
 
     def load_warning_error(
         self, warnings: list[tuple[Any, ...]], loaded: int, expected: int, xid: Xid, plan: TargetPlan
     ) -> BranchError: ...
+
+
+def with_row_key(error: BranchError, sent: list[pa.RecordBatch]) -> BranchError:
+    """The error with the server's "at row N" (N counts the rows of its LOAD DATA statement, not the partition's)
+    replaced by the row's key, as PostgreSQL names a failing row: ``in the row with id=278``."""
+    found = re.search(r" at row (\d+)", str(error))
+    if found is None:
+        return error
+    n = int(found.group(1)) - 1
+    for batch in sent:
+        if n < batch.num_rows:
+            key = ", ".join(f"{name}={_shown(batch.column(i)[n].as_py())}" for i, name in enumerate(batch.schema.names))
+            new = type(error)(str(error).replace(found.group(0), f" in the row with {key}", 1))
+            new.__dict__.update(error.__dict__)
+            return new
+        n -= batch.num_rows
+    return error
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 class MySQLBranch(BranchSession):
@@ -214,17 +237,20 @@ class MySQLBranch(BranchSession):
         """Batches streamed into LOAD DATA statements of up to ``load_data_max_bytes`` each (see .stream)."""
         total = 0
         load: StreamedLoad | FileLoad | None = None
+        keys = list(self.plan.upsert_keys) or self.plan.arrow_schema.names[:1]
+        sent: list[pa.RecordBatch] = []  # the key columns of the statement's rows: an error names a row's key
         try:
             for batch in batches:
                 data = encode_tsv(batch)
                 if load is None:
                     load = open_load(functools.partial(self._execute_load, into=into, replace=replace))
                 load.write(data, batch.num_rows)
+                sent.append(batch.select(keys))  # zero-copy: only the key columns' buffers stay referenced
                 if load.bytes >= self.dialect.load_data_max_bytes:
-                    total += self._finish_load(load, replace)
-                    load = None
+                    total += self._finish_load(load, replace, sent)
+                    load, sent = None, []
             if load is not None:
-                total += self._finish_load(load, replace)
+                total += self._finish_load(load, replace, sent)
                 load = None
         finally:
             if load is not None:  # an error while encoding: the branch is rolled back, the statement must end
@@ -243,7 +269,7 @@ class MySQLBranch(BranchSession):
             raise pymysql.err.OperationalError(2013, "Lost connection to server during LOAD DATA") from None
         return self.cursor.rowcount, self.cursor.warning_count
 
-    def _finish_load(self, load: StreamedLoad | FileLoad, replace: bool) -> int:
+    def _finish_load(self, load: StreamedLoad | FileLoad, replace: bool, sent: list[pa.RecordBatch]) -> int:
         expected = load.rows
         loaded, warning_count = load.finish()
         # a REPLACE counts a replaced row twice; strict mode makes a row it cannot store an error, not a skip
@@ -254,7 +280,8 @@ class MySQLBranch(BranchSession):
                 w for w in self.cursor.fetchall() if str(w[0]).lower() != "note" and w[1] not in STATEMENT_WARNINGS
             ]
             if warnings or not stored_all:
-                raise self.dialect.load_warning_error(warnings, loaded, expected, self.xid, self.plan)
+                error = self.dialect.load_warning_error(warnings, loaded, expected, self.xid, self.plan)
+                raise with_row_key(error, sent)
         return expected
 
     def insert_sql(self, into: str | None = None, verb: str = "INSERT") -> str:
@@ -299,7 +326,7 @@ class MySQLBranch(BranchSession):
         self._close()
         if listed is False:
             raise BranchError(f"branch {self.xid} was not prepared (the server rolled it back); nothing of it remains")
-        self.dialect.wait_detached(self.connection_id)
+        self.dialect.wait_detached(self.connection_id, owner_lock(self.xid))
 
     def _listed(self) -> bool | None:
         """Whether XA RECOVER lists the branch; None when this user may not run XA RECOVER (MySQL 8)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pymysql
@@ -17,7 +17,7 @@ from xasink.dialects.keepalive import set_keepalive
 from xasink.dialects.mysql import errors, health, preflight
 from xasink.dialects.mysql import merge as merge_sql
 from xasink.dialects.mysql.errors import BranchBusyError, LockBusyError
-from xasink.dialects.mysql.owner import DETACH_TIMEOUT_S, OWNER_WAIT_S, OwnerWatch
+from xasink.dialects.mysql.owner import DETACH_TIMEOUT_S, OWNER_WAIT_S, Owner, OwnerWatch
 from xasink.dialects.mysql.sql import BRANCH_SQL_MODE, SA_DIALECT, errno_of
 from xasink.dialects.mysql.xa import ER_XAER_NOTA, foreign_gid, parse_foreign_gid, recovered, xa_literal, xid_literal
 from xasink.dialects.rendering import statement_text
@@ -92,17 +92,39 @@ class MySQLDialect(Dialect):
     def owners(self) -> OwnerWatch:
         return OwnerWatch(self.raw_connect)
 
-    def wait_detached(self, connection_id: int, timeout_s: float = DETACH_TIMEOUT_S) -> None:
-        """Return once the server has finished disconnecting session ``connection_id`` (a branch, after PREPARE)."""
-        self.owners.wait_detached(connection_id, timeout_s)
+    def wait_detached(self, connection_id: int, lock: str, timeout_s: float = DETACH_TIMEOUT_S) -> None:
+        """Return once a branch's session (``connection_id``, owner lock ``lock``) has left, after PREPARE."""
+        self.owners.wait_detached(connection_id, lock, timeout_s)
 
-    def await_owner(self, conn: Connection, xid: Xid | None, timeout_s: float = OWNER_WAIT_S) -> None:
-        """Wait until no session that may own the branch is still disconnecting (see :mod:`.owner`)."""
-        self.owners.await_owner(conn, xid, timeout_s)
+    def await_owner(self, conn: Connection, xid: Xid | None, timeout_s: float = OWNER_WAIT_S) -> Owner | None:
+        """Return once the branch's owner is proven detached, else BranchBusyError (see :mod:`.owner`)."""
+        return self.owners.await_owner(conn, xid, timeout_s)
+
+    def before_finishing(self, xids: Sequence[Xid]) -> None:
+        """Prove the owners of many branches detached at once, so their verbs need not wait one by one."""
+        if not xids:
+            return
+        try:
+            with self.connect(autocommit=True) as conn:
+                self.owners.prove(conn, xids)
+        except Exception as exc:  # noqa: BLE001 - each verb still waits for its own owner (and says what failed)
+            log.info("owners of %d branches not looked at together: %s", len(xids), exc)
+
+    def dispose(self) -> None:
+        if "owners" in self.__dict__:  # its witness connection
+            self.owners.close()
+        super().dispose()
 
     # -- XA verbs ------------------------------------------------------------------------
     def _finish(self, conn: Connection, verb: str, literal: str, key: tuple[int, bytes, bytes]) -> None:
-        self.await_owner(conn, Xid.from_xa(*key))
+        xid = Xid.from_xa(*key)
+        try:
+            owner = self.await_owner(conn, xid)
+        except BranchBusyError as exc:
+            if verb == "ROLLBACK":  # (still listed: the next sweep or recover finds it again)
+                log.warning("XA ROLLBACK %s: %s", literal, exc)
+                return
+            raise
         try:
             conn.exec_driver_sql(f"XA {verb} {literal}")
         except sa.exc.DBAPIError as exc:
@@ -120,6 +142,7 @@ class MySQLDialect(Dialect):
                     f"XA {verb} of {literal}: the branch is still attached to its writer's session; retry later"
                 ) from exc
             raise
+        self.owners.finished(xid, owner, verb, literal)
 
     def commit_prepared(self, conn: Connection, xid: Xid) -> None:
         self._finish(conn, "COMMIT", xid_literal(xid), (FORMAT_ID, xid.gtrid.encode(), xid.bqual.encode()))
@@ -181,7 +204,17 @@ class MySQLDialect(Dialect):
         self.warn_durability(conn)
         preflight.check_server(self, conn)
 
+    def denied(self, exc: BaseException) -> bool:
+        return errno_of(exc) in errors.PRIVILEGE_CODES | {1143}  # 1143: a column's privilege
+
+    def write_blockers(self, conn: Connection) -> list[str]:
+        return preflight.write_blockers(self, conn)
+
     keyed_shadow = True
+
+    def check_apply(self, conn: Connection) -> None:
+        preflight.check_apply(self, conn)
+
     # the apply reads the shadow (INSERT .. SELECT, joins) as a consistent read, locking none of its rows
     apply_isolation = "READ COMMITTED"
 

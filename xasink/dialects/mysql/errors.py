@@ -91,6 +91,10 @@ class BranchBusyError(XasinkError):
     """A prepared branch is still attached to its owner's session; finishing it must wait (transient)."""
 
 
+class HiddenBranchError(XasinkError):
+    """XA COMMIT / ROLLBACK answered OK, yet InnoDB still holds the branch prepared (until a restart): fatal."""
+
+
 class LockBusyError(BranchBusyError):
     """GET_LOCK was not granted within controlLockTimeout (it answers 0, not an error): transient, as 1205."""
 

@@ -33,17 +33,41 @@ def durability_risks(conn: Connection) -> list[DurabilityRisk]:
     return risks
 
 
-def check_server(dialect: Dialect, conn: Connection) -> None:
-    version = str(conn.exec_driver_sql("SELECT VERSION()").scalar_one())
+def write_blockers(dialect: Dialect, conn: Connection, read_only: bool = True) -> list[str]:
+    """What stops XA writes on this server, with the fix; ``read_only``: also a server in read-only mode (a
+    writer with READ ONLY ADMIN may still write there, so only ``xasink status`` reports it)."""
+    version, writes_refused = conn.exec_driver_sql("SELECT VERSION(), @@GLOBAL.read_only").one()
+    version = str(version)
     is_mariadb = "mariadb" in version.lower()
     nums = tuple(int(x) for x in re.findall(r"\d+", version)[:2])
+    found = []
     if is_mariadb and nums < (10, 5):
-        raise PreflightError(
+        found.append(
             f"MariaDB {version} at {dialect.where()} rolls back a prepared XA transaction when its session ends; "
             "xasink needs MariaDB 10.5 or later"
         )
     if not is_mariadb and nums < (8, 0):
-        raise PreflightError(f"MySQL {version} at {dialect.where()} is too old for xasink; use MySQL 8.0 or later")
+        found.append(f"MySQL {version} at {dialect.where()} is too old for xasink; use MySQL 8.0 or later")
+    if is_mariadb:
+        legacy = conn.exec_driver_sql("SHOW GLOBAL VARIABLES LIKE 'legacy_xa_rollback_at_disconnect'").fetchall()
+        if legacy and str(legacy[0][1]).upper() in ("ON", "1"):
+            found.append(
+                f"MariaDB at {dialect.where()} has legacy_xa_rollback_at_disconnect = ON, which rolls back a "
+                "prepared branch when its writer disconnects: SET GLOBAL legacy_xa_rollback_at_disconnect = OFF"
+            )
+    if read_only and str(writes_refused).upper() in ("1", "ON"):
+        found.append(
+            f"{dialect.name} at {dialect.where()} has read_only = ON: writers without the READ ONLY ADMIN (or "
+            "SUPER) privilege cannot write, nor can recovery finish a branch. SET GLOBAL read_only = OFF, or point "
+            "the URL at the primary server"
+        )
+    return found
+
+
+def check_server(dialect: Dialect, conn: Connection) -> None:
+    blockers = write_blockers(dialect, conn, read_only=False)
+    if blockers:
+        raise PreflightError(blockers[0])
     try:
         dialect.list_prepared(conn)
     except sa.exc.DBAPIError as exc:
@@ -53,13 +77,6 @@ def check_server(dialect: Dialect, conn: Connection) -> None:
                 "xasink needs to finish and clean up branches: GRANT XA_RECOVER_ADMIN ON *.* TO the writing user"
             ) from None
         raise
-    if is_mariadb:
-        legacy = conn.exec_driver_sql("SHOW GLOBAL VARIABLES LIKE 'legacy_xa_rollback_at_disconnect'").fetchall()
-        if legacy and str(legacy[0][1]).upper() in ("ON", "1"):
-            raise PreflightError(
-                f"MariaDB at {dialect.where()} has legacy_xa_rollback_at_disconnect = ON, which rolls back a "
-                "prepared branch when its writer disconnects: SET GLOBAL legacy_xa_rollback_at_disconnect = OFF"
-            )
     server_infile = conn.exec_driver_sql("SELECT @@GLOBAL.local_infile").scalar_one()
     if dialect.settings.local_infile and not int(server_infile or 0):
         log.warning(
@@ -67,6 +84,31 @@ def check_server(dialect: Dialect, conn: Connection) -> None:
             "(slower). To use LOAD DATA: SET GLOBAL local_infile = 1; to silence this: localInfile=false",
             dialect.name,
             dialect.where(),
+        )
+
+
+def check_apply(dialect: Dialect, conn: Connection) -> None:
+    """Refuse a write whose apply step (overwrite, replaceWhere, change-data) the binary log would refuse.
+
+    The apply runs at READ COMMITTED (its reads of the shadow lock nothing a prepared branch holds), and InnoDB
+    will not log a READ COMMITTED write as a statement (error 1665): with binlog_format = STATEMENT the batch
+    would be decided and its branches committed, and then no apply, by the driver or ``xasink recover``, could
+    ever run.  The session's own values count (a user with the privilege may log by row for its session).
+    """
+    log_bin, logged, binlog_format = conn.exec_driver_sql(
+        "SELECT @@GLOBAL.log_bin, @@SESSION.sql_log_bin, @@SESSION.binlog_format"
+    ).one()
+    conn.rollback()
+    if (
+        str(log_bin).upper() in ("1", "ON")
+        and str(logged).upper() in ("1", "ON")
+        and str(binlog_format).upper() == "STATEMENT"
+    ):
+        raise PreflightError(
+            f"{dialect.name} at {dialect.where()} has binlog_format = STATEMENT with the binary log on: an overwrite, "
+            "replaceWhere or change-data write applies its batch at READ COMMITTED, which statement-based logging "
+            "refuses (error 1665), so the batch could be decided but never applied. SET GLOBAL binlog_format = "
+            "'MIXED' (or 'ROW'; also in my.cnf), or log this user's sessions by row, or write with mode('append')"
         )
 
 

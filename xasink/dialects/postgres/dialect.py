@@ -203,22 +203,47 @@ class PostgresDialect(PostgresTypes, Dialect):
                 risks.append(DurabilityRisk(setting, value, fix))
         return risks
 
-    def check_server(self, conn: Connection, branches: int | None) -> None:
-        self.warn_durability(conn)
-        limit = int(conn.exec_driver_sql("SHOW max_prepared_transactions").scalar_one())
-        if limit == 0:
-            raise PreflightError(
+    def free_prepared_slots(self, conn: Connection) -> tuple[int, int] | None:
+        in_use, limit = pg_health.prepared_capacity(conn)
+        return limit - in_use, limit
+
+    def denied(self, exc: BaseException) -> bool:
+        return sqlstate_of(exc) == "42501"  # insufficient_privilege
+
+    def write_blockers(self, conn: Connection) -> list[str]:
+        limit, standby = conn.exec_driver_sql(
+            "SELECT current_setting('max_prepared_transactions')::int, pg_is_in_recovery()"
+        ).one()
+        found = []
+        if int(limit) == 0:
+            found.append(
                 f"PostgreSQL at {self.where()} has max_prepared_transactions = 0, which disables PREPARE TRANSACTION. "
                 "Set it to at least the number of partitions you write (e.g. 'ALTER SYSTEM SET "
                 "max_prepared_transactions = 64' or postgresql.conf) and restart the server."
             )
+        if standby:
+            found.append(
+                f"PostgreSQL at {self.where()} is a standby (in recovery): it takes no writes. Point the URL at the "
+                "primary server."
+            )
+        return found
+
+    def check_server(self, conn: Connection, branches: int | None) -> None:
+        self.warn_durability(conn)
+        blockers = self.write_blockers(conn)
+        if blockers:
+            raise PreflightError(blockers[0])
         if branches:
-            in_use = int(conn.exec_driver_sql("SELECT count(*) FROM pg_prepared_xacts").scalar_one())
+            limit, in_use = conn.exec_driver_sql(
+                "SELECT current_setting('max_prepared_transactions')::int, (SELECT count(*) FROM pg_prepared_xacts)"
+            ).one()
+            limit, in_use = int(limit), int(in_use)
             if branches > limit - in_use:
                 raise PreflightError(
                     f"PostgreSQL at {self.where()} has {limit - in_use} free prepared-transaction slots "
                     f"(max_prepared_transactions = {limit}, {in_use} in use) but this write needs {branches}: "
-                    "coalesce to fewer partitions (numPartitions) or raise max_prepared_transactions."
+                    "coalesce to fewer partitions (numPartitions) or raise max_prepared_transactions; "
+                    "'xasink recover' finishes what earlier runs left prepared."
                 )
 
     def branch_error(self, exc: BaseException, xid: Xid, plan: TargetPlan) -> BranchError:
@@ -234,7 +259,8 @@ class PostgresDialect(PostgresTypes, Dialect):
         if state == "53200" and "prepared transactions" not in text:  # a real out-of-memory
             hint = None
         what = text.splitlines()[0] if text else str(exc)
-        detail = [ln for ln in text.splitlines()[1:] if ln.startswith(("DETAIL", "HINT"))]
+        # a COPY's CONTEXT names the column and the line (row) of the partition: "COPY t, line 101, column name"
+        detail = [ln for ln in text.splitlines()[1:] if ln.startswith(("DETAIL", "HINT", "CONTEXT:  COPY"))]
         if detail:
             what += " (" + "; ".join(d.strip() for d in detail) + ")"
         err = branch_failed(xid, plan, what, hint)

@@ -3,11 +3,14 @@
 -- Run it in the target database when the writing user may not CREATE tables, e.g.
 --   xasink ddl mysql | mysql -h HOST -u admin -p shop        (this file: xasink/sql/mysql.sql)
 -- With journalTablePrefix / journalSchema set, rename the tables accordingly.
--- The writing user needs SELECT, INSERT, UPDATE, DELETE on the four tables, and XA_RECOVER_ADMIN on MySQL 8:
+-- The decision log is five tables. The writing user needs SELECT, INSERT on the first, SELECT, INSERT,
+-- UPDATE, DELETE on the other four (xasink_parts: multi-target transactions record their writes there; a
+-- single-table writer's trim and recovery read and clean it), and XA_RECOVER_ADMIN on MySQL 8:
 --   GRANT SELECT, INSERT ON shop.xasink_log TO 'etl'@'%';
 --   GRANT SELECT, INSERT, UPDATE, DELETE ON shop.xasink_sinks TO 'etl'@'%';
 --   GRANT SELECT, INSERT, UPDATE, DELETE ON shop.xasink_batches TO 'etl'@'%';
 --   GRANT SELECT, INSERT, UPDATE, DELETE ON shop.xasink_claims TO 'etl'@'%';
+--   GRANT SELECT, INSERT, UPDATE, DELETE ON shop.xasink_parts TO 'etl'@'%';
 --   GRANT XA_RECOVER_ADMIN ON *.* TO 'etl'@'%';          -- MySQL 8 only
 
 -- A log made by an older xasink is upgraded by the first writer of this version (it needs ALTER on the

@@ -3,9 +3,11 @@
 -- Run it in the target database when the writing user may not CREATE tables, e.g.
 --   xasink ddl postgres | psql -h HOST -U admin -d shop      (this file: xasink/sql/postgres.sql)
 -- With journalTablePrefix / journalSchema set, rename (or schema-qualify) the tables accordingly.
--- The writing user needs SELECT, INSERT, UPDATE, DELETE on the four tables:
+-- The decision log is five tables. The writing user needs SELECT, INSERT on the first, and SELECT, INSERT,
+-- UPDATE, DELETE on the other four (xasink_parts: multi-target transactions record their writes there; a
+-- single-table writer's trim and recovery read and clean it), plus USAGE on the schema if it is not public:
 --   GRANT SELECT, INSERT ON xasink_log TO etl;
---   GRANT SELECT, INSERT, UPDATE, DELETE ON xasink_sinks, xasink_batches, xasink_claims TO etl;
+--   GRANT SELECT, INSERT, UPDATE, DELETE ON xasink_sinks, xasink_batches, xasink_claims, xasink_parts TO etl;
 -- and the server needs max_prepared_transactions >= the partitions of one batch (restart to change it).
 
 -- A log made by an older xasink is upgraded by the first writer of this version (it needs ALTER on the

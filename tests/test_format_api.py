@@ -1,0 +1,158 @@
+"""What ``df.write.format("xasink")`` and streaming queries tell a user, and when.
+
+- Spark raises its own exceptions (``PythonException``, ``AnalysisException``, ``StreamingQueryException``) with
+  xasink's error only in their text: ``xasink.from_spark(exc)`` and ``with xasink.spark_errors():`` give it back
+  with its class, for a batch write and a streaming query, on PostgreSQL and MariaDB; a thread that did not
+  register the source gets an error saying what to do.
+- One preflight for every write: free prepared-transaction slots (PostgreSQL) are checked against the
+  partitions before any row is loaded where Spark counts them without a job (``xasink.write``, ``numPartitions``),
+  else by each task before it loads (a private server with 3 slots).
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+
+import xasink
+from tests.doc_cases import raises
+from tests.harness import Stream, expected, frame, spark_jobs
+from tests.leaks import SECRET
+from tests.targets import Target, make_target
+from xasink.support.embedded import EmbeddedPostgres
+
+pytestmark = [pytest.mark.spark]
+
+
+def login(db: Target) -> dict[str, Any]:
+    return {"password": db.password} if db.password is not None else {}
+
+
+def writer(df: DataFrame, db: Target, table: str, **options: Any) -> Any:
+    return df.write.format("xasink").option("url", db.url).option("dbtable", table).options(**login(db), **options)
+
+
+def too_long(db: Target) -> str:
+    """A table whose name column takes 3 characters: 'n1000' is too long for it (a BranchError)."""
+    table = db.new_table()
+    db.create_table(table, "id int, name varchar(3)")
+    return table
+
+
+def test_errors_of_a_batch_write_are_caught_by_their_class(spark: SparkSession, db: Target) -> None:
+    table = too_long(db)
+    df = frame(spark, range(1000, 1010), 2)
+    with pytest.raises(Exception) as info:  # noqa: PT011 - what Spark raises, whatever its class
+        writer(df, db, table).mode("append").save()
+    assert not isinstance(info.value, xasink.XasinkError)  # Spark's class: the text alone carries ours
+    found = xasink.from_spark(info.value)
+    assert type(found) is xasink.BranchError, found
+    assert "'name'" in str(found) or "column name" in str(found), found  # the column, named by each server
+    assert "Traceback" not in str(found) and "JVM" not in str(found), found
+
+    with raises(xasink.BranchError) as caught:  # ``except xasink.BranchError`` catches it
+        with xasink.spark_errors():
+            writer(df, db, table).mode("append").save()
+    assert caught.value.__cause__ is not None and not isinstance(caught.value.__cause__, xasink.XasinkError)
+    assert "could not be written" in str(caught.value)  # (the first failing partition may be another one)
+    assert db.rows(table) == [] and db.prepared() == []
+
+    # what is not xasink's passes unchanged
+    bad = spark.range(0, 4, 1, 2).selectExpr("cast(id as int) as id", "cast(raise_error('not ours') as string) as name")
+    with pytest.raises(Exception, match="not ours") as other:  # noqa: PT011
+        with xasink.spark_errors():
+            writer(bad, db, db.new_table()).mode("append").save()
+    assert not isinstance(other.value, xasink.XasinkError) and xasink.from_spark(other.value) is None
+
+
+def test_errors_of_a_streaming_query_are_caught_by_their_class(spark: SparkSession, db: Target, tmp_path: Path) -> None:
+    stream = Stream(spark, tmp_path, db.url)
+    stream.table = too_long(db)
+    stream.add_files(1)
+    frame_ = stream.frame(2).selectExpr("cast(id as int) as id", "concat('n', 1000 + id) as name")
+    query = stream.writer(frame_, **{k: str(v) for k, v in login(db).items()}).trigger(availableNow=True).start()
+    with pytest.raises(Exception) as info:  # noqa: PT011 - StreamingQueryException, Spark's
+        query.awaitTermination()
+    found = xasink.from_spark(info.value)
+    assert type(found) is xasink.BranchError and "'name'" in str(found) or "column name" in str(found), found
+    with raises(xasink.BranchError) as caught:
+        with xasink.spark_errors():
+            query.awaitTermination()  # a stopped query raises its exception again
+    assert str(caught.value) == str(found)
+    assert db.rows(stream.table) == [] and db.prepared(stream.sink_id) == []
+
+
+def test_a_thread_that_did_not_register_the_source_is_told_what_to_do(spark: SparkSession, db: Target) -> None:
+    """A thread pool writing several tables at once: its threads have no active Spark session, where Spark
+    looks the Python data source up (DATA_SOURCE_NOT_FOUND).  The error says to register in the thread; once
+    registered there, the write works."""
+    table = db.new_table()
+    df = frame(spark, range(10), 2)
+    seen: list[BaseException] = []
+
+    def write(register: bool) -> None:
+        try:
+            with xasink.spark_errors():
+                if register:
+                    xasink.register(spark)
+                writer(df, db, table, sinkId=f"t{uuid.uuid4().hex[:8]}").mode("append").save()
+        except Exception as exc:  # noqa: BLE001 - handed to the test
+            seen.append(exc)
+
+    for register in (False, True):
+        thread = threading.Thread(target=write, args=(register,))
+        thread.start()
+        thread.join()
+    [error] = seen  # the registered thread wrote
+    assert type(error) is xasink.OptionError and "xasink.register(spark) in the thread" in str(error), error
+    assert db.rows(table) == expected(range(10))
+
+
+# --------------------------------------------------------------------------- one preflight for every write
+
+
+@pytest.fixture(scope="module")
+def three_slots() -> Iterator[Target]:
+    """A PostgreSQL of the module's own with max_prepared_transactions = 3."""
+    with EmbeddedPostgres(max_prepared_transactions=3, password=SECRET) as server:
+        target = make_target("postgresql", server.url)
+        try:
+            yield target
+        finally:
+            target.cleanup()
+
+
+@pytest.mark.doc_case("error/PreflightError")
+def test_more_partitions_than_free_slots_is_refused_before_any_row_is_loaded(
+    spark: SparkSession, three_slots: Target
+) -> None:
+    db = three_slots
+    table = db.new_table()
+    db.keyed_table(table)
+    six = frame(spark, range(60), 6)
+    # xasink.write counts the partitions (a plan without a shuffle: no job needed) and refuses before any job
+    with spark_jobs(spark) as jobs, raises(xasink.PreflightError, match=r"3 free prepared-transaction slots.*needs 6"):
+        xasink.write(six, db.url, table, sink_id=f"p{uuid.uuid4().hex[:8]}", **login(db))
+    assert jobs == []
+    # a DataFrame whose partitions Spark counts only by running its shuffle: each task checks before it loads
+    shuffled = six.repartition(6, "id")
+    with raises(xasink.PreflightError, match="no free prepared-transaction slot for partition"):
+        xasink.write(shuffled, db.url, table, sink_id=f"p{uuid.uuid4().hex[:8]}", **login(db))
+    # format("xasink"): numPartitions is checked before any task; without it, each task checks before it loads
+    with spark_jobs(spark) as jobs, raises(xasink.PreflightError, match="needs 4"):
+        with xasink.spark_errors():
+            writer(six.coalesce(4), db, table, numPartitions=4).mode("append").save()
+    assert jobs == []  # refused in writer(), as Spark plans the write: no task ran
+    with raises(xasink.PreflightError, match="no free prepared-transaction slot for partition"):
+        with xasink.spark_errors():
+            writer(six, db, table).mode("append").save()
+    assert db.rows(table) == [] and db.prepared() == []
+    # coalesced to the free slots, it writes
+    assert xasink.write(six, db.url, table, numPartitions=3, **login(db)).rows == 60
+    assert db.rows(table) == expected(range(60)) and db.prepared() == []
