@@ -23,6 +23,7 @@ still running included (the abort's settle window, then their own late check).
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import pickle
 from collections.abc import Callable, Iterator
@@ -31,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from xasink.errors import XasinkError
 from xasink.spark.streams import is_connect
 from xasink.spark.versions import HAS_DATA_SOURCE, CaseInsensitiveDict, pyspark_version, require_data_source
+from xasink.support.masking import redact, url_secrets
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -38,6 +40,8 @@ if TYPE_CHECKING:
 
     from xasink.spark.batch_writer import XasinkBatchWriter
     from xasink.spark.write_task import XasinkCommitMessage
+
+log = logging.getLogger("xasink")
 
 # which way in (for benchmarks and tests): "partitions" or "datasource"; unset, the data source where it exists
 WAY_IN_ENV = "XASINK_SPARK_WAY_IN"
@@ -95,8 +99,15 @@ def save_by_partitions(df: DataFrame, options: dict[str, str], mode: str) -> Non
         writer.commit(list(messages))
     except BaseException:
         # as Spark does: a failed job or commit is aborted with what the tasks reported (none when the job
-        # failed; the writer knows its run, and the abort ends it and rolls back all of its branches)
-        writer.abort(list(messages))
+        # failed; the writer knows its run, and the abort ends it and rolls back all of its branches); an
+        # abort that fails too is logged, and the write's own error is what the caller gets
+        try:
+            writer.abort(list(messages))
+        except Exception as abort_error:  # noqa: BLE001 - the branches wait for the next run or 'xasink recover'
+            why = redact(f"{type(abort_error).__name__}: {abort_error}", url_secrets(writer.options.url))
+            log.warning(
+                "aborting sink %s batch %s failed too: %s", writer.options.sink_id, writer.options.batch_id, why
+            )
         raise
 
 
