@@ -85,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
         java_options=driver_java_options(),
         conf={"spark.sql.shuffle.partitions": str(args.partitions)},
     )
-    xasink.register(spark)
+    if args.mode == "source":  # format("xasink"): Spark 4.0+ (foreach_batch needs no registration)
+        xasink.register(spark)
 
     stream = (
         spark.readStream.schema("id LONG").option("maxFilesPerTrigger", 1).json(args.input).repartition(args.partitions)

@@ -90,6 +90,7 @@ def check_killed_state(db: Target, table: str, sink: str, point: str) -> None:
         assert prepared == [] and visible == expected(range(N))
 
 
+@pytest.mark.core
 @pytest.mark.parametrize(
     "point",
     [

@@ -76,7 +76,7 @@ def driver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterDriver]:
     [
         # the copy writes its own branch: this passed before adoption too, so it runs with the soaks only
         pytest.param("task.before_prepare", "append", marks=pytest.mark.soak),
-        ("task.after_prepare", "append"),
+        pytest.param("task.after_prepare", "append", marks=pytest.mark.core),
         ("task.after_prepare", "upsert"),
     ],
 )

@@ -355,6 +355,7 @@ def is_soak(request: pytest.FixtureRequest) -> bool:
     return bool(request.config.getoption("--soak")) or os.environ.get("XASINK_SOAK") == "1"
 
 
+@pytest.mark.core
 @pytest.mark.timeout(3600)
 def test_foreach_batch_survives_kills(tmp_path: Path, db: Target, request: pytest.FixtureRequest) -> None:
     """foreachBatch(xasink.foreach_batch(...)): decided-but-unfinished and committed-but-unlogged batches.

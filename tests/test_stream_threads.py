@@ -35,6 +35,7 @@ from tests.harness import (
     expected,
     failure_text,
     frame,
+    needs_data_source,
     recorded_target,
 )
 from tests.targets import Target, prepared_gids
@@ -53,6 +54,7 @@ def other_input(stream: Stream, root: Path, lo: int) -> None:
     (stream.input / "part-0000.json").write_text("".join(json.dumps({"id": i}) + "\n" for i in range(lo, lo + 10)))
 
 
+@pytest.mark.core  # on 4.0, which sets no stateStore.partitions in a query's session, it failed (1 refused of 2)
 def test_format_without_batch_id_from_a_pool_thread_is_refused(stream: Stream) -> None:
     """The reproduction: ``format("xasink")`` with a sinkId and no batchId, saved from a pool thread.  Before,
     every ``save()`` returned normally, the query ended cleanly and the table held the first micro-batch
@@ -61,6 +63,7 @@ def test_format_without_batch_id_from_a_pool_thread_is_refused(stream: Stream) -
     session), and from one whose ``register`` ran before the query started (a pool's initializer), where
     the tasks know the micro-batch's session but not its query.  One micro-batch is enough: before, both
     writes of it succeeded."""
+    needs_data_source()
     stream.add_files(1)
     url, table, sink, spark = stream.url, stream.table, stream.sink_id, stream.spark
     early = ThreadPoolExecutor(1, initializer=xasink.register, initargs=(spark,))

@@ -22,7 +22,7 @@ import pytest
 from pyspark.sql import DataFrame
 
 import xasink
-from tests.harness import ROWS, Stream, failure_text, no_branch_opened
+from tests.harness import ROWS, Stream, failure_text, needs_data_source, no_branch_opened
 from tests.targets import connect, prepared_gids, rollback_prepared
 from xasink.dialects import dialect_for
 from xasink.options import parse_options
@@ -61,7 +61,9 @@ def hold_partition(flag: Path, partition: int) -> Callable[[Iterator[pa.RecordBa
 # --------------------------------------------------------------------------- the happy path and options
 
 
+@pytest.mark.core
 def test_each_batch_once_with_its_figures_in_the_decision_log(stream: Stream) -> None:
+    needs_data_source()
     stream.add_files(3)
     stream.run()
     stream.assert_exactly_once()
@@ -99,7 +101,9 @@ def test_batch_id_option_is_refused_for_streaming(stream: Stream) -> None:
 # --------------------------------------------------------------------------- replays
 
 
+@pytest.mark.core
 def test_replayed_batch_writes_nothing_even_partitioned_differently(stream: Stream) -> None:
+    needs_data_source()
     stream.add_files(2)
     stream.run(partitions=3)
     before = stream.decisions()
@@ -202,7 +206,9 @@ def test_failed_task_rolls_back_the_batch_and_a_restart_writes_it_once(stream: S
     stream.assert_exactly_once()
 
 
+@pytest.mark.core
 def test_retried_task_replaces_its_prepared_branch(stream: Stream) -> None:
+    needs_data_source()
     stream.add_files(1)
     stream.spark.sparkContext.setLocalProperty(LOCAL_PROPERTY, "task.after_prepare:raise:p=1:a=0")
     try:
@@ -340,6 +346,7 @@ def test_recovery_racing_a_live_commit_leaves_the_live_batch_alone(stream: Strea
 # --------------------------------------------------------------------------- foreachBatch
 
 
+@pytest.mark.core
 def test_foreach_batch_writes_each_batch_once_and_skips_replays(stream: Stream) -> None:
     stream.add_files(2)
     fn = xasink.foreach_batch(url=stream.url, table=stream.table, sink_id=stream.sink_id)

@@ -60,6 +60,7 @@ def into_both(
     return xasink.foreach_batch_multi(both, sink_id=sink, journal_url=pg.url)
 
 
+@pytest.mark.core
 def test_three_tables_two_databases_commit_together(spark, pg, maria, sink):  # type: ignore[no-untyped-def]
     orders, lines, events = three_tables(pg, maria)
     with xasink.transaction(sink_id=sink, batch_id=7, journal_url=pg.url) as tx:
@@ -161,6 +162,7 @@ def test_writes_from_several_threads_are_decided_together(spark, pg, maria, sink
     assert_clean(sink, pg, maria)
 
 
+@pytest.mark.core
 def test_foreach_batch_multi_replayed_micro_batch_writes_nothing(spark, pg, maria, sink):  # type: ignore[no-untyped-def]
     orders, _, events = three_tables(pg, maria)
     fn = into_both(sink, pg, orders, maria, events)
@@ -264,6 +266,7 @@ def test_foreach_batch_multi_refuses_a_reset_checkpoint(spark, pg, maria, sink):
     assert_clean(sink, pg, maria)
 
 
+@pytest.mark.core
 def test_cli_status_lists_the_targets_and_recover_takes_journal_url(  # type: ignore[no-untyped-def]
     spark, pg, maria, sink, capsys
 ):

@@ -39,9 +39,11 @@ def table_rows(t: Target, table: str) -> list[tuple[object, ...]]:
     ("point", "journal"),
     [
         ("tx.after_write:p=0", "pg"),  # the first write prepared, the others not written: nothing commits
-        ("tx.after_write:p=2", "maria"),  # every write prepared, no decision: nothing commits
+        # every write prepared, no decision: nothing commits
+        pytest.param("tx.after_write:p=2", "maria", marks=pytest.mark.core),
         ("driver.after_decide", "pg"),  # decided, nothing committed: everything commits
-        ("driver.after_first_commit", "maria"),  # decided, the first database partly committed
+        # decided, the first database partly committed
+        pytest.param("driver.after_first_commit", "maria", marks=pytest.mark.core),
     ],
 )
 def test_killed_transaction_is_all_or_nothing_after_recovery_of_each_database(

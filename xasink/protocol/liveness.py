@@ -79,15 +79,43 @@ class DriverProcess:
 
 
 def spark_driver_process(max_depth: int = 8) -> DriverProcess | None:
-    """The JVM this Python runs under (a Spark worker's ancestor), or None outside Spark."""
+    """The Spark driver's JVM: the one this Python runs under (a Spark worker, or a script spark-submit
+    started), else the one this Python started itself (PySpark's gateway: the partition-function writes
+    of Spark 3.5 plan and commit in the user's process); None outside Spark."""
     pid = os.getppid()
     for _ in range(max_depth):
         st = _stat(pid)
         if st is None or pid <= 1:
-            return None
+            break
         if st[2] == "java":
             return DriverProcess(pid, st[1])
         pid = st[0]
+    return _gateway_child()
+
+
+# PySpark starts its driver JVM as ``spark-submit ... pyspark-shell`` (pyspark.java_gateway.launch_gateway)
+_GATEWAY_ARG = b"pyspark-shell"
+
+
+def _gateway_child() -> DriverProcess | None:
+    """The driver JVM PySpark launched from this process: a ``java`` child whose last argument is
+    ``pyspark-shell`` (a standalone cluster's Master or Worker that a test started is not)."""
+    me = os.getpid()
+    try:
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return None
+    for pid in pids:
+        st = _stat(pid)
+        if st is None or st[0] != me or st[2] != "java":
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+        except OSError:
+            continue
+        if _GATEWAY_ARG in args:
+            return DriverProcess(pid, st[1])
     return None
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import tempfile
@@ -19,11 +20,13 @@ from xasink.options import parse_options
 from xasink.protocol.coordinator import Coordinator
 from xasink.protocol.xid import new_run_nonce
 from xasink.results import WriteResult
-from xasink.spark.datasource import BRANCHES_OPTION, QUERY_OPTION, RUN_OPTION, XasinkDataSource
+from xasink.spark.datasource import BRANCHES_OPTION, QUERY_OPTION, RUN_OPTION
 from xasink.spark.frames import shape
 from xasink.spark.job_errors import error_summary, unwrap_error
+from xasink.spark.partition_job import save
 from xasink.spark.stream_writer import check_batch_order
 from xasink.spark.streams import mark_running_queries, micro_batch_query, unknown_query_message
+from xasink.spark.versions import HAS_DATA_SOURCE, java_session_class, require_data_source
 from xasink.support import notices
 from xasink.support.masking import redact, url_secrets
 
@@ -48,13 +51,25 @@ def register(spark: SparkSession) -> None:
     ``format("xasink")`` write of the micro-batch DataFrame (or one derived from it) learn the query
     whichever thread saves it.  ``xasink.write``, ``foreach_batch`` and ``foreach_batch_multi`` do it
     themselves.  What works from which thread: docs/protocol.md, "From which thread".
+
+    Spark 3.5 has no Python data source API: there this raises :class:`~xasink.errors.XasinkError` naming
+    ``xasink.write`` and ``foreach_batch``, which work on every supported Spark (docs/spark-versions.md).
     """
-    if spark not in _registered:
+    require_data_source()
+    ready_session(spark)
+
+
+def ready_session(spark: SparkSession) -> None:
+    """:func:`register` where the data source API exists; on every Spark, the thread's active session and the
+    running queries' marks (xasink.spark.streams) that every xasink write needs."""
+    if HAS_DATA_SOURCE and spark not in _registered:
+        from xasink.spark.datasource import XasinkDataSource
+
         spark.dataSource.register(XasinkDataSource)
         _registered.add(spark)
     jvm, jsession = getattr(spark, "_jvm", None), getattr(spark, "_jsparkSession", None)
     if jvm is not None and jsession is not None:  # classic Spark; Spark Connect has no thread-local session here
-        SparkSession._get_j_spark_session_class(jvm).setActiveSession(jsession)
+        java_session_class(spark).setActiveSession(jsession)
         mark_running_queries(spark)
 
 
@@ -207,7 +222,7 @@ def _write(df: DataFrame, raw: dict[str, Any], mode: str, query: str | None) -> 
         )
         log.info("%s", skipped)
         return skipped
-    register(df.sparkSession)
+    ready_session(df.sparkSession)
     df, branches = shape(df, parsed)
     fd, path = tempfile.mkstemp(prefix="xasink-notices-", suffix=".jsonl")  # the workers' warnings (notices)
     os.close(fd)
@@ -218,7 +233,10 @@ def _write(df: DataFrame, raw: dict[str, Any], mode: str, query: str | None) -> 
             internal[BRANCHES_OPTION] = str(branches)
         if query is not None:
             internal[QUERY_OPTION] = query
-        df.write.format("xasink").options(**opts, **internal).mode(mode).save()
+        save(df, {**opts, **internal}, mode)  # format("xasink"), or the partition function (Spark 3.5)
+    except errors.XasinkError:  # the driver's own steps, run in this process by the partition function
+        notices.tell(dict.fromkeys(warned + notices.load(path)))
+        raise
     except Exception as exc:
         notices.tell(dict.fromkeys(warned + notices.load(path)))
         inner = unwrap_error(exc)
@@ -233,7 +251,8 @@ def _write(df: DataFrame, raw: dict[str, Any], mode: str, query: str | None) -> 
         raise inner from exc
     finally:
         told = list(dict.fromkeys(warned + notices.load(path)))
-        os.unlink(path)
+        with contextlib.suppress(FileNotFoundError):  # a /tmp cleaner got there first: the write stands
+            os.unlink(path)
     notices.tell(told)
     total = time.perf_counter() - t0
     after = _record(journal, parsed.sink_id, parsed.batch_id)

@@ -7,7 +7,6 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from pyspark import TaskContext
-from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 
 from xasink.errors import OptionError
 from xasink.options import WriteOptions
@@ -16,6 +15,7 @@ from xasink.protocol.xid import new_run_nonce
 from xasink.spark.planning import WritePlan
 from xasink.spark.streams import STREAM_BATCH_PROPERTY, in_micro_batch
 from xasink.spark.txwrite import TxWrite, abort_tx_write, record_tx_part
+from xasink.spark.versions import DataSourceArrowWriter, WriterCommitMessage
 from xasink.spark.worker_log import tell_tasks, told, worker_logging
 from xasink.spark.write_task import XasinkCommitMessage, outcomes_of, write_task
 from xasink.support.phases import phase, worker_started

@@ -16,7 +16,6 @@ from dataclasses import replace
 from types import FrameType
 from typing import Any
 
-from pyspark.sql.datasource import DataSource
 from pyspark.sql.types import StructType
 
 from xasink.errors import OptionError
@@ -27,6 +26,7 @@ from xasink.spark.batch_writer import XasinkBatchWriter
 from xasink.spark.planning import prepare_write
 from xasink.spark.stream_writer import XasinkStreamWriter
 from xasink.spark.txwrite import TX_URL_OPTION, prepare_tx_write, tx_write
+from xasink.spark.versions import DataSource
 from xasink.spark.worker_log import told, worker_logging
 from xasink.support import notices
 from xasink.support.phases import phase

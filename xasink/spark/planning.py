@@ -12,6 +12,7 @@ from xasink.errors import PreflightError
 from xasink.options import WriteOptions
 from xasink.protocol.coordinator import Coordinator
 from xasink.protocol.liveness import ensure_keeper, spark_driver_process
+from xasink.spark.versions import arrow_field
 from xasink.support.phases import phase, worker_started
 from xasink.write_modes.spec import ApplySpec, spec_for
 from xasink.write_modes.statements import check_predicate, ensure_shadow, shadow_plan
@@ -23,12 +24,11 @@ if TYPE_CHECKING:
 def arrow_schema(schema: StructType) -> pa.Schema:
     """The Arrow schema Spark's Arrow writer hands us, or a clear error naming a column it cannot take."""
     import pyarrow as pa
-    from pyspark.sql.pandas.types import to_arrow_schema
 
     fields = []
     for f in schema.fields:
         try:
-            fields.append(to_arrow_schema(StructType([f]), timezone="UTC").field(0))
+            fields.append(arrow_field(f))
         except Exception:  # noqa: BLE001 - Spark raises assorted errors for types Arrow cannot carry
             raise PreflightError(
                 f"column '{f.name}' has Spark type {f.dataType.simpleString()}, which xasink cannot "

@@ -7,7 +7,6 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from pyspark import TaskContext
-from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
 from xasink.errors import OptionError
@@ -17,6 +16,7 @@ from xasink.protocol.liveness import guard_name, spark_driver_process
 from xasink.protocol.xid import new_run_nonce
 from xasink.spark.planning import WritePlan, prepare_write
 from xasink.spark.streams import STREAM_BATCH_PROPERTY
+from xasink.spark.versions import StreamWriterBase, WriterCommitMessage, pyspark_version
 from xasink.spark.worker_log import tell_tasks, worker_logging
 from xasink.spark.write_task import XasinkCommitMessage, outcomes_of, write_task
 from xasink.support.phases import phase, worker_started
@@ -75,7 +75,22 @@ def check_batch_order(coordinator: Coordinator, batch_id: int) -> None:
         )
 
 
-class XasinkStreamWriter(DataSourceStreamArrowWriter):
+def _arrow_batches(iterator: Iterator[Any]) -> Iterator[pa.RecordBatch]:
+    """The task's input, checked to be Arrow batches: Spark 4.0 feeds its stream writers Rows unless they are
+    Arrow writers too (xasink.spark.versions.StreamWriterBase), and a Row must fail the task, not load."""
+    import pyarrow as pa
+
+    for item in iterator:
+        if not isinstance(item, pa.RecordBatch):
+            raise RuntimeError(
+                f"xasink stream writer: Spark handed the task a {type(item).__name__}, not Arrow batches; this "
+                f"PySpark ({pyspark_version()}) is not supported by writeStream.format('xasink'): use "
+                "foreachBatch(xasink.foreach_batch(...))"
+            )
+        yield item
+
+
+class XasinkStreamWriter(StreamWriterBase):
     """One micro-batch's writer.
 
     Spark calls ``streamWriter()`` to plan each micro-batch: that writer, with a fresh run nonce, is
@@ -113,7 +128,7 @@ class XasinkStreamWriter(DataSourceStreamArrowWriter):
         raw = ctx.getLocalProperty(STREAM_BATCH_PROPERTY) if ctx is not None else None
         if raw is None:
             raise RuntimeError("xasink stream writer: Spark did not set the micro-batch id for this task")
-        return write_task(self.options, self.plan, self.run, int(raw), iterator)
+        return write_task(self.options, self.plan, self.run, int(raw), _arrow_batches(iterator))
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803 - Spark's name
         """Decide and commit (the coordinator logs the batch's figures at INFO and keeps them in the journal)."""

@@ -13,12 +13,15 @@ SQL settings to its tasks as local properties.  Hence:
   :func:`session_query` finds the query of a DataFrame on the driver the same way.  Both read the JVM's
   list of running queries (``SharedState.activeStreamingQueries``) and each query's session
   (``StreamExecution.sparkSessionForStream``): Spark internals, which tests/test_stream_threads.py checks
-  on the Spark it runs; were they renamed, a pool thread's write would be refused as ``UNKNOWN_QUERY``
-  where it is decided, never skipped.
+  on the Spark it runs, and tests/test_spark_versions.py on 3.5 and 4.0 too (Spark 3.5 gives jobs no
+  session tags, so there a mark is taken as it is: every xasink write marks each running query first);
+  were they renamed, a pool thread's write would be refused as ``UNKNOWN_QUERY`` where it is decided,
+  never skipped.
 - Spark Connect, and a classic query that no xasink call has marked yet: Spark's own setting
-  :data:`STREAM_SESSION_CONF`, which it puts in every streaming query's session, tells a task that it
-  writes a micro-batch, but not which query's: such a write is recorded with ``UNKNOWN_QUERY``, which no
-  decided batch accepts as its replay (:func:`xasink.journal.targets.same_target`).
+  :data:`STREAM_SESSION_CONF`, which 4.1+ puts in every streaming query's session (3.5 and 4.0: the
+  settings :data:`OLDER_STREAM_SESSION_CONFS`), tells a task that it writes a micro-batch, but not which
+  query's: such a write is recorded with ``UNKNOWN_QUERY``, which no decided batch accepts as its replay
+  (:func:`xasink.journal.targets.same_target`).
 
 A write xasink cannot tie to any micro-batch (a DataFrame of another session, written outside the query's
 thread) is a batch job to it: nothing in it names a stream.
@@ -29,6 +32,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
@@ -47,8 +51,17 @@ STREAM_BATCH_PROPERTY = "streaming.sql.batchId"
 STREAM_QUERY_PROPERTY = "sql.streaming.queryId"
 # xasink's mark on a streaming query's own session: its id, for the tasks of writes from any thread
 QUERY_CONF = "spark.xasink.internal.streamingQueryId"
-# Spark's (4.x) setting in every streaming query's session: a task whose job carries it writes a micro-batch
+# Spark's (4.1+) setting in every streaming query's session: a task whose job carries it writes a micro-batch
 STREAM_SESSION_CONF = "spark.sql.streaming.internal.stateStore.partitions"
+# Spark 3.5 and 4.0 set no such setting in a query's session, only these three, which a batch session holds
+# only if its user set all three (then its writes are taken for a micro-batch's: refused where a stream's
+# would be, never skipped): StreamExecution's clone switches adaptive execution and cost-based
+# optimisation off and sets requireAllClusterKeysForDistribution to its default explicitly
+OLDER_STREAM_SESSION_CONFS = {
+    "spark.sql.adaptive.enabled": "false",
+    "spark.sql.cbo.enabled": "false",
+    "spark.sql.requireAllClusterKeysForDistribution": "false",
+}
 # the tags of a task's job, among them "spark-session-<sessionUUID>" of the session that started it
 JOB_TAGS_PROPERTY = "spark.job.tags"
 SESSION_TAG = re.compile(r"(?:^|,)spark-session-([0-9a-f-]{36})(?=,|-execution-|$)")
@@ -120,7 +133,14 @@ def session_query(spark: SparkSession) -> str | None:
 
 def in_stream_session(spark: SparkSession) -> bool:
     """Whether ``spark`` is a streaming query's own session (a micro-batch DataFrame's, classic or Connect)."""
-    return any(spark.conf.get(key, None) for key in (QUERY_CONF, STREAM_SESSION_CONF))
+    return _stream_settings(lambda key: spark.conf.get(key, None))
+
+
+def _stream_settings(get: Callable[[str], str | None]) -> bool:
+    """Whether the session settings ``get`` reads are a streaming query's own session's (any Spark version)."""
+    if any(get(key) for key in (QUERY_CONF, STREAM_SESSION_CONF)):
+        return True
+    return all(get(key) == value for key, value in OLDER_STREAM_SESSION_CONFS.items())
 
 
 def micro_batch_query(df: DataFrame, checkpoint_location: str | None = None) -> str | None:
@@ -178,7 +198,7 @@ def unknown_query_message(sink_id: str, batch_id: int) -> str:
 
 def in_micro_batch(ctx: TaskContext) -> bool:
     """Whether the task's job was started for a streaming micro-batch, from the query's thread or another."""
-    return any(ctx.getLocalProperty(p) is not None for p in (STREAM_BATCH_PROPERTY, QUERY_CONF, STREAM_SESSION_CONF))
+    return ctx.getLocalProperty(STREAM_BATCH_PROPERTY) is not None or _stream_settings(ctx.getLocalProperty)
 
 
 def task_query(ctx: TaskContext, given: str | None = None) -> str | None:

@@ -26,10 +26,11 @@ from xasink.options import WriteOptions, parse_options
 from xasink.protocol.multi_target import MultiCoordinator
 from xasink.protocol.xid import MAX_BATCH_ID, valid_sink_id
 from xasink.results import TargetResult, TransactionResult, WriteResult
-from xasink.spark.api import register
+from xasink.spark.api import ready_session
 from xasink.spark.datasource import RUN_OPTION
 from xasink.spark.frames import shape
 from xasink.spark.job_errors import error_summary, unwrap_error
+from xasink.spark.partition_job import save
 from xasink.spark.streams import micro_batch_query
 from xasink.spark.txwrite import TX_GUARD_OPTION, TX_PART_OPTION, TX_URL_OPTION
 from xasink.support.faults import fault
@@ -121,7 +122,7 @@ class Transaction:
                 mc.check_replay(parsed)
                 mc.target(parsed)  # finished at the block's end, like the write would have been
                 return WriteResult(self.sink_id, self.batch_id, 0, 0, True, {"total": time.perf_counter() - t0})
-            register(df.sparkSession)
+            ready_session(df.sparkSession)
             # the branches, where Spark counts them without a job (else 0: the slot check counts the other
             # writes only, and each task checks for a free slot before it loads)
             df, branches = shape(df, parsed)
@@ -142,7 +143,9 @@ class Transaction:
                 TX_GUARD_OPTION: mc.guard.name,
             }
             try:
-                df.write.format("xasink").options(**opts, **internal).mode("append").save()
+                save(df, {**opts, **internal}, "append")  # format("xasink"), or the partition function (Spark 3.5)
+            except errors.XasinkError:  # the driver's own steps, run in this process by the partition function
+                raise
             except Exception as exc:
                 inner = unwrap_error(exc) or errors.BatchAbortedError(
                     f"sink {self.sink_id} transaction {self.batch_id}: write {part} to {table} failed "

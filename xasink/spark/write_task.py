@@ -8,7 +8,6 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from pyspark import TaskContext
-from pyspark.sql.datasource import WriterCommitMessage
 
 from xasink.errors import OptionError, PreflightError
 from xasink.options import WriteOptions
@@ -17,6 +16,7 @@ from xasink.spark import progress
 from xasink.spark.planning import WritePlan
 from xasink.spark.streams import task_query
 from xasink.spark.txwrite import TxWrite
+from xasink.spark.versions import WriterCommitMessage
 from xasink.support import faults, notices
 
 if TYPE_CHECKING:
