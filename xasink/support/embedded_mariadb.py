@@ -112,7 +112,7 @@ class EmbeddedMariaDB:
         deadline = time.monotonic() + timeout
         while True:
             with contextlib.suppress(pymysql.MySQLError):
-                if self._answers(data):
+                if self._answers():
                     break
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 errors = (self.dir / "error.log").read_text(errors="replace")[-800:] if self.dir.exists() else ""
@@ -121,17 +121,18 @@ class EmbeddedMariaDB:
             time.sleep(0.2)
         log.info("private MariaDB at 127.0.0.1:%s (pid %s, %s)", self.port, self.pid, self.dir)
 
-    def _answers(self, data: Path) -> bool:
-        """Whether this server answers on its port: another one that took the port first (a free port is only
-        free until someone binds it) is not taken for it."""
-        conn = pymysql.connect(host="127.0.0.1", port=self.port, user="root", password="")
+    def _answers(self) -> bool:
+        """Whether this very server answers: through the socket in its own directory, which only it makes.  The
+        server binds its TCP port before it makes the socket, and exits when the port is taken, so an answer
+        here also means the port is its own (a free port is only free until someone binds it)."""
+        if self.proc is None or self.proc.poll() is not None or not (self.dir / "sock").exists():
+            return False
+        conn = pymysql.connect(unix_socket=str(self.dir / "sock"), user="root", password="")
         try:
-            with conn.cursor() as cur:
-                cur.execute("SELECT @@datadir")
-                row = cur.fetchone()
+            conn.ping(reconnect=False)
         finally:
             conn.close()
-        return row is not None and Path(str(row[0])).resolve() == data.resolve()
+        return True
 
     def crash(self) -> None:
         """SIGKILL the server, as a crash of its machine would end it; its data directory stays."""
