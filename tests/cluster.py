@@ -355,6 +355,7 @@ class ClusterDriver:
                 fut = self._pending.pop(msg.get("id"), None)
             if fut is not None:
                 fut.set_result(msg)
+        self.proc.stdout.close()
         err = DriverError(f"the driver exited (code {self.proc.wait()}); log {self.log_path}")
         with self._lock:
             pending, self._pending = list(self._pending.values()), {}

@@ -74,6 +74,8 @@ class ValuesDriver:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
 
 
 @pytest.fixture(scope="module")

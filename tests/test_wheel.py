@@ -146,7 +146,9 @@ DEMO_TRANSCRIPT = (
     r"4\. retry the same batch \(sinkId demo-orders, batchId 1\) \.\.\.",
     rf"   sink demo-orders batch 1: committed {DEMO_ROWS} rows in 4 branches {_TIMES}",
     r"5\. run it once more: a committed batch is never written twice \.\.\.",
-    rf"   sink demo-orders batch 1: skipped \(already committed\) {_TIMES}",
+    r"   sink demo-orders batch 1: skipped, nothing written \(committed earlier at \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d UTC "
+    rf"by run [0-9a-f]{{8}}: {DEMO_ROWS} rows in 4 branches, prepare \d+\.\d{{3}}s, commit \d+\.\d{{3}}s\) "
+    r"\(total \d+\.\d{3}s\)",
     r"",
     # what was proved, counted in the database: the demo's last lines, exactly
     r"proved, counted in the database:",
