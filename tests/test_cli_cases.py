@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -169,3 +172,24 @@ def test_times_are_shown_alike_on_both_databases(db: Db) -> None:
     code, out, _ = cli("status", "--url", db.url, "--sink-id", sink.sink_id)
     [row] = [ln for ln in out.splitlines() if ln.startswith("0 ") and "committed" in ln]
     assert re.search(rf"  {second}(\s|$)", row) and not re.search(rf"{second}\.\d", row), row
+
+
+def test_a_reader_that_stops_early_changes_no_exit_code(db: Db) -> None:
+    """``xasink status | head -n 1`` under ``pipefail``: the state's own exit code, and no BrokenPipeError on stderr
+    (it printed one, and exit 3 UNKNOWN, for a log that was fine)."""
+    sink = db.sink()
+    sink.coordinator.commit(0, [sink.write(0, 0, range(3))])
+    sink.write(1, 0, range(3, 6))  # an undecided branch: `--older-than 0s` makes the check say so (exit 1)
+    for extra, want in (((), 0), (("--older-than", "0s"), 1)):
+        args = ("status", "--url", db.url, "--sink-id", sink.sink_id, *extra)
+        assert cli(*args)[0] == want
+        script = 'set -o pipefail; "$0" "$@" | head -c 1 >/dev/null'
+        proc = subprocess.run(
+            ["bash", "-c", script, str(Path(sys.executable).with_name("xasink")), *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert (proc.returncode, proc.stderr) == (want, ""), proc.stderr
+    assert cli("recover", "--url", db.url, "--sink-id", sink.sink_id, "--older-than", "0s")[0] == 0
+    assert db.mine() == set()

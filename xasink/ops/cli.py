@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import warnings
 from collections.abc import Callable, Sequence
@@ -207,10 +208,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     for handler in logging.getLogger().handlers:  # log lines and -v tracebacks pass through redact too
         secrets = _secrets(getattr(args, "url", None)) + _secrets(getattr(args, "journal_url", None))
         handler.setFormatter(RedactingFormatter(_LOG_FORMAT, secrets))
+    code: int | None = None  # known before anything is printed: a reader that stops early changes no exit code
     try:
         if args.command == "ddl":
+            code = 0
             print(ddl(args.dialect), end="")
-            return 0
+            return code
         if args.command == "demo":
             from xasink.spark.demo import run_demo
 
@@ -230,8 +233,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 journal_url=args.journal_url,
                 retry_s=admin.parse_duration(args.retry_for) if args.retry_for is not None else None,
             )
+            code = report.exit_code
             print(json.dumps(report.to_dict(), indent=2, default=str)) if args.json else print_recover(report)
-            return report.exit_code
+            return code
         st = status(
             args.url,
             sink_id=args.sink_id,
@@ -241,6 +245,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             journal_url=args.journal_url,
             thresholds=_thresholds(args),
         )
+        code = st.exit_code
         if args.prometheus:
             print(prometheus.render(st), end="")
             for text in st.errors + st.write_blockers + st.notes:
@@ -249,7 +254,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(json.dumps(st.to_dict(), indent=2, default=str))
         else:
             print_status(st)
-        return st.exit_code
+        return code
+    except BrokenPipeError:  # `xasink status | head`: the reader has what it wanted
+        _stdout_gone()
+        return code if code is not None else 2
     except Exception as exc:  # noqa: BLE001 - every failure is an exit code with a message, never a traceback
         code = health.EXIT_CODES[health.UNKNOWN] if args.command == "status" else 2
         text = str(exc) if isinstance(exc, XasinkError) else f"{type(exc).__name__}: {exc}"
@@ -267,6 +275,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.verbose:
             logging.getLogger("xasink").info("failure", exc_info=True)
         return code
+
+
+def _stdout_gone() -> None:
+    """Point standard output at /dev/null, so the interpreter's last flush does not fail on the closed pipe."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # not a file (a test's buffer): nothing to flush at exit
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
 
 
 if __name__ == "__main__":
