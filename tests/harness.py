@@ -14,6 +14,8 @@ import json
 import os
 import re
 import sys
+import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, redirect_stderr, redirect_stdout
@@ -471,14 +473,74 @@ def decisions(url: str, sink_id: str) -> dict[int, dict[str, Any]]:
 
 
 @contextmanager
-def no_branch_opened(stream: Stream, batch: int) -> Iterator[None]:
-    """Fail the query if a task of ``batch`` gets past the decision-log check to open a branch."""
-    ctx = stream.spark.sparkContext
-    ctx.setLocalProperty(LOCAL_PROPERTY, f"task.before_load:raise:b={batch}")
+def tasks_fault(spark: SparkSession, spec: str) -> Iterator[None]:
+    """Arm a fault point (xasink.support.faults) in the tasks of the jobs this thread starts meanwhile."""
+    ctx = spark.sparkContext
+    ctx.setLocalProperty(LOCAL_PROPERTY, spec)
     try:
         yield
     finally:
         ctx.setLocalProperty(LOCAL_PROPERTY, None)  # type: ignore[arg-type]
+
+
+@contextmanager
+def no_branch_opened(stream: Stream, batch: int) -> Iterator[None]:
+    """Fail the query if a task of ``batch`` gets past the decision-log check to open a branch."""
+    with tasks_fault(stream.spark, f"task.before_load:raise:b={batch}"):
+        yield
+
+
+# --------------------------------------------------------------------------- the decision log's sink row, held
+
+
+@contextmanager
+def sink_row_locked(log: Target, sink: str) -> Iterator[None]:
+    """Another session holds the log's row of ``sink`` (what every decision and roll-back serializes on)."""
+    with log.connect() as conn, conn.cursor() as cur:
+        if log.kind == POSTGRESQL:
+            conn.autocommit = False
+        else:
+            conn.begin()
+        cur.execute(f"SELECT sink_id FROM {log.q('xasink_sinks')} WHERE sink_id = %s FOR UPDATE", (sink,))
+        assert [tuple(r) for r in cur.fetchall()] == [(sink,)]
+        try:
+            yield
+        finally:
+            conn.rollback()
+
+
+@contextmanager
+def sink_row_locked_once_prepared(
+    log: Target, sink: str, batch: int, timeout_s: float = 60.0
+) -> Iterator[threading.Event]:
+    """From the moment a branch of (``sink``, ``batch``) is prepared until the block ends, another session
+    holds the log's sink row (a thread's; the event is set once it holds it).  The tasks must linger after
+    their PREPARE (``task.after_prepare:sleep=..``) for the lock to be there before the decision."""
+    held, release = threading.Event(), threading.Event()
+    failed: list[BaseException] = []
+
+    def hold() -> None:
+        try:
+            deadline = time.monotonic() + timeout_s
+            while not log.prepared(sink, batch) and not release.is_set():
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"no branch of sink {sink} batch {batch} was prepared in {timeout_s} s")
+                time.sleep(0.05)
+            with sink_row_locked(log, sink):
+                held.set()
+                release.wait(timeout_s)
+        except BaseException as exc:  # noqa: BLE001 - raised in the test's thread below
+            failed.append(exc)
+
+    holder = threading.Thread(target=hold, name=f"hold-sink-row-{sink}", daemon=True)
+    holder.start()
+    try:
+        yield held
+    finally:
+        release.set()
+        holder.join(timeout_s)
+    if failed:
+        raise failed[0]
 
 
 # --------------------------------------------------------------------------- the recover CLI's view of a database
