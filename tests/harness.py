@@ -34,6 +34,7 @@ from tests.modes_driver import OPTIONS_ENV  # a test driver's extra write option
 from tests.procs import run_until_exit
 from tests.targets import POSTGRESQL, Target
 from tests.tcp_proxy import TcpProxy
+from xasink.dialects.postgres.sql import advisory_key
 from xasink.journal.records import BatchRecord
 from xasink.ops.cli import main
 from xasink.options import WriteOptions, parse_options
@@ -354,6 +355,27 @@ class MultiTx:
     def close(self) -> None:
         """The process that entered the block lets go of it: its guard is released (a crash, after a fault)."""
         self.mc.close()
+
+
+def kill_session_lock_holder(db: Target, name: str, timeout_s: float = 10.0) -> None:
+    """Kill the session holding the session lock ``name`` (a run guard: ``InProcessGuard.name``), as a
+    restart of its database would, and wait until the server no longer lists it."""
+    if db.kind == POSTGRESQL:
+        key = advisory_key(name) & 0xFFFFFFFFFFFFFFFF
+        holder = "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 AND granted"
+        found = db.execute(f"{holder} AND classid::bigint = %s AND objid::bigint = %s", key >> 32, key & 0xFFFFFFFF)
+        assert len(found) == 1, found
+        db.execute("SELECT pg_terminate_backend(%s)", found[0][0])
+        alive = "SELECT count(*) FROM pg_stat_activity WHERE pid = %s"
+    else:
+        found = db.execute("SELECT IS_USED_LOCK(%s)", name)
+        assert found and found[0][0] is not None, found
+        db.execute(f"KILL {int(found[0][0])}")
+        alive = "SELECT count(*) FROM information_schema.PROCESSLIST WHERE ID = %s"
+    deadline = time.monotonic() + timeout_s
+    while db.execute(alive, found[0][0]) != [(0,)]:
+        assert time.monotonic() < deadline, f"session {found[0][0]} still there"
+        time.sleep(0.02)
 
 
 # --------------------------------------------------------------------------- a streaming query's input and sink

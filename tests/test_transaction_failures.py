@@ -33,6 +33,7 @@ from tests.harness import (
     expected,
     frame,
     host_port,
+    kill_session_lock_holder,
     sink_row_locked,
     sink_row_locked_once_prepared,
     tasks_fault,
@@ -315,6 +316,31 @@ def test_recover_exits_1_while_a_multi_target_batch_is_unfinished_naming_the_dat
     assert code == 0, out + err
     code, out, err = recover(first)
     assert code == 0, out + err
+    assert rows(pg, orders) == expected(range(10)) and rows(maria, events) == expected(range(100, 104))
+    assert log.execute("SELECT state FROM xasink_batches WHERE sink_id = %s", sink) == [("committed",)]
+    assert pg.prepared(sink) == [] and maria.prepared(sink) == []
+
+
+# ----------------------------------------------------------------- the end of a committed transaction (FOUND.md 8.8)
+
+
+@pytest.mark.parametrize("log_kind", ["pg", "maria"])
+def test_a_guard_session_lost_at_the_end_of_a_committed_transaction_is_not_an_error(  # type: ignore[no-untyped-def]
+    pg, maria, sink, log_kind
+):
+    """The log's database drops the run guard's session (a restart, a killed session) just before a committed
+    transaction ends: closing the guard says nothing to the caller, who was told committed, and the rows are
+    all there.  Fails on main: MultiCoordinator.close() raised the lost session's raw OperationalError."""
+    orders, _, events = three_tables(pg, maria)
+    log = pg if log_kind == "pg" else maria
+    tx = MultiTx(sink, 1, log)
+    try:
+        tx.write(pg, orders, range(10))
+        tx.write(maria, events, range(100, 104))
+        tx.commit()
+        kill_session_lock_holder(log, tx.mc.guard.name)
+    finally:
+        tx.close()
     assert rows(pg, orders) == expected(range(10)) and rows(maria, events) == expected(range(100, 104))
     assert log.execute("SELECT state FROM xasink_batches WHERE sink_id = %s", sink) == [("committed",)]
     assert pg.prepared(sink) == [] and maria.prepared(sink) == []
