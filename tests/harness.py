@@ -533,21 +533,28 @@ def sink_row_locked(log: Target, sink: str) -> Iterator[None]:
 
 @contextmanager
 def sink_row_locked_once_prepared(
-    log: Target, sink: str, batch: int, timeout_s: float = 60.0
+    log: Target, sink: str, batch: int, branches: int, after_s: float = 1.0, timeout_s: float = 60.0
 ) -> Iterator[threading.Event]:
-    """From the moment a branch of (``sink``, ``batch``) is prepared until the block ends, another session
-    holds the log's sink row (a thread's; the event is set once it holds it).  The tasks must linger after
-    their PREPARE (``task.after_prepare:sleep=..``) for the lock to be there before the decision."""
+    """From ``after_s`` after ``branches`` branches of (``sink``, ``batch``) are prepared until the block ends,
+    another session holds the log's sink row (a thread's; the event is set once it holds it).
+
+    Each task settles its branch under that same lock right after its PREPARE (``settle_prepared``): the
+    delay lets them through, so the lock meets the decision.  The tasks must linger after settling
+    (``task.after_prepare:sleep=..``, longer than ``after_s``) for the lock to be there before the decision.
+    """
     held, release = threading.Event(), threading.Event()
     failed: list[BaseException] = []
 
     def hold() -> None:
         try:
             deadline = time.monotonic() + timeout_s
-            while not log.prepared(sink, batch) and not release.is_set():
+            while len(log.prepared(sink, batch)) < branches and not release.is_set():
                 if time.monotonic() > deadline:
-                    raise AssertionError(f"no branch of sink {sink} batch {batch} was prepared in {timeout_s} s")
+                    raise AssertionError(
+                        f"sink {sink} batch {batch}: {branches} branches not prepared in {timeout_s} s"
+                    )
                 time.sleep(0.05)
+            release.wait(after_s)
             with sink_row_locked(log, sink):
                 held.set()
                 release.wait(timeout_s)

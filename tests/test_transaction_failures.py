@@ -104,8 +104,8 @@ def test_a_lock_held_on_the_log_at_a_single_table_decision_rolls_back_the_batch(
             ).mode("append").save()
 
     save(0, range(5))  # the sink's row in the log: what the other session holds
-    with sink_row_locked_once_prepared(db, sink, 1) as held:
-        with tasks_fault(spark, "task.after_prepare:sleep=3:b=1"), pytest.raises(xasink.BatchAbortedError) as caught:
+    with sink_row_locked_once_prepared(db, sink, 1, branches=2) as held:
+        with tasks_fault(spark, "task.after_prepare:sleep=4:b=1"), pytest.raises(xasink.BatchAbortedError) as caught:
             save(1, range(100, 110))
         assert held.is_set()  # the decision met the lock; the roll-back did not need it
         assert db.prepared(sink) == []
