@@ -246,9 +246,8 @@ class Coordinator:
             self.abort(batch, run=run)
         except Exception as exc:  # noqa: BLE001 - the run's branches are rolled back (or named below)
             log.warning(
-                "sink %s batch %s: its branches were rolled back, but ending the run in the decision log failed "
-                "(%s); a branch a late task prepares is rolled back by the next run of this sink or 'xasink "
-                "recover'",
+                "sink %s batch %s: ending the run in the decision log after its failed decision failed too (%s); "
+                "a branch a late task prepares is rolled back by the next run of this sink or 'xasink recover'",
                 self.sink_id,
                 batch,
                 self.policy.describe(exc),
