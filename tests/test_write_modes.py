@@ -915,3 +915,23 @@ def test_an_overwrite_blocked_past_commit_timeout_is_finished_by_recover(
     assert db.rows(table) == new
     assert db.decision(s, 0).state == "committed"  # type: ignore[union-attr]
     assert db.prepared(s) == [] and shadow_rows(db) == 0
+
+
+@pytest.mark.parametrize("keyed", [True, False])
+def test_an_overwrite_that_inserts_no_row_is_applied_under_a_required_column(db: Target, keyed: bool) -> None:
+    """A NOT NULL column without a default the batches do not write: an empty replaceWhere batch deletes the
+    rows of its condition, an empty overwrite empties the table (in place by the key, or DELETE + INSERT
+    without one); a batch that inserts a row is refused (ApplyError).  Fails on main on MariaDB (FOUND.md
+    8.7's sibling): the INSERT .. SELECT of no row failed with 1364, and the decision was withdrawn."""
+    table = db.new_table()
+    db.create_table(table, f"id int{' PRIMARY KEY' if keyed else ''}, name varchar(20), req int NOT NULL")
+    db.execute(f"INSERT INTO {db.q(table)} VALUES (1, 'a', 10), (2, 'b', 20), (3, 'c', 30)")
+    s = f"ow{uuid.uuid4().hex[:8]}"
+    overwrite_direct(db.url, table, s, 0, [[]], replaceWhere="id >= 3")
+    assert db.rows(table) == [(1, "a", 10), (2, "b", 20)]
+    with pytest.raises(ApplyError):
+        overwrite_direct(db.url, table, s, 1, [[(5, "e")]])
+    assert db.rows(table) == [(1, "a", 10), (2, "b", 20)]
+    overwrite_direct(db.url, table, s, 2, [[]])
+    assert db.rows(table) == []
+    assert sorted(db.decisions(s)) == [0, 2] and shadow_rows(db) == 0 and db.prepared(s) == []

@@ -48,6 +48,16 @@ class Refusal:
     log_id: str | None = None  # this log's identity (with strangers)
 
 
+class DecisionNotMade(Exception):
+    """:meth:`Decider.decide` failed before the decision's COMMIT was sent: provably not recorded (a lock
+    timeout on the sink row, a lost connection...).  The caller rolls back the run's branches and tells the
+    user so, with :attr:`cause`."""
+
+    def __init__(self, cause: Exception) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
 class Decider:
     """Decides one sink's batches in the database its branches are prepared in."""
 
@@ -92,8 +102,9 @@ class Decider:
         the branches carry this log's identity and that no task (``skipped``) saw a decision, and returns
         what it found instead of deciding: the commit finishes a replay and aborts the rest.
 
-        Once the decision is sent, a failure (above all a connection broken during its COMMIT) leaves its
-        fate unknown to us: :meth:`_settle` reads the log again instead of guessing.
+        A failure before the decision's COMMIT was sent is :class:`DecisionNotMade` (nothing recorded, the
+        listed branches still prepared).  Once it is sent, a failure (above all a connection broken during its
+        COMMIT) leaves its fate unknown to us: :meth:`_settle` reads the log again instead of guessing.
         """
         sent = False
         run = run or next((x.run for x in record.xids), None) or new_run_nonce()
@@ -143,8 +154,8 @@ class Decider:
                     doomed = [x for x in record.xids if x in prepared and (other is None or x not in other.xids)]
                     self.group.rollback(doomed)
         except Exception as exc:  # leaving locked() sends the decision's COMMIT: a failure there is ambiguous
-            if not sent:
-                raise
+            if not sent:  # the transaction never committed: nothing of it is in the log
+                raise DecisionNotMade(exc) from exc
             self._settle(record, exc, run)
             return None
         if sent:  # the batch's one INFO line is its result's (Coordinator.commit)
