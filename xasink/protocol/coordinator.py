@@ -15,7 +15,9 @@ from collections.abc import Sequence
 from xasink.dialects import dialect_for, shared_dialect
 from xasink.dialects.base import Dialect
 from xasink.errors import (
+    ApplyError,
     BatchAbortedError,
+    BatchBlockedError,
     BatchIdentityError,
     CommitIncompleteError,
     ConcurrentWriterError,
@@ -24,7 +26,13 @@ from xasink.errors import (
 )
 from xasink.journal.log import Journal
 from xasink.journal.records import BatchRecord
-from xasink.journal.targets import forgotten_message, identity_message, same_target, taken_over_message
+from xasink.journal.targets import (
+    blocked_message,
+    forgotten_message,
+    identity_message,
+    same_target,
+    taken_over_message,
+)
 from xasink.options import WriteOptions
 from xasink.protocol.decision import Decider, Refusal
 from xasink.protocol.recovery import RecoveryReport, sink_recovery
@@ -159,6 +167,8 @@ class Coordinator:
         # log forgot, branches of another log, tasks that saw a decision) and records the decision
         with phase("commit.decide", **ids):
             verdict = self.decider.decide(record, query, apply, checks=True, skipped=skipped, run=run)
+            if verdict is not None and verdict.blocked and self._finish_blockers(verdict):
+                verdict = self.decider.decide(record, query, apply, checks=True, skipped=skipped, run=run)
         if verdict is not None:
             return self._refused(verdict, record, outcomes, t0)
         # after the decision, only forward: commit and mark through transient errors until commitTimeout
@@ -203,6 +213,10 @@ class Coordinator:
         batch_id = record.batch_id
         if verdict.replay is not None:
             return self._replayed(verdict.replay, t0)
+        if verdict.blocked:  # older decided batches of the table could not be finished first
+            self.abort(batch_id, outcomes)
+            why = verdict.blocked_why or "it could not be finished first"
+            raise BatchBlockedError(blocked_message(self.sink_id, batch_id, verdict.blocked, why))
         if verdict.error is not None:  # another target's batch, or one the log forgot: nothing may commit
             self.abort(batch_id, outcomes)
             raise verdict.error
@@ -220,6 +234,24 @@ class Coordinator:
             f"sink {self.sink_id} batch {batch_id}: tasks saw a decision the journal no "
             "longer holds; batch rolled back, run it again"
         )
+
+    def _finish_blockers(self, verdict: Refusal) -> bool:
+        """Finish forward the older decided batches of this sink that keep a write-mode batch from deciding
+        (DESIGN invariant 12), oldest decision first; True when all were finished (the decision is tried again).
+        Another sink's batch is left to its own writer or ``xasink recover``: its log and options are its own.
+        What blocked a batch is kept in ``verdict.blocked_why`` for the error."""
+        if any(sink != self.sink_id for sink, _ in verdict.blocked):
+            verdict.blocked_why = "another sink's batch: finished by that sink's next run or 'xasink recover'"
+            return False
+        try:
+            report = self.recovery.finish([batch for _, batch in verdict.blocked])
+        except (ApplyError, CommitIncompleteError) as exc:
+            verdict.blocked_why = self.policy.describe(exc)
+            return isinstance(exc, ApplyError)  # withdrawn for its rows: it no longer comes first
+        if report.unfinished:
+            verdict.blocked_why = "; ".join(report.unfinished.values())
+            return False
+        return True
 
     def _replayed(self, existing: BatchRecord, t0: float) -> WriteResult:
         """Finish another run's decision of this batch and say what became of it.
