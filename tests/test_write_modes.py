@@ -27,6 +27,7 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 
 import xasink
+from tests import doc_cases
 from tests.harness import expected, fill, shadow_rows
 from tests.modes_driver import OPTIONS_ENV, batch_direct, overwrite_direct, prepare_stray_branch, split
 from tests.targets import MARIADB, POSTGRESQL, Target, case
@@ -927,6 +928,7 @@ def test_an_overwrite_blocked_past_commit_timeout_is_finished_by_recover(
 # --------------------------------------------------------------------------- decision order (issue 37)
 
 
+@pytest.mark.doc_case("error/BatchBlockedError")
 def test_a_newer_overwrite_never_decides_while_an_older_decided_one_is_unapplied(db: Target, open_insert: Any) -> None:
     """Issue 37 item 1: batch 5 is decided but its apply is blocked (told CommitIncompleteError); batch 6 of the
     same sink fails before its decision with BatchBlockedError, nothing of it visible, while the block holds;
@@ -937,7 +939,7 @@ def test_a_newer_overwrite_never_decides_while_an_older_decided_one_is_unapplied
     opts = {"controlLockTimeout": 1, "commitTimeout": 2}
     with pytest.raises(CommitIncompleteError, match="old rows"):
         overwrite_direct(db.url, table, s, 5, split(100, 10, 2), **opts)
-    with pytest.raises(BatchBlockedError, match=f"sink {s} batch 5 of the same table") as err:
+    with doc_cases.raises(BatchBlockedError, match=f"sink {s} batch 5 of the same table") as err:
         overwrite_direct(db.url, table, s, 6, split(200, 10, 2), **opts)
     assert f"xasink recover --url <the table's database> --sink-id {s}" in str(err.value)
     assert db.decision(s, 6) is None and db.prepared(s) == [] and db.rows(table) == old
@@ -958,7 +960,7 @@ def test_a_run_finds_its_decision_applied_and_compacted_while_it_stalled(
     table = db.new_table()
     db.keyed_table(table)
     fill(db, table, expected(range(10), tag="o"))
-    monkeypatch.setenv("XASINK_FAULT", "driver.after_commits:sleep=6:b=5")
+    monkeypatch.setenv("XASINK_FAULT", "driver.after_commits:sleep=12:b=5")
     s = sink()
     with ThreadPoolExecutor(1) as pool:
         job = pool.submit(overwrite_direct, db.url, table, s, 5, split(100, 20, 2), journalRetention=1)
@@ -982,4 +984,43 @@ def test_a_run_finds_its_decision_applied_and_compacted_while_it_stalled(
     assert result.rows == 20 and not result.skipped
     assert db.rows(table) == expected(range(300, 305))
     assert {b: d.state for b, d in db.decisions(s).items()} == {5: "committed", 6: "committed"}
+    assert db.prepared(s) == [] and shadow_rows(db) == 0
+
+
+def test_a_withdrawal_that_lost_its_race_to_a_recovery_is_told_written(
+    db: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 37 item 3: the driver's apply fails on its rows (a NOT NULL column without a default, added after
+    the decision), and its withdrawal waits for the sink's row, which another session holds; meanwhile the
+    column gets its default back and a recover applies the batch (held inside its apply).  The withdrawal
+    finds the batch applied and the driver is told "written" (failed on main: ApplyError, "nothing of this
+    batch is visible", while all of it was)."""
+    table = db.new_table()
+    db.keyed_table(table)
+    fill(db, table, expected(range(10), tag="o"))
+    monkeypatch.setenv("XASINK_FAULT", "driver.after_commits:sleep=2:b=5,driver.apply_statements:sleep=3")
+    s = sink()
+    opts = {"controlLockTimeout": 30, "commitTimeout": 30}
+    with ThreadPoolExecutor(2) as pool, db.connect() as holder, holder.cursor() as cur:
+        job = pool.submit(overwrite_direct, db.url, table, s, 5, split(100, 20, 2), **opts)
+        deadline = time.monotonic() + 60
+        while db.decision(s, 5) is None or db.prepared(s):
+            assert time.monotonic() < deadline and not job.done(), "the driver never reached its commits"
+            time.sleep(0.05)
+        db.execute(f"ALTER TABLE {db.q(table)} ADD COLUMN c INT NOT NULL DEFAULT 0")
+        db.execute(f"ALTER TABLE {db.q(table)} ALTER COLUMN c DROP DEFAULT")
+        cur.execute("BEGIN")
+        cur.execute(f"SELECT sink_id FROM {db.q('xasink_sinks')} WHERE sink_id = %s FOR UPDATE", (s,))
+        time.sleep(3)  # the driver wakes, its apply fails on the rows, its withdrawal waits for the sink's row
+        assert not job.done()
+        db.execute(f"ALTER TABLE {db.q(table)} ALTER COLUMN c SET DEFAULT 0")
+        recovery = pool.submit(admin.recover, db.url, sink_id=s, older_than_s=0)
+        time.sleep(1.5)  # the recover holds the batch's row, marked but not committed, inside its apply
+        cur.execute("COMMIT")
+        result = job.result(timeout=60)
+        report = recovery.result(timeout=60)
+    assert not report.errors, report.errors
+    assert result.rows == 20 and not result.skipped
+    assert db.rows(table) == [(i, f"n{i}", 0) for i in range(100, 120)]
+    assert db.decision(s, 5).state == "committed"  # type: ignore[union-attr]
     assert db.prepared(s) == [] and shadow_rows(db) == 0

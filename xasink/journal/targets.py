@@ -99,12 +99,12 @@ def deciding_run(recorded: str | None) -> str | None:
 
 def blocked_message(sink_id: str, batch_id: int, blockers: list[tuple[str, int]], why: str) -> str:
     """Why a batch was refused before its decision: older decided batches of its table are not applied yet."""
-    names = ", ".join(f"sink {s} batch {b}" for s, b in blockers)
-    sinks = " ".join(sorted({f"--sink-id {s}" for s, _ in blockers}))
+    names = ", ".join(f"sink {s} batch {b}" for s, b in blockers) or "an older batch"
+    sinks = "".join(sorted({f" --sink-id {s}" for s, _ in blockers}))
     return (
         f"sink {sink_id} batch {batch_id} was not decided: {names} of the same table is decided but not applied "
         f"yet ({why}), and a newer batch never takes effect before an older decided one. This batch was rolled "
-        f"back and nothing of it is visible. Run 'xasink recover --url <the table's database> {sinks}' once "
+        f"back and nothing of it is visible. Run 'xasink recover --url <the table's database>{sinks}' once "
         "what blocks it is gone, then run this batch again."
     )
 

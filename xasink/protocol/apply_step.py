@@ -8,14 +8,15 @@ errors like the branches' commits, and withdrawn when no retry can help, so the 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from xasink.dialects.base import Dialect
 from xasink.dialects.values import ErrorKind
-from xasink.errors import ApplyError, CommitIncompleteError, JournalError
+from xasink.errors import ApplyError, CommitIncompleteError, JournalError, XasinkError
 from xasink.journal.log import Journal
 from xasink.journal.records import BatchRecord
 from xasink.journal.targets import deciding_run
@@ -176,6 +177,27 @@ class ApplyStep:
             "sink %s batch %s: decision withdrawn, nothing of it is visible (%s)", self.sink_id, batch_id, reason
         )
         return True
+
+
+@contextmanager
+def order_lock(dialect: Dialect, spec: ApplySpec) -> Iterator[str | None]:
+    """Hold the target's apply lock (on a connection of its own) around a write-mode decision: two sinks of one
+    log decide a table's batches one after the other, and each sees the other's pending batch (DESIGN
+    invariant 12).  Yields None once granted, else why not (an apply of the table ran past controlLockTimeout)."""
+    lock = apply_lock_name(spec)
+    with dialect.connect() as conn:
+        conn.begin()
+        try:
+            dialect.lock_apply(conn, lock)
+        except (sa.exc.SQLAlchemyError, XasinkError) as exc:
+            conn.rollback()
+            yield f"the table's apply lock was not granted within controlLockTimeout: {exc.__class__.__name__}"
+            return
+        try:
+            yield None
+        finally:
+            conn.rollback()
+            _unlock(dialect, conn, lock)
 
 
 def _unlock(dialect: Dialect, conn: Connection, lock: str) -> None:

@@ -18,6 +18,7 @@ from sqlalchemy.engine import Connection
 from xasink.dialects.base import Dialect
 from xasink.errors import (
     BatchAbortedError,
+    BatchBlockedError,
     BatchIdentityError,
     ConcurrentWriterError,
     DecisionUnknownError,
@@ -26,6 +27,7 @@ from xasink.errors import (
 from xasink.journal.log import Journal
 from xasink.journal.records import BatchRecord
 from xasink.journal.targets import (
+    blocked_message,
     forgotten_message,
     identity_message,
     is_write_mode,
@@ -34,6 +36,7 @@ from xasink.journal.targets import (
     target_identity,
 )
 from xasink.options import TableName
+from xasink.protocol.apply_step import order_lock
 from xasink.protocol.branch_group import BranchGroup
 from xasink.protocol.recovery import list_prepared
 from xasink.protocol.retry import RetryPolicy
@@ -95,6 +98,29 @@ class Decider:
         ]
 
     def decide(
+        self,
+        record: BatchRecord,
+        query: str | None = None,
+        apply: ApplySpec | None = None,
+        checks: bool = False,
+        skipped: bool = False,
+        run: str | None = None,
+    ) -> Refusal | None:
+        """:meth:`decide_locked`; a write-mode batch's commit (``checks``) decides holding its table's apply lock,
+        so that a second sink's decisions of the table are ordered with this one's (DESIGN invariant 12)."""
+        if not (checks and apply is not None):
+            return self.decide_locked(record, query, apply, checks, skipped, run)
+        with order_lock(self.journal.dialect, apply) as refused:
+            if refused is not None:
+                batch = record.batch_id
+                with self.journal.dialect.connect(autocommit=True) as conn:
+                    blocked = self.blockers(conn, self.target(conn, query), batch)
+                if blocked:
+                    return Refusal(blocked=blocked, blocked_why=refused)
+                return Refusal(error=BatchBlockedError(blocked_message(self.sink_id, batch, [], refused)))
+            return self.decide_locked(record, query, apply, checks, skipped, run)
+
+    def decide_locked(
         self,
         record: BatchRecord,
         query: str | None = None,
