@@ -99,7 +99,7 @@ def deciding_run(recorded: str | None) -> str | None:
 
 def blocked_message(sink_id: str, batch_id: int, blockers: list[tuple[str, int]], why: str) -> str:
     """Why a batch was refused before its decision: older decided batches of its table are not applied yet."""
-    names = ", ".join(f"sink {s} batch {b}" for s, b in blockers) or "an older batch"
+    names = ", ".join(f"sink {s} batch {b}" for s, b in blockers)
     sinks = "".join(sorted({f" --sink-id {s}" for s, _ in blockers}))
     return (
         f"sink {sink_id} batch {batch_id} was not decided: {names} of the same table is decided but not applied "

@@ -183,7 +183,8 @@ class ApplyStep:
 def order_lock(dialect: Dialect, spec: ApplySpec) -> Iterator[str | None]:
     """Hold the target's apply lock (on a connection of its own) around a write-mode decision: two sinks of one
     log decide a table's batches one after the other, and each sees the other's pending batch (DESIGN
-    invariant 12).  Yields None once granted, else why not (an apply of the table ran past controlLockTimeout)."""
+    invariant 12).  Yields None once granted, else why not (an apply of the table ran past controlLockTimeout:
+    the decision then refuses if a batch of the table is pending, and goes on otherwise)."""
     lock = apply_lock_name(spec)
     with dialect.connect() as conn:
         conn.begin()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 from xasink.dialects import dialect_for, shared_dialect
 from xasink.dialects.base import Dialect
@@ -236,21 +237,24 @@ class Coordinator:
         )
 
     def _finish_blockers(self, verdict: Refusal) -> bool:
-        """Finish forward the older decided batches of this sink that keep a write-mode batch from deciding
-        (DESIGN invariant 12), oldest decision first; True when all were finished (the decision is tried again).
-        Another sink's batch is left to its own writer or ``xasink recover``: its log and options are its own.
-        What blocked a batch is kept in ``verdict.blocked_why`` for the error."""
-        if any(sink != self.sink_id for sink, _ in verdict.blocked):
-            verdict.blocked_why = "another sink's batch: finished by that sink's next run or 'xasink recover'"
-            return False
-        try:
-            report = self.recovery.finish([batch for _, batch in verdict.blocked])
-        except (ApplyError, CommitIncompleteError) as exc:
-            verdict.blocked_why = self.policy.describe(exc)
-            return isinstance(exc, ApplyError)  # withdrawn for its rows: it no longer comes first
-        if report.unfinished:
-            verdict.blocked_why = "; ".join(report.unfinished.values())
-            return False
+        """Finish forward the older decided batches that keep a write-mode batch from deciding (DESIGN
+        invariant 12), oldest decision first, as ``xasink recover`` would (another sink's too: its apply takes
+        the same table lock, so a live run's apply is waited for, then found done); True when all were finished
+        (the decision is tried again).  What kept one unfinished goes into ``verdict.blocked_why``."""
+        for sink in dict.fromkeys(s for s, _ in verdict.blocked):
+            recovery = self.recovery
+            if sink != self.sink_id:
+                recovery = sink_recovery(replace(self.options, sink_id=sink), self.dialect, self.journal)
+            try:
+                report = recovery.finish([b for s, b in verdict.blocked if s == sink])
+            except ApplyError:
+                continue  # withdrawn for its rows: it no longer comes first
+            except CommitIncompleteError as exc:
+                verdict.blocked_why = self.policy.describe(exc)
+                return False
+            if report.unfinished:
+                verdict.blocked_why = "; ".join(report.unfinished.values())
+                return False
         return True
 
     def _replayed(self, existing: BatchRecord, t0: float) -> WriteResult:

@@ -18,7 +18,6 @@ from sqlalchemy.engine import Connection
 from xasink.dialects.base import Dialect
 from xasink.errors import (
     BatchAbortedError,
-    BatchBlockedError,
     BatchIdentityError,
     ConcurrentWriterError,
     DecisionUnknownError,
@@ -27,7 +26,6 @@ from xasink.errors import (
 from xasink.journal.log import Journal
 from xasink.journal.records import BatchRecord
 from xasink.journal.targets import (
-    blocked_message,
     forgotten_message,
     identity_message,
     is_write_mode,
@@ -117,7 +115,10 @@ class Decider:
                     blocked = self.blockers(conn, self.target(conn, query), batch)
                 if blocked:
                     return Refusal(blocked=blocked, blocked_why=refused)
-                return Refusal(error=BatchBlockedError(blocked_message(self.sink_id, batch, [], refused)))
+                # held by no pending batch's apply: nothing to keep order with (the decision checks again)
+                log.debug(
+                    "sink %s batch %s: deciding without the table's apply lock (%s)", self.sink_id, batch, refused
+                )
             return self.decide_locked(record, query, apply, checks, skipped, run)
 
     def decide_locked(
