@@ -188,11 +188,14 @@ def order_lock(dialect: Dialect, spec: ApplySpec) -> Iterator[str | None]:
     lock = apply_lock_name(spec)
     with dialect.connect() as conn:
         conn.begin()
+        refused = None
         try:
             dialect.lock_apply(conn, lock)
         except (sa.exc.SQLAlchemyError, XasinkError) as exc:
             conn.rollback()
-            yield f"the table's apply lock was not granted within controlLockTimeout: {exc.__class__.__name__}"
+            refused = f"the table's apply lock was not granted within controlLockTimeout: {exc.__class__.__name__}"
+        if refused is not None:
+            yield refused
             return
         try:
             yield None

@@ -86,9 +86,8 @@ class Decider:
     def blockers(self, conn: Connection, mine: str, batch_id: int) -> list[tuple[str, int]]:
         """Decided write-mode batches of this batch's table (of any sink of the log) not applied yet: a newer
         write-mode batch deciding now would take effect before them, or be overwritten by them.  Read under
-        the sink lock, which every decision of this sink takes; a second sink's decisions are ordered by the
-        table's apply lock (:meth:`xasink.protocol.apply_step.ApplyStep.apply`) and refused here while its
-        batch is pending."""
+        the sink lock, which every decision of this sink takes, and under the table's apply lock
+        (:func:`xasink.protocol.apply_step.order_lock`), which every write-mode decision of the table takes."""
         return [
             (sink, batch)
             for sink, batch, target in self.journal.pending_targets(conn)
