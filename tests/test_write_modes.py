@@ -951,6 +951,7 @@ def test_a_newer_overwrite_never_decides_while_an_older_decided_one_is_unapplied
     assert db.prepared(s) == [] and shadow_rows(db) == 0
 
 
+@pytest.mark.parametrize("db", [case(MARIADB)], indirect=True)  # PostgreSQL: the kept schedule (FOUND.md 8.2)
 def test_a_run_finds_its_decision_applied_and_compacted_while_it_stalled(
     db: Target, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -987,6 +988,7 @@ def test_a_run_finds_its_decision_applied_and_compacted_while_it_stalled(
     assert db.prepared(s) == [] and shadow_rows(db) == 0
 
 
+@pytest.mark.parametrize("db", [case(POSTGRESQL)], indirect=True)  # MariaDB: the kept schedule (FOUND.md 8.3)
 def test_a_withdrawal_that_lost_its_race_to_a_recovery_is_told_written(
     db: Target, monkeypatch: pytest.MonkeyPatch
 ) -> None:
