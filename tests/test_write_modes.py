@@ -943,6 +943,10 @@ def test_a_newer_overwrite_never_decides_while_an_older_decided_one_is_unapplied
         overwrite_direct(db.url, table, s, 6, split(200, 10, 2), **opts)
     assert f"xasink recover --url <the table's database> --sink-id {s}" in str(err.value)
     assert db.decision(s, 6) is None and db.prepared(s) == [] and db.rows(table) == old
+    s2 = sink()  # another sink writing the same table is held back the same way
+    with pytest.raises(BatchBlockedError, match=f"sink {s} batch 5 of the same table"):
+        overwrite_direct(db.url, table, s2, 0, split(300, 10, 2), **opts)
+    assert db.decisions(s2) == {} and db.prepared(s2) == [] and db.rows(table) == old
     other.execute("ROLLBACK")
     result = overwrite_direct(db.url, table, s, 6, split(200, 10, 2), **opts)
     assert result.rows == 10 and not result.skipped
