@@ -87,7 +87,7 @@ def is_write_mode(recorded: str | None) -> bool:
 
 
 def deciding_run(recorded: str | None) -> str | None:
-    """The run that decided a write-mode batch, as recorded with its target: kept through compaction, so the
+    """The run that decided a single-table batch, as recorded with its target: kept through compaction, so the
     run still recognizes its own decision once the trim emptied the xid list (DESIGN invariant 14)."""
     try:
         found = json.loads(recorded or "")

@@ -183,11 +183,12 @@ class Decider:
                 # checked whatever the list holds: an empty list proves nothing about who holds the batch
                 taken_over = not state.holds() or any(x.run != run for x in record.xids)
                 if other is None and not missing and not taken_over:
-                    target = mine
-                    if apply is not None:  # recovery finishes the batch from the log alone; the deciding run
-                        # is kept with it through compaction, so the run recognizes its own decision after a trim
-                        ident = {**json.loads(target), "apply": apply.to_dict(), "run": run}
-                        target = json.dumps(ident, sort_keys=True)
+                    # the deciding run is kept with the target through compaction (which drops the claims and
+                    # the xid list): the run still recognizes its own decision after a trim (DESIGN invariant 14)
+                    ident = {**json.loads(mine), "run": run}
+                    if apply is not None:  # recovery finishes the batch from the log alone
+                        ident["apply"] = apply.to_dict()
+                    target = json.dumps(ident, sort_keys=True)
                     too_long = self.journal.target_too_long(conn, self.sink_id, record.batch_id, target)
                     if too_long is not None:  # never recorded truncated: the commit aborts the batch
                         return Refusal(error=BatchAbortedError(too_long))
