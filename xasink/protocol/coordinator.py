@@ -11,12 +11,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from typing import NoReturn
+from dataclasses import replace
 
 from xasink.dialects import dialect_for, shared_dialect
 from xasink.dialects.base import Dialect
 from xasink.errors import (
     BatchAbortedError,
+    BatchBlockedError,
     BatchIdentityError,
     CommitIncompleteError,
     ConcurrentWriterError,
@@ -25,10 +26,17 @@ from xasink.errors import (
 )
 from xasink.journal.log import Journal
 from xasink.journal.records import BatchRecord
-from xasink.journal.targets import forgotten_message, identity_message, same_target, taken_over_message
+from xasink.journal.targets import (
+    blocked_message,
+    forgotten_message,
+    identity_message,
+    same_target,
+    taken_over_message,
+)
 from xasink.options import WriteOptions
 from xasink.protocol.decision import Decider, DecisionNotMade, Refusal
-from xasink.protocol.recovery import RecoveryReport, sink_recovery
+from xasink.protocol.recovery import Recovery, RecoveryReport, sink_recovery
+from xasink.protocol.undecided import finish_blockers, roll_back_undecided
 from xasink.results import BranchOutcome, WriteResult
 from xasink.support.faults import fault
 from xasink.support.phases import phase
@@ -161,8 +169,12 @@ class Coordinator:
         with phase("commit.decide", **ids):
             try:
                 verdict = self.decider.decide(record, query, apply, checks=True, skipped=skipped, run=run)
+                if verdict is not None and verdict.blocked and finish_blockers(verdict, self._recovery_of, self.policy):
+                    verdict = self.decider.decide(record, query, apply, checks=True, skipped=skipped, run=run)
             except DecisionNotMade as exc:
-                self._undecided(record, run, exc.cause)
+                roll_back_undecided(
+                    self.sink_id, record, run, exc.cause, self.group, self.policy, lambda b, r: self.abort(b, run=r)
+                )
         if verdict is not None:
             return self._refused(verdict, record, outcomes, t0)
         # after the decision, only forward: commit and mark through transient errors until commitTimeout
@@ -207,6 +219,10 @@ class Coordinator:
         batch_id = record.batch_id
         if verdict.replay is not None:
             return self._replayed(verdict.replay, t0)
+        if verdict.blocked:  # older decided batches of the table could not be finished first
+            self.abort(batch_id, outcomes)
+            why = verdict.blocked_why or "it could not be finished first"
+            raise BatchBlockedError(blocked_message(self.sink_id, batch_id, verdict.blocked, why))
         if verdict.error is not None:  # another target's batch, or one the log forgot: nothing may commit
             self.abort(batch_id, outcomes)
             raise verdict.error
@@ -225,46 +241,10 @@ class Coordinator:
             "longer holds; batch rolled back, run it again"
         )
 
-    def _undecided(self, record: BatchRecord, run: str | None, cause: Exception) -> NoReturn:
-        """The decision failed before it was sent (nothing recorded): roll back the run's branches and say so.
-
-        The run's own branches go first, without the log's sink lock (:meth:`BranchGroup.roll_back_run`: only
-        this run could decide them, and it never will), so a lock another session holds on the sink row, which
-        may be why the decision failed, does not keep them prepared.  Then :meth:`abort` ends the run and sweeps
-        under the lock (a late attempt's branch rolls itself back); its failure is only logged.
-        """
-        batch = record.batch_id
-        why = self.policy.describe(cause)
-        run = run or next((x.run for x in record.xids), None)
-        left = None
-        if record.xids and run is not None:
-            try:
-                self.group.roll_back_run(record.xids[0].log_id, batch, run)
-            except Exception as exc:  # noqa: BLE001 - the locked abort below may still reach them; else told
-                left = self.policy.describe(exc)
-        try:
-            self.abort(batch, run=run)
-        except Exception as exc:  # noqa: BLE001 - the run's branches are rolled back (or named below)
-            log.warning(
-                "sink %s batch %s: ending the run in the decision log after its failed decision failed too (%s); "
-                "a branch a late task prepares is rolled back by the next run of this sink or 'xasink recover'",
-                self.sink_id,
-                batch,
-                self.policy.describe(exc),
-            )
-        else:
-            left = None
-        head = f"sink {self.sink_id} batch {batch}: the decision could not be made ({why}), so nothing of it is visible"
-        if left is None:
-            raise BatchAbortedError(
-                f"{head} and nothing of it is left prepared: this run's branches were rolled back. Run it again "
-                f"with the same sinkId ('{self.sink_id}') and batchId"
-            ) from cause
-        raise BatchAbortedError(
-            f"{head}, but rolling back this run's branches failed too ({left}): they stay prepared, holding their "
-            "row locks, until the next run of this sink or 'xasink recover' rolls them back. Then run it again "
-            f"with the same sinkId ('{self.sink_id}') and batchId"
-        ) from cause
+    def _recovery_of(self, sink: str) -> Recovery:
+        if sink == self.sink_id:
+            return self.recovery
+        return sink_recovery(replace(self.options, sink_id=sink), self.dialect, self.journal)
 
     def _replayed(self, existing: BatchRecord, t0: float) -> WriteResult:
         """Finish another run's decision of this batch and say what became of it.

@@ -47,8 +47,9 @@ log = logging.getLogger(__name__)
 
 
 def apply_lock_name(spec: ApplySpec) -> str:
-    """The lock serializing the applies of one sink (its shadow names the log and the sink) and target."""
-    key = hashlib.blake2b(f"{spec.shadow}|{spec.schema or ''}|{spec.table}".encode(), digest_size=8).hexdigest()
+    """The lock serializing the applies of one target, whatever sink writes it: two sinks' applies of one table
+    never interleave (their order of decision is kept by the decision's check: DESIGN invariant 12)."""
+    key = hashlib.blake2b(f"{spec.schema or ''}|{spec.table}".encode(), digest_size=8).hexdigest()
     return f"xasink.write_modes.statements.{key}"
 
 
