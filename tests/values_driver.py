@@ -8,7 +8,8 @@ It serves requests, one JSON object a line on stdin, and answers each with one l
 stdout (Spark logs go to stderr).  A request names a Parquet file (read with its own schema: an Arrow
 timestamp with a zone is Spark's TimestampType, one without is TimestampNTZType), and for each writer the
 URL and table to write it into (mode append, into tables that exist); ``upsert`` names key columns for
-xasink's upsert.  The answer is ``{"ok": true}`` or ``{"ok": false, "writer": ..., "error": ...}``.
+xasink's upsert; ``select`` SQL expressions to select from the frame first; ``conf`` Spark SQL
+settings for this request only.  The answer is ``{"ok": true}`` or ``{"ok": false, "writer": ..., "error": ...}``.
 """
 
 from __future__ import annotations
@@ -45,13 +46,26 @@ def jdbc_target(url: str) -> tuple[str, dict[str, str]]:
     return f"jdbc:{scheme}://{host}:{port}{parts.path}", options
 
 
+def _cause(exc: Exception) -> str:
+    """The JDBC writer's reason: the Java exception's first line that names one (py4j's first line names none)."""
+    lines = str(exc).splitlines()
+    named = [line.strip() for line in lines if "Exception:" in line or "Error:" in line]
+    return (named[0] if named else lines[0])[:2000]
+
+
 def serve(spark: Any) -> None:
     for line in sys.stdin:
         if not line.strip():
             continue
         request = json.loads(line)
-        df = spark.read.parquet(request["parquet"]).cache()
+        df = spark.read.parquet(request["parquet"])
+        if request.get("select"):
+            df = df.selectExpr(*request["select"])
+        df = df.cache()
         df.count()
+        conf = request.get("conf") or {}
+        for key, value in conf.items():
+            spark.conf.set(key, value)
         answer: dict[str, Any] = {"ok": True}
         try:
             url, options = jdbc_target(request["jdbc_url"])
@@ -64,7 +78,7 @@ def serve(spark: Any) -> None:
                 .save()
             )
         except Exception as exc:  # noqa: BLE001 - reported to the test
-            answer = {"ok": False, "writer": "jdbc", "error": str(exc).splitlines()[0][:2000]}
+            answer = {"ok": False, "writer": "jdbc", "error": _cause(exc)}
         try:
             writer = df.write.format("xasink").option("url", request["xasink_url"])
             writer = writer.option("dbtable", request["xasink_table"])
@@ -76,6 +90,8 @@ def serve(spark: Any) -> None:
                 answer = {"ok": False, "writer": "xasink", "error": str(exc)[:4000]}
             else:
                 answer["xasink_error"] = str(exc)[:4000]
+        for key in conf:
+            spark.conf.unset(key)
         df.unpersist()
         print("VALUES " + json.dumps(answer), flush=True)
 

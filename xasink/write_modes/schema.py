@@ -210,6 +210,11 @@ def _conform_column(arr: pa.Array, target: pa.DataType, time_zone: str = "UTC") 
             arr = wall_time_in_zone(arr, time_zone)
     if pa.types.is_timestamp(src) and pa.types.is_date(target):
         arr = arr.cast(pa.date32())
+    if pa.types.is_date(src) and pa.types.is_timestamp(target) and target.tz is not None:
+        # as Spark's cast and its JDBC writer: midnight in the session zone, not in UTC
+        arr = wall_time_in_zone(arr.cast(pa.timestamp(target.unit)), time_zone)
+    if pa.types.is_float32(target) and not pa.types.is_float32(src):
+        return _in_real_range(arr)
     if pa.types.is_decimal(src) and pa.types.is_floating(target):
         # correctly rounded, as the server's cast of the decimal Spark's JDBC writer sends (Arrow's direct
         # decimal-to-float cast is not: one value in five of a decimal(38,18) lands an ulp off)
@@ -217,6 +222,20 @@ def _conform_column(arr: pa.Array, target: pa.DataType, time_zone: str = "UTC") 
     if arr.type == target:
         return arr
     return arr.cast(target, safe=True)
+
+
+def _in_real_range(arr: pa.Array) -> pa.Array:
+    """A number as a 4-byte float, refused where it overflows to infinity or underflows to zero, as PostgreSQL's
+    cast of the double Spark's JDBC writer sends ("value out of range"); Arrow's own cast checks no range."""
+    wide = arr.cast(pa.string()).cast(pa.float64()) if pa.types.is_decimal(arr.type) else arr.cast(pa.float64())
+    out = wide.cast(pa.float32(), safe=False)
+    overflow = pc.and_(pc.is_inf(out), pc.invert(pc.is_inf(wide)))
+    underflow = pc.and_(pc.equal(out, 0), pc.not_equal(wide, 0))
+    bad = pc.fill_null(pc.or_(overflow, underflow), False)
+    if pc.any(bad).as_py():
+        value = pc.filter(arr, bad)[0].as_py()
+        raise pa.ArrowInvalid(f"{value!r} is out of a real's range (value out of range, as the server says)")
+    return out
 
 
 def _labelled_zone(schema: pa.Schema) -> str:
