@@ -113,6 +113,35 @@ CASES: dict[str, Case] = {
         },
         paths=("bulk", "upsert"),
     ),
+    # NullType has no SQL type: JDBC refuses it ("Can't get JDBC type for void")
+    "pg-null-type": Case(
+        POSTGRESQL, "id int PRIMARY KEY, n int", {"id": ints(0)}, refused="NullType", select=["id", "NULL AS n"]
+    ),
+    # integers into numeric(4,2): stored with the scale where they fit, refused naming the column's range
+    "pg-int-into-numeric": Case(
+        POSTGRESQL,
+        "id int PRIMARY KEY, n numeric(4,2)",
+        {"id": ints(0, 1, 2, 3), "n": ints(5, -12, 99, None)},
+        paths=("bulk", "upsert"),
+    ),
+    "pg-int-overflows-numeric": Case(
+        POSTGRESQL,
+        "id int PRIMARY KEY, n numeric(4,2)",
+        {"id": ints(0, 1), "n": ints(5, 100)},
+        refused="less than 10^2",
+        not_said="Precision",
+    ),
+    "maria-negative-into-unsigned": Case(
+        MARIADB,
+        "id int PRIMARY KEY, u int unsigned",
+        {"id": ints(0, 1), "u": ints(1, -1)},
+        refused="0 to 4294967295",
+        not_said="2147483647",
+    ),
+    # column matching: a MariaDB column whose name holds a backtick
+    "maria-backtick-column": Case(
+        MARIADB, "id int PRIMARY KEY, `a``b` int", {"id": ints(0, 1), "a`b": ints(7, None)}, paths=("bulk", "upsert")
+    ),
 }
 
 

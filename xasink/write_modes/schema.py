@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import sqlalchemy as sa
@@ -56,6 +57,12 @@ _COMPATIBLE = {
 def check_source_types(source: pa.Schema) -> None:
     seen: set[str] = set()
     for f in source:
+        if _kind(f.type) == "null":
+            raise PreflightError(
+                f"column '{f.name}' has Spark's NullType (e.g. lit(None)), which has no SQL type: Spark's JDBC "
+                f"writer refuses it too (\"Can't get JDBC type for void\"). Cast it to the column's type first, "
+                f"e.g. lit(None).cast('int'). Nothing was written."
+            )
         if _kind(f.type) == "unsupported":
             raise PreflightError(
                 f"column '{f.name}' has type {f.type}, which xasink cannot write; supported: integers, floats, "
@@ -113,7 +120,7 @@ def plan_target(dialect: Dialect, conn: Connection, options: WriteOptions, sourc
         conn.rollback()
         create_table(dialect, conn, options, source)
         insp = sa.inspect(conn)
-    columns = {c["name"]: c for c in insp.get_columns(table, schema=schema)}
+    columns = {c["name"]: c for c in dialect.columns(insp, table, schema)}
     conn.rollback()
     by_lower: dict[str, list[str]] = {}
     for column_name in columns:
@@ -221,7 +228,40 @@ def _conform_column(arr: pa.Array, target: pa.DataType, time_zone: str = "UTC") 
         arr = arr.cast(pa.string())
     if arr.type == target:
         return arr
+    if pa.types.is_integer(src) and (pa.types.is_integer(target) or pa.types.is_decimal(target)):
+        return _integers_into(arr, target)
     return arr.cast(target, safe=True)
+
+
+def _integers_into(arr: pa.Array, target: pa.DataType) -> pa.Array:
+    """Integers into a narrower integer or a decimal, refused by the first value that does not fit, named with
+    the column type's own range (Arrow's cast names its intermediate type's, or asks for more precision)."""
+    if pa.types.is_integer(target):
+        info = np.iinfo(target.to_pandas_dtype())
+        low, high = int(info.min), int(info.max)
+    else:
+        high = 10 ** (target.precision - target.scale) - 1
+        low = -high
+    own = np.iinfo(arr.type.to_pandas_dtype())
+    outside = pa.array([False] * len(arr))
+    if low > int(own.min):
+        outside = pc.or_(outside, pc.less(arr, pa.scalar(low, arr.type)))
+    if high < int(own.max):
+        outside = pc.or_(outside, pc.greater(arr, pa.scalar(high, arr.type)))
+    outside = pc.fill_null(outside, False)
+    if pc.any(outside).as_py():
+        value = pc.filter(arr, outside)[0].as_py()
+        if pa.types.is_integer(target):
+            raise pa.ArrowInvalid(f"{value} is out of the column's range, {low} to {high}")
+        raise pa.ArrowInvalid(
+            f"{value} is out of the column's range, less than 10^{target.precision - target.scale} "
+            f"(numeric field overflow, as the server says)"
+        )
+    if pa.types.is_decimal(target):  # through a decimal wide enough for any 64-bit integer at the target's scale
+        if target.scale > 19:  # (none is: the values' own text, which fits, as checked)
+            return arr.cast(pa.string()).cast(target)
+        return arr.cast(pa.int64()).cast(pa.decimal128(38, target.scale)).cast(target)
+    return arr.cast(target)
 
 
 def _in_real_range(arr: pa.Array) -> pa.Array:
