@@ -54,6 +54,7 @@ def doubles(*values: float | None) -> pa.Array:
     return pa.array(values, pa.float64())
 
 
+SENSITIVE = {"spark.sql.caseSensitive": "true"}
 CASES: dict[str, Case] = {
     # 1. a DateType into timestamptz is midnight in the session zone (2024-01-15 05:00+00 in New York)
     "pg-date-into-timestamptz": Case(
@@ -141,6 +142,43 @@ CASES: dict[str, Case] = {
     # column matching: a MariaDB column whose name holds a backtick
     "maria-backtick-column": Case(
         MARIADB, "id int PRIMARY KEY, `a``b` int", {"id": ints(0, 1), "a`b": ints(7, None)}, paths=("bulk", "upsert")
+    ),
+    # column matching: spark.sql.caseSensitive=true as JDBC honours it; a table with both "ID" and id
+    "pg-case-sensitive": Case(
+        POSTGRESQL,
+        'id int PRIMARY KEY, "Name" int',
+        {"id": ints(0), "name": ints(1)},
+        refused="spark.sql.caseSensitive is true",
+        conf=SENSITIVE,
+    ),
+    "maria-case-sensitive": Case(
+        MARIADB,
+        "id int PRIMARY KEY, Name int",
+        {"id": ints(0), "name": ints(1)},
+        refused="spark.sql.caseSensitive is true",
+        conf=SENSITIVE,
+    ),
+    "pg-case-insensitive": Case(POSTGRESQL, 'id int PRIMARY KEY, "Name" int', {"id": ints(0), "name": ints(1)}),
+    "pg-both-cases-sensitive": Case(
+        POSTGRESQL,
+        '"ID" int, id int PRIMARY KEY',
+        {"id": ints(0, 1), "ID": ints(5, None)},
+        conf=SENSITIVE,
+        paths=("bulk", "upsert"),
+    ),
+    "pg-both-cases-insensitive": Case(
+        POSTGRESQL,
+        '"ID" int, id int PRIMARY KEY',
+        {"a": ints(0), "b": ints(5)},
+        refused="equal without case",
+        select=["a AS id", "b AS ID"],
+    ),
+    "pg-both-cases-neither-spelled": Case(
+        POSTGRESQL,
+        '"ID" int, id int PRIMARY KEY, v int',
+        {"Id": ints(0), "v": ints(5)},
+        refused="matches 2 columns",
+        not_said="is not in table",
     ),
 }
 

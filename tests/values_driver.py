@@ -58,14 +58,14 @@ def serve(spark: Any) -> None:
         if not line.strip():
             continue
         request = json.loads(line)
+        conf = request.get("conf") or {}
+        for key, value in conf.items():  # before the read: a frame with columns ID and id needs caseSensitive
+            spark.conf.set(key, value)
         df = spark.read.parquet(request["parquet"])
         if request.get("select"):
             df = df.selectExpr(*request["select"])
         df = df.cache()
         df.count()
-        conf = request.get("conf") or {}
-        for key, value in conf.items():
-            spark.conf.set(key, value)
         answer: dict[str, Any] = {"ok": True}
         try:
             url, options = jdbc_target(request["jdbc_url"])

@@ -68,9 +68,9 @@ def check_source_types(source: pa.Schema) -> None:
                 f"column '{f.name}' has type {f.type}, which xasink cannot write; supported: integers, floats, "
                 "decimal, boolean, string, binary, date, timestamp. Convert it first, e.g. with to_json()."
             )
-        if f.name.lower() in seen:
-            raise PreflightError(f"the DataFrame has two columns named '{f.name}' (names are matched without case)")
-        seen.add(f.name.lower())
+        if f.name in seen:
+            raise PreflightError(f"the DataFrame has two columns named '{f.name}'")
+        seen.add(f.name)
 
 
 def _qualified(options: WriteOptions) -> str:
@@ -127,17 +127,13 @@ def plan_target(dialect: Dialect, conn: Connection, options: WriteOptions, sourc
         by_lower.setdefault(column_name.lower(), []).append(column_name)
     fields = []
     server_casts: list[tuple[str, str]] = []
+    folded: list[tuple[str, str]] = []
+    lowered = [f.name.lower() for f in source]
+    twins = tuple(f.name for f in source if lowered.count(f.name.lower()) > 1)
     for f in source:
-        name: str | None = f.name if f.name in columns else None
-        if name is None:
-            candidates = by_lower.get(f.name.lower(), [])
-            if len(candidates) == 1:
-                name = candidates[0]
-        if name is None:
-            raise PreflightError(
-                f"column '{f.name}' of the DataFrame is not in table {_qualified(options)} "
-                f"(it has: {', '.join(columns)}); add the column or select/rename the DataFrame's"
-            )
+        name = _matched(f.name, columns, by_lower, options, twins)
+        if name != f.name:
+            folded.append((f.name, name))
         col = columns[name]
         target = dialect.arrow_type(col, f.type)
         if target is None:
@@ -166,8 +162,56 @@ def plan_target(dialect: Dialect, conn: Connection, options: WriteOptions, sourc
         tuple(f.name for f in source),
         options.upsert_key_columns,
         server_casts=tuple(server_casts),
+        case_folded=tuple(folded),
+        case_twins=twins,
     )
     return dialect.check_table(conn, plan)
+
+
+def _matched(
+    name: str, columns: dict[str, Any], by_lower: dict[str, list[str]], options: WriteOptions, twins: tuple[str, ...]
+) -> str:
+    """The table column a DataFrame column fills: the one spelled exactly, else the only one equal without case.
+
+    (Spark's JDBC writer takes the table's first column equal without case, even where another is spelled
+    exactly: docs/types.md lists this difference.)"""
+    if name in columns:
+        return name
+    candidates = by_lower.get(name.lower(), [])
+    if name in twins:
+        raise PreflightError(
+            f"the DataFrame has columns {', '.join(t for t in twins if t.lower() == name.lower())}, whose names "
+            f"are equal without case, and '{name}' is not a column of table {_qualified(options)} as spelled; "
+            "rename the DataFrame's columns to the table's exactly"
+        )
+    if len(candidates) == 1:
+        return candidates[0]
+    if candidates:
+        raise PreflightError(
+            f"column '{name}' of the DataFrame matches {len(candidates)} columns of table {_qualified(options)} "
+            f"without case ({', '.join(candidates)}) and none as spelled; rename it to the one it should fill"
+        )
+    raise PreflightError(
+        f"column '{name}' of the DataFrame is not in table {_qualified(options)} "
+        f"(it has: {', '.join(columns)}); add the column or select/rename the DataFrame's"
+    )
+
+
+def check_name_case(plan: TargetPlan, case_sensitive: bool) -> None:
+    """In a task, where spark.sql.caseSensitive is known: match names as Spark's JDBC writer does.  Case-sensitive,
+    a column spelled otherwise in the table is no match; otherwise two DataFrame columns cannot differ by case."""
+    target = f"{plan.schema}.{plan.table}" if plan.schema else plan.table
+    if case_sensitive and plan.case_folded:
+        ours, theirs = plan.case_folded[0]
+        raise PreflightError(
+            f"spark.sql.caseSensitive is true, and column '{ours}' of the DataFrame is spelled '{theirs}' in table "
+            f"{target}: rename the DataFrame's column, or set spark.sql.caseSensitive=false. Nothing was written."
+        )
+    if not case_sensitive and plan.case_twins:
+        raise PreflightError(
+            f"the DataFrame has columns {', '.join(plan.case_twins)}, whose names are equal without case, and "
+            "spark.sql.caseSensitive is false: rename them, or set spark.sql.caseSensitive=true. Nothing was written."
+        )
 
 
 def check_upsert_key(insp: sa.Inspector, options: WriteOptions) -> None:
