@@ -6,6 +6,7 @@ opens) and shipped to the executors, which only cast.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -120,7 +121,7 @@ def plan_target(dialect: Dialect, conn: Connection, options: WriteOptions, sourc
         conn.rollback()
         create_table(dialect, conn, options, source)
         insp = sa.inspect(conn)
-    columns = {c["name"]: c for c in dialect.columns(insp, table, schema)}
+    columns = {dialect.reflected_name(c["name"]): c for c in insp.get_columns(table, schema=schema)}
     conn.rollback()
     by_lower: dict[str, list[str]] = {}
     for column_name in columns:
@@ -154,7 +155,7 @@ def plan_target(dialect: Dialect, conn: Connection, options: WriteOptions, sourc
         if key not in [fl.name for fl in fields]:
             raise PreflightError(f"option 'upsertKeyColumns': '{key}' is not a column being written")
     if options.upsert_key_columns:
-        check_upsert_key(insp, options)
+        check_upsert_key(insp, options, dialect.reflected_name)
     plan = TargetPlan(
         schema,
         table,
@@ -214,8 +215,9 @@ def check_name_case(plan: TargetPlan, case_sensitive: bool) -> None:
         )
 
 
-def check_upsert_key(insp: sa.Inspector, options: WriteOptions) -> None:
-    """The upsert keys must be exactly the columns of a primary key or unique index: that is what the merge hits."""
+def check_upsert_key(insp: sa.Inspector, options: WriteOptions, named: Callable[[str], str] = str) -> None:
+    """The upsert keys must be exactly the columns of a primary key or unique index: that is what the merge hits.
+    ``named``: a reflected column name as the server spells it (Dialect.reflected_name)."""
     keys = options.upsert_key_columns
     if len(set(keys)) != len(keys):
         raise PreflightError(f"option 'upsertKeyColumns': a column is named twice in {', '.join(keys)}")
@@ -229,6 +231,7 @@ def check_upsert_key(insp: sa.Inspector, options: WriteOptions) -> None:
         if ix.get("unique") and not partial and None not in ix["column_names"]:
             candidates.append(("UNIQUE INDEX", ix["column_names"]))
     for kind, columns in candidates:
+        columns = [named(c) if isinstance(c, str) else c for c in columns]
         if set(columns) == set(keys):
             return
         found.append(f"{kind} ({', '.join(str(c) for c in columns)})")

@@ -144,7 +144,8 @@ def refuse_generated(conn: Connection, plan: TargetPlan, target: str) -> None:
     found = conn.execute(
         sa.text(
             "SELECT COLUMN_NAME, EXTRA FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = COALESCE(:schema, "
-            "DATABASE()) AND TABLE_NAME = :table AND (EXTRA LIKE '%GENERATED%' OR EXTRA IN ('VIRTUAL', 'PERSISTENT'))"
+            "DATABASE()) AND TABLE_NAME = :table AND (EXTRA LIKE '%VIRTUAL%' OR EXTRA LIKE '%STORED%' OR "
+            "EXTRA LIKE '%PERSISTENT%')"  # (not MySQL 8's DEFAULT_GENERATED: a column with an expression default)
         ),
         {"schema": plan.schema, "table": plan.table},
     ).all()
