@@ -44,6 +44,8 @@ class Case:
     paths: tuple[str, ...] = ("bulk",)
     select: list[str] = field(default_factory=list)
     conf: dict[str, str] = field(default_factory=dict)
+    url_query: str = ""  # both writers' URL parameters
+    setup: str = ""  # a statement run before the tables are made (a type they use)
 
 
 def ints(*values: int | None) -> pa.Array:
@@ -180,6 +182,30 @@ CASES: dict[str, Case] = {
         refused="matches 2 columns",
         not_said="is not in table",
     ),
+    # strings into jsonb, json, uuid, inet and an enum: the server converts them (JDBC: stringtype=unspecified)
+    "pg-strings-into-other-types": Case(
+        POSTGRESQL,
+        "id int PRIMARY KEY, j jsonb, js json, u uuid, ip inet, mood xasink_mood",
+        {
+            "id": ints(0, 1),
+            "j": pa.array(['{"b": 1, "a": [1, 2]}', None]),
+            "js": pa.array(['{"b": 1,  "a": 2}', "null"]),
+            "u": pa.array(["A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11", None]),
+            "ip": pa.array(["192.168.0.1/24", "::1"]),
+            "mood": pa.array(["happy", None]),
+        },
+        url_query="stringtype=unspecified",
+        setup="DO $$ BEGIN CREATE TYPE xasink_mood AS ENUM ('sad', 'happy'); EXCEPTION WHEN duplicate_object "
+        "THEN NULL; END $$",
+        paths=("bulk", "upsert"),
+    ),
+    "pg-string-not-json": Case(
+        POSTGRESQL,
+        "id int PRIMARY KEY, j jsonb",
+        {"id": ints(0), "j": pa.array(["{not json"])},
+        url_query="stringtype=unspecified",
+        refused="invalid input syntax for type json",
+    ),
 }
 
 
@@ -201,8 +227,10 @@ def test_case_as_spark_jdbc_writes_it(
     case = CASES[name]
     db: Target = request.getfixturevalue("pg" if case.kind == POSTGRESQL else "maria")
     data = frame(case)
+    if case.setup:
+        db.execute(case.setup)
     answer, jdbc_table, xasink_table = write_both(
-        driver, db, case.columns, data, tmp_path, path == "upsert", case.select, case.conf
+        driver, db, case.columns, data, tmp_path, path == "upsert", case.select, case.conf, case.url_query
     )
     if case.refused is None:
         assert answer["ok"], answer

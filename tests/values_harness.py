@@ -81,22 +81,25 @@ def write_both(
     upsert: bool = False,
     select: list[str] | None = None,
     conf: dict[str, str] | None = None,
+    url_query: str = "",
 ) -> tuple[dict[str, Any], str, str]:
     """Write data through JDBC and xasink into twin tables of ``columns``: the driver's answer and the two tables.
 
     ``select``: SQL expressions the driver selects from the frame first (a NullType: ``NULL AS n``); ``conf``:
-    Spark SQL settings for this write only (``spark.sql.caseSensitive``)."""
+    Spark SQL settings for this write only (``spark.sql.caseSensitive``); ``url_query``: URL parameters of both
+    writers (``stringtype=unspecified``)."""
     jdbc_table, xasink_table = db.new_table(), db.new_table()
     for table in (jdbc_table, xasink_table):
         db.create_table(table, columns)
     path = tmp_path / f"{xasink_table}.parquet"
     pq.write_table(data, path)
+    url = db.url + (("&" if "?" in db.url else "?") + url_query if url_query else "")
     answer = driver.write(
         {
             "parquet": str(path),
-            "jdbc_url": db.url,
+            "jdbc_url": url,
             "jdbc_table": jdbc_table,
-            "xasink_url": db.url,
+            "xasink_url": url,
             "xasink_table": xasink_table,
             "upsert": ["id"] if upsert else [],
             "select": select or [],
