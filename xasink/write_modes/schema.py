@@ -290,13 +290,13 @@ def _integers_into(arr: pa.Array, target: pa.DataType) -> pa.Array:
         high = 10 ** (target.precision - target.scale) - 1
         low = -high
     own = np.iinfo(arr.type.to_pandas_dtype())
-    outside = pa.array([False] * len(arr))
+    checks = []  # a widening cast needs none
     if low > int(own.min):
-        outside = pc.or_(outside, pc.less(arr, pa.scalar(low, arr.type)))
+        checks.append(pc.less(arr, pa.scalar(low, arr.type)))
     if high < int(own.max):
-        outside = pc.or_(outside, pc.greater(arr, pa.scalar(high, arr.type)))
-    outside = pc.fill_null(outside, False)
-    if pc.any(outside).as_py():
+        checks.append(pc.greater(arr, pa.scalar(high, arr.type)))
+    outside = pc.fill_null(checks[0] if len(checks) == 1 else pc.or_(*checks), False) if checks else None
+    if outside is not None and pc.any(outside).as_py():
         value = pc.filter(arr, outside)[0].as_py()
         if pa.types.is_integer(target):
             raise pa.ArrowInvalid(f"{value} is out of the column's range, {low} to {high}")
