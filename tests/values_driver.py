@@ -8,7 +8,8 @@ It serves requests, one JSON object a line on stdin, and answers each with one l
 stdout (Spark logs go to stderr).  A request names a Parquet file (read with its own schema: an Arrow
 timestamp with a zone is Spark's TimestampType, one without is TimestampNTZType), and for each writer the
 URL and table to write it into (mode append, into tables that exist); ``upsert`` names key columns for
-xasink's upsert.  The answer is ``{"ok": true}`` or ``{"ok": false, "writer": ..., "error": ...}``.
+xasink's upsert; ``select`` SQL expressions to select from the frame first; ``conf`` Spark SQL
+settings for this request only.  The answer is ``{"ok": true}`` or ``{"ok": false, "writer": ..., "error": ...}``.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ def jdbc_target(url: str) -> tuple[str, dict[str, str]]:
         options["user"] = unquote(user)
     if password:
         options["password"] = unquote(password)
+    if "stringtype" in query:  # pgjdbc's: strings sent untyped, for the server to convert (jsonb, uuid)
+        options["stringtype"] = query["stringtype"]
     host = parts.hostname or "127.0.0.1"
     port = parts.port or (5432 if kind == "postgresql" else 3306)
     # Spark picks its MySQL dialect (backquoted names) for jdbc:mysql only; the MariaDB driver takes that too
@@ -45,12 +48,25 @@ def jdbc_target(url: str) -> tuple[str, dict[str, str]]:
     return f"jdbc:{scheme}://{host}:{port}{parts.path}", options
 
 
+def _cause(exc: Exception) -> str:
+    """The JDBC writer's reason: the Java exception's first line that names one (py4j's first line names none)."""
+    lines = str(exc).splitlines()
+    named = [line.strip() for line in lines if "Exception:" in line or "Error:" in line]
+    return (named[0] if named else lines[0])[:2000]
+
+
 def serve(spark: Any) -> None:
     for line in sys.stdin:
         if not line.strip():
             continue
         request = json.loads(line)
-        df = spark.read.parquet(request["parquet"]).cache()
+        conf = request.get("conf") or {}
+        for key, value in conf.items():  # before the read: a frame with columns ID and id needs caseSensitive
+            spark.conf.set(key, value)
+        df = spark.read.parquet(request["parquet"])
+        if request.get("select"):
+            df = df.selectExpr(*request["select"])
+        df = df.cache()
         df.count()
         answer: dict[str, Any] = {"ok": True}
         try:
@@ -64,7 +80,7 @@ def serve(spark: Any) -> None:
                 .save()
             )
         except Exception as exc:  # noqa: BLE001 - reported to the test
-            answer = {"ok": False, "writer": "jdbc", "error": str(exc).splitlines()[0][:2000]}
+            answer = {"ok": False, "writer": "jdbc", "error": _cause(exc)}
         try:
             writer = df.write.format("xasink").option("url", request["xasink_url"])
             writer = writer.option("dbtable", request["xasink_table"])
@@ -76,6 +92,8 @@ def serve(spark: Any) -> None:
                 answer = {"ok": False, "writer": "xasink", "error": str(exc)[:4000]}
             else:
                 answer["xasink_error"] = str(exc)[:4000]
+        for key in conf:
+            spark.conf.unset(key)
         df.unpersist()
         print("VALUES " + json.dumps(answer), flush=True)
 

@@ -103,6 +103,8 @@ def parse_url(raw: str, user: str | None = None, password: str | None = None) ->
                 "xasink writes to PostgreSQL and MySQL/MariaDB"
             )
         query, query_user, query_password = _credentials_from_query(url.query)
+        if backend == "postgresql":  # pgjdbc's, which libpq refuses: strings go to any column type without it
+            query = {k: v for k, v in query.items() if k.lower() != "stringtype"}
         url = url.set(
             drivername=DRIVERS[backend],
             username=url.username or query_user or None,

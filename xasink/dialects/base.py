@@ -383,6 +383,10 @@ class Dialect(ABC):
         rounding, its display scale), the branch sends the value and lets the server cast it."""
         return None
 
+    def reflected_name(self, name: str) -> str:
+        """A column name from SQLAlchemy's reflection as the server spells it."""
+        return name
+
     def check_table(self, conn: Connection, plan: TargetPlan) -> TargetPlan:
         """Dialect-specific checks of the target table (e.g. storage engine); the plan, refined if need be."""
         return plan

@@ -86,6 +86,11 @@ class TargetPlan:
     # columns whose values the server casts to the column's type (a double into numeric, a decimal into an
     # unconstrained numeric), as it does for Spark's JDBC writer: the PostgreSQL branch inserts them with a cast
     server_casts: tuple[tuple[str, str], ...] = ()  # (column, SQL type)
+    # column names as Spark's JDBC writer matches them, which depends on spark.sql.caseSensitive, known in the
+    # tasks only (xasink.write_modes.schema.check_name_case): (DataFrame column, table column) pairs whose names
+    # match only without case, and DataFrame columns whose names are equal without case (ID and id)
+    case_folded: tuple[tuple[str, str], ...] = ()
+    case_twins: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ faults.task_spec_source = _task_fault_spec
 
 
 SESSION_TIME_ZONE = "spark.sql.session.timeZone"
+CASE_SENSITIVE = "spark.sql.caseSensitive"  # a task's local property, as Spark passes its SQL settings
 
 
 @dataclass
@@ -116,7 +117,9 @@ def _write_partition(
     from xasink.protocol.partition_writer import (
         write_partition,  # the rows' path: not imported by the planning and commit workers
     )
+    from xasink.write_modes.schema import check_name_case
 
+    check_name_case(plan.target, (ctx.getLocalProperty(CASE_SENSITIVE) or "").lower() == "true")
     partition = ctx.partitionId()
     return write_partition(
         options,

@@ -6,8 +6,10 @@ opens) and shipped to the executors, which only cast.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import sqlalchemy as sa
@@ -56,14 +58,20 @@ _COMPATIBLE = {
 def check_source_types(source: pa.Schema) -> None:
     seen: set[str] = set()
     for f in source:
+        if _kind(f.type) == "null":
+            raise PreflightError(
+                f"column '{f.name}' has Spark's NullType (e.g. lit(None)), which has no SQL type: Spark's JDBC "
+                f"writer refuses it too (\"Can't get JDBC type for void\"). Cast it to the column's type first, "
+                f"e.g. lit(None).cast('int'). Nothing was written."
+            )
         if _kind(f.type) == "unsupported":
             raise PreflightError(
                 f"column '{f.name}' has type {f.type}, which xasink cannot write; supported: integers, floats, "
                 "decimal, boolean, string, binary, date, timestamp. Convert it first, e.g. with to_json()."
             )
-        if f.name.lower() in seen:
-            raise PreflightError(f"the DataFrame has two columns named '{f.name}' (names are matched without case)")
-        seen.add(f.name.lower())
+        if f.name in seen:
+            raise PreflightError(f"the DataFrame has two columns named '{f.name}'")
+        seen.add(f.name)
 
 
 def _qualified(options: WriteOptions) -> str:
@@ -113,24 +121,20 @@ def plan_target(dialect: Dialect, conn: Connection, options: WriteOptions, sourc
         conn.rollback()
         create_table(dialect, conn, options, source)
         insp = sa.inspect(conn)
-    columns = {c["name"]: c for c in insp.get_columns(table, schema=schema)}
+    columns = {dialect.reflected_name(c["name"]): c for c in insp.get_columns(table, schema=schema)}
     conn.rollback()
     by_lower: dict[str, list[str]] = {}
     for column_name in columns:
         by_lower.setdefault(column_name.lower(), []).append(column_name)
     fields = []
     server_casts: list[tuple[str, str]] = []
+    folded: list[tuple[str, str]] = []
+    lowered = [f.name.lower() for f in source]
+    twins = tuple(f.name for f in source if lowered.count(f.name.lower()) > 1)
     for f in source:
-        name: str | None = f.name if f.name in columns else None
-        if name is None:
-            candidates = by_lower.get(f.name.lower(), [])
-            if len(candidates) == 1:
-                name = candidates[0]
-        if name is None:
-            raise PreflightError(
-                f"column '{f.name}' of the DataFrame is not in table {_qualified(options)} "
-                f"(it has: {', '.join(columns)}); add the column or select/rename the DataFrame's"
-            )
+        name = _matched(f.name, columns, by_lower, options, twins)
+        if name != f.name:
+            folded.append((f.name, name))
         col = columns[name]
         target = dialect.arrow_type(col, f.type)
         if target is None:
@@ -151,7 +155,7 @@ def plan_target(dialect: Dialect, conn: Connection, options: WriteOptions, sourc
         if key not in [fl.name for fl in fields]:
             raise PreflightError(f"option 'upsertKeyColumns': '{key}' is not a column being written")
     if options.upsert_key_columns:
-        check_upsert_key(insp, options)
+        check_upsert_key(insp, options, dialect.reflected_name)
     plan = TargetPlan(
         schema,
         table,
@@ -159,12 +163,61 @@ def plan_target(dialect: Dialect, conn: Connection, options: WriteOptions, sourc
         tuple(f.name for f in source),
         options.upsert_key_columns,
         server_casts=tuple(server_casts),
+        case_folded=tuple(folded),
+        case_twins=twins,
     )
     return dialect.check_table(conn, plan)
 
 
-def check_upsert_key(insp: sa.Inspector, options: WriteOptions) -> None:
-    """The upsert keys must be exactly the columns of a primary key or unique index: that is what the merge hits."""
+def _matched(
+    name: str, columns: dict[str, Any], by_lower: dict[str, list[str]], options: WriteOptions, twins: tuple[str, ...]
+) -> str:
+    """The table column a DataFrame column fills: the one spelled exactly, else the only one equal without case.
+
+    (Spark's JDBC writer takes the table's first column equal without case, even where another is spelled
+    exactly: docs/types.md lists this difference.)"""
+    if name in columns:
+        return name
+    candidates = by_lower.get(name.lower(), [])
+    if name in twins:
+        raise PreflightError(
+            f"the DataFrame has columns {', '.join(t for t in twins if t.lower() == name.lower())}, whose names "
+            f"are equal without case, and '{name}' is not a column of table {_qualified(options)} as spelled; "
+            "rename the DataFrame's columns to the table's exactly"
+        )
+    if len(candidates) == 1:
+        return candidates[0]
+    if candidates:
+        raise PreflightError(
+            f"column '{name}' of the DataFrame matches {len(candidates)} columns of table {_qualified(options)} "
+            f"without case ({', '.join(candidates)}) and none as spelled; rename it to the one it should fill"
+        )
+    raise PreflightError(
+        f"column '{name}' of the DataFrame is not in table {_qualified(options)} "
+        f"(it has: {', '.join(columns)}); add the column or select/rename the DataFrame's"
+    )
+
+
+def check_name_case(plan: TargetPlan, case_sensitive: bool) -> None:
+    """In a task, where spark.sql.caseSensitive is known: match names as Spark's JDBC writer does.  Case-sensitive,
+    a column spelled otherwise in the table is no match; otherwise two DataFrame columns cannot differ by case."""
+    target = f"{plan.schema}.{plan.table}" if plan.schema else plan.table
+    if case_sensitive and plan.case_folded:
+        ours, theirs = plan.case_folded[0]
+        raise PreflightError(
+            f"spark.sql.caseSensitive is true, and column '{ours}' of the DataFrame is spelled '{theirs}' in table "
+            f"{target}: rename the DataFrame's column, or set spark.sql.caseSensitive=false. Nothing was written."
+        )
+    if not case_sensitive and plan.case_twins:
+        raise PreflightError(
+            f"the DataFrame has columns {', '.join(plan.case_twins)}, whose names are equal without case, and "
+            "spark.sql.caseSensitive is false: rename them, or set spark.sql.caseSensitive=true. Nothing was written."
+        )
+
+
+def check_upsert_key(insp: sa.Inspector, options: WriteOptions, named: Callable[[str], str] = str) -> None:
+    """The upsert keys must be exactly the columns of a primary key or unique index: that is what the merge hits.
+    ``named``: a reflected column name as the server spells it (Dialect.reflected_name)."""
     keys = options.upsert_key_columns
     if len(set(keys)) != len(keys):
         raise PreflightError(f"option 'upsertKeyColumns': a column is named twice in {', '.join(keys)}")
@@ -178,6 +231,7 @@ def check_upsert_key(insp: sa.Inspector, options: WriteOptions) -> None:
         if ix.get("unique") and not partial and None not in ix["column_names"]:
             candidates.append(("UNIQUE INDEX", ix["column_names"]))
     for kind, columns in candidates:
+        columns = [named(c) if isinstance(c, str) else c for c in columns]
         if set(columns) == set(keys):
             return
         found.append(f"{kind} ({', '.join(str(c) for c in columns)})")
@@ -210,13 +264,65 @@ def _conform_column(arr: pa.Array, target: pa.DataType, time_zone: str = "UTC") 
             arr = wall_time_in_zone(arr, time_zone)
     if pa.types.is_timestamp(src) and pa.types.is_date(target):
         arr = arr.cast(pa.date32())
+    if pa.types.is_date(src) and pa.types.is_timestamp(target) and target.tz is not None:
+        # as Spark's cast and its JDBC writer: midnight in the session zone, not in UTC
+        arr = wall_time_in_zone(arr.cast(pa.timestamp(target.unit)), time_zone)
+    if pa.types.is_float32(target) and not pa.types.is_float32(src):
+        return _in_real_range(arr)
     if pa.types.is_decimal(src) and pa.types.is_floating(target):
         # correctly rounded, as the server's cast of the decimal Spark's JDBC writer sends (Arrow's direct
         # decimal-to-float cast is not: one value in five of a decimal(38,18) lands an ulp off)
         arr = arr.cast(pa.string())
     if arr.type == target:
         return arr
+    if pa.types.is_integer(src) and (pa.types.is_integer(target) or pa.types.is_decimal(target)):
+        return _integers_into(arr, target)
     return arr.cast(target, safe=True)
+
+
+def _integers_into(arr: pa.Array, target: pa.DataType) -> pa.Array:
+    """Integers into a narrower integer or a decimal, refused by the first value that does not fit, named with
+    the column type's own range (Arrow's cast names its intermediate type's, or asks for more precision)."""
+    if pa.types.is_integer(target):
+        info = np.iinfo(target.to_pandas_dtype())
+        low, high = int(info.min), int(info.max)
+    else:
+        high = 10 ** (target.precision - target.scale) - 1
+        low = -high
+    own = np.iinfo(arr.type.to_pandas_dtype())
+    checks = []  # a widening cast needs none
+    if low > int(own.min):
+        checks.append(pc.less(arr, pa.scalar(low, arr.type)))
+    if high < int(own.max):
+        checks.append(pc.greater(arr, pa.scalar(high, arr.type)))
+    outside = pc.fill_null(checks[0] if len(checks) == 1 else pc.or_(*checks), False) if checks else None
+    if outside is not None and pc.any(outside).as_py():
+        value = pc.filter(arr, outside)[0].as_py()
+        if pa.types.is_integer(target):
+            raise pa.ArrowInvalid(f"{value} is out of the column's range, {low} to {high}")
+        raise pa.ArrowInvalid(
+            f"{value} is out of the column's range, less than 10^{target.precision - target.scale} "
+            f"(numeric field overflow, as the server says)"
+        )
+    if pa.types.is_decimal(target):  # through a decimal wide enough for any 64-bit integer at the target's scale
+        if target.scale > 19:  # (none is: the values' own text, which fits, as checked)
+            return arr.cast(pa.string()).cast(target)
+        return arr.cast(pa.int64()).cast(pa.decimal128(38, target.scale)).cast(target)
+    return arr.cast(target)
+
+
+def _in_real_range(arr: pa.Array) -> pa.Array:
+    """A number as a 4-byte float, refused where it overflows to infinity or underflows to zero, as PostgreSQL's
+    cast of the double Spark's JDBC writer sends ("value out of range"); Arrow's own cast checks no range."""
+    wide = arr.cast(pa.string()).cast(pa.float64()) if pa.types.is_decimal(arr.type) else arr.cast(pa.float64())
+    out = wide.cast(pa.float32(), safe=False)
+    overflow = pc.and_(pc.is_inf(out), pc.invert(pc.is_inf(wide)))
+    underflow = pc.and_(pc.equal(out, 0), pc.not_equal(wide, 0))
+    bad = pc.fill_null(pc.or_(overflow, underflow), False)
+    if pc.any(bad).as_py():
+        value = pc.filter(arr, bad)[0].as_py()
+        raise pa.ArrowInvalid(f"{value!r} is out of a real's range (value out of range, as the server says)")
+    return out
 
 
 def _labelled_zone(schema: pa.Schema) -> str:

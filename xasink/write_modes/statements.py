@@ -225,6 +225,8 @@ def shadow_plan(plan: TargetPlan, spec: ApplySpec, flag_source: str | None) -> T
         row_column=SHADOW_ROW_COLUMN,  # (filled where the dialect keys its shadow by it)
         required=required,
         server_casts=plan.server_casts,  # the shadow has the target's column types
+        case_folded=plan.case_folded,
+        case_twins=plan.case_twins,
     )
 
 

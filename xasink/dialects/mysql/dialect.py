@@ -334,6 +334,10 @@ class MySQLDialect(Dialect):
     def merge_from_select(self, conn: Connection, merge: Merge) -> int:
         return merge_sql.merge_from_select(conn, merge)
 
+    def reflected_name(self, name: str) -> str:
+        """SQLAlchemy reads the names from SHOW CREATE TABLE and leaves a backtick in one doubled (`a``b`)."""
+        return name.replace("``", "`")
+
     def check_table(self, conn: Connection, plan: TargetPlan) -> TargetPlan:
         return preflight.check_table(self, conn, plan)
 

@@ -132,9 +132,33 @@ def check_table(dialect: Dialect, conn: Connection, plan: TargetPlan) -> TargetP
             f"table {target} uses the {engine} storage engine, which has no XA transactions: rows would "
             f"become visible before the batch commits. Convert it: ALTER TABLE {target} ENGINE=InnoDB"
         )
+    refuse_generated(conn, plan, target)
     if plan.upsert_keys:
         return upsert_plan(conn, plan, target)
     return plan
+
+
+def refuse_generated(conn: Connection, plan: TargetPlan, target: str) -> None:
+    """A value for a generated column is refused, as the server refuses it to an INSERT (error 1906, Spark's JDBC
+    writer's): LOAD DATA would drop it silently and store the column's expression instead."""
+    found = conn.execute(
+        sa.text(
+            "SELECT COLUMN_NAME, EXTRA FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = COALESCE(:schema, "
+            "DATABASE()) AND TABLE_NAME = :table AND (EXTRA LIKE '%VIRTUAL%' OR EXTRA LIKE '%STORED%' OR "
+            "EXTRA LIKE '%PERSISTENT%')"  # (not MySQL 8's DEFAULT_GENERATED: a column with an expression default)
+        ),
+        {"schema": plan.schema, "table": plan.table},
+    ).all()
+    conn.rollback()
+    written = {n.lower() for n in plan.arrow_schema.names}
+    generated = [(str(name), str(extra)) for name, extra in found if str(name).lower() in written]
+    if generated:
+        shown = ", ".join(f"'{name}' ({extra})" for name, extra in generated)
+        raise PreflightError(
+            f"the DataFrame has a value for generated column(s) {shown} of {target}, which the server computes "
+            "and refuses to take (error 1906, as Spark's JDBC writer gets). Drop those columns from the DataFrame "
+            "before writing. Nothing was written."
+        )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -44,9 +44,10 @@ SA_DIALECT = sa_pymysql.dialect()
 _PREPARER = sa_pymysql.dialect(paramstyle="named").identifier_preparer
 
 # the sql_mode of every session xasink writes with (branches, and control sessions: the decision log, the
-# apply step): bad or too long values fail instead of being truncated; 0 stays 0 in AUTO_INCREMENT columns;
-# and no ANSI_QUOTES / NO_BACKSLASH_ESCAPES, which would change how our statements parse
-BRANCH_SQL_MODE = "STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION,NO_AUTO_VALUE_ON_ZERO"
+# apply step): bad or too long values fail instead of being truncated; no ANSI_QUOTES / NO_BACKSLASH_ESCAPES,
+# which would change how our statements parse; and no NO_AUTO_VALUE_ON_ZERO: a 0 written to an AUTO_INCREMENT
+# column takes a generated value, as in Spark's JDBC writer's session (docs/types.md)
+BRANCH_SQL_MODE = "STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION"
 MAX_LOCK_WAIT = 1_073_741_824  # innodb_lock_wait_timeout's maximum: "no limit"
 
 

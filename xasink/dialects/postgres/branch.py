@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterator
 from typing import Any, Protocol
 
@@ -30,6 +31,20 @@ class BranchHost(Protocol):
     def branch_error(self, exc: BaseException, xid: Xid, plan: TargetPlan) -> BranchError: ...
 
 
+def set_time_zone(zone: str | None) -> str | None:
+    """The statement that sets a session to Spark's zone: a region ID (America/New_York, UTC) by name, an
+    offset (+08:00) as ISO 8601 reads it (PostgreSQL reads '+08:00' the POSIX way, west of Greenwich); None for
+    a name whose offset the two read differently (GMT+08:00): the session keeps the server's zone then."""
+    if not zone:
+        return None
+    if re.fullmatch(r"[+-]\d\d:\d\d", zone):
+        return f"SET TIME ZONE INTERVAL '{zone}' HOUR TO MINUTE"  # (its characters checked just above)
+    java_offset = re.search(r"[+-]\d", zone) is not None and not zone.startswith("Etc/")  # GMT+08:00: ISO's sign
+    if re.fullmatch(r"[A-Za-z][A-Za-z0-9_+/-]*", zone) and not java_offset:
+        return f"SET TimeZone = {string_literal(zone)}"
+    return None
+
+
 class PostgresBranch(BranchSession):
     """A branch: one ADBC connection in a transaction, rows loaded by binary COPY, then PREPAREd."""
 
@@ -39,10 +54,14 @@ class PostgresBranch(BranchSession):
         spare = dialect.spare.take() if dialect.spare is not None else None
         self.conn = spare if spare is not None else dialect.adbc_connect()
         self.cursor = self.conn.cursor()
-        set_timeout = f"SET lock_timeout = {int(dialect.settings.lock_timeout) * 1000}"
+        settings = [f"SET lock_timeout = {int(dialect.settings.lock_timeout) * 1000}"]
+        zone = set_time_zone(plan.time_zone)
+        if zone is not None:  # the Spark session's zone, as Spark's JDBC writer's sessions take the JVM's: defaults
+            # and triggers that read the zone (localtimestamp, now()::text) store what they store for JDBC
+            settings.append(zone)
         try:
             try:
-                self.cursor.execute(set_timeout)
+                self.cursor.execute(settings[0])
             except Exception as exc:  # noqa: BLE001 - a spare the server dropped: nothing written, connect anew
                 if spare is None:
                     raise
@@ -50,7 +69,9 @@ class PostgresBranch(BranchSession):
                 self._close()
                 self.conn = dialect.adbc_connect()
                 self.cursor = self.conn.cursor()
-                self.cursor.execute(set_timeout)
+                self.cursor.execute(settings[0])
+            for statement in settings[1:]:
+                self.cursor.execute(statement)
         except Exception as exc:
             self.rollback()
             raise dialect.branch_error(exc, xid, plan) from None

@@ -52,6 +52,8 @@ class PostgresTypes:
             return pa.timestamp("us", tz="UTC") if t.timezone else pa.timestamp("us")
         if isinstance(t, sa.Date):
             return pa.date32()
+        if (pa.types.is_string(source) or pa.types.is_large_string(source)) and not isinstance(t, sa.types.NullType):
+            return pa.string()  # jsonb, uuid, inet, an enum...: the server's input function reads it (server_cast)
         return None
 
     def server_cast(self, column: Any, source: pa.DataType, target: pa.DataType) -> str | None:
@@ -63,6 +65,11 @@ class PostgresTypes:
         t = column["type"]
         while isinstance(t, pg.DOMAIN):
             t = t.data_type
+        text_column = isinstance(t, sa.String) and not isinstance(t, sa.Enum)
+        if pa.types.is_string(target) and not text_column and not isinstance(t, sa.types.NullType):
+            # a string into a column of another type (jsonb, uuid, inet, an enum): the server converts it, as it
+            # does what Spark's JDBC writer sends with stringtype=unspecified
+            return str(t.compile(dialect=SA_DIALECT))
         if not isinstance(t, sa.Numeric) or isinstance(t, sa.Float):
             return None
         if pa.types.is_floating(target):
