@@ -86,7 +86,12 @@ class XasinkBatchWriter(DataSourceArrowWriter):
             finally:
                 coordinator.close()
 
-    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+    def abort(self, messages: list[WriterCommitMessage | None], job_failed: bool | None = None) -> None:
+        """Spark's abort after a failed job or commit.  ``job_failed`` (else: a task left no message, which
+        Spark's abort after a failed commit never has): the commit never ran, so no decision lists this run's
+        branches, and they are rolled back even while another session holds the log's sink row."""
+        if job_failed is None:
+            job_failed = any(m is None for m in messages)
         if self.tx is not None:
             abort_tx_write(self.options, self.tx, self.run, outcomes_of(messages))
             return
@@ -94,6 +99,8 @@ class XasinkBatchWriter(DataSourceArrowWriter):
             tell_tasks(outcomes_of(messages))
             coordinator = Coordinator(self.options, shared=True)
             try:
-                coordinator.abort(self.options.batch_id, outcomes_of(messages), settle_s=ABORT_SETTLE_S, run=self.run)
+                coordinator.abort(
+                    self.options.batch_id, outcomes_of(messages), ABORT_SETTLE_S, self.run, undecided=job_failed
+                )
             finally:
                 coordinator.close()

@@ -93,8 +93,10 @@ def save_by_partitions(df: DataFrame, options: dict[str, str], mode: str) -> Non
     source = XasinkDataSource(CaseInsensitiveDict(options))
     writer = source.writer(df.schema, mode == "overwrite")
     messages: list[XasinkCommitMessage] = []
+    job_failed = True  # until collect() returns: then the commit may decide, and the abort must not assume not
     try:
         rows = df.mapInArrow(partition_function(writer), MESSAGE_SCHEMA).collect()
+        job_failed = False
         messages = sorted((pickle.loads(bytes(row[0])) for row in rows), key=lambda m: m.outcome.partition)
         writer.commit(list(messages))
     except BaseException:
@@ -102,7 +104,7 @@ def save_by_partitions(df: DataFrame, options: dict[str, str], mode: str) -> Non
         # failed; the writer knows its run, and the abort ends it and rolls back all of its branches); an
         # abort that fails too is logged, and the write's own error is what the caller gets
         try:
-            writer.abort(list(messages))
+            writer.abort(list(messages), job_failed=job_failed)
         except Exception as abort_error:  # noqa: BLE001 - the branches wait for the next run or 'xasink recover'
             why = redact(f"{type(abort_error).__name__}: {abort_error}", url_secrets(writer.options.url))
             log.warning(
