@@ -10,18 +10,28 @@ what the decision log says, with an xasink error, and nothing of an undecided ba
 
 from __future__ import annotations
 
+import json
 import uuid
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 import xasink
 from tests.harness import (
+    BATCH,
+    CRASH_DRIVER,
+    PARTITIONS,
+    N,
     expected,
     frame,
+    run_driver,
     save_by,
     sink_row_locked_once_claimed,
     tasks_fault,
 )
+from tests.procs import tail
+from tests.targets import Target
 
 pytestmark = pytest.mark.spark
 
@@ -53,3 +63,36 @@ def test_a_lock_held_on_the_log_when_the_tasks_settle_rolls_back_the_batch(  # t
     assert result is None or (result.rows, result.skipped) == (10, False)
     assert db.rows(table) == expected(range(5), range(100, 110))
     assert db.prepared(sink) == []
+
+
+def told_after_a_commit_worker_died(db: Target, table: str, sink: str, way: str, log: Path) -> dict[str, Any]:
+    """tests/crash_driver.py --worker: batch BATCH of ids 0..N-1, the commit's Python worker killed after the
+    first branch's COMMIT; what the user was told (the driver's TOLD line)."""
+    how = ["--worker", "--format"] if way == "format" else ["--worker"]
+    args = [db.url, table, sink, str(BATCH), str(N), str(PARTITIONS), *how]
+    assert run_driver(CRASH_DRIVER, args, "driver.after_first_commit:kill", log) == 0, tail(log)
+    lines = [line for line in log.read_text().splitlines() if line.startswith("TOLD ")]
+    assert lines, tail(log)
+    said: dict[str, Any] = json.loads(lines[-1][len("TOLD ") :])
+    return said
+
+
+@pytest.mark.parametrize("way", ["write", "format"])
+def test_a_commit_worker_killed_after_the_first_commit_is_told_what_the_log_says(  # type: ignore[no-untyped-def]
+    db, tmp_path, way
+):
+    """XASINK_FAULT=driver.after_first_commit:kill in a user's script: the Python worker running the data source's
+    commit dies after one branch committed; Spark's abort then finishes the decided batch.  xasink.write
+    returns the written result (every row once, nothing prepared); format("xasink") under spark_errors()
+    raises an xasink error that says the batch is committed.  Fails on main: a raw Py4JJavaError ("Python
+    worker exited unexpectedly") both ways."""
+    table, sink = db.new_table(), f"fw{uuid.uuid4().hex[:8]}"
+    said = told_after_a_commit_worker_died(db, table, sink, way, tmp_path / "driver.log")
+    if way == "write":
+        assert said == {"result": {"rows": N, "branches": PARTITIONS, "skipped": False}}, said
+    else:
+        assert (said.get("error"), said.get("xasink")) == ("BatchCommittedError", True), said
+        assert f"sink {sink} batch {BATCH} is committed: every row of it is visible" in said["message"], said
+    assert db.rows(table) == expected(range(N))
+    assert db.prepared(sink) == []
+    assert db.decision(sink, BATCH).state == "committed"

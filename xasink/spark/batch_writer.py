@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from pyspark import TaskContext
 
-from xasink.errors import OptionError
+from xasink.errors import BatchCommittedError, OptionError
 from xasink.options import WriteOptions
 from xasink.protocol.coordinator import ABORT_SETTLE_S, Coordinator
 from xasink.protocol.xid import new_run_nonce
@@ -102,5 +102,28 @@ class XasinkBatchWriter(DataSourceArrowWriter):
                 coordinator.abort(
                     self.options.batch_id, outcomes_of(messages), ABORT_SETTLE_S, self.run, undecided=job_failed
                 )
+                if not job_failed:
+                    check_log_after_failed_commit(coordinator, self.options.batch_id)
             finally:
                 coordinator.close()
+
+
+def check_log_after_failed_commit(coordinator: Coordinator, batch_id: int) -> None:
+    """After a failed commit step and its abort: raise :class:`BatchCommittedError` if the log holds the batch
+    committed.
+
+    Spark fails the save with the commit step's own error, which says nothing true when that step died
+    after the decision ("Python worker exited unexpectedly"): the abort then finished the decided batch.
+    Its error reaches the user's text beside the commit's (Spark adds it as suppressed), where
+    ``xasink.from_spark`` finds it.  Otherwise the commit's error stands (an xasink error of its own, or
+    the crash: ``xasink.write`` reads the log after it)."""
+    sink = coordinator.sink_id
+    with coordinator.journal.dialect.connect(autocommit=True) as conn:  # reads only
+        record = coordinator.journal.get(conn, sink, batch_id)
+    if record is not None and record.committed:
+        raise BatchCommittedError(
+            f"sink {sink} batch {batch_id} is committed: every row of it is visible (the decision log holds it "
+            "committed), though Spark failed the write: its commit step failed after the decision, and the abort "
+            f"finished the batch. Nothing to do: a rerun with the same sinkId ('{sink}') and batchId is skipped; "
+            "never rerun it under another sink id"
+        )
