@@ -77,6 +77,7 @@ def told_after_a_commit_worker_died(db: Target, table: str, sink: str, way: str,
     return said
 
 
+@pytest.mark.doc_case("error/BatchCommittedError")
 @pytest.mark.parametrize("way", ["write", "format"])
 def test_a_commit_worker_killed_after_the_first_commit_is_told_what_the_log_says(  # type: ignore[no-untyped-def]
     db, tmp_path, way
