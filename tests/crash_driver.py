@@ -1,6 +1,6 @@
 """One batch ``xasink.write`` in a fresh local Spark driver, for tests/test_crash.py to kill at a fault point.
 
-    python tests/crash_driver.py URL TABLE SINK_ID BATCH_ID ROWS PARTITIONS [--direct]
+    python tests/crash_driver.py URL TABLE SINK_ID BATCH_ID ROWS PARTITIONS [--direct | --worker [--format]]
 
 Writes ids 0..ROWS-1 (int ``id``, text ``name`` = 'n<id>') in PARTITIONS contiguous partitions, the same
 rows as ``tests.harness.frame(spark, range(N), PARTITIONS)``.  The fault comes from the environment
@@ -12,6 +12,11 @@ prints the WriteResult as JSON.
 ``--direct``: the same batch without Spark, in this one process: each partition written by
 ``write_partition`` as a task would, then ``Coordinator.commit`` as the driver does.  A driver killed this
 way leaves exactly what a killed Spark driver leaves, without a JVM to start (seconds, not tens of them).
+
+``--worker``: only the process reaching the fault point dies (no ``XASINK_FAULT_PGID``): the Python worker
+that runs the data source's commit, while the user's script lives on.  The script prints what the user
+was told as ``TOLD <json>``: the result, or the error's class and message (``--format``: the write is
+``df.write.format("xasink")`` under ``xasink.spark_errors()``).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import json
 import logging
 import os
 import sys
+from typing import Any
 
 OPTIONS_ENV = "XASINK_TEST_WRITE_OPTIONS"  # --direct: a JSON object of extra write options
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -61,9 +67,32 @@ def direct(url: str, table: str, sink_id: str, batch_id: int, n: int, partitions
     return 0
 
 
+def told(spark: Any, url: str, table: str, sink_id: str, batch_id: int, n: int, partitions: int, way: str) -> int:
+    """--worker: the write, and what the user is told of it."""
+    import xasink
+
+    xasink.register(spark)
+    df = spark.range(0, n, 1, partitions).selectExpr("cast(id as int) as id", "concat('n', id) as name")
+    said: dict[str, Any] = {"result": None}
+    try:
+        if way == "format":
+            with xasink.spark_errors():
+                writer = df.write.format("xasink").option("url", url).option("dbtable", table)
+                writer.option("sinkId", sink_id).option("batchId", batch_id).mode("append").save()
+        else:
+            result = xasink.write(df, url, table, sink_id=sink_id, batch_id=batch_id)
+            said["result"] = {"rows": result.rows, "branches": result.branches, "skipped": result.skipped}
+    except Exception as exc:  # noqa: BLE001 - what the user is told is the output
+        said = {"error": type(exc).__name__, "message": str(exc)[:3000], "xasink": isinstance(exc, xasink.XasinkError)}
+    print("TOLD " + json.dumps(said), flush=True)
+    return 0
+
+
 def main(argv: list[str]) -> int:
     spark_free = "--direct" in argv
-    argv = [a for a in argv if a != "--direct"]
+    worker = "--worker" in argv
+    way = "format" if "--format" in argv else "write"
+    argv = [a for a in argv if a not in ("--direct", "--worker", "--format")]
     if len(argv) != 6:
         print(__doc__, file=sys.stderr)
         return 2
@@ -75,11 +104,15 @@ def main(argv: list[str]) -> int:
     from tests.jvm import driver_java_options, local_spark, start_killable_driver
 
     start_killable_driver()
+    if worker:  # only the process at the fault point dies
+        del os.environ["XASINK_FAULT_PGID"]
 
     import xasink
 
     spark = local_spark("xasink-crash-driver", java_options=driver_java_options())
     try:
+        if worker:
+            return told(spark, url, table, sink_id, batch_id, n, partitions, way)
         df = spark.range(0, n, 1, partitions).selectExpr("cast(id as int) as id", "concat('n', id) as name")
         result = xasink.write(df, url, table, sink_id=sink_id, batch_id=batch_id)
         print(json.dumps({"rows": result.rows, "branches": result.branches, "skipped": result.skipped}), flush=True)

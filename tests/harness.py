@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 import pyarrow as pa
 import pytest
 
+import xasink
 from tests import doc_cases, targets
 from tests.leaks import SECRET as SUPERUSER_SECRET  # the test servers' superuser: a url of theirs holds it
 from tests.leaks import assert_no_secret
@@ -96,6 +97,19 @@ def frame(spark: SparkSession, ids: range, partitions: int, tag: str = "n") -> D
     return spark.range(ids.start, ids.stop, 1, partitions).selectExpr(
         "cast(id as int) as id", f"concat('{tag}', id) as name"
     )
+
+
+def save_by(way: str, df: DataFrame, db: Target, table: str, batch: int, **options: str) -> WriteResult | None:
+    """Append ``df`` as (sinkId, ``batch``) the user's way: ``xasink.write`` (its result) or ``format("xasink")``
+    under ``xasink.spark_errors()`` (None); the database's password is passed when it has one."""
+    login = {"password": db.password} if db.password is not None else {}
+    if way == "write":
+        return xasink.write(df, db.url, table, batchId=batch, **login, **options)
+    with xasink.spark_errors():
+        df.write.format("xasink").option("url", db.url).option("dbtable", table).options(
+            batchId=str(batch), **login, **options
+        ).mode("append").save()
+    return None
 
 
 @contextmanager
@@ -542,17 +556,43 @@ def sink_row_locked_once_prepared(
     delay lets them through, so the lock meets the decision.  The tasks must linger after settling
     (``task.after_prepare:sleep=..``, longer than ``after_s``) for the lock to be there before the decision.
     """
+    with sink_row_locked_when(
+        log, sink, lambda: len(log.prepared(sink, batch)) >= branches, after_s, timeout_s
+    ) as held:
+        yield held
+
+
+@contextmanager
+def sink_row_locked_once_claimed(
+    log: Target, sink: str, batch: int, after_s: float = 1.0, timeout_s: float = 60.0
+) -> Iterator[threading.Event]:
+    """From ``after_s`` after a run claims (``sink``, ``batch``) in the log (the driver's claim, before the tasks
+    start) until the block ends, another session holds the log's sink row: the tasks meet it when they
+    settle their prepared branches (they must linger before PREPARE: ``task.before_prepare:sleep=..``)."""
+
+    def claimed() -> bool:
+        table = log.q("xasink_claims")
+        return bool(log.execute(f"SELECT 1 FROM {table} WHERE sink_id = %s AND batch_id = %s", sink, batch))
+
+    with sink_row_locked_when(log, sink, claimed, after_s, timeout_s) as held:
+        yield held
+
+
+@contextmanager
+def sink_row_locked_when(
+    log: Target, sink: str, ready: Callable[[], bool], after_s: float = 0.0, timeout_s: float = 60.0
+) -> Iterator[threading.Event]:
+    """From ``after_s`` after ``ready()`` (polled) until the block ends, another session holds the log's sink
+    row (a thread's; the event is set once it holds it)."""
     held, release = threading.Event(), threading.Event()
     failed: list[BaseException] = []
 
     def hold() -> None:
         try:
             deadline = time.monotonic() + timeout_s
-            while len(log.prepared(sink, batch)) < branches and not release.is_set():
+            while not ready() and not release.is_set():
                 if time.monotonic() > deadline:
-                    raise AssertionError(
-                        f"sink {sink} batch {batch}: {branches} branches not prepared in {timeout_s} s"
-                    )
+                    raise AssertionError(f"sink {sink}: what the lock waits for did not happen in {timeout_s} s")
                 time.sleep(0.05)
             release.wait(after_s)
             with sink_row_locked(log, sink):

@@ -34,6 +34,7 @@ from tests.harness import (
     frame,
     host_port,
     kill_session_lock_holder,
+    save_by,
     sink_row_locked,
     sink_row_locked_once_prepared,
     tasks_fault,
@@ -90,18 +91,10 @@ def test_a_lock_held_on_the_log_at_a_single_table_decision_rolls_back_the_batch(
     cause, while the lock is still held.  Fails on main: a raw OperationalError, and Spark's abort after it
     waits on the same row and fails, so the branch stays prepared (scenario seed 143)."""
     table, sink = db.new_table(), f"tf{uuid.uuid4().hex[:8]}"
-    login = {"password": db.password} if db.password is not None else {}
-    options = {"sinkId": sink, "controlLockTimeout": "1", **login}
+    options = {"sinkId": sink, "controlLockTimeout": "1"}
 
     def save(batch: int, ids: range) -> None:
-        df = frame(spark, ids, 2)
-        if way == "write":
-            xasink.write(df, db.url, table, batchId=batch, **options)
-            return
-        with xasink.spark_errors():
-            df.write.format("xasink").option("url", db.url).option("dbtable", table).options(
-                batchId=str(batch), **options
-            ).mode("append").save()
+        save_by(way, frame(spark, ids, 2), db, table, batch, **options)
 
     save(0, range(5))  # the sink's row in the log: what the other session holds
     with sink_row_locked_once_prepared(db, sink, 1, branches=2) as held:

@@ -36,6 +36,15 @@ class BatchAbortedError(XasinkError):
     """The batch was not decided: no row of it is visible and nothing of it is left prepared."""
 
 
+class BatchCommittedError(XasinkError):
+    """The batch is committed, every row of it visible, but Spark failed the write: the step running the commit
+    failed after the decision (its Python worker died, say), and Spark's abort finished the decided batch.
+
+    Raised through ``format("xasink")`` (Spark fails the save whatever its abort finds); ``xasink.write``
+    returns the written result instead.  A rerun with the same sinkId and batchId is skipped.
+    """
+
+
 class CommitIncompleteError(XasinkError):
     """The batch is decided but some branches could not be committed yet.
 

@@ -93,6 +93,20 @@ class BranchGroup:
         what = f"rolling back run {run}'s branches in {self.dialect.where()}"
         return self.policy.forward(what, once, time.monotonic() + within_s)
 
+    def roll_back_run_over(self, log_id: str, batch_id: int, run: str, over_s: float = 0.0) -> None:
+        """:meth:`roll_back_run` now and each second for ``over_s`` (a run that never decides, while its tasks
+        may still PREPARE); a failure is logged: the next run of the sink or 'xasink recover' does it."""
+        deadline = time.monotonic() + over_s
+        while True:
+            try:
+                self.roll_back_run(log_id, batch_id, run)
+            except Exception as exc:  # noqa: BLE001 - logged; the branches wait for the next sweep
+                why = self.policy.describe(exc)
+                log.warning("sink %s batch %s: rolling back run %s failed: %s", self.policy.sink_id, batch_id, run, why)
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+
     def commit(self, xids: Sequence[Xid], first_commit_fault: bool = False, deadline: float | None = None) -> list[Xid]:
         """COMMIT every decided branch (:func:`commit_branches`)."""
         return commit_branches(self.dialect, self.policy, self.parallelism, xids, first_commit_fault, deadline)

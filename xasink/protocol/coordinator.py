@@ -324,6 +324,7 @@ class Coordinator:
         settle_s: float = 0.0,
         run: str | None = None,
         guard: str | None = None,
+        undecided: bool = False,
     ) -> RecoveryReport:
         """Roll back what a failed batch prepared (and anything else of it that can never commit).
 
@@ -334,11 +335,21 @@ class Coordinator:
         taken the batch over, its branches are left to it.  ``guard`` is the aborting driver's run guard:
         when no outcome names the run (a stopped streaming query's tasks report nothing), the runs of this
         batch that hold that guard are this driver's, and end with the abort too.
+
+        ``undecided``: ``run`` never decided and never will (its job failed, its commit never ran): its branches
+        are rolled back without the sink lock first, and over the settle window if the locked steps fail.
         """
         log.info("aborting sink %s batch %s", self.sink_id, batch_id)  # the writer is told by its error
         if run is None:
             named = (o.run or (o.xid.run if o.xid else None) for o in outcomes if o is not None)
             run = next((r for r in named if r), None)
+        if undecided and run is not None:
+            self.group.roll_back_run_over(self.journal.log_id(), batch_id, run)
+            try:
+                return self.abort(batch_id, outcomes, settle_s, run, guard)
+            except Exception:  # the tasks still running may PREPARE meanwhile
+                self.group.roll_back_run_over(self.journal.log_id(), batch_id, run, settle_s)
+                raise
         with self.journal.locked(self.sink_id) as conn:
             ending = {run} if run is not None else set()
             if run is None and guard is not None:

@@ -22,7 +22,14 @@ import sqlalchemy as sa
 from xasink.dialects import shared_dialect
 from xasink.dialects.base import BranchSession, Dialect
 from xasink.dialects.values import ErrorKind, TargetPlan, check_required
-from xasink.errors import BatchIdentityError, ConcurrentWriterError, ForgottenBatchError, LateBranchError
+from xasink.errors import (
+    BatchAbortedError,
+    BatchIdentityError,
+    ConcurrentWriterError,
+    ForgottenBatchError,
+    LateBranchError,
+    XasinkError,
+)
 from xasink.journal.log import Journal
 from xasink.journal.targets import forgotten_message, identity_message, same_target, taken_over_message, target_identity
 from xasink.options import WriteOptions
@@ -30,6 +37,7 @@ from xasink.protocol.liveness import runs_alive
 from xasink.protocol.xid import Xid, attempt_token
 from xasink.results import BranchOutcome
 from xasink.support.faults import fault
+from xasink.support.masking import redact, url_secrets
 from xasink.support.phases import phase, worker_started
 from xasink.write_modes.schema import conform
 
@@ -157,6 +165,20 @@ def settle_prepared(dialect: Dialect, journal: Journal, me: Xid) -> None:
     )
 
 
+def log_step_failed(options: WriteOptions, xid: Xid, step: str, exc: Exception) -> BatchAbortedError:
+    """A task's step in the decision log failed (above all: another session held the sink row past
+    controlLockTimeout): the batch cannot be decided.  The task must not roll its branch back itself (a
+    speculative sibling may adopt and report it); the driver's abort after the failed job does, without the
+    sink lock (:meth:`xasink.protocol.coordinator.Coordinator.abort`, ``undecided``)."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    why = redact(f"{type(exc).__name__}: {text}"[:300], url_secrets(options.url))
+    return BatchAbortedError(
+        f"sink {xid.sink_id} batch {xid.batch_id} partition {xid.partition}: {step} in the decision log failed "
+        f"({why}), so the batch cannot be decided: the driver's abort rolls back this run's branches, and nothing "
+        f"of the batch is visible. Run it again with the same sinkId ('{xid.sink_id}') and batchId"
+    )
+
+
 _JOURNALS: dict[tuple[int, str | None, str], Journal] = {}
 
 
@@ -211,9 +233,11 @@ def _claim_and_open(
             with phase("task.claim", **ids):
                 target = (options.table.schema, options.table.name, query)
                 clearance = clear_blockers(dialect, journal, xid, guard, target)
-        except BaseException:
+        except BaseException as exc:
             _discard(opening)
-            raise
+            if isinstance(exc, XasinkError) or not isinstance(exc, Exception):
+                raise
+            raise log_step_failed(options, xid, "claiming the batch", exc) from exc
         if clearance.decided:
             _discard(opening)
             log.info(
@@ -302,7 +326,12 @@ def write_partition(
     with phase("task.prepare", **ids):
         session.prepare()
     with phase("task.settle", **ids):
-        settle_prepared(dialect, journal, xid)  # prepared too late for its batch: rolled back, LateBranchError
+        try:
+            settle_prepared(dialect, journal, xid)  # prepared too late for its batch: rolled back, LateBranchError
+        except XasinkError:
+            raise
+        except Exception as exc:  # the branch stays prepared: the driver's abort rolls it back
+            raise log_step_failed(options, xid, "checking the prepared branch", exc) from exc
     seconds = time.perf_counter() - start
     log.info("prepared branch %s: %d rows in %.3fs", xid, rows, seconds)
     fault("task.after_prepare", partition=partition, attempt=attempt_number, batch=batch_id)

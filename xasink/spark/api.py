@@ -22,7 +22,7 @@ from xasink.protocol.xid import new_run_nonce
 from xasink.results import WriteResult
 from xasink.spark.datasource import BRANCHES_OPTION, QUERY_OPTION, RUN_OPTION
 from xasink.spark.frames import shape
-from xasink.spark.job_errors import error_summary, unwrap_error
+from xasink.spark.job_errors import error_summary, told_by_the_log, unwrap_error
 from xasink.spark.partition_job import save
 from xasink.spark.stream_writer import check_batch_order
 from xasink.spark.streams import mark_running_queries, micro_batch_query, unknown_query_message
@@ -234,21 +234,22 @@ def _write(df: DataFrame, raw: dict[str, Any], mode: str, query: str | None) -> 
         if query is not None:
             internal[QUERY_OPTION] = query
         save(df, {**opts, **internal}, mode)  # format("xasink"), or the partition function (Spark 3.5)
-    except errors.XasinkError:  # the driver's own steps, run in this process by the partition function
-        notices.tell(dict.fromkeys(warned + notices.load(path)))
-        raise
-    except Exception as exc:
-        notices.tell(dict.fromkeys(warned + notices.load(path)))
-        inner = unwrap_error(exc)
-        if inner is None and _record(journal, parsed.sink_id, parsed.batch_id) is None:
-            # not ours (a failing UDF, a lost executor...) and the batch is undecided: nothing of it is visible
-            inner = errors.BatchAbortedError(
-                f"sink {parsed.sink_id} batch {parsed.batch_id} was rolled back, no row of it is visible: "
-                f"the Spark job failed ({redact(error_summary(exc), url_secrets(parsed.url))})"
-            )
-        if inner is None:
+    except errors.XasinkError as exc:  # the driver's own steps, run in this process by the partition function
+        if not isinstance(exc, errors.BatchCommittedError):  # (else: the abort found the batch committed)
+            notices.tell(dict.fromkeys(warned + notices.load(path)))
             raise
-        raise inner from exc
+    except Exception as exc:
+        inner = unwrap_error(exc)
+        if inner is None or isinstance(inner, errors.BatchCommittedError):
+            # not an xasink error (a failing UDF, a lost executor, the commit's Python worker gone...): what
+            # the log holds for the batch is what happened; committed, the result below stands
+            summary = redact(error_summary(exc), url_secrets(parsed.url))
+            inner = told_by_the_log(
+                parsed.sink_id, parsed.batch_id, _record(journal, parsed.sink_id, parsed.batch_id), summary
+            )
+        if inner is not None:
+            notices.tell(dict.fromkeys(warned + notices.load(path)))
+            raise inner from exc
     finally:
         told = list(dict.fromkeys(warned + notices.load(path)))
         with contextlib.suppress(FileNotFoundError):  # a /tmp cleaner got there first: the write stands

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from pyspark import TaskContext
 
-from xasink.errors import OptionError
+from xasink.errors import BatchCommittedError, OptionError
 from xasink.options import WriteOptions
 from xasink.protocol.coordinator import ABORT_SETTLE_S, Coordinator
 from xasink.protocol.xid import new_run_nonce
@@ -86,7 +86,12 @@ class XasinkBatchWriter(DataSourceArrowWriter):
             finally:
                 coordinator.close()
 
-    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+    def abort(self, messages: list[WriterCommitMessage | None], job_failed: bool | None = None) -> None:
+        """Spark's abort after a failed job or commit.  ``job_failed`` (else: a task left no message, which
+        Spark's abort after a failed commit never has): the commit never ran, so no decision lists this run's
+        branches, and they are rolled back even while another session holds the log's sink row."""
+        if job_failed is None:
+            job_failed = any(m is None for m in messages)
         if self.tx is not None:
             abort_tx_write(self.options, self.tx, self.run, outcomes_of(messages))
             return
@@ -94,6 +99,31 @@ class XasinkBatchWriter(DataSourceArrowWriter):
             tell_tasks(outcomes_of(messages))
             coordinator = Coordinator(self.options, shared=True)
             try:
-                coordinator.abort(self.options.batch_id, outcomes_of(messages), settle_s=ABORT_SETTLE_S, run=self.run)
+                coordinator.abort(
+                    self.options.batch_id, outcomes_of(messages), ABORT_SETTLE_S, self.run, undecided=job_failed
+                )
+                if not job_failed:
+                    check_log_after_failed_commit(coordinator, self.options.batch_id)
             finally:
                 coordinator.close()
+
+
+def check_log_after_failed_commit(coordinator: Coordinator, batch_id: int) -> None:
+    """After a failed commit step and its abort: raise :class:`BatchCommittedError` if the log holds the batch
+    committed.
+
+    Spark fails the save with the commit step's own error, which says nothing true when that step died
+    after the decision ("Python worker exited unexpectedly"): the abort then finished the decided batch.
+    Its error reaches the user's text beside the commit's (Spark adds it as suppressed), where
+    ``xasink.from_spark`` finds it.  Otherwise the commit's error stands (an xasink error of its own, or
+    the crash: ``xasink.write`` reads the log after it)."""
+    sink = coordinator.sink_id
+    with coordinator.journal.dialect.connect(autocommit=True) as conn:  # reads only
+        record = coordinator.journal.get(conn, sink, batch_id)
+    if record is not None and record.committed:
+        raise BatchCommittedError(
+            f"sink {sink} batch {batch_id} is committed: every row of it is visible (the decision log holds it "
+            "committed), though Spark failed the write: its commit step failed after the decision, and the abort "
+            f"finished the batch. Nothing to do: a rerun with the same sinkId ('{sink}') and batchId is skipped; "
+            "never rerun it under another sink id"
+        )

@@ -29,7 +29,7 @@ import pickle
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from xasink.errors import XasinkError
+from xasink.errors import BatchCommittedError, XasinkError
 from xasink.spark.streams import is_connect
 from xasink.spark.versions import HAS_DATA_SOURCE, CaseInsensitiveDict, pyspark_version, require_data_source
 from xasink.support.masking import redact, url_secrets
@@ -93,16 +93,21 @@ def save_by_partitions(df: DataFrame, options: dict[str, str], mode: str) -> Non
     source = XasinkDataSource(CaseInsensitiveDict(options))
     writer = source.writer(df.schema, mode == "overwrite")
     messages: list[XasinkCommitMessage] = []
+    job_failed = True  # until collect() returns: then the commit may decide, and the abort must not assume not
     try:
         rows = df.mapInArrow(partition_function(writer), MESSAGE_SCHEMA).collect()
+        job_failed = False
         messages = sorted((pickle.loads(bytes(row[0])) for row in rows), key=lambda m: m.outcome.partition)
         writer.commit(list(messages))
-    except BaseException:
+    except BaseException as failed:
         # as Spark does: a failed job or commit is aborted with what the tasks reported (none when the job
         # failed; the writer knows its run, and the abort ends it and rolls back all of its branches); an
-        # abort that fails too is logged, and the write's own error is what the caller gets
+        # abort that fails too is logged, and the write's own error is what the caller gets, unless the abort
+        # found the batch committed (what the log holds is the truth after a failed commit)
         try:
-            writer.abort(list(messages))
+            writer.abort(list(messages), job_failed=job_failed)
+        except BatchCommittedError as held:
+            raise held from failed
         except Exception as abort_error:  # noqa: BLE001 - the branches wait for the next run or 'xasink recover'
             why = redact(f"{type(abort_error).__name__}: {abort_error}", url_secrets(writer.options.url))
             log.warning(
