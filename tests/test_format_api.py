@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +20,7 @@ from typing import Any
 
 import pytest
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F  # noqa: N812 - Spark's own convention
 
 import xasink
 from tests.doc_cases import raises
@@ -118,14 +120,19 @@ def test_a_thread_that_did_not_register_the_source_is_told_what_to_do(spark: Spa
 
 
 @pytest.fixture(scope="module")
-def three_slots() -> Iterator[Target]:
+def three_slots_server() -> Iterator[EmbeddedPostgres]:
     """A PostgreSQL of the module's own with max_prepared_transactions = 3."""
     with EmbeddedPostgres(max_prepared_transactions=3, password=SECRET) as server:
-        target = make_target("postgresql", server.url)
-        try:
-            yield target
-        finally:
-            target.cleanup()
+        yield server
+
+
+@pytest.fixture(scope="module")
+def three_slots(three_slots_server: EmbeddedPostgres) -> Iterator[Target]:
+    target = make_target("postgresql", three_slots_server.url)
+    try:
+        yield target
+    finally:
+        target.cleanup()
 
 
 @pytest.mark.doc_case("error/PreflightError")
@@ -144,11 +151,10 @@ def test_more_partitions_than_free_slots_is_refused_before_any_row_is_loaded(
     shuffled = six.repartition(6, "id")
     with raises(xasink.PreflightError, match="no free prepared-transaction slot for partition"):
         xasink.write(shuffled, db.url, table, sink_id=f"p{uuid.uuid4().hex[:8]}", **login(db))
-    # format("xasink"): numPartitions is checked before any task; without it, each task checks before it loads
-    with spark_jobs(spark) as jobs, raises(xasink.PreflightError, match="needs 4"):
+    # format("xasink") is told no partition count: each task checks before it loads (numPartitions is a cap)
+    with raises(xasink.PreflightError, match="no free prepared-transaction slot for partition"):
         with xasink.spark_errors():
             writer(six.coalesce(4), db, table, numPartitions=4).mode("append").save()
-    assert jobs == []  # refused in writer(), as Spark plans the write: no task ran
     with raises(xasink.PreflightError, match="no free prepared-transaction slot for partition"):
         with xasink.spark_errors():
             writer(six, db, table).mode("append").save()
@@ -156,3 +162,46 @@ def test_more_partitions_than_free_slots_is_refused_before_any_row_is_loaded(
     # coalesced to the free slots, it writes
     assert xasink.write(six, db.url, table, numPartitions=3, **login(db)).rows == 60
     assert db.rows(table) == expected(range(60)) and db.prepared() == []
+
+
+def test_numpartitions_is_a_cap_not_the_branches_needed(spark: SparkSession, three_slots: Target) -> None:
+    """Two partitions with numPartitions=5 need two slots, not five: both APIs write them (3 free)."""
+    db = three_slots
+    table = db.new_table()
+    db.keyed_table(table)
+    two = frame(spark, range(20), 2)
+    assert xasink.write(two, db.url, table, sink_id=f"c{uuid.uuid4().hex[:8]}", numPartitions=5, **login(db)).rows == 20
+    with xasink.spark_errors():
+        writer(frame(spark, range(20, 40), 2), db, table, numPartitions=5).mode("append").save()
+    assert db.rows(table) == expected(range(40)) and db.prepared() == []
+
+
+def test_tasks_that_check_for_a_slot_at_once_count_each_other(
+    spark: SparkSession, three_slots: Target, three_slots_server: EmbeddedPostgres
+) -> None:
+    """Four slow partitions (2 cores) against 3 slots, through format("xasink") (no partition count): the last
+    two tasks check at the same moment while one slot is free.  Each counts the other's open branch, so the
+    write is refused with a PreflightError before they load, and the server never refuses a PREPARE (a
+    BranchError after the rows were loaded, as a task that saw one free slot for two branches got)."""
+    db = three_slots
+    table = db.new_table()
+    db.keyed_table(table)
+    server_log = three_slots_server.base_dir / "server.log"
+    seen = server_log.stat().st_size
+
+    def slow(i: int) -> int:  # defined here: the workers unpickle it by value
+        time.sleep(0.25)
+        return i
+
+    four = frame(spark, range(16), 4).withColumn("id", F.udf(slow, "int")("id"))
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "1")  # the rows stream in while loading
+    try:
+        with raises(xasink.PreflightError, match="no free prepared-transaction slot for partition [23]"):
+            with xasink.spark_errors():
+                writer(four, db, table).mode("append").save()
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+    with server_log.open() as f:
+        f.seek(seen)
+        assert "maximum number of prepared transactions reached" not in f.read()
+    assert db.rows(table) == [] and db.prepared() == []

@@ -44,6 +44,11 @@ class BranchSession(ABC):
         self.xid = xid
         self.plan = plan
 
+    def reserve_slot(self) -> None:
+        """Before any row is loaded: a PreflightError if the server could not prepare this branch for lack of
+        a prepared-transaction slot, counting the other open branches.  Servers without such a limit: nothing."""
+        return
+
     @abstractmethod
     def load(self, batches: Iterator[pa.RecordBatch]) -> int:
         """Load rows inside the branch; returns the number of rows."""

@@ -87,6 +87,12 @@ class Coordinator:
             self.dialect.check_server(conn, branches)
         self.journal.ensure()
 
+    def slots_hold(self, branches: int) -> bool:
+        """Whether the server's free prepared-transaction slots hold ``branches`` now (always where unlimited)."""
+        with self.dialect.connect(autocommit=True) as conn:  # reads only
+            slots = self.dialect.free_prepared_slots(conn)
+        return slots is None or branches <= slots[0]
+
     # -- commit ---------------------------------------------------------------------
     def check_batch(self, batch_id: int, query: str | None = None) -> bool:
         """Before a batch writes: True when it is a replay of a committed batch (same target), False when it
