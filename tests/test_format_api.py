@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,13 +19,13 @@ from typing import Any
 
 import pytest
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F  # noqa: N812 - Spark's own convention
 
 import xasink
 from tests.doc_cases import raises
 from tests.harness import Stream, expected, frame, spark_jobs
 from tests.leaks import SECRET
 from tests.targets import Target, make_target
+from xasink.support import faults
 from xasink.support.embedded import EmbeddedPostgres
 
 pytestmark = [pytest.mark.spark]
@@ -179,28 +178,24 @@ def test_numpartitions_is_a_cap_not_the_branches_needed(spark: SparkSession, thr
 def test_tasks_that_check_for_a_slot_at_once_count_each_other(
     spark: SparkSession, three_slots: Target, three_slots_server: EmbeddedPostgres
 ) -> None:
-    """Four slow partitions (2 cores) against 3 slots, through format("xasink") (no partition count): the last
-    two tasks check at the same moment while one slot is free.  Each counts the other's open branch, so the
-    write is refused with a PreflightError before they load, and the server never refuses a PREPARE (a
-    BranchError after the rows were loaded, as a task that saw one free slot for two branches got)."""
+    """Four partitions (2 cores) against 3 slots, through format("xasink") (no partition count): the last two
+    tasks start together while one slot is free.  Each counts the other's open branch, so the write is refused
+    with a PreflightError before they load, and the server never refuses a PREPARE (main: both saw one free
+    slot, both loaded, and one failed at PREPARE with a BranchError)."""
     db = three_slots
     table = db.new_table()
     db.keyed_table(table)
     server_log = three_slots_server.base_dir / "server.log"
     seen = server_log.stat().st_size
-
-    def slow(i: int) -> int:  # defined here: the workers unpickle it by value
-        time.sleep(0.25)
-        return i
-
-    four = frame(spark, range(16), 4).withColumn("id", F.udf(slow, "int")("id"))
-    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "1")  # the rows stream in while loading
+    four = frame(spark, range(16), 4)
+    # each branch waits 1.5 s, loaded, before its PREPARE: the first two prepare together, then the last two start
+    spark.sparkContext.setLocalProperty(faults.LOCAL_PROPERTY, "task.before_prepare:sleep=1.5")
     try:
         with raises(xasink.PreflightError, match="no free prepared-transaction slot for partition [23]"):
             with xasink.spark_errors():
                 writer(four, db, table).mode("append").save()
     finally:
-        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+        spark.sparkContext.setLocalProperty(faults.LOCAL_PROPERTY, None)  # type: ignore[arg-type]
     with server_log.open() as f:
         f.seek(seen)
         assert "maximum number of prepared transactions reached" not in f.read()
