@@ -136,6 +136,26 @@ def test_a_missing_grant_is_a_preflight_error_naming_it(db: Target, spark: Spark
         assert PASSWORD not in message
 
 
+def test_a_missing_table_is_a_preflight_error_for_a_writer_with_the_documented_grants(
+    db: Target, spark: SparkSession
+) -> None:
+    """MariaDB answers DESCRIBE of a table the user holds no privilege on (a missing one) with "SELECT command
+    denied" (1142), not "no such table": the writer got BatchAbortedError (xasink.write) and Spark's
+    AnalysisException with the raw OperationalError (format), where the DBA's root got the PreflightError
+    docs/errors.md promises.  Refused before any branch, with createTable=false and by default (no CREATE)."""
+    with documented_writer(db) as w:
+        sink = f"g{uuid.uuid4().hex[:8]}"
+        for create in ({"createTable": False}, {}):
+            with raises(xasink.PreflightError, match=r"no_such_table.*create it") as info:
+                xasink.write(frame(spark, range(10), 2), w.url, "no_such_table", sink_id=sink, batch_id=1, **create)
+            assert PASSWORD not in str(info.value)
+            with raises(xasink.PreflightError, match=r"no_such_table.*create it"):
+                with xasink.spark_errors():
+                    writer = frame(spark, range(10), 2).write.format("xasink").option("url", w.url)
+                    writer.option("dbtable", "no_such_table").options(**create).mode("append").save()
+        assert w.admin.prepared(sink) == []
+
+
 @pytest.mark.parametrize("dialect", ["postgres", "mysql"])
 def test_the_ddl_header_and_the_docs_grant_every_table_of_the_log(dialect: str) -> None:
     """Five tables: what ``xasink ddl`` creates is what its header and docs/operations.md grant."""
