@@ -73,14 +73,27 @@ def test_a_plain_script_is_told_of_durability_risks_and_warnings_of_workers(pg: 
     info = [line for line in lines if " INFO xasink" in line and f"sink {sink} batch 1:" in line]
     assert len(info) == 2, info
     written = re.search(
-        r"committed 10 rows in 2 branches \(prepare [0-9.]+s, decide [0-9.]+s, commit [0-9.]+s, sweep [0-9.]+s, "
-        r"total [0-9.]+s\)",
+        r"committed 10 rows in 2 branches \(prepare ([0-9.]+)s, decide ([0-9.]+)s, commit ([0-9.]+)s, "
+        r"mark ([0-9.]+)s, sweep ([0-9.]+)s, total ([0-9.]+)s\)",
         info[0],
     )
     assert written, info[0]
-    assert re.search(
-        r"skipped, nothing written \(committed earlier at \S+ UTC by run [0-9a-f]{8}: 10 rows in 2 ", info[1]
+    # one consistent set: the total (from planning to the end of the commit) holds every part
+    *parts, total = (float(x) for x in written.groups())
+    assert total >= sum(parts) - 0.005, info[0]
+    again = re.search(
+        r"skipped, nothing written \(committed earlier at \S+ UTC by run [0-9a-f]{8}: 10 rows in 2 branches, "
+        r"prepare ([0-9.]+)s, commit ([0-9.]+)s\) \(total ([0-9.]+)s\)",
+        info[1],
     )
+    assert again, info[1]
+    # the earlier run's figures as that run's own line gave them
+    assert (again.group(1), again.group(2)) == (written.group(1), written.group(3)), info
+    # xasink.write's result: the same figures, its total the whole call's
+    (found,) = [line for line in after.splitlines() if line.startswith("TIMINGS ")]
+    timings = json.loads(found.removeprefix("TIMINGS "))
+    assert list(timings) == ["prepare", "decide", "commit", "mark", "sweep", "total"], timings
+    assert timings["total"] >= sum(v for k, v in timings.items() if k != "total"), timings
     # progress: each partition's rows loaded so far (5 rows in one Arrow batch each), and its total
     progress = [line for line in lines if f"sink {sink} batch 1 partition " in line]
     assert sorted(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import re
 import sys
+import time
 from dataclasses import replace
 from types import FrameType
 from typing import Any
@@ -85,6 +86,7 @@ class XasinkDataSource(DataSource):
         return int(counted), cap
 
     def writer(self, schema: StructType, overwrite: bool) -> XasinkBatchWriter:
+        started = time.time()  # the batch's figures count from here (the INFO line's total)
         options = self._options(streaming=False).with_mode("overwrite" if overwrite else "append")
         tx = tx_write(self.options)
         if tx is not None and options.applies_at_commit:
@@ -124,6 +126,7 @@ class XasinkDataSource(DataSource):
             notices_path=path,
             sink_without_batch="sinkid" in given and "batchid" not in given,
             query=str(query) if query is not None else None,
+            started=started,
         )
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> XasinkStreamWriter:  # noqa: N802 - Spark's name
