@@ -14,6 +14,8 @@ import json
 import os
 import re
 import sys
+import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, redirect_stderr, redirect_stdout
@@ -32,6 +34,7 @@ from tests.modes_driver import OPTIONS_ENV  # a test driver's extra write option
 from tests.procs import run_until_exit
 from tests.targets import POSTGRESQL, Target
 from tests.tcp_proxy import TcpProxy
+from xasink.dialects.postgres.sql import advisory_key
 from xasink.journal.records import BatchRecord
 from xasink.ops.cli import main
 from xasink.options import WriteOptions, parse_options
@@ -354,6 +357,27 @@ class MultiTx:
         self.mc.close()
 
 
+def kill_session_lock_holder(db: Target, name: str, timeout_s: float = 10.0) -> None:
+    """Kill the session holding the session lock ``name`` (a run guard: ``InProcessGuard.name``), as a
+    restart of its database would, and wait until the server no longer lists it."""
+    if db.kind == POSTGRESQL:
+        key = advisory_key(name) & 0xFFFFFFFFFFFFFFFF
+        holder = "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 AND granted"
+        found = db.execute(f"{holder} AND classid::bigint = %s AND objid::bigint = %s", key >> 32, key & 0xFFFFFFFF)
+        assert len(found) == 1, found
+        db.execute("SELECT pg_terminate_backend(%s)", found[0][0])
+        alive = "SELECT count(*) FROM pg_stat_activity WHERE pid = %s"
+    else:
+        found = db.execute("SELECT IS_USED_LOCK(%s)", name)
+        assert found and found[0][0] is not None, found
+        db.execute(f"KILL {int(found[0][0])}")
+        alive = "SELECT count(*) FROM information_schema.PROCESSLIST WHERE ID = %s"
+    deadline = time.monotonic() + timeout_s
+    while db.execute(alive, found[0][0]) != [(0,)]:
+        assert time.monotonic() < deadline, f"session {found[0][0]} still there"
+        time.sleep(0.02)
+
+
 # --------------------------------------------------------------------------- a streaming query's input and sink
 
 
@@ -471,14 +495,81 @@ def decisions(url: str, sink_id: str) -> dict[int, dict[str, Any]]:
 
 
 @contextmanager
-def no_branch_opened(stream: Stream, batch: int) -> Iterator[None]:
-    """Fail the query if a task of ``batch`` gets past the decision-log check to open a branch."""
-    ctx = stream.spark.sparkContext
-    ctx.setLocalProperty(LOCAL_PROPERTY, f"task.before_load:raise:b={batch}")
+def tasks_fault(spark: SparkSession, spec: str) -> Iterator[None]:
+    """Arm a fault point (xasink.support.faults) in the tasks of the jobs this thread starts meanwhile."""
+    ctx = spark.sparkContext
+    ctx.setLocalProperty(LOCAL_PROPERTY, spec)
     try:
         yield
     finally:
         ctx.setLocalProperty(LOCAL_PROPERTY, None)  # type: ignore[arg-type]
+
+
+@contextmanager
+def no_branch_opened(stream: Stream, batch: int) -> Iterator[None]:
+    """Fail the query if a task of ``batch`` gets past the decision-log check to open a branch."""
+    with tasks_fault(stream.spark, f"task.before_load:raise:b={batch}"):
+        yield
+
+
+# --------------------------------------------------------------------------- the decision log's sink row, held
+
+
+@contextmanager
+def sink_row_locked(log: Target, sink: str) -> Iterator[None]:
+    """Another session holds the log's row of ``sink`` (what every decision and roll-back serializes on)."""
+    with log.connect() as conn, conn.cursor() as cur:
+        if log.kind == POSTGRESQL:
+            conn.autocommit = False
+        else:
+            conn.begin()
+        cur.execute(f"SELECT sink_id FROM {log.q('xasink_sinks')} WHERE sink_id = %s FOR UPDATE", (sink,))
+        assert [tuple(r) for r in cur.fetchall()] == [(sink,)]
+        try:
+            yield
+        finally:
+            conn.rollback()
+
+
+@contextmanager
+def sink_row_locked_once_prepared(
+    log: Target, sink: str, batch: int, branches: int, after_s: float = 1.0, timeout_s: float = 60.0
+) -> Iterator[threading.Event]:
+    """From ``after_s`` after ``branches`` branches of (``sink``, ``batch``) are prepared until the block ends,
+    another session holds the log's sink row (a thread's; the event is set once it holds it).
+
+    Each task settles its branch under that same lock right after its PREPARE (``settle_prepared``): the
+    delay lets them through, so the lock meets the decision.  The tasks must linger after settling
+    (``task.after_prepare:sleep=..``, longer than ``after_s``) for the lock to be there before the decision.
+    """
+    held, release = threading.Event(), threading.Event()
+    failed: list[BaseException] = []
+
+    def hold() -> None:
+        try:
+            deadline = time.monotonic() + timeout_s
+            while len(log.prepared(sink, batch)) < branches and not release.is_set():
+                if time.monotonic() > deadline:
+                    raise AssertionError(
+                        f"sink {sink} batch {batch}: {branches} branches not prepared in {timeout_s} s"
+                    )
+                time.sleep(0.05)
+            release.wait(after_s)
+            with sink_row_locked(log, sink):
+                held.set()
+                release.wait(timeout_s)
+        except BaseException as exc:  # noqa: BLE001 - raised in the test's thread below
+            failed.append(exc)
+
+    holder = threading.Thread(target=hold, name=f"hold-sink-row-{sink}", daemon=True)
+    holder.start()
+    try:
+        yield held
+    finally:
+        release.set()
+        holder.join(timeout_s)
+    if failed:
+        raise failed[0]
 
 
 # --------------------------------------------------------------------------- the recover CLI's view of a database

@@ -557,3 +557,23 @@ def test_a_table_name_with_percent_signs(db: Target, mode: str) -> None:
         batch_direct(db.url, db.q(table), s, 0, columns, [[(2, "b2", 2)], [(7, "g", 1)]], "overwrite", **where)
         assert db.rows(table) == ([(1, "a", 1)] if where else []) + [(2, "b2", 2), (7, "g", 1)]
     assert shadow_rows(db) == 0 and db.prepared(s) == []
+
+
+def test_a_batch_that_inserts_no_row_is_applied_under_a_required_column(db: Target) -> None:
+    """A NOT NULL column without a default that the batches do not write (FOUND.md 8.7): a delete-only batch
+    deletes its key and an empty batch is written; only a batch that inserts a row is refused (ApplyError:
+    its rows break the table).  Fails on main on MariaDB: it checks an INSERT .. SELECT's columns when it
+    prepares it, even when no row is selected (1364), so both batches were withdrawn and key 2 stayed."""
+    table = db.new_table()
+    db.create_table(table, "id int PRIMARY KEY, name varchar(20), seq bigint, req int NOT NULL")
+    db.execute(f"INSERT INTO {db.q(table)} VALUES (1, 'a', 1, 10), (2, 'b', 1, 20), (3, 'c', 1, 30)")
+    s = sink()
+    changes(db, table, s, 0, [[(2, None, 2, True)]])  # deletes only
+    assert db.rows(table) == [(1, "a", 1, 10), (3, "c", 1, 30)]
+    changes(db, table, s, 1, [[]])  # nothing at all
+    assert db.rows(table) == [(1, "a", 1, 10), (3, "c", 1, 30)]
+    assert [d.state for d in db.decisions(s).values()] == ["committed", "committed"]
+    with pytest.raises(ApplyError):  # a row inserted without the required column: the rows are wrong
+        changes(db, table, s, 2, [[(9, "new", 3, False)]])
+    assert db.rows(table) == [(1, "a", 1, 10), (3, "c", 1, 30)]
+    assert sorted(db.decisions(s)) == [0, 1] and shadow_rows(db) == 0 and db.prepared(s) == []

@@ -71,11 +71,7 @@ QUERY_EVERY, INTERFERE_EVERY, MULTI_FAULTS_EVERY = 5, 4, 2
 # (a strict xfail that passes fails the run: XPASS(strict)).  Such a test "fails as expected" only with the
 # violation its entry's "on_main" names (KnownOnMain); any other violation fails it outright.  name -> the item
 # and the branch that fixes it
-OPEN = {
-    "older-overwrite-applied-last": "issue 37 item 1: decision order (branch order)",
-    "trim-takes-the-decision-of-a-stalled-run": "issue 37 item 2: compaction (branch order)",
-    "withdrawal-lost-to-a-recovery": "issue 37 item 3: unchecked withdraw (branch order)",
-}
+OPEN: dict[str, str] = {}
 
 
 class KnownOnMain(AssertionError):

@@ -1,4 +1,5 @@
-"""A multi-target transaction's failure paths, over PostgreSQL and MariaDB together (issue 37, items 4-6).
+"""A multi-target transaction's failure paths, over PostgreSQL and MariaDB together (issue 37, items 4-6), and
+the single-table decision's (FOUND.md 8.6).
 
 - A failure before the decision (the log's sink row locked past ``controlLockTimeout``, a target database
   down) rolls back every prepared part on every database and tells the user so with an xasink error; a part
@@ -20,16 +21,27 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from typing import Any
 
 import pytest
 
 import xasink
-from tests.harness import MultiTx, cli, expected, frame, host_port, three_tables, through
+from tests.harness import (
+    MultiTx,
+    cli,
+    expected,
+    frame,
+    host_port,
+    kill_session_lock_holder,
+    sink_row_locked,
+    sink_row_locked_once_prepared,
+    tasks_fault,
+    three_tables,
+    through,
+)
 from tests.leaks import assert_no_secret
-from tests.targets import POSTGRESQL, Target
+from tests.targets import Target
 from tests.tcp_proxy import TcpProxy
 from xasink.support.faults import ENV as FAULT_ENV
 
@@ -47,22 +59,6 @@ def rows(target: Target, table: str) -> list[tuple[Any, ...]]:
     return target.rows(table) if target.table_exists(table) else []
 
 
-@contextmanager
-def sink_row_locked(log: Target, sink: str) -> Iterator[None]:
-    """Another session holds the log's row of ``sink`` (what every decision and roll-back serializes on)."""
-    with log.connect() as conn, conn.cursor() as cur:
-        if log.kind == POSTGRESQL:
-            conn.autocommit = False
-        else:
-            conn.begin()
-        cur.execute("SELECT sink_id FROM xasink_sinks WHERE sink_id = %s FOR UPDATE", (sink,))
-        assert [tuple(r) for r in cur.fetchall()] == [(sink,)]
-        try:
-            yield
-        finally:
-            conn.rollback()
-
-
 def decided_not_committed(
     monkeypatch: pytest.MonkeyPatch, sink: str, batch: int, log: Target, writes: list[tuple[Target, str, range]]
 ) -> None:
@@ -78,6 +74,49 @@ def decided_not_committed(
         monkeypatch.delenv(FAULT_ENV)
         tx.close()  # the process that decided is gone: its guard with it
     assert log.execute("SELECT state FROM xasink_batches WHERE sink_id = %s", sink) == [("committing",)]
+
+
+# --------------------------------------------------------------------------- a single table's decision (FOUND.md 8.6)
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("way", ["write", "format"])
+def test_a_lock_held_on_the_log_at_a_single_table_decision_rolls_back_the_batch(  # type: ignore[no-untyped-def]
+    spark, db, way
+):
+    """The single-table sibling of item 4: another session holds the log's sink row from the moment the
+    batch's branches are prepared, past controlLockTimeout.  The decision cannot be made; the run's branches
+    are rolled back without that lock, and the user gets BatchAbortedError with the lock timeout as its
+    cause, while the lock is still held.  Fails on main: a raw OperationalError, and Spark's abort after it
+    waits on the same row and fails, so the branch stays prepared (scenario seed 143)."""
+    table, sink = db.new_table(), f"tf{uuid.uuid4().hex[:8]}"
+    login = {"password": db.password} if db.password is not None else {}
+    options = {"sinkId": sink, "controlLockTimeout": "1", **login}
+
+    def save(batch: int, ids: range) -> None:
+        df = frame(spark, ids, 2)
+        if way == "write":
+            xasink.write(df, db.url, table, batchId=batch, **options)
+            return
+        with xasink.spark_errors():
+            df.write.format("xasink").option("url", db.url).option("dbtable", table).options(
+                batchId=str(batch), **options
+            ).mode("append").save()
+
+    save(0, range(5))  # the sink's row in the log: what the other session holds
+    with sink_row_locked_once_prepared(db, sink, 1, branches=2) as held:
+        with tasks_fault(spark, "task.after_prepare:sleep=4:b=1"), pytest.raises(xasink.BatchAbortedError) as caught:
+            save(1, range(100, 110))
+        assert held.is_set()  # the decision met the lock; the roll-back did not need it
+        assert db.prepared(sink) == []
+        assert db.rows(table) == expected(range(5))
+    message = str(caught.value)
+    assert "nothing of it is visible and nothing of it is left prepared" in message, message
+    assert "lock" in message.lower(), message  # the cause, as the server said it
+    assert sorted(db.decisions(sink)) == [0]
+    save(1, range(100, 110))  # the lock is gone: the same batch runs again, nothing of the failed attempt counts
+    assert db.rows(table) == expected(range(5), range(100, 110))
+    assert db.prepared(sink) == []
 
 
 # --------------------------------------------------------------------------- item 4: failures before the decision
@@ -277,6 +316,31 @@ def test_recover_exits_1_while_a_multi_target_batch_is_unfinished_naming_the_dat
     assert code == 0, out + err
     code, out, err = recover(first)
     assert code == 0, out + err
+    assert rows(pg, orders) == expected(range(10)) and rows(maria, events) == expected(range(100, 104))
+    assert log.execute("SELECT state FROM xasink_batches WHERE sink_id = %s", sink) == [("committed",)]
+    assert pg.prepared(sink) == [] and maria.prepared(sink) == []
+
+
+# ----------------------------------------------------------------- the end of a committed transaction (FOUND.md 8.8)
+
+
+@pytest.mark.parametrize("log_kind", ["pg", "maria"])
+def test_a_guard_session_lost_at_the_end_of_a_committed_transaction_is_not_an_error(  # type: ignore[no-untyped-def]
+    pg, maria, sink, log_kind
+):
+    """The log's database drops the run guard's session (a restart, a killed session) just before a committed
+    transaction ends: closing the guard says nothing to the caller, who was told committed, and the rows are
+    all there.  Fails on main: MultiCoordinator.close() raised the lost session's raw OperationalError."""
+    orders, _, events = three_tables(pg, maria)
+    log = pg if log_kind == "pg" else maria
+    tx = MultiTx(sink, 1, log)
+    try:
+        tx.write(pg, orders, range(10))
+        tx.write(maria, events, range(100, 104))
+        tx.commit()
+        kill_session_lock_holder(log, tx.mc.guard.name)
+    finally:
+        tx.close()
     assert rows(pg, orders) == expected(range(10)) and rows(maria, events) == expected(range(100, 104))
     assert log.execute("SELECT state FROM xasink_batches WHERE sink_id = %s", sink) == [("committed",)]
     assert pg.prepared(sink) == [] and maria.prepared(sink) == []

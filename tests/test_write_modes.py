@@ -27,10 +27,18 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 
 import xasink
+from tests import doc_cases
 from tests.harness import expected, fill, shadow_rows
 from tests.modes_driver import OPTIONS_ENV, batch_direct, overwrite_direct, prepare_stray_branch, split
 from tests.targets import MARIADB, POSTGRESQL, Target, case
-from xasink.errors import ApplyError, BatchAbortedError, CommitIncompleteError, OptionError, PreflightError
+from xasink.errors import (
+    ApplyError,
+    BatchAbortedError,
+    BatchBlockedError,
+    CommitIncompleteError,
+    OptionError,
+    PreflightError,
+)
 from xasink.ops import survey as admin
 from xasink.options import parse_options
 from xasink.protocol.xid import Xid
@@ -914,4 +922,131 @@ def test_an_overwrite_blocked_past_commit_timeout_is_finished_by_recover(
     assert not report.errors, report.errors
     assert db.rows(table) == new
     assert db.decision(s, 0).state == "committed"  # type: ignore[union-attr]
+    assert db.prepared(s) == [] and shadow_rows(db) == 0
+
+
+@pytest.mark.parametrize("keyed", [True, False])
+def test_an_overwrite_that_inserts_no_row_is_applied_under_a_required_column(db: Target, keyed: bool) -> None:
+    """A NOT NULL column without a default the batches do not write: an empty replaceWhere batch deletes the
+    rows of its condition, an empty overwrite empties the table (in place by the key, or DELETE + INSERT
+    without one); a batch that inserts a row is refused (ApplyError).  Fails on main on MariaDB (FOUND.md
+    8.7's sibling): the INSERT .. SELECT of no row failed with 1364, and the decision was withdrawn."""
+    table = db.new_table()
+    db.create_table(table, f"id int{' PRIMARY KEY' if keyed else ''}, name varchar(20), req int NOT NULL")
+    db.execute(f"INSERT INTO {db.q(table)} VALUES (1, 'a', 10), (2, 'b', 20), (3, 'c', 30)")
+    s = f"ow{uuid.uuid4().hex[:8]}"
+    overwrite_direct(db.url, table, s, 0, [[]], replaceWhere="id >= 3")
+    assert db.rows(table) == [(1, "a", 10), (2, "b", 20)]
+    with pytest.raises(ApplyError):
+        overwrite_direct(db.url, table, s, 1, [[(5, "e")]])
+    assert db.rows(table) == [(1, "a", 10), (2, "b", 20)]
+    overwrite_direct(db.url, table, s, 2, [[]])
+    assert db.rows(table) == []
+    assert sorted(db.decisions(s)) == [0, 2] and shadow_rows(db) == 0 and db.prepared(s) == []
+
+
+# --------------------------------------------------------------------------- decision order (issue 37)
+
+
+@pytest.mark.doc_case("error/BatchBlockedError")
+def test_a_newer_overwrite_never_decides_while_an_older_decided_one_is_unapplied(db: Target, open_insert: Any) -> None:
+    """Issue 37 item 1: batch 5 is decided but its apply is blocked (told CommitIncompleteError); batch 6 of the
+    same sink fails before its decision with BatchBlockedError, nothing of it visible, while the block holds;
+    once it is gone, batch 6 finishes batch 5 first, then takes effect itself (failed on main: batch 6
+    decided, and a later recover applied batch 5 over it)."""
+    table, old, _, other = table_under_open_insert(db, open_insert)
+    s = sink()
+    opts = {"controlLockTimeout": 1, "commitTimeout": 2}
+    with pytest.raises(CommitIncompleteError, match="old rows"):
+        overwrite_direct(db.url, table, s, 5, split(100, 10, 2), **opts)
+    with doc_cases.raises(BatchBlockedError, match=f"sink {s} batch 5 of the same table") as err:
+        overwrite_direct(db.url, table, s, 6, split(200, 10, 2), **opts)
+    assert f"xasink recover --url <the table's database> --sink-id {s}" in str(err.value)
+    assert db.decision(s, 6) is None and db.prepared(s) == [] and db.rows(table) == old
+    s2 = sink()  # another sink writing the same table is held back the same way
+    with pytest.raises(BatchBlockedError, match=f"sink {s} batch 5 of the same table"):
+        overwrite_direct(db.url, table, s2, 0, split(300, 10, 2), **opts)
+    assert db.decisions(s2) == {} and db.prepared(s2) == [] and db.rows(table) == old
+    other.execute("ROLLBACK")
+    result = overwrite_direct(db.url, table, s, 6, split(200, 10, 2), **opts)
+    assert result.rows == 10 and not result.skipped
+    assert db.rows(table) == expected(range(200, 210))
+    assert {b: d.state for b, d in db.decisions(s).items()} == {5: "committed", 6: "committed"}
+    assert db.prepared(s) == [] and shadow_rows(db) == 0
+
+
+@pytest.mark.parametrize("db", [case(MARIADB)], indirect=True)  # PostgreSQL: the kept schedule (FOUND.md 8.2)
+def test_a_run_finds_its_decision_applied_and_compacted_while_it_stalled(
+    db: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 37 item 2: the driver of batch 5 stalls after its commits; a recover applies the batch, and
+    batch 6 (journalRetention=1) compacts it.  The stalled run recognizes its own decision by its run and is
+    told "written" (failed on main: ApplyError, "withdrew the decision", while its rows were there)."""
+    table = db.new_table()
+    db.keyed_table(table)
+    fill(db, table, expected(range(10), tag="o"))
+    monkeypatch.setenv("XASINK_FAULT", "driver.after_commits:sleep=12:b=5")
+    s = sink()
+    with ThreadPoolExecutor(1) as pool:
+        job = pool.submit(overwrite_direct, db.url, table, s, 5, split(100, 20, 2), journalRetention=1)
+        deadline = time.monotonic() + 60
+        while db.decision(s, 5) is None or db.prepared(s):
+            assert time.monotonic() < deadline and not job.done(), "the driver never reached its commits"
+            time.sleep(0.05)
+        report = admin.recover(db.url, sink_id=s, older_than_s=0)
+        assert not report.errors, report.errors
+        assert db.rows(table) == expected(range(100, 120))
+        # another driver process (a process holds one run guard per decision log)
+        driver = str(Path(__file__).resolve().parent / "modes_driver.py")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("XASINK_FAULT")}
+        env[OPTIONS_ENV] = json.dumps({"journalRetention": 1})
+        args = [sys.executable, driver, "direct", db.url, table, s, "6", "300", "5", "1"]
+        done = subprocess.run(args, env=env, capture_output=True, timeout=120)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        assert db.decision(s, 5).xids == []  # type: ignore[union-attr]  # compacted
+        assert not job.done()
+        result = job.result(timeout=60)
+    assert result.rows == 20 and not result.skipped
+    assert db.rows(table) == expected(range(300, 305))
+    assert {b: d.state for b, d in db.decisions(s).items()} == {5: "committed", 6: "committed"}
+    assert db.prepared(s) == [] and shadow_rows(db) == 0
+
+
+@pytest.mark.parametrize("db", [case(POSTGRESQL)], indirect=True)  # MariaDB: the kept schedule (FOUND.md 8.3)
+def test_a_withdrawal_that_lost_its_race_to_a_recovery_is_told_written(
+    db: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 37 item 3: the driver's apply fails on its rows (a NOT NULL column without a default, added after
+    the decision), and its withdrawal waits for the sink's row, which another session holds; meanwhile the
+    column gets its default back and a recover applies the batch (held inside its apply).  The withdrawal
+    finds the batch applied and the driver is told "written" (failed on main: ApplyError, "nothing of this
+    batch is visible", while all of it was)."""
+    table = db.new_table()
+    db.keyed_table(table)
+    fill(db, table, expected(range(10), tag="o"))
+    monkeypatch.setenv("XASINK_FAULT", "driver.after_commits:sleep=2:b=5,driver.apply_statements:sleep=3")
+    s = sink()
+    opts = {"controlLockTimeout": 30, "commitTimeout": 30}
+    with ThreadPoolExecutor(2) as pool, db.connect() as holder, holder.cursor() as cur:
+        job = pool.submit(overwrite_direct, db.url, table, s, 5, split(100, 20, 2), **opts)
+        deadline = time.monotonic() + 60
+        while db.decision(s, 5) is None or db.prepared(s):
+            assert time.monotonic() < deadline and not job.done(), "the driver never reached its commits"
+            time.sleep(0.05)
+        db.execute(f"ALTER TABLE {db.q(table)} ADD COLUMN c INT NOT NULL DEFAULT 0")
+        db.execute(f"ALTER TABLE {db.q(table)} ALTER COLUMN c DROP DEFAULT")
+        cur.execute("BEGIN")
+        cur.execute(f"SELECT sink_id FROM {db.q('xasink_sinks')} WHERE sink_id = %s FOR UPDATE", (s,))
+        time.sleep(3)  # the driver wakes, its apply fails on the rows, its withdrawal waits for the sink's row
+        assert not job.done()
+        db.execute(f"ALTER TABLE {db.q(table)} ALTER COLUMN c SET DEFAULT 0")
+        recovery = pool.submit(admin.recover, db.url, sink_id=s, older_than_s=0)
+        time.sleep(1.5)  # the recover holds the batch's row, marked but not committed, inside its apply
+        cur.execute("COMMIT")
+        result = job.result(timeout=60)
+        report = recovery.result(timeout=60)
+    assert not report.errors, report.errors
+    assert result.rows == 20 and not result.skipped
+    assert db.rows(table) == [(i, f"n{i}", 0) for i in range(100, 120)]
+    assert db.decision(s, 5).state == "committed"  # type: ignore[union-attr]
     assert db.prepared(s) == [] and shadow_rows(db) == 0

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from xasink.errors import (
     ApplyError,
     BatchAbortedError,
+    BatchBlockedError,
     BatchIdentityError,
     BranchError,
     CommitIncompleteError,
@@ -62,6 +63,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "ApplyError",
     "BatchAbortedError",
+    "BatchBlockedError",
     "BatchIdentityError",
     "BranchError",
     "CommitIncompleteError",

@@ -78,6 +78,12 @@ class ConcurrentWriterError(BatchAbortedError):
     """Another writer or a recovery run settled this batch first."""
 
 
+class BatchBlockedError(BatchAbortedError):
+    """An older decided batch of the same table is not applied yet, and this run could not finish it first: a
+    newer batch never takes effect before an older decided one (DESIGN invariant 12).  This batch was not
+    decided and nothing of it is visible; ``xasink recover`` finishes the older batch, then run this one again."""
+
+
 class LateBranchError(XasinkError):
     """A task attempt prepared its branch after its batch was decided without it, or after its run ended.
 

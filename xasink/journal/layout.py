@@ -53,7 +53,8 @@ def journal_metadata(
         sa.Column("committed_at", sa.DateTime),
         # the xid list was emptied by retention (the batch is committed; only the fact is kept)
         sa.Column("compacted", sa.Boolean(create_constraint=False), nullable=False, server_default=sa.false()),
-        # what the batch wrote: JSON {"db", "schema", "table"[, "query"]}; NULL in rows of older logs
+        # what the batch wrote: JSON {"db", "schema", "table"[, "query"]}, with the deciding "run" (and a write
+        # mode's "apply" step while it is pending); NULL in rows of older logs
         sa.Column("target", sa.Text),
         **MYSQL_TABLE,
     )

@@ -43,9 +43,7 @@ from xasink.dialects.base import Dialect
 from xasink.errors import ConcurrentWriterError, JournalError, PreflightError
 from xasink.journal.claims import JournalClaims
 from xasink.journal.records import COMMITTED, COMMITTING, BatchRecord, ClaimState, DecisionState
-from xasink.journal.targets import (
-    taken_over_message,
-)
+from xasink.journal.targets import deciding_run, taken_over_message
 from xasink.protocol.xid import Xid, valid_log_id
 
 
@@ -87,9 +85,12 @@ class Journal(JournalClaims):
             m["committed_at"],
         )
 
-    def get(self, conn: Connection, sink_id: str, batch_id: int) -> BatchRecord | None:
+    def get(self, conn: Connection, sink_id: str, batch_id: int, lock: bool = False) -> BatchRecord | None:
+        """The batch's decision; ``lock``: a locking read, which waits for a concurrent apply's mark and sees it
+        (a plain read inside a transaction may see an older snapshot on InnoDB)."""
         b = self.batches.c
-        row = conn.execute(self._select().where(b.sink_id == sink_id, b.batch_id == batch_id)).first()
+        q = self._select().where(b.sink_id == sink_id, b.batch_id == batch_id)
+        row = conn.execute(q.with_for_update() if lock else q).first()
         return self._record(row) if row is not None else None
 
     def get_many(self, conn: Connection, sink_id: str, batch_ids: set[int]) -> dict[int, BatchRecord]:
@@ -106,12 +107,20 @@ class Journal(JournalClaims):
         return int(value) if value is not None else None
 
     def pending(self, conn: Connection, sink_id: str | None = None) -> list[BatchRecord]:
-        """Decided batches not yet marked committed."""
+        """Decided batches not yet marked committed, in the order they were decided (batch ids come in any
+        order): recovery applies them so (DESIGN invariant 12)."""
         b = self.batches.c
         q = self._select().where(b.state == COMMITTING)
         if sink_id is not None:
             q = q.where(b.sink_id == sink_id)
-        return [self._record(r) for r in conn.execute(q.order_by(b.sink_id, b.batch_id))]
+        return [self._record(r) for r in conn.execute(q.order_by(b.sink_id, b.decided_at, b.batch_id))]
+
+    def pending_targets(self, conn: Connection) -> list[tuple[str, int, str | None]]:
+        """(sink, batch, recorded target) of every decided batch of the log not yet marked committed: what a
+        decision checks for older batches of its table still to take effect."""
+        b = self.batches.c
+        q = sa.select(b.sink_id, b.batch_id, b.target).where(b.state == COMMITTING)
+        return [(str(r[0]), int(r[1]), r[2]) for r in conn.execute(q.order_by(b.decided_at, b.batch_id))]
 
     def recent(self, conn: Connection, sink_id: str | None = None, limit: int = 20) -> list[BatchRecord]:
         b = self.batches.c
@@ -288,6 +297,8 @@ class Journal(JournalClaims):
         state = self.decision_state(conn, sink_id, batch_id, run)
         if state.decision is not None and state.mine is False:
             return state.decision
+        if state.decision is not None and state.mine is None and deciding_run(state.target) == run:
+            return state.decision  # compacted since (its claims dropped): the run recorded with it tells
         return None
 
     def horizon(self, conn: Connection, sink_id: str) -> int | None:

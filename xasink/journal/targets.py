@@ -67,6 +67,48 @@ def same_target(recorded: str | None, mine: str) -> bool:
     return not (was.get("query") and now.get("query") and was["query"] != now["query"])
 
 
+def same_table(recorded: str | None, mine: str) -> bool:
+    """Both identities name one table (whatever the sink or query writing it): batches whose order of effect
+    matters (DESIGN invariant 12)."""
+    try:
+        was, now = json.loads(recorded or ""), json.loads(mine)
+    except ValueError:
+        return False
+    return isinstance(was, dict) and all(was.get(k) == now.get(k) for k in ("db", "schema", "table"))
+
+
+def is_write_mode(recorded: str | None) -> bool:
+    """A pending batch whose apply step replaces or changes rows (overwrite, replaceWhere, change data)."""
+    try:
+        found = json.loads(recorded or "")
+    except ValueError:
+        return False
+    return isinstance(found, dict) and "apply" in found
+
+
+def deciding_run(recorded: str | None) -> str | None:
+    """The run that decided a single-table batch, as recorded with its target: kept through compaction, so the
+    run still recognizes its own decision once the trim emptied the xid list (DESIGN invariant 14)."""
+    try:
+        found = json.loads(recorded or "")
+    except ValueError:
+        return None
+    run = found.get("run") if isinstance(found, dict) else None
+    return str(run) if run else None
+
+
+def blocked_message(sink_id: str, batch_id: int, blockers: list[tuple[str, int]], why: str) -> str:
+    """Why a batch was refused before its decision: older decided batches of its table are not applied yet."""
+    names = ", ".join(f"sink {s} batch {b}" for s, b in blockers)
+    sinks = "".join(sorted({f" --sink-id {s}" for s, _ in blockers}))
+    return (
+        f"sink {sink_id} batch {batch_id} was not decided: {names} of the same table is decided but not applied "
+        f"yet ({why}), and a newer batch never takes effect before an older decided one. This batch was rolled "
+        f"back and nothing of it is visible. Run 'xasink recover --url <the table's database>{sinks}' once "
+        "what blocks it is gone, then run this batch again."
+    )
+
+
 def _query_of(ident: str) -> str | None:
     try:
         query = json.loads(ident).get("query")

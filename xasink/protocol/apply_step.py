@@ -8,16 +8,18 @@ errors like the branches' commits, and withdrawn when no retry can help, so the 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from xasink.dialects.base import Dialect
 from xasink.dialects.values import ErrorKind
-from xasink.errors import ApplyError, CommitIncompleteError
+from xasink.errors import ApplyError, CommitIncompleteError, JournalError, XasinkError
 from xasink.journal.log import Journal
 from xasink.journal.records import BatchRecord
+from xasink.journal.targets import deciding_run
 from xasink.protocol.retry import RetryPolicy
 from xasink.protocol.xid import Xid
 from xasink.write_modes.shadow import decided_rows
@@ -64,7 +66,7 @@ class ApplyStep:
                     # stream) never interleave, so the result is that of one after the other
                     dialect.lock_apply(conn, lock)
                     decided = self.journal.get(conn, self.sink_id, batch_id)
-                    if not _same(decided, xids) or not self.journal.mark_within(
+                    if not self._same(conn, decided, xids) or not self.journal.mark_within(
                         conn, self.sink_id, batch_id, commit_ms
                     ):
                         conn.rollback()
@@ -85,7 +87,8 @@ class ApplyStep:
             if not self.policy.forward(what, step, deadline):
                 with dialect.connect() as conn:
                     found = self.journal.get(conn, self.sink_id, batch_id)
-                if not _same(found, xids):  # withdrawn (and perhaps decided again by a newer writer since)
+                    ours = self._same(conn, found, xids)
+                if not ours:  # withdrawn (and perhaps decided again by a newer writer since)
                     raise ApplyError(
                         f"sink {self.sink_id} batch {batch_id}: another run found it could not {spec.describe()} "
                         "and withdrew the decision; the table keeps its rows"
@@ -118,6 +121,20 @@ class ApplyStep:
                 "its old rows and nothing of this batch is visible; fix the data (or the table) and run it again"
             ) from None
 
+    def _same(self, conn: Connection, decided: BatchRecord | None, xids: Sequence[Xid]) -> bool:
+        """Is the log's decision of the batch the one this run finishes (not withdrawn, not another run's)?
+
+        By its xid list; once a trim emptied that list (a committed batch), by the run recorded with the
+        decision (DESIGN invariant 14): an emptied list is not a withdrawal."""
+        if decided is None:
+            return False
+        if set(decided.xids) == set(xids):
+            return True
+        if decided.xids or not decided.committed or not xids:
+            return False
+        recorded = self.journal.recorded_target(conn, self.sink_id, decided.batch_id)
+        return deciding_run(recorded) in {x.run for x in xids}
+
     def withdraw_decision(self, batch_id: int, spec: ApplySpec, xids: Sequence[Xid], reason: str) -> bool:
         """Withdraw a decision whose apply can never succeed: its rows only ever reached the shadow.
 
@@ -125,8 +142,28 @@ class ApplyStep:
         committed between this run's failed apply and the sink lock: its rows are visible, so saying "nothing of
         this batch is visible" would be false (DESIGN invariant 11)."""
         with self.journal.locked(self.sink_id) as conn:
-            decided = self.journal.get(conn, self.sink_id, batch_id)
-            if not _same(decided, xids):  # withdrawn by another run already; a newer decision is not ours to touch
+            # a locking read: it waits for a recovery's apply that holds the row, and sees its mark
+            decided = self.journal.get(conn, self.sink_id, batch_id, lock=True)
+            if not self._same(conn, decided, xids):  # withdrawn by another run already; a newer one is not ours
+                decided = None
+            if (
+                decided is not None
+                and not decided.committed
+                and not self.journal.withdraw(conn, self.sink_id, batch_id)
+            ):
+                decided = self.journal.get(conn, self.sink_id, batch_id, lock=True)  # what the log says now
+                if decided is None:
+                    log.info("sink %s batch %s: withdrawn by another run meanwhile", self.sink_id, batch_id)
+                elif not decided.committed:
+                    raise JournalError(
+                        f"sink {self.sink_id} batch {batch_id}: withdrawing its decision changed no row of "
+                        f"{self.journal.batches.fullname}, yet it is still decided and not applied: the row was "
+                        "changed by something other than xasink. Nothing of the batch is visible yet; "
+                        "'xasink recover' finishes it once its rows fit the table."
+                    )
+            elif decided is not None and not decided.committed:
+                found = decided_rows(self.journal.dialect, conn, spec, decided.xids)
+                withdraw(self.journal.dialect, conn, spec, batch_id, found)
                 decided = None
             if decided is not None and decided.committed:
                 log.warning(
@@ -136,13 +173,35 @@ class ApplyStep:
                     reason,
                 )
                 return False
-            if decided is not None and self.journal.withdraw(conn, self.sink_id, batch_id):
-                found = decided_rows(self.journal.dialect, conn, spec, decided.xids)
-                withdraw(self.journal.dialect, conn, spec, batch_id, found)
         log.warning(
             "sink %s batch %s: decision withdrawn, nothing of it is visible (%s)", self.sink_id, batch_id, reason
         )
         return True
+
+
+@contextmanager
+def order_lock(dialect: Dialect, spec: ApplySpec) -> Iterator[str | None]:
+    """Hold the target's apply lock (on a connection of its own) around a write-mode decision: two sinks of one
+    log decide a table's batches one after the other, and each sees the other's pending batch (DESIGN
+    invariant 12).  Yields None once granted, else why not (an apply of the table ran past controlLockTimeout:
+    the decision then refuses if a batch of the table is pending, and goes on otherwise)."""
+    lock = apply_lock_name(spec)
+    with dialect.connect() as conn:
+        conn.begin()
+        refused = None
+        try:
+            dialect.lock_apply(conn, lock)
+        except (sa.exc.SQLAlchemyError, XasinkError) as exc:
+            conn.rollback()
+            refused = f"the table's apply lock was not granted within controlLockTimeout: {exc.__class__.__name__}"
+        if refused is not None:
+            yield refused
+            return
+        try:
+            yield None
+        finally:
+            conn.rollback()
+            _unlock(dialect, conn, lock)
 
 
 def _unlock(dialect: Dialect, conn: Connection, lock: str) -> None:
@@ -156,8 +215,3 @@ def _unlock(dialect: Dialect, conn: Connection, lock: str) -> None:
             conn.invalidate()
         except sa.exc.SQLAlchemyError:
             pass
-
-
-def _same(decided: BatchRecord | None, xids: Sequence[Xid]) -> bool:
-    """Is the log's decision of the batch the one this run finishes (not withdrawn, not another run's)?"""
-    return decided is not None and set(decided.xids) == set(xids)

@@ -25,6 +25,8 @@ from xasink.support.faults import armed, fault
 
 log = logging.getLogger("xasink.protocol.coordinator")  # the coordinator's steps: logged under its name
 
+ABORT_RETRY_S = 5.0  # how long a run's own roll-back retries a database that does not answer before it says so
+
 _COMMIT_THREADS: ThreadPoolExecutor | None = None
 _COMMIT_THREADS_LOCK = threading.Lock()
 
@@ -64,6 +66,32 @@ class BranchGroup:
                     if self.dialect.classify(exc) != ErrorKind.UNKNOWN_XID:
                         raise
                     xa.rollback()
+
+    def roll_back_run(self, log_id: str, batch_id: int, run: str, within_s: float = ABORT_RETRY_S) -> int:
+        """Roll back every branch of ``run`` of this sink's ``batch_id`` prepared here, retrying a database that
+        does not answer for ``within_s``; how many there were.
+
+        Without the log's sink lock: only for a run that did not decide and never will (a decision lists the
+        deciding run's own branches only, under its claim, so no decision can race this roll-back).  So it
+        works while another session holds the lock, or the log's database does not answer.
+        """
+
+        def once() -> int:
+            with self.dialect.connect(autocommit=True) as conn:
+                mine = [
+                    p.xid
+                    for p in self.dialect.list_prepared(conn)
+                    if p.xid is not None
+                    and p.xid.log_id == log_id
+                    and p.xid.sink_id == self.policy.sink_id
+                    and p.xid.batch_id == batch_id
+                    and p.xid.run == run
+                ]
+            self.rollback(mine)
+            return len(mine)
+
+        what = f"rolling back run {run}'s branches in {self.dialect.where()}"
+        return self.policy.forward(what, once, time.monotonic() + within_s)
 
     def commit(self, xids: Sequence[Xid], first_commit_fault: bool = False, deadline: float | None = None) -> list[Xid]:
         """COMMIT every decided branch (:func:`commit_branches`)."""

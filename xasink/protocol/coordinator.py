@@ -11,11 +11,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 from xasink.dialects import dialect_for, shared_dialect
 from xasink.dialects.base import Dialect
 from xasink.errors import (
     BatchAbortedError,
+    BatchBlockedError,
     BatchIdentityError,
     CommitIncompleteError,
     ConcurrentWriterError,
@@ -24,10 +26,17 @@ from xasink.errors import (
 )
 from xasink.journal.log import Journal
 from xasink.journal.records import BatchRecord
-from xasink.journal.targets import forgotten_message, identity_message, same_target, taken_over_message
+from xasink.journal.targets import (
+    blocked_message,
+    forgotten_message,
+    identity_message,
+    same_target,
+    taken_over_message,
+)
 from xasink.options import WriteOptions
-from xasink.protocol.decision import Decider, Refusal
-from xasink.protocol.recovery import RecoveryReport, sink_recovery
+from xasink.protocol.decision import Decider, DecisionNotMade, Refusal
+from xasink.protocol.recovery import Recovery, RecoveryReport, sink_recovery
+from xasink.protocol.undecided import finish_blockers, roll_back_undecided
 from xasink.results import BranchOutcome, WriteResult
 from xasink.support.faults import fault
 from xasink.support.phases import phase
@@ -176,7 +185,14 @@ class Coordinator:
         # one transaction under the sink lock checks the batch (a replay, another target's batch, a batch the
         # log forgot, branches of another log, tasks that saw a decision) and records the decision
         with phase("commit.decide", **ids):
-            verdict = self.decider.decide(record, query, apply, checks=True, skipped=skipped, run=run)
+            try:
+                verdict = self.decider.decide(record, query, apply, checks=True, skipped=skipped, run=run)
+                if verdict is not None and verdict.blocked and finish_blockers(verdict, self._recovery_of, self.policy):
+                    verdict = self.decider.decide(record, query, apply, checks=True, skipped=skipped, run=run)
+            except DecisionNotMade as exc:
+                roll_back_undecided(
+                    self.sink_id, record, run, exc.cause, self.group, self.policy, lambda b, r: self.abort(b, run=r)
+                )
         if verdict is not None:
             return self._refused(verdict, record, outcomes, started)
         # after the decision, only forward: commit and mark through transient errors until commitTimeout
@@ -223,6 +239,10 @@ class Coordinator:
         batch_id = record.batch_id
         if verdict.replay is not None:
             return self._replayed(verdict.replay, started)
+        if verdict.blocked:  # older decided batches of the table could not be finished first
+            self.abort(batch_id, outcomes)
+            why = verdict.blocked_why or "it could not be finished first"
+            raise BatchBlockedError(blocked_message(self.sink_id, batch_id, verdict.blocked, why))
         if verdict.error is not None:  # another target's batch, or one the log forgot: nothing may commit
             self.abort(batch_id, outcomes)
             raise verdict.error
@@ -240,6 +260,11 @@ class Coordinator:
             f"sink {self.sink_id} batch {batch_id}: tasks saw a decision the journal no "
             "longer holds; batch rolled back, run it again"
         )
+
+    def _recovery_of(self, sink: str) -> Recovery:
+        if sink == self.sink_id:
+            return self.recovery
+        return sink_recovery(replace(self.options, sink_id=sink), self.dialect, self.journal)
 
     def _replayed(self, existing: BatchRecord, started: float | None) -> WriteResult:
         """Finish another run's decision of this batch and say what became of it.

@@ -25,8 +25,16 @@ from xasink.errors import (
 )
 from xasink.journal.log import Journal
 from xasink.journal.records import BatchRecord
-from xasink.journal.targets import forgotten_message, identity_message, same_target, target_identity
+from xasink.journal.targets import (
+    forgotten_message,
+    identity_message,
+    is_write_mode,
+    same_table,
+    same_target,
+    target_identity,
+)
 from xasink.options import TableName
+from xasink.protocol.apply_step import order_lock
 from xasink.protocol.branch_group import BranchGroup
 from xasink.protocol.recovery import list_prepared
 from xasink.protocol.retry import RetryPolicy
@@ -36,7 +44,7 @@ from xasink.write_modes.spec import ApplySpec
 log = logging.getLogger("xasink.protocol.coordinator")  # the coordinator's steps: logged under its name
 
 
-@dataclass(frozen=True)
+@dataclass
 class Refusal:
     """Why :meth:`Decider.decide` did not decide: a replay to finish, or what to abort the batch with.
 
@@ -46,6 +54,19 @@ class Refusal:
     error: Exception | None = None  # BatchIdentityError / ForgottenBatchError
     strangers: list[Xid] = field(default_factory=list)  # branches of another decision log
     log_id: str | None = None  # this log's identity (with strangers)
+    # older decided write-mode batches of the same table, not applied yet: (sink, batch), in decision order
+    blocked: list[tuple[str, int]] = field(default_factory=list)
+    blocked_why: str | None = None  # what kept them from being finished first
+
+
+class DecisionNotMade(Exception):
+    """:meth:`Decider.decide` failed before the decision's COMMIT was sent: provably not recorded (a lock
+    timeout on the sink row, a lost connection...).  The caller rolls back the run's branches and tells the
+    user so, with :attr:`cause`."""
+
+    def __init__(self, cause: Exception) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
 
 
 class Decider:
@@ -72,7 +93,44 @@ class Decider:
         """What this sink's batches write (the identity the decision log records with each batch)."""
         return target_identity(conn, self.table.schema, self.table.name, query)
 
+    def blockers(self, conn: Connection, mine: str, batch_id: int) -> list[tuple[str, int]]:
+        """Decided write-mode batches of this batch's table (of any sink of the log) not applied yet: a newer
+        write-mode batch deciding now would take effect before them, or be overwritten by them.  Read under
+        the sink lock, which every decision of this sink takes, and under the table's apply lock
+        (:func:`xasink.protocol.apply_step.order_lock`), which every write-mode decision of the table takes."""
+        return [
+            (sink, batch)
+            for sink, batch, target in self.journal.pending_targets(conn)
+            if (sink, batch) != (self.sink_id, batch_id) and is_write_mode(target) and same_table(target, mine)
+        ]
+
     def decide(
+        self,
+        record: BatchRecord,
+        query: str | None = None,
+        apply: ApplySpec | None = None,
+        checks: bool = False,
+        skipped: bool = False,
+        run: str | None = None,
+    ) -> Refusal | None:
+        """:meth:`decide_locked`; a write-mode batch's commit (``checks``) decides holding its table's apply lock,
+        so that a second sink's decisions of the table are ordered with this one's (DESIGN invariant 12)."""
+        if not (checks and apply is not None):
+            return self.decide_locked(record, query, apply, checks, skipped, run)
+        with order_lock(self.journal.dialect, apply) as refused:
+            if refused is not None:
+                batch = record.batch_id
+                with self.journal.dialect.connect(autocommit=True) as conn:
+                    blocked = self.blockers(conn, self.target(conn, query), batch)
+                if blocked:
+                    return Refusal(blocked=blocked, blocked_why=refused)
+                # held by no pending batch's apply: nothing to keep order with (the decision checks again)
+                log.debug(
+                    "sink %s batch %s: deciding without the table's apply lock (%s)", self.sink_id, batch, refused
+                )
+            return self.decide_locked(record, query, apply, checks, skipped, run)
+
+    def decide_locked(
         self,
         record: BatchRecord,
         query: str | None = None,
@@ -92,8 +150,9 @@ class Decider:
         the branches carry this log's identity and that no task (``skipped``) saw a decision, and returns
         what it found instead of deciding: the commit finishes a replay and aborts the rest.
 
-        Once the decision is sent, a failure (above all a connection broken during its COMMIT) leaves its
-        fate unknown to us: :meth:`_settle` reads the log again instead of guessing.
+        A failure before the decision's COMMIT was sent is :class:`DecisionNotMade` (nothing recorded, the
+        listed branches still prepared).  Once it is sent, a failure (above all a connection broken during its
+        COMMIT) leaves its fate unknown to us: :meth:`_settle` reads the log again instead of guessing.
         """
         sent = False
         run = run or next((x.run for x in record.xids), None) or new_run_nonce()
@@ -118,6 +177,10 @@ class Decider:
                     return Refusal(strangers=strangers, log_id=state.log_id)
                 if checks and skipped:
                     return Refusal()
+                if checks and apply is not None:  # decision order is the order of effect (DESIGN invariant 12)
+                    blocked = self.blockers(conn, mine, record.batch_id)
+                    if blocked:
+                        return Refusal(blocked=blocked)
                 prepared = {
                     p.xid
                     for p in list_prepared(self.dialect, self.journal, conn)
@@ -131,9 +194,12 @@ class Decider:
                 # checked whatever the list holds: an empty list proves nothing about who holds the batch
                 taken_over = not state.holds() or any(x.run != run for x in record.xids)
                 if other is None and not missing and not taken_over:
-                    target = mine
+                    # the deciding run is kept with the target through compaction (which drops the claims and
+                    # the xid list): the run still recognizes its own decision after a trim (DESIGN invariant 14)
+                    ident = {**json.loads(mine), "run": run}
                     if apply is not None:  # recovery finishes the batch from the log alone
-                        target = json.dumps({**json.loads(target), "apply": apply.to_dict()}, sort_keys=True)
+                        ident["apply"] = apply.to_dict()
+                    target = json.dumps(ident, sort_keys=True)
                     too_long = self.journal.target_too_long(conn, self.sink_id, record.batch_id, target)
                     if too_long is not None:  # never recorded truncated: the commit aborts the batch
                         return Refusal(error=BatchAbortedError(too_long))
@@ -143,8 +209,8 @@ class Decider:
                     doomed = [x for x in record.xids if x in prepared and (other is None or x not in other.xids)]
                     self.group.rollback(doomed)
         except Exception as exc:  # leaving locked() sends the decision's COMMIT: a failure there is ambiguous
-            if not sent:
-                raise
+            if not sent:  # the transaction never committed: nothing of it is in the log
+                raise DecisionNotMade(exc) from exc
             self._settle(record, exc, run)
             return None
         if sent:  # the batch's one INFO line is its result's (Coordinator.commit)

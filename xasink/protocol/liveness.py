@@ -229,11 +229,19 @@ class InProcessGuard:
                 log.warning("run guard %s: %s", self.name, exc)
 
     def close(self) -> None:
+        """Release the guard; never raises.  A session the server already lost (a restart, a killed session)
+        released the lock with it: as in :meth:`_drop`, it is discarded and said at DEBUG, since the run this
+        guard protected has ended either way and its outcome (told by the caller) does not depend on it."""
         self._closed.set()
         with self._lock:
-            if self._conn is not None:
+            if self._conn is None:
+                return
+            try:
                 self._conn.close()
                 self._conn = None
+            except Exception as exc:  # noqa: BLE001 - a lost session: its lock went with it
+                log.debug("run guard %s: its session was already lost (%s)", self.name, type(exc).__name__)
+                self._drop()
 
 
 def runs_alive(

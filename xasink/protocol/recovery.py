@@ -117,6 +117,15 @@ class Recovery:
                 report.committed += self.group.commit(left)
         return report
 
+    def finish(self, batch_ids: list[int]) -> RecoveryReport:
+        """Finish these decided batches of the sink forward (commit their branches, apply and mark them), in
+        the order they were decided: what a newer write-mode batch does before its own decision."""
+        report = RecoveryReport()
+        with self.journal.dialect.connect(autocommit=True) as conn:
+            pending = [r for r in self.journal.pending(conn, self.sink_id) if r.batch_id in batch_ids]
+        self._finish_pending(report, pending)
+        return report
+
     def _roll_back_doomed(
         self, report: RecoveryReport, upto: int | None, min_age_s: float, run: str | None
     ) -> list[Xid]:

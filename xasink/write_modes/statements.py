@@ -26,6 +26,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from xasink.dialects.base import Dialect
+from xasink.dialects.rendering import insert_selected
 from xasink.dialects.values import SHADOW_ROW_COLUMN, SHADOW_TAG_COLUMN, TargetPlan
 from xasink.errors import ApplyError, PreflightError
 from xasink.options import TableName
@@ -46,8 +47,9 @@ log = logging.getLogger(__name__)
 
 
 def apply_lock_name(spec: ApplySpec) -> str:
-    """The lock serializing the applies of one sink (its shadow names the log and the sink) and target."""
-    key = hashlib.blake2b(f"{spec.shadow}|{spec.schema or ''}|{spec.table}".encode(), digest_size=8).hexdigest()
+    """The lock serializing the applies of one target, whatever sink writes it: two sinks' applies of one table
+    never interleave (their order of decision is kept by the decision's check: DESIGN invariant 12)."""
+    key = hashlib.blake2b(f"{spec.schema or ''}|{spec.table}".encode(), digest_size=8).hexdigest()
     return f"xasink.write_modes.statements.{key}"
 
 
@@ -316,8 +318,7 @@ def _replace_in_place(
         update = sa.update(target).values({c: shadow.c[c] for c in rest}).where(same_key, mine)
         written += max(conn.execute(update).rowcount or 0, 0)
     new = sa.select(*(shadow.c[c] for c in names)).where(mine, ~sa.exists().where(same_key))
-    written += max(conn.execute(sa.insert(target).from_select(names, new)).rowcount or 0, 0)
-    return written
+    return written + insert_selected(conn, target, names, new)
 
 
 def apply_statements(dialect: Dialect, conn: Connection, spec: ApplySpec, batch_id: int, decided: DecidedRows) -> int:
@@ -358,8 +359,7 @@ def apply_statements(dialect: Dialect, conn: Connection, spec: ApplySpec, batch_
         if spec.kind == REPLACE_WHERE:
             delete = delete.where(_predicate(spec))
         conn.execute(delete)
-        res = conn.execute(sa.insert(target).from_select(names, sa.select(*(shadow.c[c] for c in names)).where(mine)))
-        written = max(res.rowcount or 0, 0)
+        written = insert_selected(conn, target, names, sa.select(*(shadow.c[c] for c in names)).where(mine))
     else:
         written = apply_changes(dialect, conn, spec, target, shadow, mine)
     fault("driver.apply_statements", batch=batch_id)

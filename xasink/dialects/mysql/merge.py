@@ -25,6 +25,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from xasink.dialects.mysql.sql import quote_ident
+from xasink.dialects.rendering import insert_selected
 from xasink.dialects.values import Merge
 
 OLDER_COUNTER = "@xasink_older_"  # the session variable the upsert counts the rows it leaves alone in
@@ -96,6 +97,8 @@ def key_is_only_unique(conn: Connection, target: sa.TableClause, keys: list[str]
 
 def _merge_by_upsert(conn: Connection, merge: Merge) -> int:
     candidates = int(conn.execute(sa.select(sa.func.count()).select_from(merge.select.subquery())).scalar() or 0)
+    if not candidates:  # nothing to upsert: no INSERT (rendering.insert_selected says why)
+        return 0
     if merge.sequence is None:
         conn.execute(upsert_from_select(merge))
         return candidates
@@ -118,8 +121,7 @@ def _merge_by_update(conn: Connection, merge: Merge, rest: list[str]) -> int:
         written += max(conn.execute(update).rowcount or 0, 0)
     unmatched = ~sa.exists().where(*(target.c[k] == src.c[k] for k in keys))
     new = sa.select(*(src.c[c] for c in columns)).where(where, unmatched)
-    written += max(conn.execute(sa.insert(target).from_select(columns, new)).rowcount or 0, 0)
-    return written
+    return written + insert_selected(conn, target, columns, new)
 
 
 def _source(select: sa.Select[Any]) -> tuple[sa.FromClause, sa.ColumnElement[bool]]:
