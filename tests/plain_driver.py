@@ -36,6 +36,7 @@ def main(argv: list[str]) -> int:
     print("FORMAT DONE", flush=True)
     result = xasink.write(df, url, write_table)
     print("WARNINGS " + json.dumps(list(result.warnings)), flush=True)
+    print("TIMINGS " + json.dumps(result.timings), flush=True)
     spark.stop()
     return 0
 

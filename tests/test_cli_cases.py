@@ -67,6 +67,30 @@ def test_no_decision_log_is_unknown_and_recover_changes_nothing(db: Db) -> None:
     assert cli("recover", "--url", db.url, "--sink-id", sink.sink_id)[0] == 0
 
 
+def test_with_no_log_no_branch_is_counted_as_this_logs(db: Db) -> None:
+    """A branch of the real log left prepared: a URL or prefix naming no log showed it as "of this xasink log"
+    and stale (status checks "stale: 1 stale"); with no log, every xasink branch is another log's."""
+    sink = db.sink()
+    branch = sink.write(1, 0, range(3))  # prepared, undecided, of the writers' log
+    try:
+        with db.backend.other_database() as elsewhere:
+            for args in (("--url", db.url, "--journal-prefix", "xasnk_"), ("--url", elsewhere)):
+                code, doc, _ = cli_json("status", *args, "--older-than", "0s")
+                assert code == 3 and doc["sinks"] == [], doc
+                # (PostgreSQL lists a database's own prepared transactions only: none in the other database)
+                assert doc["other_log_prepared"] >= (1 if elsewhere not in args else 0), doc
+                assert [c["name"] for c in doc["checks"] if c["state"] != "OK"] == ["errors"], doc["checks"]
+                code, doc, _ = cli_json("recover", *args, "--older-than", "0s", "--dry-run")
+                mine = [e for e in doc["entries"] if e["sink_id"] == sink.sink_id]
+                assert code == 2 and {e["decision"] for e in mine} <= {"other-log"}, doc["entries"]
+                assert not any(e["ours"] for e in doc["entries"]), doc["entries"]
+                code, out, err = cli("recover", *args, "--older-than", "0s", "--dry-run")
+                assert code == 2 and ": 0 of this xasink log," in out and " 0 of xasink older than" in out, out + err
+    finally:
+        sink.coordinator.abort(1, [branch])
+    assert db.snapshot() == set()
+
+
 @pytest.mark.doc_case("status/no-sink", "recover/no-sink")
 def test_a_sink_the_log_does_not_hold_is_unknown(db: Db) -> None:
     sink = db.sink()

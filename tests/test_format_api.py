@@ -25,6 +25,7 @@ from tests.doc_cases import raises
 from tests.harness import Stream, expected, frame, spark_jobs
 from tests.leaks import SECRET
 from tests.targets import Target, make_target
+from xasink.support import faults
 from xasink.support.embedded import EmbeddedPostgres
 
 pytestmark = [pytest.mark.spark]
@@ -118,14 +119,19 @@ def test_a_thread_that_did_not_register_the_source_is_told_what_to_do(spark: Spa
 
 
 @pytest.fixture(scope="module")
-def three_slots() -> Iterator[Target]:
+def three_slots_server() -> Iterator[EmbeddedPostgres]:
     """A PostgreSQL of the module's own with max_prepared_transactions = 3."""
     with EmbeddedPostgres(max_prepared_transactions=3, password=SECRET) as server:
-        target = make_target("postgresql", server.url)
-        try:
-            yield target
-        finally:
-            target.cleanup()
+        yield server
+
+
+@pytest.fixture(scope="module")
+def three_slots(three_slots_server: EmbeddedPostgres) -> Iterator[Target]:
+    target = make_target("postgresql", three_slots_server.url)
+    try:
+        yield target
+    finally:
+        target.cleanup()
 
 
 @pytest.mark.doc_case("error/PreflightError")
@@ -144,11 +150,10 @@ def test_more_partitions_than_free_slots_is_refused_before_any_row_is_loaded(
     shuffled = six.repartition(6, "id")
     with raises(xasink.PreflightError, match="no free prepared-transaction slot for partition"):
         xasink.write(shuffled, db.url, table, sink_id=f"p{uuid.uuid4().hex[:8]}", **login(db))
-    # format("xasink"): numPartitions is checked before any task; without it, each task checks before it loads
-    with spark_jobs(spark) as jobs, raises(xasink.PreflightError, match="needs 4"):
+    # format("xasink") is told no partition count: each task checks before it loads (numPartitions is a cap)
+    with raises(xasink.PreflightError, match="no free prepared-transaction slot for partition"):
         with xasink.spark_errors():
             writer(six.coalesce(4), db, table, numPartitions=4).mode("append").save()
-    assert jobs == []  # refused in writer(), as Spark plans the write: no task ran
     with raises(xasink.PreflightError, match="no free prepared-transaction slot for partition"):
         with xasink.spark_errors():
             writer(six, db, table).mode("append").save()
@@ -156,3 +161,42 @@ def test_more_partitions_than_free_slots_is_refused_before_any_row_is_loaded(
     # coalesced to the free slots, it writes
     assert xasink.write(six, db.url, table, numPartitions=3, **login(db)).rows == 60
     assert db.rows(table) == expected(range(60)) and db.prepared() == []
+
+
+def test_numpartitions_is_a_cap_not_the_branches_needed(spark: SparkSession, three_slots: Target) -> None:
+    """Two partitions with numPartitions=5 need two slots, not five: both APIs write them (3 free)."""
+    db = three_slots
+    table = db.new_table()
+    db.keyed_table(table)
+    two = frame(spark, range(20), 2)
+    assert xasink.write(two, db.url, table, sink_id=f"c{uuid.uuid4().hex[:8]}", numPartitions=5, **login(db)).rows == 20
+    with xasink.spark_errors():
+        writer(frame(spark, range(20, 40), 2), db, table, numPartitions=5).mode("append").save()
+    assert db.rows(table) == expected(range(40)) and db.prepared() == []
+
+
+def test_tasks_that_check_for_a_slot_at_once_count_each_other(
+    spark: SparkSession, three_slots: Target, three_slots_server: EmbeddedPostgres
+) -> None:
+    """Four partitions (2 cores) against 3 slots, through format("xasink") (no partition count): the last two
+    tasks start together while one slot is free.  Each counts the other's open branch, so the write is refused
+    with a PreflightError before they load, and the server never refuses a PREPARE (main: both saw one free
+    slot, both loaded, and one failed at PREPARE with a BranchError)."""
+    db = three_slots
+    table = db.new_table()
+    db.keyed_table(table)
+    server_log = three_slots_server.base_dir / "server.log"
+    seen = server_log.stat().st_size
+    four = frame(spark, range(16), 4)
+    # each branch waits 1.5 s, loaded, before its PREPARE: the first two prepare together, then the last two start
+    spark.sparkContext.setLocalProperty(faults.LOCAL_PROPERTY, "task.before_prepare:sleep=1.5")
+    try:
+        with raises(xasink.PreflightError, match="no free prepared-transaction slot for partition [23]"):
+            with xasink.spark_errors():
+                writer(four, db, table).mode("append").save()
+    finally:
+        spark.sparkContext.setLocalProperty(faults.LOCAL_PROPERTY, None)  # type: ignore[arg-type]
+    with server_log.open() as f:
+        f.seek(seen)
+        assert "maximum number of prepared transactions reached" not in f.read()
+    assert db.rows(table) == [] and db.prepared() == []

@@ -23,7 +23,7 @@ from pyspark.sql import SparkSession
 import xasink
 from tests import targets
 from tests.doc_cases import raises
-from tests.harness import expected, frame
+from tests.harness import cli, expected, frame
 from tests.targets import Target
 from xasink.ops.ddl import ddl
 
@@ -134,6 +134,40 @@ def test_a_missing_grant_is_a_preflight_error_naming_it(db: Target, spark: Spark
             xasink.write(frame(spark, range(10), 2), w.url, w.table, sink_id=sink + "w", batch_id=1)
         assert written(w) == [] and w.admin.prepared(sink) == [] and w.admin.prepared(sink + "w") == []
         assert PASSWORD not in message
+
+
+def test_a_missing_table_is_a_preflight_error_for_a_writer_with_the_documented_grants(
+    db: Target, spark: SparkSession
+) -> None:
+    """MariaDB answers DESCRIBE of a table the user holds no privilege on (a missing one) with "SELECT command
+    denied" (1142), not "no such table": the writer got BatchAbortedError (xasink.write) and Spark's
+    AnalysisException with the raw OperationalError (format), where the DBA's root got the PreflightError
+    docs/errors.md promises.  Refused before any branch, with createTable=false and by default (no CREATE)."""
+    with documented_writer(db) as w:
+        sink = f"g{uuid.uuid4().hex[:8]}"
+        for create in ({"createTable": False}, {}):
+            with raises(xasink.PreflightError, match=r"no_such_table.*create it") as info:
+                xasink.write(frame(spark, range(10), 2), w.url, "no_such_table", sink_id=sink, batch_id=1, **create)
+            assert PASSWORD not in str(info.value)
+            with raises(xasink.PreflightError, match=r"no_such_table.*create it"):
+                with xasink.spark_errors():
+                    writer = frame(spark, range(10), 2).write.format("xasink").option("url", w.url)
+                    writer.option("dbtable", "no_such_table").options(**create).mode("append").save()
+        assert w.admin.prepared(sink) == []
+
+
+def test_a_typo_in_the_log_options_is_not_found_for_the_writer_user(db: Target) -> None:
+    """Status and recover run as the writer (the documented grants): a --journal-prefix or --journal-schema
+    typo said "SELECT command denied ... XA_RECOVER_ADMIN" on MariaDB (it answers DESCRIBE of a table the user
+    has no right on so, a missing one too) instead of the missing log that docs/monitoring.md describes."""
+    with documented_writer(db) as w:
+        for typo in (("--journal-prefix", "xasnk_"), ("--journal-schema", "nosuch")):
+            code, out, err = cli("status", "--url", w.url, *typo)
+            assert code == 3 and "decision log" in err and "not found" in err, out + err
+            assert "denied" not in out + err and PASSWORD not in out + err, out + err
+            code, out, err = cli("recover", "--url", w.url, *typo)
+            assert code == 2 and "decision log" in err and "not found" in err, out + err
+        assert cli("status", "--url", w.url)[0] == 0
 
 
 @pytest.mark.parametrize("dialect", ["postgres", "mysql"])

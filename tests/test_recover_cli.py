@@ -401,7 +401,9 @@ def test_missing_decision_log_touches_nothing_and_says_why(db: Db) -> None:
     header, lines = table_rows(out, "gid")
     mine = [ln for ln in lines if column(header, ln, "sink") == sink.sink_id]
     assert len(mine) == len(killed.plan)
-    assert {column(header, ln, "action") for ln in mine} == {"ignore-unknown-sink"}
+    assert {column(header, ln, "action") for ln in mine} == {
+        "ignore-other-log"
+    }  # no log here: every branch is another log's
 
     code, doc = cli_json("recover", "--url", db.url, "--journal-prefix", "nosuch_", "--older-than", "0s", "--dry-run")
     assert code == 2 and any("not found" in e for e in doc["errors"])

@@ -10,6 +10,7 @@ Spark's job, but its tasks write nothing and return at once.  On PostgreSQL and 
 from __future__ import annotations
 
 import uuid
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -52,6 +53,8 @@ def test_a_rerun_of_a_committed_batch_starts_no_job_and_reports_the_earlier_comm
     assert {earlier.run} == runs
     assert earlier.committed_at is not None and earlier.decided_at is not None
     assert earlier.decided_at <= earlier.committed_at
+    for at in (earlier.decided_at, earlier.committed_at):  # alike on both databases: aware UTC, whole seconds
+        assert at.utcoffset() == timedelta(0) and at.microsecond == 0, at
     assert set(earlier.timings) == {"prepare", "commit"}
     text = str(again)
     assert "skipped, nothing written" in text and "committed earlier" in text and f"by run {earlier.run}" in text

@@ -325,7 +325,7 @@ def test_num_partitions_exceeded_by_format_path_fails(spark: SparkSession, pg: T
 @pytest.mark.parametrize("path", PATHS)
 def test_missing_table_without_create(spark: SparkSession, pg: Target, table: str, path: str) -> None:
     failing_write(
-        path, frame(spark, range(10), 2), pg, table, PreflightError, rf"{table} does not exist", createTable="false"
+        path, frame(spark, range(10), 2), pg, table, PreflightError, rf"no table {table}", createTable="false"
     )
     assert not pg.table_exists(table)
     assert pg.prepared() == []

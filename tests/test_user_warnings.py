@@ -16,6 +16,7 @@ import os
 import re
 import sys
 import uuid
+import venv
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,7 @@ from xasink.errors import XasinkWarning
 pytestmark = [pytest.mark.spark, pytest.mark.usefixtures("driver_cds")]
 
 DRIVER = Path(__file__).resolve().parent / "plain_driver.py"
+BARE_DRIVER = Path(__file__).resolve().parent / "bare_python_driver.py"
 FAULTS = "task.before_load:sleep=0:p=0,driver.after_mark:sleep=0"
 
 
@@ -73,14 +75,27 @@ def test_a_plain_script_is_told_of_durability_risks_and_warnings_of_workers(pg: 
     info = [line for line in lines if " INFO xasink" in line and f"sink {sink} batch 1:" in line]
     assert len(info) == 2, info
     written = re.search(
-        r"committed 10 rows in 2 branches \(prepare [0-9.]+s, decide [0-9.]+s, commit [0-9.]+s, sweep [0-9.]+s, "
-        r"total [0-9.]+s\)",
+        r"committed 10 rows in 2 branches \(prepare ([0-9.]+)s, decide ([0-9.]+)s, commit ([0-9.]+)s, "
+        r"mark ([0-9.]+)s, sweep ([0-9.]+)s, total ([0-9.]+)s\)",
         info[0],
     )
     assert written, info[0]
-    assert re.search(
-        r"skipped, nothing written \(committed earlier at \S+ UTC by run [0-9a-f]{8}: 10 rows in 2 ", info[1]
+    # one consistent set: the total (from planning to the end of the commit) holds every part
+    *parts, total = (float(x) for x in written.groups())
+    assert total >= sum(parts) - 0.005, info[0]
+    again = re.search(
+        r"skipped, nothing written \(committed earlier at \S+ UTC by run [0-9a-f]{8}: 10 rows in 2 branches, "
+        r"prepare ([0-9.]+)s, commit ([0-9.]+)s\) \(total ([0-9.]+)s\)",
+        info[1],
     )
+    assert again, info[1]
+    # the earlier run's figures as that run's own line gave them
+    assert (again.group(1), again.group(2)) == (written.group(1), written.group(3)), info
+    # xasink.write's result: the same figures, its total the whole call's
+    (found,) = [line for line in after.splitlines() if line.startswith("TIMINGS ")]
+    timings = json.loads(found.removeprefix("TIMINGS "))
+    assert list(timings) == ["prepare", "decide", "commit", "mark", "sweep", "total"], timings
+    assert timings["total"] >= sum(v for k, v in timings.items() if k != "total"), timings
     # progress: each partition's rows loaded so far (5 rows in one Arrow batch each), and its total
     progress = [line for line in lines if f"sink {sink} batch 1 partition " in line]
     assert sorted(
@@ -121,3 +136,22 @@ def test_a_warning_names_the_line_that_called_xasink(spark: SparkSession, pg: Ta
                 lg.addHandler(handler)
     assert caught and {w.filename for w in caught} == {__file__}, [(w.filename, w.lineno) for w in caught]
     assert pg.rows(table) == expected(range(4))
+
+
+def test_workers_running_a_python_without_xasink_are_told_to_set_pyspark_python(pg: Target, tmp_path: Path) -> None:
+    """Spark's Python workers run PYSPARK_PYTHON (by default "python3"), not the driver's Python: without xasink's
+    packages there, every write failed with BatchAbortedError ("the Spark job failed (ModuleNotFoundError: No
+    module named 'sqlalchemy')"), a "run it again" that never succeeds, or Spark's AnalysisException.  Both APIs
+    now raise a PreflightError naming PYSPARK_PYTHON; nothing is written."""
+    bare = tmp_path / "bare"
+    venv.create(bare, with_pip=False)  # this Python's version, none of its packages
+    table = pg.new_table()
+    out = tmp_path / "stdout.log"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYSPARK_PYTHON", "PYTHONPATH")}
+    code = run_until_exit([sys.executable, str(BARE_DRIVER), pg.url, table, str(bare / "bin" / "python")], env, out)
+    text = out.read_text(errors="replace")
+    raised = [json.loads(line.removeprefix("RAISED ")) for line in text.splitlines() if line.startswith("RAISED ")]
+    assert code == 0 and [r[0] for r in raised] == ["write", "format"], tail(text)
+    for how, name, message in raised:
+        assert name == "PreflightError" and "PYSPARK_PYTHON" in message and "No module named" in message, (how, message)
+    assert not pg.table_exists(table) or pg.rows(table) == []

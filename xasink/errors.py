@@ -121,6 +121,23 @@ class XasinkWarning(UserWarning):
 # worker's traceback, a Java frame, the SQLSTATE Spark appends)
 _ERROR_RE = re.compile(r"xasink\.errors\.(\w+): ([^\n]+?)(?:\s*SQLSTATE: \w+)?\s*(?:\n|\Z)")
 _NOT_FOUND_RE = re.compile(r"DATA_SOURCE_NOT_FOUND\].*?data source: xasink\b", re.S | re.I)
+# a Python worker that could not import xasink or one of its packages: xasink's own frames (or xasink itself)
+_MISSING_RE = re.compile(r"ModuleNotFoundError: No module named '([\w.]+)'")
+_XASINK_FRAME_RE = re.compile(r"[/\\]xasink[/\\][\w/\\]+\.py\b")
+
+
+def _missing_module(text: str) -> PreflightError | None:
+    """Spark's Python workers run PYSPARK_PYTHON, not the driver's Python: one without xasink's packages."""
+    found = _MISSING_RE.search(text)
+    if found is None or not (found.group(1).split(".")[0] == "xasink" or _XASINK_FRAME_RE.search(text)):
+        return None
+    return PreflightError(
+        f"Spark's Python workers cannot import {found.group(1)} (No module named '{found.group(1)}'), which xasink "
+        "needs: they run the Python that PYSPARK_PYTHON (or spark.pyspark.python) names, 'python3' when unset, "
+        "not the driver's. Install xasink into that Python, or point PYSPARK_PYTHON at one that has it (e.g. "
+        "os.environ['PYSPARK_PYTHON'] = sys.executable before the SparkSession starts; on a cluster, a Python "
+        "environment shipped to the executors). Nothing was written."
+    )
 
 
 def from_spark(exc: BaseException) -> XasinkError | None:
@@ -146,6 +163,9 @@ def from_spark(exc: BaseException) -> XasinkError | None:
         if not (isinstance(cls, type) and issubclass(cls, XasinkError)):
             cls = XasinkError
         return cls(message.strip())
+    missing = _missing_module(text)
+    if missing is not None:
+        return missing
     if _NOT_FOUND_RE.search(text):
         return OptionError(
             "Spark did not find the 'xasink' data source in this thread: Spark looks a Python data source up in "

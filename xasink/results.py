@@ -29,7 +29,8 @@ class BranchOutcome:
 @dataclass(frozen=True)
 class EarlierCommit:
     """What an earlier run committed of a batch that this run skipped (a rerun of a committed batch writes
-    nothing): its figures as the decision log recorded them, by the server's clock in UTC."""
+    nothing): its figures as the decision log recorded them; its times by the server's clock, aware UTC datetimes
+    in whole seconds on every database."""
 
     rows: int
     branches: int
@@ -39,7 +40,7 @@ class EarlierCommit:
     timings: dict[str, float] = field(default_factory=dict)  # prepare, commit: seconds, as recorded
 
     def __str__(self) -> str:
-        when = f" at {self.committed_at.isoformat(timespec='seconds')} UTC" if self.committed_at else ""
+        when = f" at {self.committed_at.strftime('%Y-%m-%dT%H:%M:%S')} UTC" if self.committed_at else ""
         by = f" by run {self.run}" if self.run else ""
         times = "".join(f", {k} {v:.3f}s" for k, v in self.timings.items())
         return f"committed earlier{when}{by}: {self.rows} rows in {self.branches} branches{times}"

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.pool import NullPool
 
+from xasink.dialects.branch_session import BranchSession
 from xasink.dialects.login import connect_error
 from xasink.dialects.pooling import watch_checkouts
 from xasink.dialects.values import (
@@ -35,26 +36,6 @@ if TYPE_CHECKING:  # rows and types only: the driver's commit path never loads p
     import pyarrow as pa
 
 log = logging.getLogger(__name__)
-
-
-class BranchSession(ABC):
-    """One XA branch on its own connection, owned by one task attempt."""
-
-    def __init__(self, xid: Xid, plan: TargetPlan) -> None:
-        self.xid = xid
-        self.plan = plan
-
-    @abstractmethod
-    def load(self, batches: Iterator[pa.RecordBatch]) -> int:
-        """Load rows inside the branch; returns the number of rows."""
-
-    @abstractmethod
-    def prepare(self) -> None:
-        """End and PREPARE the branch, verify it is prepared, and disconnect."""
-
-    @abstractmethod
-    def rollback(self) -> None:
-        """Roll back an unprepared branch and disconnect; never raises."""
 
 
 # (dialect, host:port, setting, value) already warned about in this process: once per run, not per batch

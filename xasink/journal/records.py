@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 
 from xasink.protocol.xid import Xid
 from xasink.results import EarlierCommit
@@ -36,8 +36,22 @@ class BatchRecord:
         if self.commit_ms is not None:
             timings["commit"] = self.commit_ms / 1000
         return EarlierCommit(
-            self.rows, self.branches, self.decided_at, self.committed_at, ",".join(runs) or None, timings
+            self.rows,
+            self.branches,
+            utc_second(self.decided_at),
+            utc_second(self.committed_at),
+            ",".join(runs) or None,
+            timings,
         )
+
+
+def utc_second(at: datetime | None) -> datetime | None:
+    """A log's timestamp as the user is shown it, alike on both databases: aware UTC, in whole seconds (the log
+    stamps UTC; PostgreSQL keeps microseconds and MariaDB hands it back without a zone)."""
+    if at is None:
+        return None
+    aware = at.replace(tzinfo=timezone.utc) if at.utcoffset() is None else at.astimezone(timezone.utc)
+    return aware.replace(microsecond=0)
 
 
 @dataclass(frozen=True)

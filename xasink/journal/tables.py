@@ -60,7 +60,16 @@ class JournalTables:
 
     # -- set-up ---------------------------------------------------------------
     def exists(self, conn: Connection) -> bool:
-        return sa.inspect(conn).has_table(self.batches.name, schema=self.batches.schema)
+        """Whether the log is there for this user.  MySQL/MariaDB answer a user who holds no right on a table
+        (a missing one too: a typo in the prefix or schema) "command denied", never "no such table": not
+        there for it either (the operator's message says both, xasink.ops.common.missing_log)."""
+        try:
+            return sa.inspect(conn).has_table(self.batches.name, schema=self.batches.schema)
+        except sa.exc.DBAPIError as exc:
+            conn.rollback()
+            if not self.dialect.denied(exc):
+                raise
+            return False
 
     def _ready_log_id(self, conn: Connection) -> str | None:
         """The log's id when every table has every column of this layout, in one round trip; else None.

@@ -12,7 +12,7 @@ DIALECTS = ("postgres", "mysql")
 
 
 def ddl(dialect: str) -> str:
-    """The text of ``xasink/sql/<dialect>.sql``; ``mysql`` serves MySQL 8 and MariaDB."""
+    """The text of ``xasink/journal/sql/<dialect>.sql``; ``mysql`` serves MySQL 8 and MariaDB."""
     if dialect not in DIALECTS:
         raise ValueError(f"no DDL for {dialect!r}; one of {', '.join(DIALECTS)}")
     return resources.files("xasink.journal").joinpath("sql").joinpath(f"{dialect}.sql").read_text(encoding="utf-8")

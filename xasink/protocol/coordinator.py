@@ -51,6 +51,11 @@ ABORT_SETTLE_S = 4.0
 _SHARED_SINKS: dict[tuple[int, str | None, str], set[str]] = {}
 
 
+def _total(started: float | None) -> dict[str, float]:
+    """The write's total so far, from when it began (wall clock: it began in another process); none unknown."""
+    return {"total": max(0.0, time.time() - started)} if started is not None else {}
+
+
 class Coordinator:
     """One sink's coordinator; cheap to create, holds no state between calls but a connection pool."""
 
@@ -96,6 +101,12 @@ class Coordinator:
             self.dialect.check_server(conn, branches)
         self.journal.ensure()
 
+    def slots_hold(self, branches: int) -> bool:
+        """Whether the server's free prepared-transaction slots hold ``branches`` now (always where unlimited)."""
+        with self.dialect.connect(autocommit=True) as conn:  # reads only
+            slots = self.dialect.free_prepared_slots(conn)
+        return slots is None or branches <= slots[0]
+
     # -- commit ---------------------------------------------------------------------
     def check_batch(self, batch_id: int, query: str | None = None) -> bool:
         """Before a batch writes: True when it is a replay of a committed batch (same target), False when it
@@ -137,6 +148,7 @@ class Coordinator:
         query: str | None = None,
         apply: ApplySpec | None = None,
         run: str | None = None,
+        started: float | None = None,
     ) -> WriteResult:
         """Decide and commit a batch whose tasks all reported; finish it instead if it was decided before.
 
@@ -145,8 +157,14 @@ class Coordinator:
         ``query`` is the streaming query's id (else the tasks' reports name it): recorded with the target.
         ``apply``: the branches loaded a shadow table (overwrite, replaceWhere, change-data apply); once they
         are committed, one local transaction replaces the target's rows from it and marks the batch.
+        ``started``: when the write began (``time.time()``, as its driver planned it): the figures' total runs
+        from there; None (a streaming micro-batch, whose start the sink is not told): no total.
+
+        The result's figures, in seconds, one consistent set (docs/operations.md, Monitoring): ``prepare`` the
+        slowest task's load and PREPARE and ``commit`` the branches' COMMIT, both as the log records them (in
+        whole milliseconds, as ``xasink status`` and a rerun's ``earlier`` show them), then ``decide``,
+        ``mark`` (or ``apply``) and ``sweep``, the driver's other steps, and ``total``.
         """
-        t0 = time.perf_counter()
         if any(o is None for o in outcomes):
             self.abort(batch_id, outcomes)
             raise BatchAbortedError(f"sink {self.sink_id} batch {batch_id}: a task did not report; batch rolled back")
@@ -176,15 +194,16 @@ class Coordinator:
                     self.sink_id, record, run, exc.cause, self.group, self.policy, lambda b, r: self.abort(b, run=r)
                 )
         if verdict is not None:
-            return self._refused(verdict, record, outcomes, t0)
+            return self._refused(verdict, record, outcomes, started)
         # after the decision, only forward: commit and mark through transient errors until commitTimeout
         fault("driver.after_decide", batch=batch_id)
         t_commit = time.perf_counter()
         deadline = self.policy.deadline()
         with phase("commit.commit_prepared", **ids):
             self.group.commit(record.xids, first_commit_fault=True, deadline=deadline)
+        t_committed = time.perf_counter()
         fault("driver.after_commits", batch=batch_id)
-        commit_ms = int((time.perf_counter() - t_commit) * 1000)
+        commit_ms = int((t_committed - t_commit) * 1000)
         if apply is not None:
             with phase("commit.apply", **ids):
                 self.recovery.apply_step.apply(batch_id, apply, record.xids, commit_ms, deadline)
@@ -202,23 +221,24 @@ class Coordinator:
             len(xids),
             False,
             {
-                "prepare": prepare_s,
+                "prepare": record.prepare_ms / 1000,
                 "decide": t_commit - t_decide,
-                "commit": t_sweep - t_commit,
+                "commit": commit_ms / 1000,
+                "apply" if apply is not None else "mark": t_sweep - t_committed,
                 "sweep": t_end - t_sweep,
-                "total": t_end - t0,
+                **_total(started),
             },
         )
         log.info("%s", result)
         return result
 
     def _refused(
-        self, verdict: Refusal, record: BatchRecord, outcomes: Sequence[BranchOutcome | None], t0: float
+        self, verdict: Refusal, record: BatchRecord, outcomes: Sequence[BranchOutcome | None], started: float | None
     ) -> WriteResult:
         """What the decision's checks found instead of deciding: a replay is finished, the rest aborted."""
         batch_id = record.batch_id
         if verdict.replay is not None:
-            return self._replayed(verdict.replay, t0)
+            return self._replayed(verdict.replay, started)
         if verdict.blocked:  # older decided batches of the table could not be finished first
             self.abort(batch_id, outcomes)
             why = verdict.blocked_why or "it could not be finished first"
@@ -246,7 +266,7 @@ class Coordinator:
             return self.recovery
         return sink_recovery(replace(self.options, sink_id=sink), self.dialect, self.journal)
 
-    def _replayed(self, existing: BatchRecord, t0: float) -> WriteResult:
+    def _replayed(self, existing: BatchRecord, started: float | None) -> WriteResult:
         """Finish another run's decision of this batch and say what became of it.
 
         "skipped" only once the log shows the batch committed: a decision withdrawn meanwhile (its rows were
@@ -275,8 +295,7 @@ class Coordinator:
             )
         if not now.committed:  # withdrawn and decided anew by a newer run, not finished yet
             raise ReplayIncompleteError(self._replay_incomplete(batch, "decided again by a newer run meanwhile"))
-        total = {"total": time.perf_counter() - t0}
-        result = WriteResult(self.sink_id, batch, 0, 0, True, total, earlier=now.earlier())
+        result = WriteResult(self.sink_id, batch, 0, 0, True, _total(started), earlier=now.earlier())
         log.info("%s", result)  # the batch's one INFO line, as for a batch written
         return result
 

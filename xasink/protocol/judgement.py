@@ -133,7 +133,7 @@ def judge(
             verdicts.append(Verdict(p, age, "foreign", IGNORE_FOREIGN))
         elif (sink_id is not None and x.sink_id != sink_id) or (upto is not None and x.batch_id > upto):
             continue
-        elif log_id is not None and x.log_id != log_id:
+        elif x.log_id != log_id:  # no log here (None): every xasink branch is another log's
             verdicts.append(Verdict(p, age, "other-log", IGNORE_OTHER_LOG))
         elif p not in ours:
             verdicts.append(Verdict(p, age, "unknown-sink", IGNORE_UNKNOWN_SINK))

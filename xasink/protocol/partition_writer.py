@@ -274,6 +274,7 @@ def write_partition(
     query: str | None = None,
     journal_url: sa.engine.URL | None = None,
     claimed: bool = False,
+    check_slot: bool = False,
 ) -> BranchOutcome:
     """Write one partition as one prepared branch and report it.
 
@@ -287,6 +288,8 @@ def write_partition(
     ``claimed``: the driver took the batch over for ``run`` and rolled back other runs' branches of it
     before the tasks started (:meth:`Coordinator.claim`), so a first attempt goes straight to its rows; a
     retry still claims, to find a sibling attempt's prepared branch before it would wait on its locks.
+    ``check_slot``: the driver could not count the write's branches, so the open branch makes sure the server
+    can prepare it (:meth:`BranchSession.reserve_slot`) before it loads a row.
     """
     start = time.perf_counter()
     ids = {"sink": options.sink_id, "batch": batch_id, "partition": partition}
@@ -316,6 +319,8 @@ def write_partition(
             )
         session = claimed_here
     try:
+        if check_slot:
+            session.reserve_slot()
         fault("task.before_load", partition=partition, attempt=attempt_number, batch=batch_id)
         with phase("task.load", **ids):
             rows = session.load(_conformed(itertools.chain([first], rest), plan, xid))

@@ -252,6 +252,7 @@ def _write(df: DataFrame, raw: dict[str, Any], mode: str, query: str | None) -> 
             raise inner from exc
     finally:
         told = list(dict.fromkeys(warned + notices.load(path)))
+        figures = notices.load_figures(path)  # the commit's, as its INFO line gave them
         with contextlib.suppress(FileNotFoundError):  # a /tmp cleaner got there first: the write stands
             os.unlink(path)
     notices.tell(told)
@@ -266,9 +267,11 @@ def _write(df: DataFrame, raw: dict[str, Any], mode: str, query: str | None) -> 
             parsed.sink_id, parsed.batch_id, 0, 0, True, {"total": total}, tuple(told), after.earlier()
         )
     else:
-        timings = {"prepare": after.prepare_ms / 1000, "total": total}
-        if after.commit_ms is not None:
+        # the commit's figures (as format's INFO line gives them), the total of this whole call
+        timings = {k: v for k, v in figures.items() if k != "total"} or {"prepare": after.prepare_ms / 1000}
+        if "commit" not in timings and after.commit_ms is not None:
             timings["commit"] = after.commit_ms / 1000
+        timings["total"] = total
         result = WriteResult(parsed.sink_id, parsed.batch_id, after.rows, after.branches, False, timings, tuple(told))
     log.info("%s", result)
     return result

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -18,6 +19,7 @@ from xasink.spark.txwrite import TxWrite, abort_tx_write, record_tx_part
 from xasink.spark.versions import DataSourceArrowWriter, WriterCommitMessage
 from xasink.spark.worker_log import tell_tasks, told, worker_logging
 from xasink.spark.write_task import XasinkCommitMessage, outcomes_of, write_task
+from xasink.support import notices
 from xasink.support.phases import phase, worker_started
 
 if TYPE_CHECKING:
@@ -51,9 +53,11 @@ class XasinkBatchWriter(DataSourceArrowWriter):
         notices_path: str | None = None,
         sink_without_batch: bool = False,
         query: str | None = None,
+        started: float | None = None,
     ) -> None:
         """``sink_without_batch``: the caller named a sinkId and no batchId (:func:`check_not_micro_batch`);
-        ``query``: the streaming query foreach_batch names, for tasks that cannot see it (Spark Connect)."""
+        ``query``: the streaming query foreach_batch names, for tasks that cannot see it (Spark Connect);
+        ``started``: when the driver began planning the write (``time.time()``), where the batch's total runs from."""
         self.options = options
         self.plan = plan
         self.run = run or new_run_nonce()
@@ -61,6 +65,7 @@ class XasinkBatchWriter(DataSourceArrowWriter):
         self.notices = notices_path  # xasink.write's file for warnings (xasink.support.notices); None: to stderr
         self.sink_without_batch = sink_without_batch
         self.query = query
+        self.started = started if started is not None else time.time()
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> XasinkCommitMessage:
         if self.sink_without_batch:
@@ -80,9 +85,15 @@ class XasinkBatchWriter(DataSourceArrowWriter):
             try:  # the coordinator logs the batch's figures
                 with phase("commit.call", sink=self.options.sink_id, batch=self.options.batch_id):
                     outcomes = outcomes_of(messages)
-                    coordinator.commit(
-                        self.options.batch_id, outcomes, query=self.query, apply=self.plan.apply, run=self.run
+                    result = coordinator.commit(
+                        self.options.batch_id,
+                        outcomes,
+                        query=self.query,
+                        apply=self.plan.apply,
+                        run=self.run,
+                        started=self.started,
                     )
+                notices.save_figures(self.notices, result.timings)  # xasink.write reports them as its own
             finally:
                 coordinator.close()
 

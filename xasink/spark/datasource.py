@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import re
 import sys
+import time
 from dataclasses import replace
 from types import FrameType
 from typing import Any
@@ -73,17 +74,19 @@ class XasinkDataSource(DataSource):
             raise OptionError(f"option '{RUN_OPTION}' is internal to xasink.write()")
         return str(run) if run is not None else None
 
-    def _branches(self) -> int | None:
-        """The most branches of this write as xasink.write counted them, else ``numPartitions``; None: unknown
-        (each task then checks for a free prepared-transaction slot before it loads)."""
+    def _branches(self) -> tuple[int | None, int | None]:
+        """The branches of this write as xasink.write counted them (else None), and ``numPartitions``, the
+        most it opens (Spark tells a data source nothing of its input's partitions)."""
+        cap = self._options(streaming=False).num_partitions
         counted = self.options.get(BRANCHES_OPTION)
         if counted is None:
-            return self._options(streaming=False).num_partitions
+            return None, cap
         if not re.fullmatch(r"\d{1,9}", str(counted)):
             raise OptionError(f"option '{BRANCHES_OPTION}' is internal to xasink.write()")
-        return int(counted)
+        return int(counted), cap
 
     def writer(self, schema: StructType, overwrite: bool) -> XasinkBatchWriter:
+        started = time.time()  # the batch's figures count from here (the INFO line's total)
         options = self._options(streaming=False).with_mode("overwrite" if overwrite else "append")
         tx = tx_write(self.options)
         if tx is not None and options.applies_at_commit:
@@ -100,8 +103,8 @@ class XasinkDataSource(DataSource):
         given = {k.lower() for k in self.options}
         query = self.options.get(QUERY_OPTION)
         with told(path):
-            branches = self._branches()
-            plan = prepare_write(options, schema, branches)
+            branches, cap = self._branches()
+            plan = prepare_write(options, schema, branches, cap)
             run = self._run() or new_run_nonce()
             coordinator = Coordinator(options, shared=True)
             try:
@@ -123,6 +126,7 @@ class XasinkDataSource(DataSource):
             notices_path=path,
             sink_without_batch="sinkid" in given and "batchid" not in given,
             query=str(query) if query is not None else None,
+            started=started,
         )
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> XasinkStreamWriter:  # noqa: N802 - Spark's name

@@ -24,7 +24,9 @@ def shape(df: DataFrame, parsed: WriteOptions) -> Shaped:
     Upsert keys: equal keys in two branches would make the second wait on the first, prepared, until a
     lock timeout, so rows are hash-partitioned by key, into ``numPartitions`` partitions if given (else
     as many as the DataFrame has in classic Spark, ``spark.sql.shuffle.partitions`` under Connect).
-    Otherwise ``numPartitions`` coalesces: a coalesce never adds partitions, so no count is needed.
+    Otherwise ``numPartitions`` coalesces: a coalesce never adds partitions, so the write opens the fewer of
+    the DataFrame's partitions and ``numPartitions`` (unknown where Spark cannot count the former without a
+    job: the driver then checks the slots against ``numPartitions`` as a cap, :func:`.planning.prepare_write`).
     """
     unknown = [k for k in parsed.upsert_key_columns if k.lower() not in {c.lower() for c in df.columns}]
     if unknown:  # say it in our words before Spark's repartition fails on it
@@ -35,9 +37,10 @@ def shape(df: DataFrame, parsed: WriteOptions) -> Shaped:
         if n is None and not is_connect(df.sparkSession):
             n = df.rdd.getNumPartitions()  # classic: keep the DataFrame's parallelism, as before
         return Shaped(df.repartition(n, *keys), n) if n is not None else Shaped(df.repartition(*keys), None)
-    if num_partitions is not None:
-        return Shaped(df.coalesce(num_partitions), num_partitions)
-    return Shaped(df, branch_count(df))
+    count = branch_count(df)
+    if num_partitions is not None:  # a cap: a coalesce never adds partitions
+        return Shaped(df.coalesce(num_partitions), min(count, num_partitions) if count is not None else None)
+    return Shaped(df, count)
 
 
 def branch_count(df: DataFrame) -> int | None:

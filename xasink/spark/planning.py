@@ -50,8 +50,13 @@ class WritePlan:
     slots_checked: bool = False  # the driver checked the free prepared-transaction slots against the branches
 
 
-def prepare_write(options: WriteOptions, schema: StructType, branches: int | None) -> WritePlan:
-    """Driver-side: server checks, journal, table plan.  Everything that can be wrong fails here."""
+def prepare_write(options: WriteOptions, schema: StructType, branches: int | None, cap: int | None = None) -> WritePlan:
+    """Driver-side: server checks, journal, table plan.  Everything that can be wrong fails here.
+
+    ``branches``: how many branches the write opens, where the driver knows (a PreflightError when the free
+    prepared-transaction slots cannot hold them); else ``cap``, the most it opens (``numPartitions``): where
+    that fits the free slots no task needs to check, else each task checks before it loads (the write may
+    have fewer partitions than the cap, so it is not refused here)."""
     from xasink.write_modes.schema import plan_target
 
     worker_started("driver", sink=options.sink_id)
@@ -59,6 +64,7 @@ def prepare_write(options: WriteOptions, schema: StructType, branches: int | Non
     try:
         with phase("plan.preflight", sink=options.sink_id):
             coordinator.preflight(branches)
+            checked = branches is not None or (cap is not None and coordinator.slots_hold(cap))
         source = arrow_schema(schema)
         flag = None
         if options.delete_flag_column is not None:
@@ -76,7 +82,7 @@ def prepare_write(options: WriteOptions, schema: StructType, branches: int | Non
                 check_predicate(conn, apply)
                 ensure_shadow(coordinator.dialect, conn, apply)
             target = shadow_plan(target, apply, flag)
-        return WritePlan(target, log_id, guard, apply, slots_checked=branches is not None)
+        return WritePlan(target, log_id, guard, apply, slots_checked=checked)
     finally:
         coordinator.close()
 

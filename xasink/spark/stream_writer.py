@@ -113,7 +113,7 @@ class XasinkStreamWriter(StreamWriterBase):
     @property
     def plan(self) -> WritePlan:
         if self._plan is None:
-            self._plan = prepare_write(self.options, self.schema, self.options.num_partitions)
+            self._plan = prepare_write(self.options, self.schema, None, self.options.num_partitions)
             with phase("plan.recover", sink=self.options.sink_id):
                 _recover_settled(self.options)  # at restart: finish what the crashed run decided, before its replay
         return self._plan

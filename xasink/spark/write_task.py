@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from pyspark import TaskContext
 
-from xasink.errors import OptionError, PreflightError
+from xasink.errors import OptionError
 from xasink.options import WriteOptions
 from xasink.results import BranchOutcome
 from xasink.spark import progress
@@ -69,39 +68,14 @@ def write_task(
         query = task_query(ctx, query)
         return XasinkCommitMessage(BranchOutcome(partition, None, skipped=True, query=query, run=run))
     with notices.captured() as warned:
-        if not plan.slots_checked:  # the driver could not count the branches: each task checks before it loads
-            iterator = _with_a_free_slot(options, iterator, partition)
         every = progress.interval(ctx.getLocalProperty(progress.PROGRESS_PROPERTY))
         where = f"sink {options.sink_id} batch {batch_id} partition {partition}"
         iterator = progress.with_progress(iterator, where, every)
+        # where the driver could not count the branches, each task checks for a free slot before it loads
         outcome = _write_partition(options, plan, run, batch_id, iterator, tx, ctx, query)
     if warned:  # the task's log is nobody's to read: the driver reports them (xasink.support.notices)
         outcome = replace(outcome, warnings=tuple(f"partition {partition}: {w}" for w in warned))
     return XasinkCommitMessage(outcome)
-
-
-def _with_a_free_slot(
-    options: WriteOptions, iterator: Iterator[pa.RecordBatch], partition: int
-) -> Iterator[pa.RecordBatch]:
-    """The partition's rows, once a prepared-transaction slot is free for its branch (PostgreSQL): else a
-    :class:`PreflightError` before any row is loaded.  An empty partition opens no branch and needs none."""
-    from xasink.dialects import shared_dialect
-
-    rows = (b for b in iterator if b.num_rows)
-    first = next(rows, None)
-    if first is None:
-        return iter(())
-    dialect = shared_dialect(options.url, options.branch_settings)
-    with dialect.connect(autocommit=True) as conn:  # reads only
-        slots = dialect.free_prepared_slots(conn)
-    if slots is not None and slots[0] < 1:
-        raise PreflightError(
-            f"{dialect.name} at {dialect.where()} has no free prepared-transaction slot for partition {partition} "
-            f"of this write (max_prepared_transactions = {slots[1]}, all in use): the write has more partitions "
-            "than free slots. Coalesce it (numPartitions) or raise max_prepared_transactions; 'xasink recover' "
-            "finishes what earlier runs left prepared. Nothing of this write is visible."
-        )
-    return itertools.chain([first], rows)
 
 
 def _write_partition(
@@ -135,6 +109,7 @@ def _write_partition(
         query=task_query(ctx, query),  # whichever thread started the job
         journal_url=tx.journal_url if tx is not None else None,
         claimed=plan.claimed,
+        check_slot=not plan.slots_checked,
     )
 
 

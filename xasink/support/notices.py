@@ -76,6 +76,28 @@ def load(path: str) -> list[str]:
     return list(dict.fromkeys(str(x) for x in found))
 
 
+def save_figures(path: str | None, figures: dict[str, float]) -> None:
+    """Hand the batch's figures (its WriteResult's timings) to xasink.write, next to the notices file."""
+    if path is None:
+        return
+    try:
+        with open(path + ".figures", "w", encoding="utf-8") as f:
+            json.dump(figures, f)
+    except OSError as exc:  # a remote driver (Spark Connect): xasink.write reports the log's figures only
+        log.debug("cannot hand the figures to the user's process through %s: %s", path, exc)
+
+
+def load_figures(path: str) -> dict[str, float]:
+    """The figures :func:`save_figures` handed over (the file is removed); {} when there are none."""
+    try:
+        with open(path + ".figures", encoding="utf-8") as f:
+            found = json.load(f)
+        os.unlink(path + ".figures")
+    except (OSError, ValueError):
+        return {}
+    return {str(k): float(v) for k, v in found.items()} if isinstance(found, dict) else {}
+
+
 def _logging_set_up() -> bool:
     """Whether the user's process set up logging that shows xasink's records (a handler that is not a null one)."""
     loggers = (logging.getLogger("xasink"), logging.getLogger())

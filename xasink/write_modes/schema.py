@@ -100,9 +100,31 @@ def create_table(dialect: Dialect, conn: Connection, options: WriteOptions, sour
         conn.commit()
     except sa.exc.DBAPIError as exc:
         conn.rollback()
-        raise PreflightError(
-            f"cannot create table {_qualified(options)}: {str(exc.orig).strip().splitlines()[0]}"
-        ) from None
+        said = str(exc.orig).strip().splitlines()[0]
+        if dialect.denied(exc):
+            raise PreflightError(
+                f"no table {_qualified(options)}, and {_user(options)} may not create it ({said}): "
+                "create it (e.g. as the administrator who granted the writer's privileges), or grant the user "
+                "CREATE"
+            ) from None
+        raise PreflightError(f"cannot create table {_qualified(options)}: {said}") from None
+
+
+def _user(options: WriteOptions) -> str:
+    return f"user '{options.url.username}'" if options.url.username else "the URL's user"
+
+
+def _has_table(dialect: Dialect, conn: Connection, options: WriteOptions) -> bool:
+    """Whether the table exists, as far as the user can tell: MariaDB answers a user who holds no privilege on
+    a table (a missing one too) 'command denied', never 'no such table'; a table the user cannot see is not
+    there for it either."""
+    try:
+        return sa.inspect(conn).has_table(options.table.name, schema=options.table.schema)
+    except sa.exc.DBAPIError as exc:
+        conn.rollback()
+        if not dialect.denied(exc):
+            raise
+        return False
 
 
 def plan_target(dialect: Dialect, conn: Connection, options: WriteOptions, source: pa.Schema) -> TargetPlan:
@@ -112,11 +134,11 @@ def plan_target(dialect: Dialect, conn: Connection, options: WriteOptions, sourc
     insp = sa.inspect(conn)
     if schema is not None and schema not in insp.get_schema_names():
         raise PreflightError(f"schema '{schema}' of table {_qualified(options)} does not exist; create it first")
-    if not insp.has_table(table, schema=schema):
+    if not _has_table(dialect, conn, options):
         if not options.create_table:
             raise PreflightError(
-                f"table {_qualified(options)} does not exist; create it, or let xasink create it "
-                "from the DataFrame schema with createTable=true"
+                f"no table {_qualified(options)} ({_user(options)} sees none): create it (and grant "
+                "the writer INSERT on it), or let xasink create it from the DataFrame schema with createTable=true"
             )
         conn.rollback()
         create_table(dialect, conn, options, source)

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 import pyarrow as pa
 import pymysql
 
-from xasink.dialects.base import BranchSession
+from xasink.dialects.branch_session import BranchSession
 from xasink.dialects.mysql.encoding import encode_tsv, python_rows
 from xasink.dialects.mysql.errors import PRIVILEGE_CODES, STATEMENT_WARNINGS
 from xasink.dialects.mysql.sql import BRANCH_SQL_MODE, MAX_LOCK_WAIT, errno_of, quote_ident, table_name

@@ -9,11 +9,18 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
-from xasink.dialects.base import BranchSession
-from xasink.dialects.postgres.sql import insert_sql, string_literal, upsert_sql
+from xasink.dialects.branch_session import BranchSession
+from xasink.dialects.postgres.sql import (
+    SLOT_CAPACITY,
+    SLOT_MARK,
+    SLOT_MARKS,
+    insert_sql,
+    string_literal,
+    upsert_sql,
+)
 from xasink.dialects.spare import Spare
 from xasink.dialects.values import BranchSettings, TargetPlan, check_upsert_keys
-from xasink.errors import BranchError
+from xasink.errors import BranchError, PreflightError
 from xasink.protocol.xid import Xid
 
 log = logging.getLogger("xasink.dialects.postgres")
@@ -27,6 +34,8 @@ class BranchHost(Protocol):
     upsert_chunk_rows: int
 
     def adbc_connect(self) -> Any: ...
+
+    def where(self) -> str: ...
 
     def branch_error(self, exc: BaseException, xid: Xid, plan: TargetPlan) -> BranchError: ...
 
@@ -77,6 +86,25 @@ class PostgresBranch(BranchSession):
             raise dialect.branch_error(exc, xid, plan) from None
         if dialect.spare is not None:
             dialect.spare.refill()
+
+    def reserve_slot(self) -> None:
+        try:
+            self.cursor.execute(SLOT_MARK)
+            self.cursor.fetchall()  # held until the connection closes, just after its PREPARE
+            self.cursor.execute(SLOT_MARKS)
+            marks = int(self.cursor.fetchone()[0])
+            self.cursor.execute(SLOT_CAPACITY)
+            limit, prepared = (int(v) for v in self.cursor.fetchone())
+        except Exception as exc:
+            raise self.dialect.branch_error(exc, self.xid, self.plan) from None
+        if prepared + marks > limit:  # this branch is one of the marks
+            raise PreflightError(
+                f"PostgreSQL at {self.dialect.where()} has no free prepared-transaction slot for partition "
+                f"{self.xid.partition} of this write (max_prepared_transactions = {limit}: {prepared} prepared, "
+                f"{marks} branches being written): the write has more partitions than free slots. Coalesce it "
+                "(numPartitions) or raise max_prepared_transactions; 'xasink recover' finishes what earlier runs "
+                "left prepared. Nothing of this write is visible."
+            )
 
     def load(self, batches: Iterator[pa.RecordBatch]) -> int:
         count = 0

@@ -46,6 +46,17 @@ UNKNOWN_XID_STATE = "42704"
 # the change-data apply's sorts and hashes in memory for the rest of its transaction (never lowering the setting)
 SORT_MEMORY = "SELECT set_config('work_mem', '64MB', true) WHERE pg_size_bytes(current_setting('work_mem')) < 67108864"
 
+# A branch that checks for a free prepared-transaction slot holds this session lock (a pair of int4 keys, so
+# no single-key advisory lock of xasink can take it) from before it counts until it disconnects after its PREPARE:
+# two branches checking at once each count the other, and one that has prepared counts in pg_prepared_xacts.
+SLOT_MARK_CLASS = 2019652450  # b"xasb"
+SLOT_MARK = f"SELECT pg_advisory_lock({SLOT_MARK_CLASS}, pg_backend_pid())"
+# read before the prepared ones: a branch drops its mark (it disconnects) only once prepared, so no read misses it
+SLOT_MARKS = (
+    f"SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = {SLOT_MARK_CLASS} AND objsubid = 2"
+)
+SLOT_CAPACITY = "SELECT current_setting('max_prepared_transactions')::int, (SELECT count(*) FROM pg_prepared_xacts)"
+
 # SQLSTATEs a branch can fail with, and what the user should do about them
 BRANCH_HINTS = {
     "23505": "duplicate key: the rows collide with rows already in the table (or in this batch); "

@@ -1,7 +1,7 @@
 -- xasink decision log for MySQL 8 / MariaDB 10.5+ (the same tables xasink creates on first use).
 -- Generated from xasink.journal.journal_metadata(); tests/test_mysql_dialect.py keeps it in sync.
 -- Run it in the target database when the writing user may not CREATE tables, e.g.
---   xasink ddl mysql | mysql -h HOST -u admin -p shop        (this file: xasink/sql/mysql.sql)
+--   xasink ddl mysql | mysql -h HOST -u admin -p shop        (this file: xasink/journal/sql/mysql.sql)
 -- With journalTablePrefix / journalSchema set, rename the tables accordingly.
 -- The decision log is five tables. The writing user needs SELECT, INSERT on the first, SELECT, INSERT,
 -- UPDATE, DELETE on the other four (xasink_parts: multi-target transactions record their writes there; a

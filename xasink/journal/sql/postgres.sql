@@ -1,7 +1,7 @@
 -- xasink decision log for PostgreSQL (the same tables xasink creates on first use).
 -- Generated from xasink.journal.journal_metadata(); tests/test_mysql_dialect.py keeps it in sync.
 -- Run it in the target database when the writing user may not CREATE tables, e.g.
---   xasink ddl postgres | psql -h HOST -U admin -d shop      (this file: xasink/sql/postgres.sql)
+--   xasink ddl postgres | psql -h HOST -U admin -d shop      (this file: xasink/journal/sql/postgres.sql)
 -- With journalTablePrefix / journalSchema set, rename (or schema-qualify) the tables accordingly.
 -- The decision log is five tables. The writing user needs SELECT, INSERT on the first, and SELECT, INSERT,
 -- UPDATE, DELETE on the other four (xasink_parts: multi-target transactions record their writes there; a
