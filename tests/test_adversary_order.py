@@ -10,17 +10,22 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 
-from tests.harness import expected, fill, shadow_rows
+from tests.harness import expected, fill, host_port, kill_session_lock_holder, shadow_rows, sink_row_locked, through
 from tests.modes_driver import OPTIONS_ENV, overwrite_direct, split
 from tests.targets import POSTGRESQL, Target, case
-from xasink.errors import CommitIncompleteError
+from tests.tcp_proxy import TcpProxy
+from xasink.errors import BatchAbortedError, CommitIncompleteError
 from xasink.ops import survey as admin
+from xasink.write_modes.spec import ApplySpec
+from xasink.write_modes.statements import apply_lock_name
 
 
 def sink() -> str:
@@ -90,6 +95,7 @@ def commits_held(db: Target) -> Iterator[None]:
 
 
 def wait_prepared(db: Target, *sinks: str, timeout_s: float = 90.0) -> None:
+    """Until each sink has two branches prepared."""
     deadline = time.monotonic() + timeout_s
     while any(len(db.prepared(s)) < 2 for s in sinks):
         assert time.monotonic() < deadline, "the drivers never prepared their branches"
@@ -133,3 +139,90 @@ def test_two_sinks_of_one_table_decide_in_turn(db: Target, qualified: bool) -> N
     # A was decided first (its decision transaction began a second earlier): B's rows are the table's
     assert db.rows(table) == expected(range(200, 210))
     assert db.prepared(a) == [] and db.prepared(b) == [] and shadow_rows(db) == 0
+
+
+@pytest.mark.parametrize("point", ["driver.after_decide", "driver.after_commits"])
+def test_another_sinks_overwrite_finishes_a_killed_drivers_decided_batch_first(db: Target, point: str) -> None:
+    """Sink A's driver is killed (SIGKILL) between its decision and its apply; sink B's overwrite of the same
+    table then finishes A's batch forward first (its branches committed, applied, marked), then takes effect
+    itself: the table holds B's rows, both batches committed, nothing left prepared."""
+    table = db.new_table()
+    db.keyed_table(table)
+    fill(db, table, expected(range(10), tag="o"))
+    a, b = sink(), sink()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("XASINK_FAULT")}
+    env["XASINK_FAULT"] = f"{point}:kill:b=5"
+    job = driver(env, db.url, table, a, 5, 100)
+    job.communicate(timeout=120)
+    assert job.returncode == -9 and db.decision(a, 5) is not None
+    assert db.decision(a, 5).state == "committing"  # type: ignore[union-attr]
+    result = overwrite_direct(db.url, table, b, 0, split(200, 10, 2))
+    assert result.rows == 10 and not result.skipped
+    assert db.rows(table) == expected(range(200, 210))
+    assert {d.state for d in (db.decision(a, 5), db.decision(b, 0)) if d is not None} == {"committed"}
+    assert db.prepared(a) == [] and db.prepared(b) == [] and shadow_rows(db) == 0
+
+
+def order_lock_of(table: str) -> str:
+    """The name of the apply lock a write-mode decision of ``table`` (unqualified) holds."""
+    return apply_lock_name(cast(ApplySpec, SimpleNamespace(schema=None, table=table)))
+
+
+def test_a_decision_whose_order_lock_session_is_lost_goes_on_forward(
+    db: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The session holding the table's apply lock around an overwrite's decision is killed (as a proxy or a
+    DBA would) while the decision waits for the sink's row; the decision then goes through on its own
+    connection.  The run must finish its decided batch forward and say so; it raised the lost session's raw
+    OperationalError from the lock's release instead, its batch decided, its branches left prepared."""
+    table = db.new_table()
+    db.keyed_table(table)
+    fill(db, table, expected(range(10), tag="o"))
+    s = sink()
+    opts: dict[str, Any] = {"controlLockTimeout": 20, "commitTimeout": 20}
+    overwrite_direct(db.url, table, s, 0, split(0, 2, 1), **opts)  # the sink's row exists
+    monkeypatch.setenv("XASINK_FAULT", "driver.before_decide:sleep=2:b=1")
+    with ThreadPoolExecutor(1) as pool:
+        job = pool.submit(overwrite_direct, db.url, table, s, 1, split(100, 10, 2), **opts)
+        wait_prepared(db, s)
+        with sink_row_locked(db, s):
+            deadline = time.monotonic() + 30
+            while True:  # the decision holds the apply lock and waits for the sink's row
+                try:
+                    kill_session_lock_holder(db, order_lock_of(table))
+                    break
+                except AssertionError:
+                    assert time.monotonic() < deadline and not job.done(), "the decision never took its lock"
+                    time.sleep(0.05)
+        result = job.result(timeout=60)
+    assert result.rows == 10 and not result.skipped
+    assert db.rows(table) == expected(range(100, 110))
+    assert db.decision(s, 1).state == "committed"  # type: ignore[union-attr]
+    assert db.prepared(s) == [] and shadow_rows(db) == 0
+
+
+def test_a_write_mode_decision_that_cannot_reach_the_database_rolls_back(
+    db: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The database is unreachable when an overwrite decides (its connections dropped, new ones refused, for a
+    few seconds).  Like an append's (failpaths, FOUND.md 8.6), the decision fails before it is sent: the run
+    rolls back its branches once it can and raises BatchAbortedError saying nothing is visible.  It raised a
+    bare ConnectError from the table's apply lock instead, and left its branches prepared."""
+    table = db.new_table()
+    db.keyed_table(table)
+    fill(db, table, expected(range(10), tag="o"))
+    s = sink()
+    monkeypatch.setenv("XASINK_FAULT", "driver.before_decide:sleep=3")
+    with TcpProxy(*host_port(db.url)) as proxy, ThreadPoolExecutor(1) as pool:
+        url = through(proxy, db.url)
+        job = pool.submit(overwrite_direct, url, table, s, 1, split(100, 10, 2), controlLockTimeout=2, commitTimeout=3)
+        wait_prepared(db, s)
+        time.sleep(1)  # the last task settled its branch: the run sleeps before its decision
+        proxy.set_down(True)
+        proxy.drop_all()
+        time.sleep(6)
+        proxy.set_down(False)
+        with pytest.raises(BatchAbortedError, match="nothing of it is visible"):
+            job.result(timeout=60)
+    assert db.decision(s, 1) is None and db.rows(table) == expected(range(10), tag="o")
+    assert db.prepared(s) == [] and shadow_rows(db) == 0

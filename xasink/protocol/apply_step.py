@@ -199,8 +199,11 @@ def order_lock(dialect: Dialect, spec: ApplySpec) -> Iterator[str | None]:
             return
         try:
             yield None
-        finally:
-            conn.rollback()
+        finally:  # never raises: the decision made meanwhile (if any) is finished forward whatever this session's fate
+            try:
+                conn.rollback()
+            except sa.exc.SQLAlchemyError as exc:  # the session is gone (and its lock with it)
+                log.debug("apply lock %s: its session was lost (%s)", lock, exc)
             _unlock(dialect, conn, lock)
 
 
