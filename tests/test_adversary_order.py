@@ -1,5 +1,6 @@
 """Adversarial checks of issue 37's decision order (DESIGN invariant 12) against the real servers: each test is a
-way found to make an older write-mode batch take effect over a newer one; ``xfail(strict=True)`` while open."""
+way found to make an older write-mode batch take effect over a newer one, or to mis-report a decision-order path;
+``xfail(strict=True)`` while open."""
 
 from __future__ import annotations
 
@@ -224,3 +225,34 @@ def test_a_write_mode_decision_that_cannot_reach_the_database_rolls_back(
             job.result(timeout=60)
     assert db.decision(s, 1) is None and db.rows(table) == expected(range(10), tag="o")
     assert db.prepared(s) == [] and shadow_rows(db) == 0
+
+
+@pytest.mark.xfail(strict=True, reason="a blocked batch's abort takes the sink lock and raises its raw error")
+def test_a_blocked_batch_whose_abort_meets_a_held_sink_row_is_told_blocked(
+    db: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sink A's overwrite is decided, its apply blocked by an open insert (CommitIncompleteError).  Sink B's
+    overwrite of the table tries to finish it first (its commitTimeout long), and meanwhile another session
+    holds B's row of the log past controlLockTimeout.  B must be told BatchBlockedError (or BatchAbortedError),
+    nothing of it visible; its abort, which takes that row, raised the raw LockNotAvailable / lock wait
+    timeout instead (scenario seed 174, 'interfere', 1 run in 3)."""
+    table = db.new_table()
+    db.keyed_table(table)
+    fill(db, table, expected(range(10), tag="o"))
+    a, b = sink(), sink()
+    opts: dict[str, Any] = {"controlLockTimeout": 1, "commitTimeout": 4}
+    overwrite_direct(db.url, table, b, 0, split(0, 10, 1), **opts)  # B's row exists
+    with db.connect() as holder, holder.cursor() as cur:
+        cur.execute("BEGIN")
+        cur.execute(f"INSERT INTO {db.q(table)} (id, name) VALUES (5000, 'other')")
+        with pytest.raises(CommitIncompleteError):
+            overwrite_direct(db.url, table, a, 5, split(100, 10, 2), **opts)
+        with ThreadPoolExecutor(1) as pool:
+            job = pool.submit(overwrite_direct, db.url, table, b, 1, split(200, 10, 2), **opts)
+            wait_prepared(db, b)
+            time.sleep(1.5)  # B tries to finish A's batch (its apply waits for the open insert)
+            with sink_row_locked(db, b):
+                with pytest.raises(BatchAbortedError):
+                    job.result(timeout=60)
+        cur.execute("ROLLBACK")
+    assert db.decision(b, 1) is None and db.rows(table) == expected(range(0, 10))
