@@ -25,7 +25,7 @@ from xasink.protocol.partition_writer import write_partition
 from xasink.protocol.xid import new_run_nonce
 from xasink.write_modes.schema import plan_target
 from xasink.write_modes.spec import spec_for
-from xasink.write_modes.statements import apply_lock_name, shadow_plan
+from xasink.write_modes.statements import apply_lock_name, session_schema, shadow_plan
 
 
 def change_data_options(db: Target, table: str, sink: str, batch: int) -> dict[str, Any]:
@@ -209,7 +209,7 @@ def test_apply_lock_held_past_the_commit_timeout_says_the_batch_is_decided(db: T
         source = pa.schema([f for f in arrow_schema(True) if f.name != "is_delete"])
         with c.dialect.connect() as conn:
             plan = plan_target(c.dialect, conn, opts, source)
-        lock = apply_lock_name(spec_for(opts, plan, c.journal.log_id()))
+            lock = apply_lock_name(spec_for(opts, plan, c.journal.log_id()), session_schema(conn))
     finally:
         c.close()
     with db.connect() as holder, holder.cursor() as cur:

@@ -24,7 +24,7 @@ from xasink.protocol.retry import RetryPolicy
 from xasink.protocol.xid import Xid
 from xasink.write_modes.shadow import decided_rows
 from xasink.write_modes.spec import ApplySpec
-from xasink.write_modes.statements import apply_lock_name, apply_statements, withdraw
+from xasink.write_modes.statements import apply_lock_name, apply_statements, session_schema, withdraw
 
 log = logging.getLogger(__name__)
 
@@ -54,10 +54,10 @@ class ApplyStep:
         :class:`CommitIncompleteError`, naming the batch and what blocked it; a later run or recover finishes it.
         """
         dialect = self.journal.dialect
-        lock = apply_lock_name(spec)
 
         def step() -> bool:
             with dialect.connect() as conn:
+                lock = apply_lock_name(spec, session_schema(conn))
                 if dialect.apply_isolation is not None:
                     conn.execution_options(isolation_level=dialect.apply_isolation)
                 conn.begin()
@@ -185,8 +185,8 @@ def order_lock(dialect: Dialect, spec: ApplySpec) -> Iterator[str | None]:
     log decide a table's batches one after the other, and each sees the other's pending batch (DESIGN
     invariant 12).  Yields None once granted, else why not (an apply of the table ran past controlLockTimeout:
     the decision then refuses if a batch of the table is pending, and goes on otherwise)."""
-    lock = apply_lock_name(spec)
     with dialect.connect() as conn:
+        lock = apply_lock_name(spec, session_schema(conn))
         conn.begin()
         refused = None
         try:
@@ -199,8 +199,11 @@ def order_lock(dialect: Dialect, spec: ApplySpec) -> Iterator[str | None]:
             return
         try:
             yield None
-        finally:
-            conn.rollback()
+        finally:  # never raises: the decision made meanwhile (if any) is finished forward whatever this session's fate
+            try:
+                conn.rollback()
+            except sa.exc.SQLAlchemyError as exc:  # the session is gone (and its lock with it)
+                log.debug("apply lock %s: its session was lost (%s)", lock, exc)
             _unlock(dialect, conn, lock)
 
 

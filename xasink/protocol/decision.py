@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 
 from sqlalchemy.engine import Connection
@@ -117,14 +118,18 @@ class Decider:
         so that a second sink's decisions of the table are ordered with this one's (DESIGN invariant 12)."""
         if not (checks and apply is not None):
             return self.decide_locked(record, query, apply, checks, skipped, run)
-        with order_lock(self.journal.dialect, apply) as refused:
-            if refused is not None:
-                batch = record.batch_id
-                with self.journal.dialect.connect(autocommit=True) as conn:
-                    blocked = self.blockers(conn, self.target(conn, query), batch)
-                if blocked:
-                    return Refusal(blocked=blocked, blocked_why=refused)
-                # held by no pending batch's apply: nothing to keep order with (the decision checks again)
+        with ExitStack() as held:
+            batch = record.batch_id
+            try:  # nothing is recorded yet: a failure here (no connection) is the decision's, before it was sent
+                refused = held.enter_context(order_lock(self.journal.dialect, apply))
+                if refused is not None:
+                    with self.journal.dialect.connect(autocommit=True) as conn:
+                        blocked = self.blockers(conn, self.target(conn, query), batch)
+                    if blocked:
+                        return Refusal(blocked=blocked, blocked_why=refused)
+            except Exception as exc:
+                raise DecisionNotMade(exc) from exc
+            if refused is not None:  # held by no pending batch's apply: nothing to keep order with (checked again)
                 log.debug(
                     "sink %s batch %s: deciding without the table's apply lock (%s)", self.sink_id, batch, refused
                 )

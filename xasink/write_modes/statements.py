@@ -46,11 +46,21 @@ from xasink.write_modes.spec import (
 log = logging.getLogger(__name__)
 
 
-def apply_lock_name(spec: ApplySpec) -> str:
+def apply_lock_name(spec: ApplySpec, default_schema: str | None) -> str:
     """The lock serializing the applies of one target, whatever sink writes it: two sinks' applies of one table
-    never interleave (their order of decision is kept by the decision's check: DESIGN invariant 12)."""
-    key = hashlib.blake2b(f"{spec.schema or ''}|{spec.table}".encode(), digest_size=8).hexdigest()
+    never interleave (their order of decision is kept by the decision's check: DESIGN invariant 12).  An
+    unqualified table is named in the session's ``default_schema`` (:func:`session_schema`), as the decision
+    log's target identity names it: ``t`` and ``public.t`` are one lock, not two that let two sinks decide at once."""
+    schema = spec.schema or default_schema or ""
+    key = hashlib.blake2b(f"{schema}|{spec.table}".encode(), digest_size=8).hexdigest()
     return f"xasink.write_modes.statements.{key}"
+
+
+def session_schema(conn: Connection) -> str | None:
+    """The connection's default schema (PostgreSQL's current schema, MariaDB's database), as found at connect:
+    no statement is sent, so a transaction begun after it is the caller's."""
+    found = sa.inspect(conn).default_schema_name
+    return str(found) if found else None
 
 
 def check_predicate(conn: Connection, spec: ApplySpec) -> None:
