@@ -227,7 +227,6 @@ def test_a_write_mode_decision_that_cannot_reach_the_database_rolls_back(
     assert db.prepared(s) == [] and shadow_rows(db) == 0
 
 
-@pytest.mark.xfail(strict=True, reason="a blocked batch's abort takes the sink lock and raises its raw error")
 def test_a_blocked_batch_whose_abort_meets_a_held_sink_row_is_told_blocked(
     db: Target, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -36,7 +36,7 @@ from xasink.journal.targets import (
 from xasink.options import WriteOptions
 from xasink.protocol.decision import Decider, DecisionNotMade, Refusal
 from xasink.protocol.recovery import Recovery, RecoveryReport, sink_recovery
-from xasink.protocol.undecided import finish_blockers, roll_back_undecided
+from xasink.protocol.undecided import finish_blockers, roll_back_run, roll_back_undecided
 from xasink.results import BranchOutcome, WriteResult
 from xasink.support.faults import fault
 from xasink.support.phases import phase
@@ -240,9 +240,12 @@ class Coordinator:
         if verdict.replay is not None:
             return self._replayed(verdict.replay, started)
         if verdict.blocked:  # older decided batches of the table could not be finished first
-            self.abort(batch_id, outcomes)
+            left = roll_back_run(
+                self.sink_id, record, None, self.group, self.policy, lambda b, _: self.abort(b, outcomes)
+            )
             why = verdict.blocked_why or "it could not be finished first"
-            raise BatchBlockedError(blocked_message(self.sink_id, batch_id, verdict.blocked, why))
+            text = blocked_message(self.sink_id, batch_id, verdict.blocked, why)
+            raise BatchBlockedError(text if left is None else f"{text} (rolling back this run failed: {left})")
         if verdict.error is not None:  # another target's batch, or one the log forgot: nothing may commit
             self.abort(batch_id, outcomes)
             raise verdict.error

@@ -39,24 +39,20 @@ def finish_blockers(verdict: Refusal, recovery_of: Callable[[str], Recovery], po
     return True
 
 
-def roll_back_undecided(
+def roll_back_run(
     sink_id: str,
     record: BatchRecord,
     run: str | None,
-    cause: Exception,
     group: BranchGroup,
     policy: RetryPolicy,
     abort: Callable[[int, str | None], object],
-) -> NoReturn:
-    """The decision failed before it was sent (nothing recorded): roll back the run's branches and say so.
-
-    The run's own branches go first, without the log's sink lock (:meth:`BranchGroup.roll_back_run`: only this
-    run could decide them, and it never will), so a lock another session holds on the sink row, which may be why
-    the decision failed, does not keep them prepared.  Then ``abort`` ends the run and sweeps under the lock (a
-    late attempt's branch rolls itself back); its failure is only logged.
-    """
+) -> str | None:
+    """Roll back a run that will not decide: its own branches first, without the log's sink lock
+    (:meth:`BranchGroup.roll_back_run`: only this run could decide them, and it never will), so a lock another
+    session holds on the sink row does not keep them prepared; then ``abort`` ends the run and sweeps under the
+    lock (a late attempt's branch rolls itself back), its failure only logged.  Returns why branches may stay
+    prepared, or None."""
     batch = record.batch_id
-    why = policy.describe(cause)
     run = run or next((x.run for x in record.xids), None)
     left = None
     if record.xids and run is not None:
@@ -66,9 +62,9 @@ def roll_back_undecided(
             left = policy.describe(exc)
     try:
         abort(batch, run)
-    except Exception as exc:  # noqa: BLE001 - the run's branches are rolled back (or named below)
+    except Exception as exc:  # noqa: BLE001 - the run's branches are rolled back (or named by the caller)
         log.warning(
-            "sink %s batch %s: ending the run in the decision log after its failed decision failed too (%s); "
+            "sink %s batch %s: ending the run in the decision log after it could not decide failed too (%s); "
             "a branch a late task prepares is rolled back by the next run of this sink or 'xasink recover'",
             sink_id,
             batch,
@@ -76,6 +72,23 @@ def roll_back_undecided(
         )
     else:
         left = None
+    return left
+
+
+def roll_back_undecided(
+    sink_id: str,
+    record: BatchRecord,
+    run: str | None,
+    cause: Exception,
+    group: BranchGroup,
+    policy: RetryPolicy,
+    abort: Callable[[int, str | None], object],
+) -> NoReturn:
+    """The decision failed before it was sent (nothing recorded): roll back the run's branches
+    (:func:`roll_back_run`) and say so."""
+    batch = record.batch_id
+    why = policy.describe(cause)
+    left = roll_back_run(sink_id, record, run, group, policy, abort)
     head = f"sink {sink_id} batch {batch}: the decision could not be made ({why}), so nothing of it is visible"
     if left is None:
         raise BatchAbortedError(
@@ -83,7 +96,11 @@ def roll_back_undecided(
             f"with the same sinkId ('{sink_id}') and batchId"
         ) from cause
     raise BatchAbortedError(
-        f"{head}, but rolling back this run's branches failed too ({left}): they stay prepared, holding their "
-        "row locks, until the next run of this sink or 'xasink recover' rolls them back. Then run it again "
+        f"{head}, but rolling back this run's branches failed too ({left}): {STAY_PREPARED}. Then run it again "
         f"with the same sinkId ('{sink_id}') and batchId"
     ) from cause
+
+
+STAY_PREPARED = (
+    "they stay prepared, holding their row locks, until the next run of this sink or 'xasink recover' rolls them back"
+)
