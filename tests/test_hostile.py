@@ -448,7 +448,9 @@ def test_batch_aborted_message_names_the_failing_udf_without_secrets(
     spark: SparkSession, pg_url: str, tally: Tally, fresh_table_name: str
 ) -> None:
     """A job failing for a reason of its own (a failed assert_true) says so: rolled back, nothing visible."""
-    df = spark.range(0, 20, 1, 2).selectExpr("cast(id as int) as id", "assert_true(id < 15, 'id too big') as ok")
+    df = spark.range(0, 20, 1, 2).selectExpr(
+        "cast(id as int) as id", "cast(assert_true(id < 15, 'id too big') as int) as ok"
+    )
     write_fails(
         lambda: xasink.write(df, pg_url, fresh_table_name, password=SECRET),
         BatchAbortedError,

@@ -344,7 +344,7 @@ def test_spark_writes_and_failures_show_no_password(
     result = xasink.write(df, url, table)
     no_secret(str(result), repr(result))
     assert result.rows == 10 and len(rows(server, table)) == 20
-    bad = spark.range(0, 20, 1, 2).selectExpr("id", "assert_true(id < 15, 'id too big') as v")
+    bad = spark.range(0, 20, 1, 2).selectExpr("id", "cast(assert_true(id < 15, 'id too big') as string) as v")
     with pytest.raises(xasink.BatchAbortedError) as info:
         xasink.write(bad, url, table)
     no_secret(info.value)
