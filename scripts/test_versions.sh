@@ -36,6 +36,8 @@ fi
 echo "== PySpark $LINE: $("$PY" -c 'import pyspark, pyarrow, pandas, numpy; print("pyspark", pyspark.__version__, "pyarrow", pyarrow.__version__, "pandas", pandas.__version__, "numpy", numpy.__version__)')"
 
 export PYSPARK_PYTHON="$PY"
+# a core case run on both databases runs on one per older line, the other on the other line (tests/conftest.py)
+export XASINK_VERSION_LINE="$LINE"
 export PYSPARK_DRIVER_PYTHON="$PY"
 # -p no:cacheprovider: the main suite, running beside this one, owns .pytest_cache
 "$PY" -m pytest -n 0 -m core -p no:cacheprovider "$@"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 import re
 import sys
@@ -18,10 +19,12 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import urlsplit
 
 import pyarrow as pa
@@ -47,6 +50,8 @@ from xasink.support.embedded import EmbeddedPostgres, free_port
 from xasink.support.embedded_mariadb import EmbeddedMariaDB, EmbeddedMariaDBError
 from xasink.support.faults import LOCAL_PROPERTY
 from xasink.write_modes.schema import plan_target
+from xasink.write_modes.spec import ApplySpec
+from xasink.write_modes.statements import apply_lock_name
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -149,10 +154,13 @@ def three_tables(pg: Target, maria: Target) -> tuple[str, str, str]:
 
 
 @contextmanager
-def private_mariadb(database: str, overrides: dict[str, str] | None = None) -> Iterator[tuple[EmbeddedMariaDB, str]]:
-    """A MariaDB server of the test's own (to crash and restart, or set up unlike the shared one) and the URL of
-    a fresh ``database`` on it; stopped and removed on exit.  Skipped without MariaDB (a failure under CI)."""
-    server = EmbeddedMariaDB(overrides)
+def private_mariadb(
+    database: str, overrides: dict[str, str] | None = None, server: EmbeddedMariaDB | None = None
+) -> Iterator[tuple[EmbeddedMariaDB, str]]:
+    """A MariaDB server of the test's own (to crash and restart, or set up unlike the shared one; ``server``: one
+    not yet started, else a plain one with ``overrides``) and the URL of a fresh ``database`` on it; stopped and
+    removed on exit.  Skipped without MariaDB (a failure under CI)."""
+    server = server if server is not None else EmbeddedMariaDB(overrides)
     try:
         server.start()
     except EmbeddedMariaDBError as exc:
@@ -527,6 +535,25 @@ def no_branch_opened(stream: Stream, batch: int) -> Iterator[None]:
 
 
 # --------------------------------------------------------------------------- the decision log's sink row, held
+
+
+@contextmanager
+def fault_reached(point: str) -> Iterator[threading.Event]:
+    """An event set once this process reaches the fault point ``point`` (its warning logged, on any thread):
+    a test that must act while a run stalls there waits for it, not for what the run did before."""
+    reached = threading.Event()
+
+    class Seen(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.getMessage().startswith(f"fault point {point} reached"):
+                reached.set()
+
+    logger, handler = logging.getLogger("xasink.support.faults"), Seen(logging.WARNING)
+    logger.addHandler(handler)
+    try:
+        yield reached
+    finally:
+        logger.removeHandler(handler)
 
 
 @contextmanager
@@ -942,3 +969,51 @@ def run_crash_driver(
     """
     args = [url, table, sink, str(batch), str(N), str(PARTITIONS), *(["--direct"] if direct else [])]
     return run_driver(CRASH_DRIVER, args, f"{point}:kill", log, options=options)
+
+
+# --------------------------------------------------------------------------- a reader beside a write
+
+
+def seen_while(db: Target, table: str, write: Callable[[], Any]) -> dict[tuple[int, int], int]:
+    """(count, sum of ids) as a reader polling ``table`` saw them while ``write()`` ran, with times seen: a
+    reader's view of a write that must be all or nothing (the old rows, then exactly the new ones)."""
+    seen: dict[tuple[int, int], int] = {}
+    stop = threading.Event()
+
+    def read() -> None:
+        with db.connect() as conn, conn.cursor() as cur:
+            while not stop.is_set():
+                cur.execute(f"SELECT count(*), coalesce(sum(id), 0) FROM {db.q(table)}")
+                n, total = cur.fetchone()
+                seen[(int(n), int(total))] = seen.get((int(n), int(total)), 0) + 1
+                time.sleep(0.005)
+
+    with ThreadPoolExecutor(1) as pool:
+        reader = pool.submit(read)
+        try:
+            time.sleep(0.2)
+            write()
+            time.sleep(0.2)
+        finally:
+            stop.set()
+        reader.result()  # a failed reader fails the test
+    return seen
+
+
+def order_lock_of(db: Target, table: str) -> str:
+    """The name of the apply lock a write-mode decision of ``table`` (unqualified) holds."""
+    schema = db.execute("SELECT current_schema()" if db.kind == POSTGRESQL else "SELECT DATABASE()")[0][0]
+    return apply_lock_name(cast(ApplySpec, SimpleNamespace(schema=None, table=table)), schema)
+
+
+@contextmanager
+def apply_lock_held(db: Target, table: str) -> Iterator[None]:
+    """The table's apply lock held by a session of the test (as by another sink's long decision)."""
+    name = order_lock_of(db, table)
+    with db.connect() as conn, conn.cursor() as cur:
+        if db.kind == POSTGRESQL:
+            cur.execute("SELECT pg_advisory_lock(%s)", (advisory_key(name),))
+        else:
+            cur.execute("SELECT GET_LOCK(%s, 0)", (name,))
+            assert cur.fetchone()[0] == 1
+        yield

@@ -2,6 +2,7 @@
 
     python tests/modes_driver.py direct URL TABLE SINK_ID BATCH_ID FIRST COUNT PARTITIONS
     python tests/modes_driver.py batch JSON
+    python tests/modes_driver.py batches JSON
     python tests/modes_driver.py stream URL TABLE SINK_ID INPUT_DIR CHECKPOINT_DIR
 
 ``direct``: one ``mode("overwrite")`` batch of ids FIRST..FIRST+COUNT-1 (int ``id``, text ``name`` =
@@ -14,6 +15,10 @@ options come as a JSON object in ``XASINK_TEST_WRITE_OPTIONS``.  A driver killed
 ``batch``: :func:`batch_direct` with its arguments as one JSON object (``url``, ``table``, ``sink_id``,
 ``batch_id``, ``columns``, ``partitions``, ``mode``, ``options``): a second driver process (a process holds
 one run guard per decision log).
+
+``batches``: as ``batch``, one batch after another in this process, the JSON's ``batches`` (a list of
+``[batch_id, partitions]``) instead of ``batch_id`` and ``partitions``: one line per batch, its result or its
+error's class and message (a writer of many batches beside other writers).
 
 ``stream``: a complete-mode streaming aggregation (``count`` of each ``k`` of the JSON files in
 INPUT_DIR, one file per micro-batch) into TABLE with ``format("xasink")``, ``availableNow``.  Before the
@@ -76,9 +81,7 @@ def _direct_plan(
     }
     struct = st.StructType([st.StructField(n, types[t][0], n != "id") for n, t in columns.items()])
     arrow = pa.schema([pa.field(n, types[t][1], nullable=n != "id") for n, t in columns.items()])
-    plan = prepare_write(opts, struct, partitions)
-    assert plan.apply is not None, "this write loads the shadow table"
-    return opts, plan, arrow
+    return opts, prepare_write(opts, struct, partitions), arrow
 
 
 def write_branches(opts: Any, target: Any, batch_id: int, batches: list[Any], guard: str, **extra: Any) -> list[Any]:
@@ -106,8 +109,9 @@ def batch_direct(
     mode: str = "overwrite",
     **options: Any,
 ) -> Any:
-    """One batch of a write mode with a shadow (overwrite, or change-data with ``mode="append"`` and its
-    options), of rows with ``columns`` (name: Spark type), one branch per list, without Spark."""
+    """One batch (a write mode with a shadow: overwrite, change-data or ``visibility="batch"`` with
+    ``mode="append"`` and its options; or a plain append), of rows with ``columns`` (name: Spark type), one
+    branch per list, without Spark."""
     import pyarrow as pa
 
     from xasink.protocol.coordinator import Coordinator
@@ -145,10 +149,11 @@ def prepare_stray_branch(
 
     from xasink.dialects import dialect_for
     from xasink.protocol.xid import Xid, attempt_token, new_run_nonce
-    from xasink.write_modes.schema import conform
+    from xasink.write_modes.conform import conform
 
     columns = columns or {"id": "int", "name": "string"}
     opts, plan, arrow = _direct_plan(url, table, sink_id, batch_id, columns, mode, 1, options)
+    assert plan.apply is not None, "a stray branch of a batch that loads the shadow table"
     xid = Xid(plan.log_id, sink_id, batch_id, 0, attempt_token(999, new_run_nonce()))
     batch = pa.RecordBatch.from_pydict({n: [r[i] for r in rows] for i, n in enumerate(columns)}, schema=arrow)
     dialect = dialect_for(opts.url, opts.branch_settings)
@@ -232,6 +237,18 @@ def main(argv: list[str]) -> int:
             **spec.pop("options"),
         )
         print(json.dumps({"rows": result.rows, "branches": result.branches, "skipped": result.skipped}), flush=True)
+        return 0
+    if argv[:1] == ["batches"] and len(argv) == 2:
+        spec = json.loads(argv[1])
+        for batch_id, partitions in spec.pop("batches"):
+            args = (spec["url"], spec["table"], spec["sink_id"], batch_id, spec["columns"])
+            try:
+                parts = [[tuple(r) for r in p] for p in partitions]
+                result = batch_direct(*args, parts, spec["mode"], **spec["options"])
+                line: dict[str, Any] = {"batch": batch_id, "rows": result.rows, "skipped": result.skipped}
+            except Exception as exc:  # noqa: BLE001 - reported to the test, which asserts on it
+                line = {"batch": batch_id, "error": type(exc).__name__, "message": str(exc)}
+            print(json.dumps(line), flush=True)
         return 0
     if argv[:1] == ["stream"] and len(argv) == 6:
         return stream(*argv[1:6])

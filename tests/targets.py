@@ -393,6 +393,14 @@ class Target(ABC):
             for b, s, x, r, n, p, c in found
         }
 
+    def knows_sink(self, sink_id: str, prefix: str = "xasink_") -> bool:
+        """Whether the decision log holds any record of the sink (its row, or a batch of it)."""
+        return any(
+            self.table_exists(prefix + t)
+            and self.execute(f"SELECT 1 FROM {self.q(prefix + t)} WHERE sink_id = %s", sink_id)
+            for t in ("sinks", "batches")
+        )
+
     def decision(self, sink_id: str, batch_id: int) -> Decision | None:
         return self.decisions(sink_id).get(batch_id)
 

@@ -254,7 +254,7 @@ class TcpProxy:
                 tail = (tail + data)[-256:]
         except OSError:
             pass
-        if not (link.swallow_reply or link.close_after_reply):
+        if not link.swallow_reply:  # after a relayed reply: the client sent again or hung up
             link.close()
 
     def _pump_down(self, link: _Link) -> None:
@@ -268,7 +268,13 @@ class TcpProxy:
                     break
                 link.client.sendall(data)
                 if link.close_after_reply:
-                    break
+                    # half-close: the reply, then FIN; a full close while the client's socket holds unread
+                    # bytes would send RST, which may discard the reply before the client reads it
+                    with contextlib.suppress(OSError):
+                        link.client.shutdown(socket.SHUT_WR)
+                    with contextlib.suppress(OSError):
+                        link.server.close()
+                    return  # _pump_up closes the client's side when the client sends again or hangs up
         except OSError:
             pass
         link.close()

@@ -8,6 +8,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
@@ -194,10 +195,13 @@ def decided_while_recovery_waits(db: Target, monkeypatch: pytest.MonkeyPatch) ->
 
 @pytest.mark.doc_case("error/ReplayIncompleteError")
 @pytest.mark.parametrize("db", [case(MARIADB)], indirect=True)
-def test_apply_lock_held_past_the_commit_timeout_says_the_batch_is_decided(db: Target) -> None:
-    """Another apply of the same sink and target holds the apply lock past commitTimeout: the batch is
-    decided, so the writer must be told so (CommitIncompleteError: recovery finishes it), and a recovery
-    meanwhile reports the batch unfinished instead of failing the whole pass with it."""
+def test_apply_lock_held_past_the_commit_timeout_says_the_batch_is_decided(
+    db: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another session takes the table's apply lock once the batch is decided, and holds it past commitTimeout:
+    the batch is decided, so the writer must be told so (CommitIncompleteError: recovery finishes it), and a
+    recovery meanwhile reports the batch unfinished instead of failing the whole pass with it.  (Held from
+    before the decision, the lock keeps the batch from being decided at all: test_adversary_order.py.)"""
     table = db.new_table()
     db.create_table(table, "id int PRIMARY KEY, name varchar(40), seq bigint")
     sink = f"adv-{uuid.uuid4().hex[:8]}"
@@ -212,14 +216,23 @@ def test_apply_lock_held_past_the_commit_timeout_says_the_batch_is_decided(db: T
             lock = apply_lock_name(spec_for(opts, plan, c.journal.log_id()), session_schema(conn))
     finally:
         c.close()
-    with db.connect() as holder, holder.cursor() as cur:
-        cur.execute("SELECT GET_LOCK(%s, 0)", (lock,))
+    monkeypatch.setenv("XASINK_FAULT", "driver.after_decide:sleep=3:b=1")  # time to take the lock after it
+    with db.connect() as holder, holder.cursor() as cur, ThreadPoolExecutor(1) as pool:
+        job = pool.submit(
+            write,
+            {"options": options, "save_mode": "append", "partitions": [[[1, "a", 5, False]]]},
+            lambda **_: None,
+            _Phase(),
+        )
+        deadline = time.monotonic() + 60
+        while db.decision(sink, 1) is None:
+            assert time.monotonic() < deadline and not job.done(), "the batch was never decided"
+            time.sleep(0.02)
+        cur.execute("SELECT GET_LOCK(%s, 30)", (lock,))  # the decision's own hold of it ends with the decision
+        assert cur.fetchone()[0] == 1
         with pytest.raises(CommitIncompleteError) as first:
-            write(
-                {"options": options, "save_mode": "append", "partitions": [[[1, "a", 5, False]]]},
-                lambda **_: None,
-                _Phase(),
-            )
+            job.result(timeout=120)
+        monkeypatch.delenv("XASINK_FAULT")
         assert not isinstance(first.value, ReplayIncompleteError)  # its own decision
         # a rerun of the batch finds it decided by the first run and cannot finish it either: told so, and that
         # its own rows are not part of the batch (a "skipped" not finished yet; scenario seed 1008 on MariaDB)

@@ -14,19 +14,27 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any, cast
+from typing import Any
 
 import pytest
 
-from tests.harness import expected, fill, host_port, kill_session_lock_holder, shadow_rows, sink_row_locked, through
+from tests.harness import (
+    apply_lock_held,
+    expected,
+    fault_reached,
+    fill,
+    host_port,
+    kill_session_lock_holder,
+    order_lock_of,
+    shadow_rows,
+    sink_row_locked,
+    through,
+)
 from tests.modes_driver import OPTIONS_ENV, overwrite_direct, split
 from tests.targets import POSTGRESQL, Target, case
 from tests.tcp_proxy import TcpProxy
 from xasink.errors import BatchAbortedError, CommitIncompleteError
 from xasink.ops import survey as admin
-from xasink.write_modes.spec import ApplySpec
-from xasink.write_modes.statements import apply_lock_name
 
 
 def sink() -> str:
@@ -39,7 +47,6 @@ def with_search_path(url: str, *schemas: str) -> str:
     return f"{url}{'&' if '?' in url else '?'}options=-csearch_path%3D{path}"
 
 
-@pytest.mark.xfail(strict=True, reason="target identity names the session's default schema, not the table's")
 @pytest.mark.parametrize("db", [case(POSTGRESQL)], indirect=True)
 def test_an_older_overwrite_is_not_applied_over_a_newer_one_written_as_schema_dot_table(db: Target) -> None:
     """Sink A writes ``t`` through a session whose search_path starts with an empty schema (PostgreSQL's
@@ -104,20 +111,24 @@ def wait_prepared(db: Target, *sinks: str, timeout_s: float = 90.0) -> None:
 
 
 @pytest.mark.parametrize("db", [case(POSTGRESQL)], indirect=True)
-@pytest.mark.parametrize("qualified", [False, True], ids=["t", "schema.t"])
-def test_two_sinks_of_one_table_decide_in_turn(db: Target, qualified: bool) -> None:
+@pytest.mark.parametrize(
+    ("qualified", "lock_wait"), [(False, 30), (True, 30), (False, 2)], ids=["t", "schema.t", "t-lock-wait-2s"]
+)
+def test_two_sinks_of_one_table_decide_in_turn(db: Target, qualified: bool, lock_wait: int) -> None:
     """Sink A overwrites ``t``, sink B ``t`` or ``<schema>.t`` (the same table) in the same log, both reaching
     their decisions together (here: the cluster's COMMITs held for a few seconds, as by a slow synchronous
     standby).  Their decisions hold one table apply lock, so B's waits for A's and sees A's pending batch: B
     finishes it first, and B's newer rows are the table's.  The lock was named after the spelling (``|t`` and
     ``<schema>|t``): both decided without seeing the other, and A, decided first, applied last (failed on main
-    with ``<schema>.t``: A's older rows replaced B's, both told written)."""
+    with ``<schema>.t``: A's older rows replaced B's, both told written).  With ``controlLockTimeout=2``
+    (adversary3) B's wait for the lock ran out while A's decision, holding it, was not visible yet: B decided
+    without the lock, and A's older rows replaced B's; B now asks for the lock again until commitTimeout."""
     table = db.new_table()
     db.keyed_table(table)
     fill(db, table, expected(range(10), tag="o"))
     schema = db.execute("SELECT current_schema()")[0][0]
     a, b = sink(), sink()
-    opts: dict[str, Any] = {"controlLockTimeout": 30, "commitTimeout": 30}
+    opts: dict[str, Any] = {"controlLockTimeout": lock_wait, "commitTimeout": 30}
     overwrite_direct(db.url, table, a, 0, split(0, 1, 1), **opts)  # the log exists before the drivers start
     env = {k: v for k, v in os.environ.items() if not k.startswith("XASINK_FAULT")}
     env[OPTIONS_ENV] = json.dumps(opts)
@@ -128,7 +139,7 @@ def test_two_sinks_of_one_table_decide_in_turn(db: Target, qualified: bool) -> N
     job_b = driver(env, db.url, f"{schema}.{table}" if qualified else table, b, 2, 200)
     wait_prepared(db, a, b)
     with commits_held(db):
-        time.sleep(9)  # A's decision sent, its COMMIT waiting; B's read of the log meanwhile, its own COMMIT sent
+        time.sleep(11)  # A's decision sent, its COMMIT waiting; B waits for the lock (2 s: runs out, asks again)
     for job in (job_a, job_b):
         out, err = job.communicate(timeout=120)
         assert job.returncode == 0 and json.loads(out.splitlines()[-1])["rows"] == 10, err[-3000:]
@@ -137,6 +148,59 @@ def test_two_sinks_of_one_table_decide_in_turn(db: Target, qualified: bool) -> N
     # A was decided first (its decision transaction began a second earlier): B's rows are the table's
     assert db.rows(table) == expected(range(200, 210))
     assert db.prepared(a) == [] and db.prepared(b) == [] and shadow_rows(db) == 0
+
+
+@pytest.mark.parametrize("db", [case(POSTGRESQL)], indirect=True)
+def test_two_sinks_killed_after_their_decisions_leave_the_newer_rows(db: Target) -> None:
+    """adversary3: as the lock-wait case above, both drivers killed right after their decisions.  B, whose
+    lock wait ran out while A's decision was not visible, decided beside A, and ``xasink recover`` (sink by
+    sink, B's id first) applied A's older batch last.  Now B decides after A's decision, finishing A's batch
+    first: one batch is pending at a time, and recover leaves B's rows."""
+    table = db.new_table()
+    db.keyed_table(table)
+    fill(db, table, expected(range(10), tag="o"))
+    a, b = f"adv-z{uuid.uuid4().hex[:8]}", f"adv-a{uuid.uuid4().hex[:8]}"  # B's id sorts before A's
+    opts: dict[str, Any] = {"controlLockTimeout": 2, "commitTimeout": 30}
+    overwrite_direct(db.url, table, a, 0, split(0, 1, 1), **opts)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("XASINK_FAULT")}
+    env[OPTIONS_ENV] = json.dumps(opts)
+    env["XASINK_FAULT"] = (
+        "driver.before_decide:sleep=4:b=1,driver.before_decide:sleep=6:b=2,driver.after_decide:kill:b=1,"
+        "driver.after_decide:kill:b=2"
+    )
+    job_a = driver(env, db.url, table, a, 1, 100)
+    job_b = driver(env, db.url, table, b, 2, 200)
+    wait_prepared(db, a, b)
+    with commits_held(db):
+        time.sleep(11)
+    for job in (job_a, job_b):
+        job.communicate(timeout=120)
+        assert job.returncode == -9
+    states = db.execute(
+        "SELECT sink_id, state FROM xasink_batches WHERE sink_id IN (%s, %s) AND batch_id > 0 ORDER BY decided_at",
+        a,
+        b,
+    )
+    assert [tuple(r) for r in states] == [(a, "committed"), (b, "committing")]  # B finished A's batch first
+    report = admin.recover(db.url, older_than_s=0)
+    assert not report.errors, report.errors
+    assert db.rows(table) == expected(range(200, 210))
+    assert db.prepared(a) == [] and db.prepared(b) == [] and shadow_rows(db) == 0
+
+
+def test_an_overwrite_whose_table_apply_lock_stays_held_is_not_decided(db: Target) -> None:
+    """Another session holds the table's apply lock for longer than commitTimeout, with no batch of the table
+    pending: the overwrite is never decided without the lock (it was, after controlLockTimeout).  It fails
+    before its decision, says so, and leaves the table, the log and the prepared list as they were."""
+    table = db.new_table()
+    db.keyed_table(table)
+    fill(db, table, expected(range(10), tag="o"))
+    s = sink()
+    with apply_lock_held(db, table), pytest.raises(BatchAbortedError, match="apply lock was not granted") as err:
+        overwrite_direct(db.url, table, s, 1, split(100, 10, 2), controlLockTimeout=1, commitTimeout=4)
+    assert "nothing of it is visible" in str(err.value) and "rolled back" in str(err.value)
+    assert db.rows(table) == expected(range(10), tag="o")
+    assert db.decision(s, 1) is None and db.prepared(s) == []
 
 
 @pytest.mark.parametrize("point", ["driver.after_decide", "driver.after_commits"])
@@ -161,12 +225,6 @@ def test_another_sinks_overwrite_finishes_a_killed_drivers_decided_batch_first(d
     assert db.prepared(a) == [] and db.prepared(b) == [] and shadow_rows(db) == 0
 
 
-def order_lock_of(db: Target, table: str) -> str:
-    """The name of the apply lock a write-mode decision of ``table`` (unqualified) holds."""
-    schema = db.execute("SELECT current_schema()" if db.kind == POSTGRESQL else "SELECT DATABASE()")[0][0]
-    return apply_lock_name(cast(ApplySpec, SimpleNamespace(schema=None, table=table)), schema)
-
-
 def test_a_decision_whose_order_lock_session_is_lost_goes_on_forward(
     db: Target, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -180,10 +238,11 @@ def test_a_decision_whose_order_lock_session_is_lost_goes_on_forward(
     s = sink()
     opts: dict[str, Any] = {"controlLockTimeout": 20, "commitTimeout": 20}
     overwrite_direct(db.url, table, s, 0, split(0, 2, 1), **opts)  # the sink's row exists
-    monkeypatch.setenv("XASINK_FAULT", "driver.before_decide:sleep=2:b=1")
-    with ThreadPoolExecutor(1) as pool:
+    monkeypatch.setenv("XASINK_FAULT", "driver.before_decide:sleep=5:b=1")
+    with fault_reached("driver.before_decide") as stalled, ThreadPoolExecutor(1) as pool:
         job = pool.submit(overwrite_direct, db.url, table, s, 1, split(100, 10, 2), **opts)
-        wait_prepared(db, s)
+        # the tasks settled their branches under the sink row: holding it before then fails a task instead
+        assert stalled.wait(90), "the run never reached its decision"
         with sink_row_locked(db, s):
             deadline = time.monotonic() + 30
             while True:  # the decision holds the apply lock and waits for the sink's row
@@ -255,3 +314,69 @@ def test_a_blocked_batch_whose_abort_meets_a_held_sink_row_is_told_blocked(
                     job.result(timeout=60)
         cur.execute("ROLLBACK")
     assert db.decision(b, 1) is None and db.rows(table) == expected(range(0, 10))
+    # A's batch is finished, not left decided in the log (a later test's 'xasink recover' met it, table dropped)
+    report = admin.recover(db.url, older_than_s=0)
+    assert not report.errors, report.errors
+    assert db.rows(table) == expected(range(100, 110)) and db.prepared(a) == [] and shadow_rows(db) == 0
+
+
+def test_a_replay_of_a_committed_batch_is_skipped_while_the_apply_lock_is_held_and_another_batch_pends(
+    db: Target,
+) -> None:
+    """Sink A's overwrite batch 1 is committed; sink B's newer batch of the table is decided, its apply not done
+    yet; another session holds the table's apply lock (a long apply, xasink recover).  A's rerun of batch 1 is a
+    replay: told skipped, from the log.  It was told BatchBlockedError ("not decided, nothing of it is visible")
+    while all of it was: the refused lock's path looked for blockers before this batch's own decision
+    (adversary4).  B's batch then takes effect after A's, as decided."""
+    table = db.new_table()
+    db.keyed_table(table)
+    fill(db, table, expected(range(10), tag="o"))
+    a, b = sink(), sink()
+    opts: dict[str, Any] = {"controlLockTimeout": 1, "commitTimeout": 4}
+    assert overwrite_direct(db.url, table, a, 1, split(100, 10, 2), **opts).rows == 10
+    with db.connect() as holder, holder.cursor() as cur:  # an open insert keeps B's apply from finishing
+        cur.execute("BEGIN")
+        cur.execute(f"INSERT INTO {db.q(table)} (id, name) VALUES (5000, 'other')")
+        with pytest.raises(CommitIncompleteError):
+            overwrite_direct(db.url, table, b, 5, split(200, 10, 2), **opts)
+        cur.execute("ROLLBACK")
+    assert db.decision(b, 5).state == "committing"  # type: ignore[union-attr]
+    with apply_lock_held(db, table):
+        replay = overwrite_direct(db.url, table, a, 1, split(100, 10, 2), **opts)
+    assert replay.skipped and db.rows(table) == expected(range(100, 110))
+    report = admin.recover(db.url, older_than_s=0)
+    assert not report.errors, report.errors
+    assert db.rows(table) == expected(range(200, 210)) and db.decision(b, 5).state == "committed"  # type: ignore[union-attr]
+    assert db.prepared(a) == [] and db.prepared(b) == [] and shadow_rows(db) == 0
+
+
+def test_an_apply_failing_for_its_rows_while_the_log_row_is_held_is_told_decided(
+    db: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An overwrite's apply fails for its rows (a column made required after its decision) while another session
+    holds the log's sink row past commitTimeout, so its decision cannot be withdrawn.  The user was told the raw
+    lock timeout (scenario seed 5092 of the long run).  Now CommitIncompleteError: decided, the table keeps its
+    old rows, and recovery ends it (here it withdraws it: its rows still break the table)."""
+    table, s = db.new_table(), sink()
+    db.keyed_table(table)
+    t, old = db.q(table), expected(range(10), tag="o")
+    fill(db, table, old)
+    monkeypatch.setenv("XASINK_FAULT", "driver.after_commits:sleep=3")  # time to break the table meanwhile
+    opts: dict[str, Any] = {"controlLockTimeout": 1, "commitTimeout": 4}
+    with ThreadPoolExecutor(1) as pool:
+        job = pool.submit(overwrite_direct, db.url, table, s, 1, split(100, 10, 2), **opts)
+        deadline = time.monotonic() + 60
+        while db.decision(s, 1) is None:
+            assert time.monotonic() < deadline and not job.done(), "the batch was never decided"
+            time.sleep(0.02)
+        db.execute(f"ALTER TABLE {t} ADD COLUMN req int NOT NULL DEFAULT 0")
+        db.execute(f"ALTER TABLE {t} ALTER COLUMN req DROP DEFAULT")
+        with sink_row_locked(db, s), pytest.raises(CommitIncompleteError) as err:
+            job.result(timeout=90)
+    message = str(err.value)
+    assert "withdrawing the decision failed" in message and "still holds its old rows" in message, message
+    assert db.execute(f"SELECT id, name FROM {t} ORDER BY id") == old
+    assert db.decision(s, 1).state == "committing"  # type: ignore[union-attr]
+    admin.recover(db.url, older_than_s=0)
+    assert db.decision(s, 1) is None and db.execute(f"SELECT id, name FROM {t} ORDER BY id") == old
+    assert db.prepared(s) == [] and shadow_rows(db) == 0

@@ -22,7 +22,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 import xasink
 from tests.doc_cases import raises
-from tests.harness import Stream, expected, frame, spark_jobs
+from tests.harness import Stream, expected, frame, sink_row_locked, spark_jobs
 from tests.leaks import SECRET
 from tests.targets import Target, make_target
 from xasink.support import faults
@@ -200,3 +200,22 @@ def test_tasks_that_check_for_a_slot_at_once_count_each_other(
         f.seek(seen)
         assert "maximum number of prepared transactions reached" not in f.read()
     assert db.rows(table) == [] and db.prepared() == []
+
+
+def test_the_log_row_held_past_control_lock_timeout_before_the_write_is_an_xasink_error(
+    spark: SparkSession, db: Target
+) -> None:
+    """Another session holds the sink's row of the log while a write plans (claims its batch, finishes earlier
+    ones): past controlLockTimeout the user is told BatchAbortedError with the cause, nothing of the batch
+    written.  It was the raw driver error (MariaDB 1205, PostgreSQL LockNotAvailable: scenario seed 5248)."""
+    table, sink = db.new_table(), f"fa-{uuid.uuid4().hex[:8]}"
+    db.keyed_table(table)
+    writer(frame(spark, range(0, 10), 2), db, table, sinkId=sink, batchId=0).mode("append").save()
+    with sink_row_locked(db, sink), pytest.raises(Exception) as info:  # noqa: PT011 - Spark's class
+        writer(frame(spark, range(10, 20), 2), db, table, sinkId=sink, batchId=1, controlLockTimeout=1).mode(
+            "append"
+        ).save()
+    found = xasink.from_spark(info.value)
+    assert isinstance(found, xasink.BatchAbortedError), info.value
+    assert "nothing of this batch was written" in str(found) and "Run it again" in str(found), found
+    assert db.rows(table) == expected(range(10)) and db.decision(sink, 1) is None and db.prepared(sink) == []

@@ -38,15 +38,23 @@ from typing import Any
 
 import pytest
 
+from tests import harness
 from tests.scenarios import model, oracle
 from tests.scenarios.interference import draw_interfere, restarts
-from tests.scenarios.multi import MultiSchedule, MultiWriter, check_multi, draw_multi, draw_multi_faults
+from tests.scenarios.multi import (
+    FinalRecover,
+    MultiSchedule,
+    MultiWriter,
+    Row,
+    check_multi,
+    draw_multi,
+    draw_multi_faults,
+)
 from tests.scenarios.multi_runner import MultiOutcome, MultiRunner
 from tests.scenarios.runner import Outcome, Runner, env_int
 from tests.scenarios.servers import PostgresRestarts, PrivateMariaDB
-from tests.targets import IDS, MARIADB, POSTGRESQL, Target, make_target, mariadb_connect
+from tests.targets import IDS, MARIADB, POSTGRESQL, Target, make_target
 from xasink.support.embedded import EmbeddedPostgres
-from xasink.support.embedded_mariadb import EmbeddedMariaDBError
 
 # seed % 5 picks the mode (append, upsert, overwrite, replaceWhere, changes); 2 and 13 showed bug 1 of
 # FOUND.md (child rows cascaded by an overwrite / replaceWhere) on both databases; about 5-10 s each
@@ -66,6 +74,9 @@ MULTI_FAULTS_CI_SEEDS = (116, 127, 133)
 # the long run: every seed draws the core kind, every fifth also a restart from a new checkpoint, every fourth
 # also interference; the multi-target long run draws draw_multi, and every other seed draw_multi_faults
 QUERY_EVERY, INTERFERE_EVERY, MULTI_FAULTS_EVERY = 5, 4, 2
+# the long runs' seeds split into this many tests, run side by side by ``-n K --dist load`` (each xdist worker a
+# session of its own: its own private PostgreSQL, MariaDB database and decision log), docs/testing.md
+SHARDS = env_int("XASINK_SCENARIO_SHARDS", 1)
 
 # kept schedules that show a bug of issue 37 still open on main: strict xfails, each removed once its fix merged
 # (a strict xfail that passes fails the run: XPASS(strict)).  Such a test "fails as expected" only with the
@@ -159,19 +170,8 @@ def private_mariadb() -> Iterator[tuple[PrivateMariaDB, str]]:
     """A MariaDB server of this module's own, for schedules that kill the server (never the shared one): the
     server and the URL of a database on it.  Started on first use, stopped (its directory removed) at the end."""
     server = PrivateMariaDB()
-    try:
-        server.start()
-    except EmbeddedMariaDBError as exc:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"no private MariaDB for the restart schedules: {exc}", pytrace=False)
-        pytest.skip(f"no private MariaDB for the restart schedules: {exc}")
-    try:
-        database = f"xasink_scen_{uuid.uuid4().hex[:10]}"
-        with mariadb_connect(server.url, database=False) as conn, conn.cursor() as cur:
-            cur.execute(f"CREATE DATABASE `{database}` CHARACTER SET utf8mb4")
-        yield server, server.url + database
-    finally:
-        server.stop()
+    with harness.private_mariadb(f"xasink_scen_{uuid.uuid4().hex[:10]}", server=server) as (_, url):
+        yield server, url
 
 
 class Runners:
@@ -281,16 +281,19 @@ def test_scenarios_interfere(runners: Runners) -> None:
 
 
 @pytest.mark.soak
-def test_scenarios_long(runners: Runners) -> None:
+@pytest.mark.parametrize("shard", range(SHARDS))
+def test_scenarios_long(runners: Runners, shard: int) -> None:
     """At least 1,000 schedules per database (``XASINK_SCENARIO_LONG`` seeds of the core kind), outside CI;
     every fifth seed also draws a restart from a new checkpoint (model.draw_query), every fourth interference
-    from outside xasink (interference.draw_interfere).  Every schedule runs before the test fails."""
-    chosen = seeds("XASINK_SCENARIO_LONG", 1000)
+    from outside xasink (interference.draw_interfere).  Every schedule runs before the test fails.  ``shard``:
+    this test's share of the seeds (every ``XASINK_SCENARIO_SHARDS``-th)."""
+    chosen = seeds("XASINK_SCENARIO_LONG", 1000)[shard::SHARDS]
+    query = [s for s in chosen if s % QUERY_EVERY == 0]
+    interfere = [s for s in chosen if s % INTERFERE_EVERY == 0]
     failed = run_schedules(runners, chosen)
-    failed += run_schedules(runners, [s for s in chosen if s % QUERY_EVERY == 0], model.draw_query)
-    failed += run_schedules(runners, [s for s in chosen if s % INTERFERE_EVERY == 0], draw_interfere)
-    total = len(chosen) + len(chosen) // QUERY_EVERY + len(chosen) // INTERFERE_EVERY
-    fail_on(failed, total, runners.db.id)
+    failed += run_schedules(runners, query, model.draw_query)
+    failed += run_schedules(runners, interfere, draw_interfere)
+    fail_on(failed, len(chosen) + len(query) + len(interfere), runners.db.id)
 
 
 # --------------------------------------------------------------------------- the oracle itself (no database)
@@ -531,12 +534,14 @@ def test_scenarios_found_multi(
 
 
 @pytest.mark.soak
+@pytest.mark.parametrize("shard", range(SHARDS))
 def test_scenarios_multi_long(
-    pg_url: str, mariadb_url: str, tmp_path: Path, pg_server: EmbeddedPostgres | None
+    pg_url: str, mariadb_url: str, tmp_path: Path, pg_server: EmbeddedPostgres | None, shard: int
 ) -> None:
     """``XASINK_SCENARIO_LONG`` (default 1000) multi-target schedules (draw_multi), outside CI; every other seed
-    also draws issue 37's kind (draw_multi_faults).  Every schedule runs before the test fails."""
-    chosen = seeds("XASINK_SCENARIO_LONG", 1000)
+    also draws issue 37's kind (draw_multi_faults).  Every schedule runs before the test fails.  ``shard``: as
+    in :func:`test_scenarios_long`."""
+    chosen = seeds("XASINK_SCENARIO_LONG", 1000)[shard::SHARDS]
     failed = run_multi(pg_url, mariadb_url, tmp_path, chosen)
     faults = [s for s in chosen if s % MULTI_FAULTS_EVERY == 0]
     failed += run_multi(pg_url, mariadb_url, tmp_path, faults, draw_multi_faults, pg_server)
@@ -553,6 +558,16 @@ def test_oracle_accepts_exit_2_only_for_a_withdrawn_batch_of_a_killed_writer() -
     assert oracle.check(s, killed, table, [], True, CHILD, 2) == []
     s.writers[0].partitions = [[(4, "w0"), (5, "w0")]]  # rows that fit: its batch is finished, never withdrawn
     assert any("exited 2" in v for v in oracle.check(s, killed, table, [], True, CHILD, 2))
+
+
+def test_oracle_accepts_exit_2_of_a_sink_no_run_recorded() -> None:
+    """PostgreSQL interference seed 4048: the server restarted while every writer planned, so each was told
+    ConnectError and none recorded the sink; the final ``recover --sink-id`` exits 2 (``recover/no-sink``)."""
+    s = model.Schedule(0, "replaceWhere", [model.Writer("w0", 1, [[(4, "w0")]], None, 0.0)])
+    refused = {"w0": oracle.Told("error", 0, 1, "ConnectError XasinkError", phase="plan")}
+    table = model.initial_rows("replaceWhere")
+    assert oracle.check(s, refused, table, [], True, CHILD, 2, sink_in_log=False) == []
+    assert any("exited 2" in v for v in oracle.check(s, refused, table, [], True, CHILD, 2, sink_in_log=True))
 
 
 def test_oracle_rejects_a_skip_for_another_query() -> None:
@@ -598,6 +613,9 @@ def test_oracle_reads_a_replay_whose_finish_failed_as_a_skip_not_yet_finished() 
     assert oracle.check(s, alone, INIT, [], True, CHILD, 0)  # told "decided by another run": some run of it is in
 
 
+DONE = [FinalRecover(0)]
+
+
 def multi_schedule(*writers: tuple[str, int, str | None], log: str = "pg") -> MultiSchedule:
     return MultiSchedule(
         0,
@@ -615,25 +633,38 @@ def test_multi_oracle() -> None:
     s.writers[1].order = ["maria", "pg"]
     ok = {"w0": oracle.Told("written", 0, 1), "w1": oracle.Told("skipped", 2, 3)}
     both = {"pg": [(0, "w0")], "maria": [(100, "w0")]}
-    assert check_multi(s, ok, both, [], [0]) == []
-    assert any("on every target" in v for v in check_multi(s, ok, {"pg": [(0, "w0")], "maria": []}, [], [0]))
+    assert check_multi(s, ok, both, [], DONE) == []
+    assert any("on every target" in v for v in check_multi(s, ok, {"pg": [(0, "w0")], "maria": []}, [], DONE))
     doubled = {"pg": [(0, "w0"), (1, "w1")], "maria": [(100, "w0"), (101, "w1")]}
     twice = {"w0": oracle.Told("written", 0, 1), "w1": oracle.Told("written", 2, 3)}
-    found = check_multi(s, twice, doubled, [], [0])
+    found = check_multi(s, twice, doubled, [], DONE)
     assert any("2 runs committed" in v for v in found) and any("2 runs told" in v for v in found)
     s.writers[0].query, s.writers[1].query = "qA", "qB"
-    assert any("new checkpoint" in v for v in check_multi(s, ok, both, [], [0]))
-    assert any("left prepared" in v for v in check_multi(s, ok, both, ["xasink:x"], [0]))
+    assert any("new checkpoint" in v for v in check_multi(s, ok, both, [], DONE))
+    assert any("left prepared" in v for v in check_multi(s, ok, both, ["xasink:x"], DONE))
     # without journal_url every run is refused (FOUND.md 5): told OptionError, nothing of it on the targets
     none = multi_schedule(("w0", 1, None), ("w1", 1, None), log="none")
     none.writers[1].order = ["maria", "pg"]
     refused = {w: oracle.Told("error", 0, 1, "OptionError XasinkError", phase="tasks") for w in ("w0", "w1")}
-    assert check_multi(none, refused, {"pg": [], "maria": []}, [], [0]) == []
-    assert any("must be refused" in v for v in check_multi(none, ok, both, [], [0]))
+    assert check_multi(none, refused, {"pg": [], "maria": []}, [], DONE) == []
+    assert any("must be refused" in v for v in check_multi(none, ok, both, [], DONE))
     other = {**refused, "w1": oracle.Told("error", 0, 1, "RuntimeError", phase="tasks")}
-    assert any("must be refused" in v for v in check_multi(none, other, {"pg": [], "maria": []}, [], [0]))
+    assert any("must be refused" in v for v in check_multi(none, other, {"pg": [], "maria": []}, [], DONE))
     lost = {**refused, "w1": oracle.Told("error", 0, 1, "LateBranchError XasinkError", phase="tasks")}
-    assert check_multi(none, lost, {"pg": [], "maria": []}, [], [0]) == []  # taken over before its 2nd database
+    assert check_multi(none, lost, {"pg": [], "maria": []}, [], DONE) == []  # taken over before its 2nd database
+
+
+def test_multi_oracle_accepts_exit_2_only_from_a_log_that_never_saw_the_sink() -> None:
+    """Seed 3029: every writer refused before deciding (no journal_url), so the final ``recover --sink-id`` on
+    each database's own log finds no such sink and exits 2 (``recover/no-sink``); from a log that knows the sink,
+    2 is a failure."""
+    none = multi_schedule(("w0", 1, None), log="none")
+    refused = {"w0": oracle.Told("error", 0, 1, "OptionError XasinkError", phase="tasks")}
+    empty: dict[str, list[Row]] = {"pg": [], "maria": []}
+    assert check_multi(none, refused, empty, [], [FinalRecover(2, sink_in_log=False)] * 2) == []
+    found = check_multi(none, refused, empty, [], [FinalRecover(2, sink_in_log=False), FinalRecover(2)])
+    assert any("final `xasink recover` exited" in v for v in found), found
+    assert check_multi(none, refused, empty, [], [FinalRecover(1, sink_in_log=False)])
 
 
 def test_multi_oracle_judges_a_replay_of_a_subset_by_what_it_saw() -> None:
@@ -645,7 +676,7 @@ def test_multi_oracle_judges_a_replay_of_a_subset_by_what_it_saw() -> None:
     seen_both = {"pg": [0], "maria": [100]}
     ok = {"w0": oracle.Told("killed", 0, 1), "w1": oracle.Told("skipped", 2, 3, seen=seen_both)}
     s.writers[0].fault = "driver.after_decide:kill"
-    assert check_multi(s, ok, both, [], [0]) == []
+    assert check_multi(s, ok, both, [], DONE) == []
     early = {**ok, "w1": oracle.Told("skipped", 2, 3, seen={"pg": [0], "maria": []})}
-    found = check_multi(s, early, both, [], [0])
+    found = check_multi(s, early, both, [], DONE)
     assert any("w1 told 'skipped'" in v and "w0's {'maria': [100]}" in v for v in found), found

@@ -345,8 +345,8 @@ def test_missing_table_without_create(spark: SparkSession, pg: Target, table: st
         pytest.param(
             "id int, name int",
             ["id", "name"],
-            PreflightError,
-            r"column 'name'.*cannot be written to column 'name'",
+            BranchError,  # read by the server, as JDBC's with stringtype=unspecified, which refuses 'n0'
+            r"invalid input syntax for type integer",
             id="string-into-integer",
         ),
         pytest.param(

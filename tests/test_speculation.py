@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -34,7 +35,7 @@ from xasink.protocol.xid import Xid
 
 pytestmark = [pytest.mark.spark, pytest.mark.crash]
 
-STALL_S = 30.0  # far above the copy's whole run on a loaded two-core machine (it starts after minTaskRuntime)
+STALL_S = 36.0  # far above the copy's whole run on a loaded two-core machine (it starts after minTaskRuntime)
 RUN_TIMEOUT = 240.0
 SPECULATION = {
     "spark.speculation": "true",
@@ -51,6 +52,27 @@ SPECULATION = {
     "spark.scheduler.minRegisteredResourcesRatio": "1.0",  # both executors (both hosts) before the job
     "spark.scheduler.maxRegisteredResourcesWaitingTime": "120s",
 }
+
+
+class PreparedWatch:
+    """When a branch of ``sink`` was first seen prepared (polled every 0.1 s in a thread of its own)."""
+
+    def __init__(self, db: Target, sink: str) -> None:
+        self.db, self.sink, self._done = db, sink, threading.Event()
+        self.seen_at: float | None = None
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+
+    def _poll(self) -> None:
+        while not self._done.wait(0.1):
+            if self.db.prepared(self.sink):
+                self.seen_at = time.monotonic()
+                return
+
+    def stop(self) -> float | None:
+        self._done.set()
+        self._thread.join()
+        return self.seen_at
 
 
 @pytest.fixture(scope="module")
@@ -95,6 +117,7 @@ def test_speculative_copy_of_a_straggler_commits_each_row_once(
     # a branch of its own (instead of adopting the prepared one) stalls until well after the straggler woke
     copy_stall = f",task.before_load:sleep={STALL_S * 1.5}:p=1:a=1" if point == "task.after_prepare" else ""
     t0 = time.monotonic()
+    first_prepared = PreparedWatch(db, sink)
     answer = driver.write(
         RUN_TIMEOUT,
         url=db.url,
@@ -107,7 +130,8 @@ def test_speculative_copy_of_a_straggler_commits_each_row_once(
         options=options,
         fault=f"{point}:sleep={STALL_S}:p=1:a=0" + copy_stall,
     )
-    took = time.monotonic() - t0
+    ended = time.monotonic()
+    stalled_at = first_prepared.stop()
     assert answer["ok"], answer
     assert (answer["rows"], answer["branches"], answer["skipped"]) == (40, 2, False)
     found = db.decision(sink, 1)
@@ -117,7 +141,11 @@ def test_speculative_copy_of_a_straggler_commits_each_row_once(
     # partitions 0 and 1 got the stage's first two task attempt ids; a speculative copy a later one
     if point == "task.after_prepare":
         assert xids[1].task_attempt_id == xids[0].task_attempt_id + 1, "the copy did not adopt the straggler's branch"
-    assert took < STALL_S, f"the job took {took:.1f} s: Spark did not speculate (or waited for the straggler)"
+    # the job ended before the straggler woke: its stall began about when the sink's first branch prepared (the
+    # two tasks do the same work up to it), not when the job was submitted (a cold, loaded cluster takes seconds)
+    assert stalled_at is not None, "no branch of the batch was ever seen prepared"
+    took = ended - stalled_at
+    assert took < STALL_S, f"the job ended {took:.1f} s after its first branch prepared: Spark did not speculate"
     if point == "task.before_prepare":
         assert xids[1].task_attempt_id > xids[0].task_attempt_id + 1, "partition 1 was not the copy's"
     time.sleep(max(0.0, t0 + STALL_S + 8 - time.monotonic()))  # the straggler's stall is over: late or killed

@@ -332,7 +332,7 @@ def test_too_long_string_for_varchar_fails_atomically(spark: SparkSession, typed
     [
         ("m", lambda: MapType(StringType(), IntegerType()), {"a": 1}),
         ("st", lambda: StructType([StructField("x", IntegerType())]), (1,)),
-        ("arr", lambda: ArrayType(IntegerType()), [1, 2]),
+        ("arr", lambda: ArrayType(ArrayType(IntegerType())), [[1, 2]]),  # (one dimension is written)
     ],
 )
 def test_unsupported_types_fail_before_any_write(

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 from pathlib import Path
@@ -24,22 +23,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.targets import MARIADB, POSTGRESQL, Target
-from tests.values_harness import ValuesDriver, assert_stored_alike, both_writers, differences
+from tests.values_harness import ValuesDriver, assert_stored_alike, differences, write_both
 
 pytestmark = pytest.mark.spark
 
 TZ = "America/New_York"
 EXAMPLES = int(os.environ.get("XASINK_VALUES_EXAMPLES", "4"))
 UTC = timezone.utc
-
-
-@pytest.fixture(scope="module")
-def driver() -> Iterator[ValuesDriver]:
-    d = ValuesDriver()
-    try:
-        yield d
-    finally:
-        d.close()
 
 
 # --------------------------------------------------------------------------- 1. timestamps
@@ -101,10 +91,10 @@ def timestamps_table() -> pa.Table:
 
 @pytest.mark.parametrize("path", ["bulk", "upsert"])
 def test_timestamps_are_stored_as_spark_jdbc_stores_them(
-    driver: ValuesDriver, db: Target, tmp_path: Path, path: str
+    values_driver: ValuesDriver, db: Target, tmp_path: Path, path: str
 ) -> None:
     data = timestamps_table()
-    jdbc, ours = both_writers(driver, db, TIMESTAMP_COLUMNS[db.kind], data, tmp_path, upsert=path == "upsert")
+    jdbc, ours = write_both(values_driver, db, TIMESTAMP_COLUMNS[db.kind], data, tmp_path, path).rows()
     names = data.column_names
     for row in ours:  # the NTZ columns hold Spark's semantics, whatever JDBC stores
         wall = WALL_TIMES[row[0]] if row[0] < len(WALL_TIMES) else None
@@ -145,9 +135,9 @@ def doubles_table(kind: str) -> pa.Table:
 
 @pytest.mark.parametrize("path", ["bulk", "upsert"])
 def test_doubles_into_decimal_columns_are_cast_by_the_server(
-    driver: ValuesDriver, db: Target, tmp_path: Path, path: str
+    values_driver: ValuesDriver, db: Target, tmp_path: Path, path: str
 ) -> None:
-    assert_stored_alike(driver, db, NUMBER_COLUMNS[db.kind], doubles_table(db.kind), tmp_path, path)
+    assert_stored_alike(values_driver, db, NUMBER_COLUMNS[db.kind], doubles_table(db.kind), tmp_path, path)
 
 
 # --------------------------------------------------------------------------- 3. decimals into doubles
@@ -178,9 +168,9 @@ def decimals_table() -> pa.Table:
 
 @pytest.mark.parametrize("path", ["bulk", "upsert"])
 def test_decimals_into_double_columns_are_correctly_rounded(
-    driver: ValuesDriver, db: Target, tmp_path: Path, path: str
+    values_driver: ValuesDriver, db: Target, tmp_path: Path, path: str
 ) -> None:
-    assert_stored_alike(driver, db, DECIMAL_COLUMNS[db.kind], decimals_table(), tmp_path, path)
+    assert_stored_alike(values_driver, db, DECIMAL_COLUMNS[db.kind], decimals_table(), tmp_path, path)
 
 
 # --------------------------------------------------------------------------- random values, every column
@@ -274,7 +264,7 @@ def frames(draw: st.DrawFn, kind: str) -> tuple[str, pa.Table]:
 
 @pytest.mark.parametrize("path", ["bulk", "upsert"])
 def test_random_values_are_stored_as_spark_jdbc_stores_them(
-    driver: ValuesDriver, db: Target, tmp_path: Path, path: str
+    values_driver: ValuesDriver, db: Target, tmp_path: Path, path: str
 ) -> None:
     @settings(
         max_examples=EXAMPLES,
@@ -285,7 +275,7 @@ def test_random_values_are_stored_as_spark_jdbc_stores_them(
     @given(frames(db.kind))
     def check(frame: tuple[str, pa.Table]) -> None:
         columns, data = frame
-        jdbc, ours = both_writers(driver, db, columns, data, tmp_path, upsert=path == "upsert")
+        jdbc, ours = write_both(values_driver, db, columns, data, tmp_path, path).rows()
         names = data.column_names
         walls = data.column("ntz_plain").to_pylist()
         for row in ours:  # NTZ cells: Spark's semantics (JDBC differs in gaps, overlaps and on MariaDB)
@@ -308,7 +298,7 @@ FLOAT_COLUMNS = {
 
 @pytest.mark.parametrize("path", ["bulk", "upsert"])
 def test_floats_are_stored_as_spark_jdbc_stores_them(
-    driver: ValuesDriver, db: Target, tmp_path: Path, path: str
+    values_driver: ValuesDriver, db: Target, tmp_path: Path, path: str
 ) -> None:
     floats = FLOATS
     if db.kind == MARIADB:  # Spark's JDBC writer sends a float as Float.toString's text, so MariaDB differs:
@@ -319,5 +309,5 @@ def test_floats_are_stored_as_spark_jdbc_stores_them(
     data = pa.table(
         {"id": pa.array(range(len(values)), pa.int32()), "f_real": values, "f_double": values, "f_wide": values}
     )
-    jdbc, ours = both_writers(driver, db, FLOAT_COLUMNS[db.kind], data, tmp_path, upsert=path == "upsert")
+    jdbc, ours = write_both(values_driver, db, FLOAT_COLUMNS[db.kind], data, tmp_path, path).rows()
     assert differences(jdbc, ours, data.column_names) == []

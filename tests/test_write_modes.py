@@ -15,7 +15,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -28,7 +27,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 import xasink
 from tests import doc_cases
-from tests.harness import expected, fill, shadow_rows
+from tests.harness import apply_lock_held, expected, fill, seen_while, shadow_rows
 from tests.modes_driver import OPTIONS_ENV, batch_direct, overwrite_direct, prepare_stray_branch, split
 from tests.targets import MARIADB, POSTGRESQL, Target, case
 from xasink.errors import (
@@ -127,7 +126,8 @@ def table_extras(db: Target, table: str, grantee: str) -> tuple[Any, ...]:
 def test_overwrite_replaces_every_row_at_once_and_keeps_the_table(
     db: Target, spark: SparkSession, reader_grantee: str
 ) -> None:
-    """Exactly the batch's rows afterwards; same table (id, index, comment, grant); a replay writes nothing."""
+    """Exactly the batch's rows afterwards; same index, comment, grant (MariaDB: same table id; PostgreSQL: the
+    storage swapped); a replay writes nothing."""
     table = db.new_table()
     db.keyed_table(table)
     fill(db, table, expected(range(300), tag="o"))
@@ -145,7 +145,10 @@ def test_overwrite_replaces_every_row_at_once_and_keeps_the_table(
     new = expected(range(200, 500))  # keys 200..299 kept, 0..199 gone, 300..499 new
     overwrite(frame(spark, new), db, table, s, 7, truncate="true", cascadeTruncate="false")
     assert db.rows(table) == new
-    assert table_extras(db, table, reader_grantee) == before  # never dropped, truncated or recreated
+    after = table_extras(db, table, reader_grantee)
+    assert after[1:] == before[1:]  # its index, comment and grant kept
+    # MariaDB: never dropped, truncated or recreated; PostgreSQL: its storage swapped (tests/test_overwrite_swap.py)
+    assert (after[0] == before[0]) is (db.kind == MARIADB)
     assert db.decision(s, 7) is not None and db.decision(s, 7).state == "committed"  # type: ignore[union-attr]
     assert shadow_rows(db) == 0
 
@@ -379,36 +382,25 @@ def test_readers_see_exactly_the_old_or_the_new_rows(db: Target, monkeypatch: py
     db.keyed_table(table)
     old, new = expected(range(1000), tag="o"), expected(range(500, 2000))
     fill(db, table, old)
+    storage = table_identity(db, table)
     signature = {"old": (1000, sum(range(1000))), "new": (1500, sum(range(500, 2000)))}
-    seen: dict[tuple[int, int], int] = {}
-    stop = threading.Event()
-
-    def read() -> None:
-        with db.connect() as conn, conn.cursor() as cur:
-            while not stop.is_set():
-                cur.execute(f"SELECT count(*), coalesce(sum(id), 0) FROM {db.q(table)}")
-                (n, total) = cur.fetchone()
-                key = (int(n), int(total))
-                seen[key] = seen.get(key, 0) + 1
-                time.sleep(0.005)
-
     monkeypatch.setenv("XASINK_FAULT", "driver.after_commits:sleep=1.5")
     s = sink()
-    with ThreadPoolExecutor(1) as pool:
-        reader = pool.submit(read)
-        try:
-            time.sleep(0.2)
-            t0 = time.monotonic()
-            result = overwrite_direct(db.url, table, s, 0, split(500, 1500, 3))
-            took = time.monotonic() - t0
-            time.sleep(0.2)
-        finally:
-            stop.set()
-        reader.result()
+    ran: list[Any] = []
+
+    def write() -> None:
+        t0 = time.monotonic()
+        ran.append(overwrite_direct(db.url, table, s, 0, split(500, 1500, 3)))
+        ran.append(time.monotonic() - t0)
+
+    seen = seen_while(db, table, write)
+    result, took = ran
     assert result.rows == 1500 and took >= 1.5  # the driver was held
     assert set(seen) <= set(signature.values()), f"a reader saw neither the old nor the new rows: {seen}"
     assert seen.get(signature["old"], 0) > 10 and seen.get(signature["new"], 0) > 0, seen
     assert db.rows(table) == new and db.prepared(s) == [] and shadow_rows(db) == 0
+    # PostgreSQL swapped the table's storage under the polling reader (tests/test_overwrite_swap.py); MariaDB did not
+    assert (table_identity(db, table) != storage) is (db.kind == POSTGRESQL)
 
 
 def begin_snapshot(db: Target, cur: Any) -> None:
@@ -1050,3 +1042,22 @@ def test_a_withdrawal_that_lost_its_race_to_a_recovery_is_told_written(
     assert db.rows(table) == [(i, f"n{i}", 0) for i in range(100, 120)]
     assert db.decision(s, 5).state == "committed"  # type: ignore[union-attr]
     assert db.prepared(s) == [] and shadow_rows(db) == 0
+
+
+def test_an_overwrite_whose_tables_apply_lock_stays_held_is_aborted_through_write(
+    spark: SparkSession, db: Target
+) -> None:
+    """The public API's side of tests/test_adversary_order.py: another session holds the table's apply lock past
+    commitTimeout, nothing of the table pending.  ``xasink.write`` raises BatchAbortedError saying so; nothing of
+    the batch is visible, decided or prepared, and the same batch then writes once the lock is free."""
+    table, s = db.new_table(), sink()
+    db.keyed_table(table)
+    old, new = expected(range(10), tag="o"), expected(range(100, 110))
+    fill(db, table, old)
+    opts = {"controlLockTimeout": "1", "commitTimeout": "4"}
+    with apply_lock_held(db, table), pytest.raises(BatchAbortedError, match="apply lock was not granted") as err:
+        xasink.write(frame(spark, new), db.url, table, sink_id=s, batch_id=1, mode="overwrite", **opts)
+    assert "nothing of it is visible" in str(err.value), err.value
+    assert db.rows(table) == old and db.decision(s, 1) is None and db.prepared(s) == []
+    assert xasink.write(frame(spark, new), db.url, table, sink_id=s, batch_id=1, mode="overwrite", **opts).rows == 10
+    assert db.rows(table) == new and shadow_rows(db) == 0

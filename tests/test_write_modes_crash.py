@@ -62,6 +62,9 @@ def foreign(db: Target) -> Iterator[str]:
         case(POSTGRESQL, "driver.after_first_commit", "rerun"),  # some branches committed into the shadow
         case(POSTGRESQL, "driver.after_commits", "cli"),  # all committed into the shadow, the table untouched
         case(POSTGRESQL, "driver.after_mark", "rerun"),  # applied and marked
+        # the swap (tests/test_overwrite_swap.py): the new storage loaded; the target swapped, not committed
+        case(POSTGRESQL, "driver.swap_loaded", "cli"),
+        case(POSTGRESQL, "driver.apply_statements", "rerun"),
         case(MARIADB, "driver.before_decide", "rerun"),
         case(MARIADB, "driver.after_decide", "cli"),
         case(MARIADB, "driver.after_first_commit", "cli"),
@@ -76,6 +79,7 @@ def test_an_overwrite_killed_at_each_step_ends_with_the_old_or_the_new_rows(
     table = db.new_table()
     db.keyed_table(table)
     fill(db, table, OLD)
+    storage = storage_of(db, table) if db.kind == POSTGRESQL else None
     s = f"wmc-{uuid.uuid4().hex[:8]}"
     log = tmp_path / "driver.log"
     args = ["direct", db.url, table, s, str(BATCH), str(FIRST), str(N), str(PARTITIONS)]
@@ -98,6 +102,8 @@ def test_an_overwrite_killed_at_each_step_ends_with_the_old_or_the_new_rows(
             assert prepared == []
         # until the apply step, the table holds exactly its old rows, even with every branch committed
         assert visible == (NEW if point == "driver.after_mark" else OLD)
+        if db.kind == POSTGRESQL and point != "driver.after_mark":  # a killed swap left nothing of it
+            assert storage_of(db, table) == storage and swap_tables(db) == []
         if point == "driver.after_commits":
             assert shadow_rows(db) == N  # the whole batch waits in the shadow
     assert foreign in db.listed()
@@ -118,6 +124,18 @@ def test_an_overwrite_killed_at_each_step_ends_with_the_old_or_the_new_rows(
     assert db.prepared(s) == [] and shadow_rows(db) == 0
     assert db.decision(s, BATCH).state == "committed"  # type: ignore[union-attr]
     assert foreign in db.listed()
+    if db.kind == POSTGRESQL:  # the batch was applied by a swap (by the recovery or the rerun)
+        assert storage_of(db, table) != storage and swap_tables(db) == []
+
+
+def storage_of(db: Target, table: str) -> int:
+    """PostgreSQL: the table's OID, which a swap changes."""
+    return int(db.execute("SELECT %s::regclass::oid", db.q(table))[0][0])
+
+
+def swap_tables(db: Target) -> list[tuple[object, ...]]:
+    """The tables a swap builds under another name: none outlives its transaction."""
+    return db.execute("SELECT relname FROM pg_class WHERE relname LIKE %s", "xasink\\_sw\\_%")
 
 
 # --------------------------------------------------------------------------- complete output mode

@@ -7,9 +7,13 @@ process: so the comparison runs in this process of its own, with the session tim
 It serves requests, one JSON object a line on stdin, and answers each with one line ``VALUES {json}`` on
 stdout (Spark logs go to stderr).  A request names a Parquet file (read with its own schema: an Arrow
 timestamp with a zone is Spark's TimestampType, one without is TimestampNTZType), and for each writer the
-URL and table to write it into (mode append, into tables that exist); ``upsert`` names key columns for
-xasink's upsert; ``select`` SQL expressions to select from the frame first; ``conf`` Spark SQL
-settings for this request only.  The answer is ``{"ok": true}`` or ``{"ok": false, "writer": ..., "error": ...}``.
+URL and table to write it into (into tables that exist); ``mode`` is both writers' save mode (``append``
+by default, ``overwrite``: JDBC with ``truncate=true``); ``xasink_options`` are xasink's options of the
+write path (``upsertKeyColumns``, ``deleteFlagColumn``), ``jdbc_drop`` the columns JDBC's frame leaves out
+(the delete flag, which xasink does not store); ``select`` SQL expressions to select from the frame first;
+``conf`` Spark SQL settings for this request only (``spark.sql.session.timeZone``: a session zone other than
+the JVM's; null: unset, as a session that never set it).  The answer is ``{"ok": true}`` or
+``{"ok": false, "writer": ..., "error": ...}``.
 """
 
 from __future__ import annotations
@@ -49,10 +53,12 @@ def jdbc_target(url: str) -> tuple[str, dict[str, str]]:
 
 
 def _cause(exc: Exception) -> str:
-    """The JDBC writer's reason: the Java exception's first line that names one (py4j's first line names none)."""
+    """The JDBC writer's reason: the Java exception's root cause (a task's ``Caused by:``, the server's error),
+    else its first line that names one (py4j's first line names none)."""
     lines = str(exc).splitlines()
+    causes = [line.strip().removeprefix("Caused by: ") for line in lines if line.startswith("Caused by: ")]
     named = [line.strip() for line in lines if "Exception:" in line or "Error:" in line]
-    return (named[0] if named else lines[0])[:2000]
+    return (causes[-1] if causes else named[0] if named else lines[0])[:2000]
 
 
 def serve(spark: Any) -> None:
@@ -61,22 +67,30 @@ def serve(spark: Any) -> None:
             continue
         request = json.loads(line)
         conf = request.get("conf") or {}
+        before = {key: spark.conf.get(key, None) for key in conf}
         for key, value in conf.items():  # before the read: a frame with columns ID and id needs caseSensitive
-            spark.conf.set(key, value)
+            if value is None:  # a setting the session never made (spark.sql.session.timeZone: Spark's default)
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
         df = spark.read.parquet(request["parquet"])
         if request.get("select"):
             df = df.selectExpr(*request["select"])
         df = df.cache()
         df.count()
         answer: dict[str, Any] = {"ok": True}
+        mode = request.get("mode", "append")
         try:
             url, options = jdbc_target(request["jdbc_url"])
+            if mode == "overwrite":
+                options["truncate"] = "true"  # keep the twin table's definition, as xasink does
             (
-                df.write.format("jdbc")
+                df.drop(*request.get("jdbc_drop", []))
+                .write.format("jdbc")
                 .options(**options)
                 .option("url", url)
                 .option("dbtable", request["jdbc_table"])
-                .mode("append")
+                .mode(mode)
                 .save()
             )
         except Exception as exc:  # noqa: BLE001 - reported to the test
@@ -84,16 +98,17 @@ def serve(spark: Any) -> None:
         try:
             writer = df.write.format("xasink").option("url", request["xasink_url"])
             writer = writer.option("dbtable", request["xasink_table"])
-            if request.get("upsert"):
-                writer = writer.option("upsertKeyColumns", ",".join(request["upsert"]))
-            writer.mode("append").save()
+            writer.options(**request.get("xasink_options", {})).mode(mode).save()
         except Exception as exc:  # noqa: BLE001 - reported to the test
             if answer["ok"]:
                 answer = {"ok": False, "writer": "xasink", "error": str(exc)[:4000]}
             else:
                 answer["xasink_error"] = str(exc)[:4000]
-        for key in conf:
-            spark.conf.unset(key)
+        for key, value in before.items():  # as before: an unset spark.sql.session.timeZone is another case
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
         df.unpersist()
         print("VALUES " + json.dumps(answer), flush=True)
 

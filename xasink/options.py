@@ -81,6 +81,9 @@ class WriteOptions:
     replace_where_check: bool = True  # a batch row outside replaceWhere fails the batch
     delete_flag_column: str | None = None  # change-data apply: a true flag deletes the row's key (not written)
     sequence_column: str | None = None  # change-data apply: the newest change of a key wins, older ones are ignored
+    # "branch": each branch's rows are visible as its COMMIT lands; "batch": readers see none or all of the
+    # batch (it goes through the shadow and reaches the table in one transaction, as the write modes do)
+    visibility: str = "branch"
     extra: Mapping[str, str] = field(default_factory=dict, repr=False)
 
     @property
@@ -104,7 +107,7 @@ class WriteOptions:
     @property
     def applies_at_commit(self) -> bool:
         """Rows go through the shadow table and reach the target in one local transaction at commit."""
-        return self.mode == "overwrite" or self.change_data
+        return self.mode == "overwrite" or self.change_data or self.visibility == "batch"
 
     def with_mode(self, mode: str) -> WriteOptions:
         """The options under Spark's save mode (the writer learns it from Spark, not from an option)."""
@@ -259,7 +262,9 @@ KNOWN = {
     "deleteflagcolumn": "deleteFlagColumn",
     "sequencecolumn": "sequenceColumn",
     "cascadetruncate": "cascadeTruncate",
+    "visibility": "visibility",
 }
+VISIBILITIES = ("branch", "batch")
 
 
 def parse_options(raw: Mapping[str, Any], *, streaming: bool = False) -> WriteOptions:
@@ -324,6 +329,12 @@ def parse_options(raw: Mapping[str, Any], *, streaming: bool = False) -> WriteOp
     replace_where = opts.get("replacewhere")
     if replace_where is not None and not replace_where.strip():
         replace_where = None
+    visibility = opts.get("visibility", "branch").strip().lower() or "branch"
+    if visibility not in VISIBILITIES:
+        raise OptionError(
+            f"option 'visibility': {opts['visibility'][:40]!r} is not one of 'branch' (each branch's rows "
+            "visible as it commits, the default) or 'batch' (readers see none or all of the batch)"
+        )
     return WriteOptions(
         url=url,
         table=table,
@@ -348,6 +359,7 @@ def parse_options(raw: Mapping[str, Any], *, streaming: bool = False) -> WriteOp
         replace_where_check=_bool(opts, "replacewherecheck", "replaceWhereCheck", True),
         delete_flag_column=flag,
         sequence_column=sequence,
+        visibility=visibility,
     )
 
 

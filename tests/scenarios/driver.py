@@ -4,7 +4,8 @@
 once, so a writer starts in milliseconds): it plans the write as the data source's ``writer()`` does (server
 checks, the table's plan, the shadow table of an apply mode, the run guard, the batch's check, the driver's
 claim, recovery of earlier runs), writes each partition with ``write_partition`` as a task does (a failed task
-is retried once as attempt 1, as Spark retries it; a second failure aborts the batch), then commits with
+is retried once as attempt 1, as Spark retries it; a second failure aborts the batch as the data source's
+``abort()`` does after a failed job, ``undecided``, and raises the task's error), then commits with
 ``Coordinator.commit`` (or aborts); a commit that raises is followed by ``Coordinator.abort``, as Spark calls a
 batch write's ``abort()`` when its ``commit()`` fails. The fault comes from ``XASINK_FAULT``, so a fault point
 ``kill`` takes this process down at that protocol point, ``sleep=`` pauses it there.
@@ -141,8 +142,13 @@ def write(spec: dict[str, Any], emit: Any, phase: _Phase) -> WriteResult:
                     )
                     break
                 except Exception:
-                    if attempt == 1:  # Spark gives up on the task: the job aborts
-                        coordinator.abort(batch_id, [*outcomes, None], run=run)
+                    if attempt == 1:  # Spark gives up on the task: the job aborts, and the writer's abort() runs
+                        # as XasinkBatchWriter.abort's after a failed job: the run never decides, so its branches
+                        # go without the sink lock first; a failed abort is logged and the job's error raised
+                        try:
+                            coordinator.abort(batch_id, [*outcomes, None], run=run, undecided=True)
+                        except Exception:  # noqa: BLE001 - Spark logs a failed abort and raises the job's error
+                            logging.getLogger(__name__).warning("abort after the failed job failed too", exc_info=True)
                         raise
                     logging.getLogger(__name__).warning("task %d failed, retrying it", p, exc_info=True)
             outcomes.append(outcome)

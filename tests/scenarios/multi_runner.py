@@ -20,7 +20,7 @@ from typing import Any
 from tests.scenarios import model
 from tests.scenarios.driver import multi_writer_main
 from tests.scenarios.interference import Anchored, Interference, Place, Restartable, due_items
-from tests.scenarios.multi import DBS, MultiRecover, MultiSchedule, MultiWriter, Row, check_multi
+from tests.scenarios.multi import DBS, FinalRecover, MultiRecover, MultiSchedule, MultiWriter, Row, check_multi
 from tests.scenarios.oracle import Told
 from tests.scenarios.runner import (
     RECOVER_LIMIT_S,
@@ -99,6 +99,10 @@ class MultiRunner:
         if log != db:
             argv += ["--journal-url", self.recover_urls[log]]
         return RecoverRun(argv, here / f"recover-{name}-{db}-{log}.log")
+
+    def _log_knows(self, log: str, sink: str) -> bool:
+        """Whether the decision log in ``log``'s database holds any record of ``sink``."""
+        return self.dbs[log].knows_sink(sink)
 
     def run(self, schedule: MultiSchedule) -> MultiOutcome:
         t_begin = time.monotonic()
@@ -189,7 +193,8 @@ class MultiRunner:
             # naming it: once every database was recovered, recovering it again must exit 0
             for db in order:
                 rc = first[db]
-                rcs.append(rc if rc != 1 else self._recover(db, log, sink, here, "again").wait(RECOVER_LIMIT_S))
+                rc = rc if rc != 1 else self._recover(db, log, sink, here, "again").wait(RECOVER_LIMIT_S)
+                rcs.append(FinalRecover(rc, self._log_knows(log, sink)))
         told = {w.label: exits.told(watch, w.label) for w in schedule.writers}
         rows = {db: [(int(r[0]), str(r[1])) for r in t.rows(tables[db], "id, name")] for db, t in self.dbs.items()}
         prepared = [g for t in self.dbs.values() for g in t.prepared(sink)]

@@ -253,7 +253,8 @@ class Runner:
         child_rows = [tuple(int(v) for v in r) for r in self.db.rows(child)] if child is not None else []
         sibling_ok = [tuple(r) for r in self.db.rows(sibling)] == SIBLING_ROWS
         prepared = self.db.prepared(sink)
-        violations = oracle.check(schedule, told, rows, prepared, sibling_ok, child_rows, final_rc)
+        known = self.db.knows_sink(sink)
+        violations = oracle.check(schedule, told, rows, prepared, sibling_ok, child_rows, final_rc, known)
         if final_rc is None:
             violations.append(f"the final `xasink recover` ran past {RECOVER_LIMIT_S}s and was killed")
         if watch.stuck:

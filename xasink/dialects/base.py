@@ -25,6 +25,8 @@ from xasink.dialects.values import (
     ErrorKind,
     Merge,
     PreparedTxn,
+    SwapRefused,
+    SwapTarget,
     TargetPlan,
 )
 from xasink.errors import XasinkError
@@ -232,6 +234,16 @@ class Dialect(ABC):
         """The database this connection's session is in."""
         return str(conn.execute(sa.text(cls.database_sql)).scalar())
 
+    @classmethod
+    def table_schema(cls, conn: Connection, table: str) -> str | None:
+        """The schema an unqualified ``table`` is found in by this session, None when it finds none there.
+
+        The default schema is where a table is created, not always where one is found (PostgreSQL searches
+        search_path): the decision log records, and the apply names, the table the writer's session found, so
+        a run of another search_path (``xasink recover``, another sink naming it ``schema.table``) is one
+        target with it."""
+        return None
+
     def ping(self, conn: Connection) -> None:
         """One round trip on an open connection, raising when its session is gone (a run guard's watch)."""
         conn.exec_driver_sql("SELECT 1")
@@ -320,6 +332,13 @@ class Dialect(ABC):
 
     def lock_for_overwrite(self, conn: Connection, schema: str | None, table: str) -> None:  # noqa: B027
         """Keep other writers out of the table while its rows are replaced (readers are never blocked)."""
+
+    swaps_tables = False  # an overwrite may swap the table's storage (swap_table)
+
+    def swap_table(self, conn: Connection, target: SwapTarget) -> int:
+        """Overwrite by swapping the table's storage, inside the caller's transaction (a savepoint of its own); the
+        rows loaded.  :class:`SwapRefused` when it cannot (nothing changed then): the caller applies in place."""
+        raise SwapRefused(f"{self.name} overwrites in place")
 
     def clear_shadow(self, conn: Connection, shadow: sa.TableClause, batch: sa.ColumnElement[bool]) -> None:
         """Delete the applied batch's rows from the shadow, inside the caller's transaction."""

@@ -173,3 +173,20 @@ SHADOW_TAG_COLUMN, SHADOW_ROW_COLUMN = "xasink_tag_", "xasink_row_"
 def branch_tag(bqual: str) -> int:
     """A branch's number in a keyed shadow: a 63-bit hash of its bqual, the same in the loader and the apply."""
     return int.from_bytes(hashlib.blake2b(bqual.encode(), digest_size=8).digest(), "big") >> 1
+
+
+class SwapRefused(Exception):
+    """An overwrite cannot swap the table's storage without changing what others see, or cannot do it at all:
+    it is applied in place instead (the message says why, for the log)."""
+
+
+@dataclass(frozen=True)
+class SwapTarget:
+    """An overwrite to apply by swapping storage: the target, the name its new storage is built under, and the
+    SELECT of the decided batch's rows from the shadow (the target's ``columns``, in that order)."""
+
+    schema: str | None
+    table: str
+    new: str
+    columns: tuple[str, ...]
+    rows: sa.Select[Any]

@@ -37,9 +37,12 @@ def session_target(conn: Connection) -> tuple[str, str]:
 
 
 def target_identity(conn: Connection, schema: str | None, table: str, query: str | None = None) -> str:
-    """What a batch writes, as the decision log records it: database, schema (the session's default when the
-    table names none) and table, and the streaming query's id when there is one."""
+    """What a batch writes, as the decision log records it: database, schema (when the table names none, the
+    one the session finds it in, else the session's default, where it would be created) and table, and the
+    streaming query's id when there is one."""
     db, default_schema = session_target(conn)
+    if not schema:
+        schema = dialect_class(conn.engine.url).table_schema(conn, table)
     ident: dict[str, str] = {
         "db": db,
         "schema": str(schema or default_schema),

@@ -95,7 +95,7 @@ class ApplyStep:
                     )
                 log.info("sink %s batch %s was applied already (by a recovery run)", self.sink_id, batch_id)
         except ApplyError as exc:
-            if not self.withdraw_decision(batch_id, spec, xids, str(exc)):
+            if not self._withdraw(batch_id, spec, xids, str(exc), deadline):
                 return  # another run applied it meanwhile: its rows are visible
             raise
         except Exception as exc:
@@ -114,7 +114,7 @@ class ApplyStep:
                     "'xasink recover' finishes it once that is fixed; no row is lost or doubled."
                 ) from exc
             reason = self.policy.describe(exc)
-            if not self.withdraw_decision(batch_id, spec, xids, reason):
+            if not self._withdraw(batch_id, spec, xids, reason, deadline):
                 return  # another run applied it meanwhile: its rows are visible
             raise ApplyError(
                 f"sink {self.sink_id} batch {batch_id}: could not {spec.describe()}: {reason}. The table keeps "
@@ -134,6 +134,28 @@ class ApplyStep:
             return False
         recorded = self.journal.recorded_target(conn, self.sink_id, decided.batch_id)
         return deciding_run(recorded) in {x.run for x in xids}
+
+    def _withdraw(self, batch_id: int, spec: ApplySpec, xids: Sequence[Xid], reason: str, deadline: float) -> bool:
+        """:meth:`withdraw_decision`, retried through transient errors (the log's sink row held past
+        controlLockTimeout, a lost connection) until ``deadline``; then the batch is still decided, its rows
+        loaded and not visible: :class:`CommitIncompleteError`, never the raw error.  Which way it ends is the
+        next run's or recovery's: applied if the table takes its rows then, else withdrawn."""
+        what = f"withdrawing the decision of sink {self.sink_id} batch {batch_id}"
+        try:
+            return self.policy.forward(what, lambda: self.withdraw_decision(batch_id, spec, xids, reason), deadline)
+        except XasinkError:
+            raise
+        except Exception as exc:
+            if not self.policy.transient(exc):
+                raise
+            raise CommitIncompleteError(
+                f"sink {self.sink_id} batch {batch_id} is decided and its rows are loaded, but the step that makes "
+                f"them visible ({spec.describe()}) failed because of the rows ({reason}), and withdrawing the "
+                f"decision failed within commitTimeout ({self.policy.timeout_s} s: {self.policy.describe(exc)}); "
+                f"the table still holds its old rows. The next run of this sink (sinkId '{self.sink_id}') or "
+                "'xasink recover' finishes it: it applies the batch if the table takes its rows then, else "
+                "withdraws it (nothing of it visible); no row is lost or doubled."
+            ) from exc
 
     def withdraw_decision(self, batch_id: int, spec: ApplySpec, xids: Sequence[Xid], reason: str) -> bool:
         """Withdraw a decision whose apply can never succeed: its rows only ever reached the shadow.
@@ -183,8 +205,9 @@ class ApplyStep:
 def order_lock(dialect: Dialect, spec: ApplySpec) -> Iterator[str | None]:
     """Hold the target's apply lock (on a connection of its own) around a write-mode decision: two sinks of one
     log decide a table's batches one after the other, and each sees the other's pending batch (DESIGN
-    invariant 12).  Yields None once granted, else why not (an apply of the table ran past controlLockTimeout:
-    the decision then refuses if a batch of the table is pending, and goes on otherwise)."""
+    invariant 12).  Yields None once granted, else why not (another session held it past controlLockTimeout:
+    the decision then refuses if a batch of the table is pending, and asks again otherwise; it is never made
+    without the lock, :meth:`xasink.protocol.decision.Decider.decide`)."""
     with dialect.connect() as conn:
         lock = apply_lock_name(spec, session_schema(conn))
         conn.begin()

@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import replace
+from functools import partial
 
 from xasink.dialects import dialect_for, shared_dialect
 from xasink.dialects.base import Dialect
@@ -36,7 +37,7 @@ from xasink.journal.targets import (
 from xasink.options import WriteOptions
 from xasink.protocol.decision import Decider, DecisionNotMade, Refusal
 from xasink.protocol.recovery import Recovery, RecoveryReport, sink_recovery
-from xasink.protocol.undecided import finish_blockers, roll_back_run, roll_back_undecided
+from xasink.protocol.undecided import decide_past_blockers, roll_back_run, roll_back_undecided
 from xasink.results import BranchOutcome, WriteResult
 from xasink.support.faults import fault
 from xasink.support.phases import phase
@@ -186,9 +187,8 @@ class Coordinator:
         # log forgot, branches of another log, tasks that saw a decision) and records the decision
         with phase("commit.decide", **ids):
             try:
-                verdict = self.decider.decide(record, query, apply, checks=True, skipped=skipped, run=run)
-                if verdict is not None and verdict.blocked and finish_blockers(verdict, self._recovery_of, self.policy):
-                    verdict = self.decider.decide(record, query, apply, checks=True, skipped=skipped, run=run)
+                decide = partial(self.decider.decide, record, query, apply, checks=True, skipped=skipped, run=run)
+                verdict = decide_past_blockers(decide, self._recovery_of, self.policy)
             except DecisionNotMade as exc:
                 roll_back_undecided(
                     self.sink_id, record, run, exc.cause, self.group, self.policy, lambda b, r: self.abort(b, run=r)

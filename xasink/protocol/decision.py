@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 
@@ -23,6 +24,7 @@ from xasink.errors import (
     ConcurrentWriterError,
     DecisionUnknownError,
     ForgottenBatchError,
+    XasinkError,
 )
 from xasink.journal.log import Journal
 from xasink.journal.records import BatchRecord
@@ -90,9 +92,13 @@ class Decider:
         self.policy = policy
         self.leftovers = True  # the last decision saw branches of this sink besides its own: sweep after it
 
-    def target(self, conn: Connection, query: str | None = None) -> str:
-        """What this sink's batches write (the identity the decision log records with each batch)."""
-        return target_identity(conn, self.table.schema, self.table.name, query)
+    def target(self, conn: Connection, query: str | None = None, apply: ApplySpec | None = None) -> str:
+        """What this sink's batches write (the identity the decision log records with each batch).  A write-mode
+        batch's is the table its apply step was planned on: an unqualified table is not looked up again, so a
+        same-named table made meanwhile earlier in search_path cannot split the recorded target from the table
+        the batch is applied to."""
+        schema = self.table.schema or (apply.schema if apply is not None else None)
+        return target_identity(conn, schema, self.table.name, query)
 
     def blockers(self, conn: Connection, mine: str, batch_id: int) -> list[tuple[str, int]]:
         """Decided write-mode batches of this batch's table (of any sink of the log) not applied yet: a newer
@@ -115,25 +121,48 @@ class Decider:
         run: str | None = None,
     ) -> Refusal | None:
         """:meth:`decide_locked`; a write-mode batch's commit (``checks``) decides holding its table's apply lock,
-        so that a second sink's decisions of the table are ordered with this one's (DESIGN invariant 12)."""
+        so that a second sink's decisions of the table are ordered with this one's (DESIGN invariant 12).
+
+        Never without it: a session holding it may be deciding a batch of the table whose decision is not
+        visible yet (its COMMIT waiting on a slow disk or a synchronous standby), and a decision made beside it
+        would take effect in the wrong order.  While the lock is not granted, the batch's own state is read
+        first: decided (a replay, or another target's batch) or below the log's horizon, it is answered from the
+        log, where nothing can be decided; else a pending batch of the table found meanwhile is a refusal
+        (finished first by the caller); else the lock is asked again until commitTimeout, then the decision is
+        not made (the run rolls back, nothing of it visible).  Any failure meanwhile is :class:`DecisionNotMade`."""
         if not (checks and apply is not None):
             return self.decide_locked(record, query, apply, checks, skipped, run)
-        with ExitStack() as held:
-            batch = record.batch_id
-            try:  # nothing is recorded yet: a failure here (no connection) is the decision's, before it was sent
-                refused = held.enter_context(order_lock(self.journal.dialect, apply))
-                if refused is not None:
-                    with self.journal.dialect.connect(autocommit=True) as conn:
-                        blocked = self.blockers(conn, self.target(conn, query), batch)
-                    if blocked:
-                        return Refusal(blocked=blocked, blocked_why=refused)
-            except Exception as exc:
-                raise DecisionNotMade(exc) from exc
-            if refused is not None:  # held by no pending batch's apply: nothing to keep order with (checked again)
-                log.debug(
-                    "sink %s batch %s: deciding without the table's apply lock (%s)", self.sink_id, batch, refused
+        batch = record.batch_id
+        until = self.policy.deadline()
+        while True:
+            answered, blocked = False, []
+            with ExitStack() as held:
+                try:  # nothing is recorded yet: a failure here (no connection) is the decision's, before it was sent
+                    refused = held.enter_context(order_lock(self.journal.dialect, apply))
+                    if refused is not None:  # this batch's own state first: a replay is never told "blocked"
+                        with self.journal.dialect.connect(autocommit=True) as conn:
+                            decided, _, horizon = self.journal.batch_view(conn, self.sink_id, batch)
+                            answered = decided or (horizon is not None and batch <= horizon)
+                            if not answered:
+                                blocked = self.blockers(conn, self.target(conn, query, apply), batch)
+                except Exception as exc:
+                    raise DecisionNotMade(exc) from exc
+                if refused is None:
+                    return self.decide_locked(record, query, apply, checks, skipped, run)
+            if answered:  # a replay, another target's batch or a forgotten one: answered from the log, no lock needed
+                return self.decide_locked(record, query, apply, checks, skipped, run, unlocked=refused)
+            if blocked:
+                return Refusal(blocked=blocked, blocked_why=refused)
+            if time.monotonic() >= until:
+                raise DecisionNotMade(
+                    XasinkError(
+                        f"{refused}, for commitTimeout ({self.policy.timeout_s} s): another session (a decision or "
+                        "an apply of the same table, by another sink or xasink recover) held it all along"
+                    )
                 )
-            return self.decide_locked(record, query, apply, checks, skipped, run)
+            log.debug(
+                "sink %s batch %s: the table's apply lock not granted (%s), asked again", self.sink_id, batch, refused
+            )
 
     def decide_locked(
         self,
@@ -143,8 +172,12 @@ class Decider:
         checks: bool = False,
         skipped: bool = False,
         run: str | None = None,
+        unlocked: str | None = None,
     ) -> Refusal | None:
         """Record the decision under the sink lock, after checking every listed branch is still prepared.
+
+        ``unlocked``: why a write-mode batch's commit does not hold its table's apply lock; then only a
+        decision already in the log is answered (a replay, or another target's batch), and nothing is decided.
 
         The decision is recorded (by :meth:`Journal.record_decision`, the one place that does) only if no
         decision exists, ``run`` (default: the run of the listed branches) holds the batch's claim, every
@@ -164,7 +197,7 @@ class Decider:
         try:
             with self.journal.locked_sink(self.sink_id) as (conn, horizon):
                 state = self.journal.decision_state(conn, self.sink_id, record.batch_id, run)
-                mine = self.target(conn, query)
+                mine = self.target(conn, query, apply)
                 other = state.decision
                 if checks and other is not None:  # decided: a replay of the same target, or another target's
                     if not same_target(state.target, mine):
@@ -177,6 +210,8 @@ class Decider:
                             forgotten_message(self.sink_id, record.batch_id, horizon, self.journal.sinks.fullname)
                         )
                     )
+                if unlocked is not None:  # never decided without the table's apply lock (DESIGN invariant 12)
+                    raise XasinkError(f"{unlocked}, and no decision of this batch was found meanwhile")
                 strangers = [x for x in record.xids if x.log_id != state.log_id]
                 if checks and strangers:
                     return Refusal(strangers=strangers, log_id=state.log_id)

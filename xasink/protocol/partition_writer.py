@@ -39,7 +39,7 @@ from xasink.results import BranchOutcome
 from xasink.support.faults import fault
 from xasink.support.masking import redact, url_secrets
 from xasink.support.phases import phase, worker_started
-from xasink.write_modes.schema import conform
+from xasink.write_modes.conform import conform
 
 log = logging.getLogger(__name__)
 

@@ -7,6 +7,7 @@ happy path.  They take what they use: the sink's recoveries, its branch group an
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import NoReturn
 
@@ -18,6 +19,32 @@ from xasink.protocol.recovery import Recovery
 from xasink.protocol.retry import RetryPolicy
 
 log = logging.getLogger(__name__)
+
+
+def decide_past_blockers(
+    decide: Callable[[], Refusal | None], recovery_of: Callable[[str], Recovery], policy: RetryPolicy
+) -> Refusal | None:
+    """``decide()``; while it is refused for older decided batches of the table, finish them and decide again.
+
+    Another sink of the table may decide a batch while this run finishes the older ones (writers side by side):
+    while the blocking batches change, each finish is progress, so this goes on until commitTimeout; the same
+    batches blocking again (reported finished, still pending) end it at once."""
+    verdict = decide()
+    until = policy.deadline()
+    while verdict is not None and verdict.blocked:
+        before = set(verdict.blocked)
+        if not finish_blockers(verdict, recovery_of, policy):
+            break
+        verdict = decide()
+        if verdict is None or not verdict.blocked or set(verdict.blocked) == before:
+            break
+        if time.monotonic() > until:
+            verdict.blocked_why = (
+                f"other batches of the table kept being decided for commitTimeout ({policy.timeout_s} s) while "
+                "this run finished the older ones"
+            )
+            break
+    return verdict
 
 
 def finish_blockers(verdict: Refusal, recovery_of: Callable[[str], Recovery], policy: RetryPolicy) -> bool:
@@ -32,6 +59,9 @@ def finish_blockers(verdict: Refusal, recovery_of: Callable[[str], Recovery], po
             continue  # withdrawn for its rows: it no longer comes first
         except CommitIncompleteError as exc:
             verdict.blocked_why = policy.describe(exc)
+            return False
+        except Exception as exc:  # e.g. the connection lost while finishing: this batch is still undecided, so
+            verdict.blocked_why = policy.describe(exc)  # it is refused as blocked (its branches rolled back)
             return False
         if report.unfinished:
             verdict.blocked_why = "; ".join(report.unfinished.values())

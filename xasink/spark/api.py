@@ -101,6 +101,7 @@ def write(
     commitTimeout: int | None = None,
     commitRetries: int | None = None,
     controlLockTimeout: int | None = None,
+    visibility: Literal["branch", "batch"] | None = None,
     **options: Any,
 ) -> WriteResult:
     """Write ``df`` into ``table`` atomically: every partition's rows commit, or none do.
@@ -130,6 +131,8 @@ def write(
         lockTimeout, controlLockTimeout: seconds a branch / a control connection waits for a lock.
         journalSchema, journalTablePrefix, journalRetention: where the decision log lives, how much it keeps.
         commitParallelism, commitTimeout, commitRetries: the commit phase (``commitRetries`` is deprecated).
+        visibility: ``"branch"`` (default): each branch's rows are visible as its COMMIT lands; ``"batch"``:
+            readers see none or all of the batch (an append or upsert goes through the shadow table).
         **options: any other option of docs/options.md (and Spark JDBC options xasink accepts and ignores).
 
     Returns:
@@ -175,6 +178,7 @@ def write(
         "commitTimeout": commitTimeout,
         "commitRetries": commitRetries,
         "controlLockTimeout": controlLockTimeout,
+        "visibility": visibility,
     }
     raw: dict[str, Any] = {"url": url, "dbtable": table, **merged_options(named, options)}
     if sink_id is not None:
@@ -319,6 +323,7 @@ def foreach_batch(
     commitTimeout: int | None = None,
     commitRetries: int | None = None,
     controlLockTimeout: int | None = None,
+    visibility: Literal["branch", "batch"] | None = None,
     **options: Any,
 ) -> Callable[[DataFrame, int], WriteResult]:
     """A function for ``writeStream.foreachBatch``: each micro-batch written once, keyed by Spark's batch id
@@ -361,6 +366,7 @@ def foreach_batch(
         "commitTimeout": commitTimeout,
         "commitRetries": commitRetries,
         "controlLockTimeout": controlLockTimeout,
+        "visibility": visibility,
     }
     options = merged_options(named, options)
     raw = {"url": url, "dbtable": table, "sinkId": sink_id, **options}

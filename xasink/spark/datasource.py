@@ -19,7 +19,7 @@ from typing import Any
 
 from pyspark.sql.types import StructType
 
-from xasink.errors import OptionError
+from xasink.errors import BatchAbortedError, OptionError, XasinkError
 from xasink.options import WriteOptions, parse_options
 from xasink.protocol.coordinator import Coordinator
 from xasink.protocol.xid import new_run_nonce
@@ -91,8 +91,9 @@ class XasinkDataSource(DataSource):
         tx = tx_write(self.options)
         if tx is not None and options.applies_at_commit:
             raise OptionError(
-                "overwrite, replaceWhere and change-data writes (deleteFlagColumn, sequenceColumn) are not "
-                "supported inside xasink.transaction() yet; write them with xasink.write() or format('xasink')"
+                "overwrite, replaceWhere, change-data writes (deleteFlagColumn, sequenceColumn) and "
+                "visibility='batch' are not supported inside xasink.transaction() yet; write them with "
+                "xasink.write() or format('xasink')"
             )
         if tx is not None:  # inside xasink.transaction(): it claimed the batch and swept; plan and write only
             run = self._run()
@@ -117,6 +118,15 @@ class XasinkDataSource(DataSource):
                     coordinator.recover(upto=options.batch_id, run=run)
                     # committed before (a replay of its target; a committed batch stays so): its tasks load nothing
                     committed = replay and not claimed and _committed(coordinator, options.batch_id)
+            except XasinkError:
+                raise
+            except Exception as exc:  # (a lock wait past controlLockTimeout, a lost connection) never raw
+                raise BatchAbortedError(
+                    f"sink {options.sink_id} batch {options.batch_id}: reading the decision log or finishing the "
+                    f"sink's earlier batches before the write failed ({coordinator.policy.describe(exc)}); nothing "
+                    "of this batch was written and nothing of it is prepared. Run it again: the next run finishes "
+                    "what earlier runs left."
+                ) from exc
             finally:
                 coordinator.close()
         return XasinkBatchWriter(

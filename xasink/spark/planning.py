@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from pyspark.sql.types import StructType
@@ -15,7 +15,7 @@ from xasink.protocol.liveness import ensure_keeper, spark_driver_process
 from xasink.spark.versions import arrow_field
 from xasink.support.phases import phase, worker_started
 from xasink.write_modes.spec import ApplySpec, spec_for
-from xasink.write_modes.statements import check_predicate, ensure_shadow, shadow_plan
+from xasink.write_modes.statements import check_predicate, ensure_shadow, session_schema, shadow_plan
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -71,6 +71,11 @@ def prepare_write(options: WriteOptions, schema: StructType, branches: int | Non
             flag, source = _split_flag(options.delete_flag_column, source)
         with phase("plan.target", sink=options.sink_id), coordinator.dialect.connect() as conn:
             target = plan_target(coordinator.dialect, conn, options, source)
+            found = target.schema or coordinator.dialect.table_schema(conn, target.table)
+            if found is not None and found != session_schema(conn):
+                # found through search_path past the default schema: the branches name it (PostgreSQL's COPY
+                # by ADBC names an unqualified table in the default schema), as its identity does
+                target = replace(target, schema=found)
         with phase("plan.keeper", sink=options.sink_id):
             log_id = coordinator.journal.log_id()
             driver = spark_driver_process()
@@ -78,7 +83,10 @@ def prepare_write(options: WriteOptions, schema: StructType, branches: int | Non
         apply = None
         if options.applies_at_commit:
             with phase("plan.shadow", sink=options.sink_id), coordinator.dialect.connect() as conn:
-                apply = spec_for(options, target, log_id)
+                # an unqualified table is recorded in the schema this session finds it in, so the decision's
+                # identity, the table's apply lock and recovery's apply all name that table (search_path)
+                found = target.schema or coordinator.dialect.table_schema(conn, target.table)
+                apply = spec_for(options, target, log_id, found)
                 check_predicate(conn, apply)
                 ensure_shadow(coordinator.dialect, conn, apply)
             target = shadow_plan(target, apply, flag)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from pyspark import TaskContext
 from pyspark.sql.types import StructType
 
-from xasink.errors import OptionError
+from xasink.errors import BatchAbortedError, OptionError, XasinkError
 from xasink.options import WriteOptions
 from xasink.protocol.coordinator import ABORT_SETTLE_S, Coordinator
 from xasink.protocol.liveness import guard_name, spark_driver_process
@@ -42,7 +42,16 @@ def _recover_settled(options: WriteOptions) -> None:
             last = coordinator.journal.last_batch_id(conn, options.sink_id)
         if last is None:
             return
-        report = coordinator.recover(upto=last)
+        try:
+            report = coordinator.recover(upto=last)
+        except XasinkError:
+            raise
+        except Exception as exc:  # (a lock wait past controlLockTimeout, a lost connection) never raw
+            raise BatchAbortedError(
+                f"sink {options.sink_id}: finishing the batches earlier runs decided, before this micro-batch, "
+                f"failed ({coordinator.policy.describe(exc)}); nothing of this micro-batch was written. Restart "
+                "the query: its next start finishes them first."
+            ) from exc
         if report:
             log.info(
                 "sink %s: recovery up to batch %s finished batches %s, committed %d and rolled back %d branches",

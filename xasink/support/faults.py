@@ -37,6 +37,7 @@ POINTS = (
     "driver.after_decide",  # decision durable, before any COMMIT
     "driver.after_first_commit",  # one branch committed, others maybe not
     "driver.after_commits",  # every branch committed, before the batch is marked committed
+    "driver.swap_loaded",  # an overwrite's swap (PostgreSQL) loaded the new storage, before it takes the table's place
     "driver.apply_statements",  # a write mode's apply changed the target, before it clears the shadow and commits
     "driver.before_replay_finish",  # the batch was decided by another run: before finishing that decision
     "driver.after_mark",  # batch marked committed, before the sweep and before Spark's own commit log

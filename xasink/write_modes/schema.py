@@ -9,15 +9,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from xasink.dialects.base import Dialect
 from xasink.dialects.values import TargetPlan
-from xasink.errors import BranchError, PreflightError
+from xasink.errors import PreflightError
 from xasink.options import WriteOptions
 
 
@@ -40,19 +38,33 @@ def _kind(t: pa.DataType) -> str:
         return "date"
     if pa.types.is_timestamp(t):
         return "timestamp"
+    if pa.types.is_list(t) and _kind(t.value_type) not in ("array", "null", "unsupported"):
+        return "array"  # one-dimensional arrays of the scalars (PostgreSQL's array columns)
     return "unsupported"
 
 
+# what a value may become in the tasks (xasink.write_modes.conform), as Spark's JDBC writer converts it; a lossy
+# conversion (a fraction into an integer, a time of day into a date) is refused there, value by value
 _COMPATIBLE = {
     "int": {"int", "float", "decimal"},
-    "float": {"float", "decimal"},
-    "decimal": {"decimal", "float"},
+    "float": {"float", "decimal", "int"},
+    "decimal": {"decimal", "float", "int"},
     "bool": {"bool"},
-    "string": {"string"},
+    "string": {"string", "binary"},
     "binary": {"binary"},
     "date": {"date", "timestamp"},
-    "timestamp": {"timestamp"},
+    "timestamp": {"timestamp", "date"},
+    "array": {"array"},
 }
+
+
+def _compatible(source: pa.DataType, target: pa.DataType) -> bool:
+    """Whether a value of ``source`` may be conformed to ``target`` (an array's elements as the scalars)."""
+    if _kind(source) == "array" and _kind(target) == "array":
+        return _compatible(source.value_type, target.value_type)
+    if pa.types.is_fixed_size_binary(target):  # a MariaDB / MySQL BIT(n) column: a boolean or an integer
+        return _kind(source) in ("bool", "int")
+    return _kind(target) in _COMPATIBLE.get(_kind(source), set())
 
 
 def check_source_types(source: pa.Schema) -> None:
@@ -67,7 +79,8 @@ def check_source_types(source: pa.Schema) -> None:
         if _kind(f.type) == "unsupported":
             raise PreflightError(
                 f"column '{f.name}' has type {f.type}, which xasink cannot write; supported: integers, floats, "
-                "decimal, boolean, string, binary, date, timestamp. Convert it first, e.g. with to_json()."
+                "decimal, boolean, string, binary, date, timestamp, and one-dimensional arrays of them. Convert "
+                "it first, e.g. with to_json()."
             )
         if f.name in seen:
             raise PreflightError(f"the DataFrame has two columns named '{f.name}'")
@@ -93,7 +106,8 @@ def create_table(dialect: Dialect, conn: Connection, options: WriteOptions, sour
         if sql_type is None:
             raise PreflightError(f"column '{f.name}': no {dialect.name} type for {f.type}")
         key = f.name in options.upsert_key_columns  # an upsert needs a unique key: make it the primary key
-        cols.append(sa.Column(f.name, sql_type, nullable=f.nullable and not key, primary_key=key))
+        # never AUTO_INCREMENT / SERIAL: the keys are the DataFrame's (MariaDB numbered a key 0 anew)
+        cols.append(sa.Column(f.name, sql_type, nullable=f.nullable and not key, primary_key=key, autoincrement=False))
     table = sa.Table(options.table.name, sa.MetaData(schema=options.table.schema), *cols, **dialect.table_kwargs())
     try:
         table.create(conn, checkfirst=True)
@@ -159,12 +173,18 @@ def plan_target(dialect: Dialect, conn: Connection, options: WriteOptions, sourc
             folded.append((f.name, name))
         col = columns[name]
         target = dialect.arrow_type(col, f.type)
+        if target is None and _kind(f.type) == "array":
+            raise PreflightError(
+                f"column '{f.name}': the DataFrame's {f.type} cannot be written to column '{name}' of type "
+                f"{col['type']} in {_qualified(options)}: xasink writes an array only into a PostgreSQL array column "
+                "(one dimension) whose elements take the array's; convert it first, e.g. with to_json()"
+            )
         if target is None:
             raise PreflightError(
                 f"column '{name}' of {_qualified(options)} has type {col['type']}, which xasink "
                 "cannot load; write to a column of a supported type"
             )
-        if _kind(target) not in _COMPATIBLE.get(_kind(f.type), set()) and _kind(f.type) != "null":
+        if not _compatible(f.type, target):
             raise PreflightError(
                 f"column '{f.name}': the DataFrame's {f.type} cannot be written to column '{name}' "
                 f"of type {col['type']} in {_qualified(options)}; cast it in Spark first"
@@ -263,120 +283,3 @@ def check_upsert_key(insp: sa.Inspector, options: WriteOptions, named: Callable[
         f"index on exactly these columns ({have}), and the merge needs one to find the existing row. Add one, e.g. "
         f"CREATE UNIQUE INDEX ON {_qualified(options)} ({', '.join(keys)}), or name the columns of an existing key."
     )
-
-
-def wall_time_in_zone(arr: pa.Array, zone: str) -> pa.Array:
-    """Wall times (no zone) as the instants they are in zone, by Spark's rule (ZonedDateTime.of, as its cast does).
-
-    A wall time in a gap (clocks jump forward) moves forward by the gap's length, one in an overlap takes the
-    earlier instant: both are the offset in force just before the transition.  Arrow's "earliest" gives the
-    right instant outside gaps and the last instant before a gap inside one; its wall time less itself is
-    that offset in both cases."""
-    earliest = pc.assume_timezone(arr, zone, ambiguous="earliest", nonexistent="earliest")
-    offset = pc.subtract(pc.local_timestamp(earliest), earliest.cast(arr.type))
-    return pc.subtract(arr, offset).cast(pa.timestamp(arr.type.unit, tz="UTC"))
-
-
-def _conform_column(arr: pa.Array, target: pa.DataType, time_zone: str = "UTC") -> pa.Array:
-    src = arr.type
-    if pa.types.is_timestamp(src) and pa.types.is_timestamp(target):
-        if src.tz is not None and target.tz is None:  # as Spark's JDBC writer: wall time in the session zone
-            arr = pc.local_timestamp(arr)
-        elif src.tz is None and target.tz is not None:  # as Spark's cast: the wall time in the session zone
-            arr = wall_time_in_zone(arr, time_zone)
-    if pa.types.is_timestamp(src) and pa.types.is_date(target):
-        arr = arr.cast(pa.date32())
-    if pa.types.is_date(src) and pa.types.is_timestamp(target) and target.tz is not None:
-        # as Spark's cast and its JDBC writer: midnight in the session zone, not in UTC
-        arr = wall_time_in_zone(arr.cast(pa.timestamp(target.unit)), time_zone)
-    if pa.types.is_float32(target) and not pa.types.is_float32(src):
-        return _in_real_range(arr)
-    if pa.types.is_decimal(src) and pa.types.is_floating(target):
-        # correctly rounded, as the server's cast of the decimal Spark's JDBC writer sends (Arrow's direct
-        # decimal-to-float cast is not: one value in five of a decimal(38,18) lands an ulp off)
-        arr = arr.cast(pa.string())
-    if arr.type == target:
-        return arr
-    if pa.types.is_integer(src) and (pa.types.is_integer(target) or pa.types.is_decimal(target)):
-        return _integers_into(arr, target)
-    return arr.cast(target, safe=True)
-
-
-def _integers_into(arr: pa.Array, target: pa.DataType) -> pa.Array:
-    """Integers into a narrower integer or a decimal, refused by the first value that does not fit, named with
-    the column type's own range (Arrow's cast names its intermediate type's, or asks for more precision)."""
-    if pa.types.is_integer(target):
-        info = np.iinfo(target.to_pandas_dtype())
-        low, high = int(info.min), int(info.max)
-    else:
-        high = 10 ** (target.precision - target.scale) - 1
-        low = -high
-    own = np.iinfo(arr.type.to_pandas_dtype())
-    checks = []  # a widening cast needs none
-    if low > int(own.min):
-        checks.append(pc.less(arr, pa.scalar(low, arr.type)))
-    if high < int(own.max):
-        checks.append(pc.greater(arr, pa.scalar(high, arr.type)))
-    outside = pc.fill_null(checks[0] if len(checks) == 1 else pc.or_(*checks), False) if checks else None
-    if outside is not None and pc.any(outside).as_py():
-        value = pc.filter(arr, outside)[0].as_py()
-        if pa.types.is_integer(target):
-            raise pa.ArrowInvalid(f"{value} is out of the column's range, {low} to {high}")
-        raise pa.ArrowInvalid(
-            f"{value} is out of the column's range, less than 10^{target.precision - target.scale} "
-            f"(numeric field overflow, as the server says)"
-        )
-    if pa.types.is_decimal(target):  # through a decimal wide enough for any 64-bit integer at the target's scale
-        if target.scale > 19:  # (none is: the values' own text, which fits, as checked)
-            return arr.cast(pa.string()).cast(target)
-        return arr.cast(pa.int64()).cast(pa.decimal128(38, target.scale)).cast(target)
-    return arr.cast(target)
-
-
-def _in_real_range(arr: pa.Array) -> pa.Array:
-    """A number as a 4-byte float, refused where it overflows to infinity or underflows to zero, as PostgreSQL's
-    cast of the double Spark's JDBC writer sends ("value out of range"); Arrow's own cast checks no range."""
-    wide = arr.cast(pa.string()).cast(pa.float64()) if pa.types.is_decimal(arr.type) else arr.cast(pa.float64())
-    out = wide.cast(pa.float32(), safe=False)
-    overflow = pc.and_(pc.is_inf(out), pc.invert(pc.is_inf(wide)))
-    underflow = pc.and_(pc.equal(out, 0), pc.not_equal(wide, 0))
-    bad = pc.fill_null(pc.or_(overflow, underflow), False)
-    if pc.any(bad).as_py():
-        value = pc.filter(arr, bad)[0].as_py()
-        raise pa.ArrowInvalid(f"{value!r} is out of a real's range (value out of range, as the server says)")
-    return out
-
-
-def _labelled_zone(schema: pa.Schema) -> str:
-    """The zone Spark's Arrow batches label a TimestampType with (the session's), or UTC without one."""
-    for f in schema:
-        if pa.types.is_timestamp(f.type) and f.type.tz is not None:
-            return str(f.type.tz)
-    return "UTC"
-
-
-def conform(
-    batch: pa.RecordBatch, plan: TargetPlan, partition: int, batch_id: int = 0, branch: str = ""
-) -> pa.RecordBatch:
-    """Select and cast a DataFrame batch into the table's exact column types; overflow is an error.
-
-    A shadow table's plan (``plan.batch_column``, ``plan.branch_column``) gets each row tagged with
-    ``batch_id`` and the ``branch`` (its xid's bqual): the apply reads only the decided branches' rows."""
-    arrays = []
-    zone = plan.time_zone or _labelled_zone(batch.schema)
-    for name, field in zip(plan.source_names, plan.arrow_schema, strict=True):
-        if name == plan.batch_column:
-            arrays.append(pa.array([batch_id] * batch.num_rows, pa.int64()))
-            continue
-        if name == plan.branch_column:
-            arrays.append(pa.array([branch] * batch.num_rows, pa.string()))
-            continue
-        arr = batch.column(name)
-        try:
-            arrays.append(_conform_column(arr, field.type, zone))
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-            raise BranchError(
-                f"partition {partition}: column '{name}' does not fit column '{field.name}' "
-                f"({field.type}) of the table: {exc}. Nothing of this batch is visible."
-            ) from None
-    return pa.RecordBatch.from_arrays(arrays, schema=plan.arrow_schema)

@@ -20,6 +20,7 @@ BRANCH_COLUMN = "xasink_branch_"  # ... and with its branch (the xid's bqual): a
 OVERWRITE = "overwrite"
 REPLACE_WHERE = "replaceWhere"
 CHANGES = "changes"
+APPEND = "append"  # visibility="batch": the batch's rows inserted in one transaction
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,7 @@ class ApplySpec:
     """How a decided batch reaches its target from the shadow; recorded with the decision, so recovery can
     finish it from the log alone."""
 
-    kind: str  # OVERWRITE, REPLACE_WHERE or CHANGES
+    kind: str  # OVERWRITE, REPLACE_WHERE, CHANGES or APPEND
     schema: str | None
     table: str
     shadow: str
@@ -66,6 +67,8 @@ class ApplySpec:
             return f"replace the rows of {where} matching {self.predicate!r}"
         if self.kind == CHANGES:
             return f"apply changes to {where}"
+        if self.kind == APPEND:
+            return f"append to {where}"
         return f"overwrite {where}"
 
 
@@ -78,10 +81,11 @@ def tombstone_name(prefix: str, log_id: str, sink_id: str) -> str:
     return f"{prefix}tb_{zlib.crc32(f'{log_id}:{sink_id}'.encode()):08x}"
 
 
-def spec_for(options: WriteOptions, plan: TargetPlan, log_id: str) -> ApplySpec:
-    """The apply step of a write, checked against the planned target (before any branch opens)."""
+def spec_for(options: WriteOptions, plan: TargetPlan, log_id: str, schema: str | None = None) -> ApplySpec:
+    """The apply step of a write, checked against the planned target (before any branch opens); ``schema``:
+    where the session found an unqualified table (:meth:`Dialect.table_schema`)."""
     columns = tuple(f.name for f in plan.arrow_schema)
-    kind = CHANGES if options.change_data else (REPLACE_WHERE if options.replace_where else OVERWRITE)
+    kind = _kind(options)
     sequence = options.sequence_column
     if sequence is not None:
         match = [c for c in columns if c.lower() == sequence.lower()]
@@ -93,7 +97,7 @@ def spec_for(options: WriteOptions, plan: TargetPlan, log_id: str) -> ApplySpec:
         sequence = match[0]
     return ApplySpec(
         kind=kind,
-        schema=plan.schema,
+        schema=plan.schema or schema,
         table=plan.table,
         shadow=shadow_name(options.journal_prefix, log_id, options.sink_id),
         columns=columns,
@@ -108,3 +112,12 @@ def spec_for(options: WriteOptions, plan: TargetPlan, log_id: str) -> ApplySpec:
             else None
         ),
     )
+
+
+def _kind(options: WriteOptions) -> str:
+    """An upsert with visibility="batch" is a change-data apply without deletes: rows merged by key."""
+    if options.mode == "overwrite":
+        return REPLACE_WHERE if options.replace_where else OVERWRITE
+    if options.change_data or options.upsert_key_columns:
+        return CHANGES
+    return APPEND

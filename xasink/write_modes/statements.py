@@ -34,6 +34,7 @@ from xasink.support.faults import fault
 from xasink.write_modes.changes import apply_changes, check_changes_table
 from xasink.write_modes.shadow import DecidedRows, of_branches, shadow_table
 from xasink.write_modes.spec import (
+    APPEND,
     BATCH_COLUMN,
     BRANCH_COLUMN,
     CHANGES,
@@ -42,6 +43,7 @@ from xasink.write_modes.spec import (
     ApplySpec,
     shadow_name,
 )
+from xasink.write_modes.swap import swap_overwrite
 
 log = logging.getLogger(__name__)
 
@@ -226,7 +228,7 @@ def shadow_plan(plan: TargetPlan, spec: ApplySpec, flag_source: str | None) -> T
     sources.append(BRANCH_COLUMN)
     required = spec.keys + ((spec.sequence,) if spec.sequence else ())
     return TargetPlan(
-        plan.schema,
+        spec.schema,  # where the table is, as the apply names it
         spec.shadow,
         pa.schema(fields),
         tuple(sources),
@@ -334,8 +336,8 @@ def _replace_in_place(
 
 
 def apply_statements(dialect: Dialect, conn: Connection, spec: ApplySpec, batch_id: int, decided: DecidedRows) -> int:
-    """Replace the target's rows from the shadow's rows of the ``decided`` branches, inside the caller's
-    transaction; rows written."""
+    """Replace (append to, merge into) the target's rows from the shadow's rows of the ``decided`` branches,
+    inside the caller's transaction; rows written."""
     names = list(spec.columns)
     target = sa.table(spec.table, *(sa.column(c) for c in names), schema=spec.schema)
     branches = decided.branches
@@ -367,10 +369,17 @@ def apply_statements(dialect: Dialect, conn: Connection, spec: ApplySpec, batch_
             fault("driver.apply_statements", batch=batch_id)
             _clear(dialect, conn, shadow, mine, branches is None)
             return written
+        swapped = swap_overwrite(dialect, conn, spec, shadow, mine)
+        if swapped is not None:  # the new storage holds the batch: the shadow is cleared as after any apply
+            fault("driver.apply_statements", batch=batch_id)
+            _clear(dialect, conn, shadow, mine, branches is None)
+            return swapped
         delete = sa.delete(target)
         if spec.kind == REPLACE_WHERE:
             delete = delete.where(_predicate(spec))
         conn.execute(delete)
+        written = insert_selected(conn, target, names, sa.select(*(shadow.c[c] for c in names)).where(mine))
+    elif spec.kind == APPEND:
         written = insert_selected(conn, target, names, sa.select(*(shadow.c[c] for c in names)).where(mine))
     else:
         written = apply_changes(dialect, conn, spec, target, shadow, mine)

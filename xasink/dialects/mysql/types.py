@@ -16,6 +16,12 @@ from xasink.dialects.type_text import parse_type_text
 def arrow_type(column: Any, source: pa.DataType) -> pa.DataType | None:
     t = column["type"]
     unsigned = bool(getattr(t, "unsigned", False))
+    if pa.types.is_list(source):  # no array type (Spark's JDBC writer refuses them too)
+        return None
+    if isinstance(t, mysql.BIT):  # a boolean or an integer as the column's bytes (big-endian), as its value
+        if pa.types.is_boolean(source) or pa.types.is_integer(source):
+            return pa.binary(((t.length or 1) + 7) // 8)  # (fixed-size: only a BIT column takes this type)
+        return None
     if isinstance(t, mysql.TINYINT):  # BOOLEAN is TINYINT(1): it takes booleans, and small integers
         if pa.types.is_boolean(source):
             return pa.bool_()
@@ -42,14 +48,17 @@ def arrow_type(column: Any, source: pa.DataType) -> pa.DataType | None:
     if isinstance(t, sa.Numeric):
         precision = t.precision if t.precision is not None else 10
         return pa.decimal128(precision, t.scale or 0) if precision <= 38 else pa.decimal256(precision, t.scale or 0)
+    if isinstance(t, sa.String) and not isinstance(t, (sa.Enum, mysql.SET)):
+        if pa.types.is_integer(source) or pa.types.is_decimal(source) or pa.types.is_boolean(source):
+            return source  # its text, as the server stores the literal Spark's JDBC writer sends (true is 1)
     if isinstance(t, (sa.String, sa.JSON)):  # CHAR, VARCHAR, *TEXT, ENUM, SET, JSON
         return pa.string()
     if isinstance(t, sa.types._Binary):  # BINARY, VARBINARY, *BLOB
         return pa.binary()
     if isinstance(t, sa.DateTime):  # DATETIME, TIMESTAMP: as Spark's JDBC writer, an instant's session wall time
         return pa.timestamp("us")
-    if isinstance(t, sa.Date):
-        return pa.date32()
+    if isinstance(t, sa.Date):  # a string as the server reads the literal Spark's JDBC writer sends
+        return pa.string() if pa.types.is_string(source) else pa.date32()
     return None
 
 

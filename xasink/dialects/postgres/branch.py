@@ -10,6 +10,7 @@ from typing import Any, Protocol
 import pyarrow as pa
 
 from xasink.dialects.branch_session import BranchSession
+from xasink.dialects.postgres.arrays import array_text
 from xasink.dialects.postgres.sql import (
     SLOT_CAPACITY,
     SLOT_MARK,
@@ -148,14 +149,19 @@ class PostgresBranch(BranchSession):
 
     def _insert(self, batches: Iterator[pa.RecordBatch], sql: str, keys: list[int] | None) -> None:
         """Run sql once per chunk, each column an array parameter; a column the server casts goes as it came
-        (a double) or as text (a decimal: its display scale, which a binary numeric loses)."""
+        (a double) or as text (a decimal: its display scale, which a binary numeric loses); an array column as
+        array text, which the statement reads back (postgres/arrays.py)."""
         step = self.dialect.upsert_chunk_rows
         as_text = {n for n, _ in self.plan.server_casts}
         for batch in batches:
             if keys is not None:
                 check_upsert_keys(batch, self.plan, keys, self.xid.partition)
             columns = [
-                col.cast(pa.string()) if name in as_text and pa.types.is_decimal(col.type) else col
+                array_text(col)
+                if pa.types.is_list(col.type)
+                else col.cast(pa.string())
+                if name in as_text and pa.types.is_decimal(col.type)
+                else col
                 for name, col in zip(batch.schema.names, batch.columns, strict=True)
             ]
             for start in range(0, batch.num_rows, step):

@@ -38,6 +38,7 @@ from xasink.dialects.values import (
     ErrorKind,
     Merge,
     PreparedTxn,
+    SwapTarget,
     TargetPlan,
     branch_failed,
 )
@@ -59,6 +60,19 @@ class PostgresDialect(PostgresTypes, Dialect):
     identity_sql = "SELECT system_identifier, current_database() FROM pg_control_system()"
     identity_format = "postgresql://{}/{}"
     database_sql = "SELECT current_database()"
+
+    @classmethod
+    def table_schema(cls, conn: Connection, table: str) -> str | None:
+        name = conn.dialect.identifier_preparer.quote_identifier(table)
+        found = conn.execute(
+            sa.text(
+                "SELECT n.nspname FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE c.oid = pg_catalog.to_regclass(:name)"
+            ),
+            {"name": name},
+        ).scalar()
+        return str(found) if found is not None else None
+
     upsert_chunk_rows = 10_000  # rows per upsert statement (array parameters)
 
     def connect_args(self) -> dict[str, Any]:
@@ -350,3 +364,12 @@ class PostgresDialect(PostgresTypes, Dialect):
         from xasink.dialects.postgres.branch import PostgresBranch  # the executor's side: pyarrow and ADBC
 
         return PostgresBranch(self, xid, plan)
+
+    swaps_tables = True
+
+    def swap_table(self, conn: Connection, target: SwapTarget) -> int:
+        from xasink.dialects.postgres.swap import swap  # (DDL of an overwrite's swap: the driver's apply only)
+
+        with self.connect() as reader:
+            # at most a few seconds' tries for the table's exclusive lock: past them the in-place apply needs none
+            return swap(conn, reader, target, min(float(self.settings.control_lock_timeout), 5.0))

@@ -113,13 +113,44 @@ def quote_ident(name: str) -> str:
     return str(_PREPARER.quote_identifier(name))
 
 
+# the PostgreSQL type of an array's elements as the plan's Arrow type names them (by its text: the driver's
+# commit path never loads pyarrow): an array column goes through unnest as array text (postgres/arrays.py)
+_ELEMENT_TYPES = {
+    "int16": "smallint",
+    "int32": "integer",
+    "int64": "bigint",
+    "float": "real",
+    "double": "double precision",
+    "bool": "boolean",
+    "string": "text",
+    "large_string": "text",
+    "binary": "bytea",
+    "large_binary": "bytea",
+    "date32[day]": "date",
+}
+
+
+def _element_type(value_type: object) -> str:
+    text = str(value_type)
+    if text.startswith("timestamp["):
+        return "timestamp with time zone" if "tz=" in text else "timestamp without time zone"
+    if text.startswith("decimal"):
+        return "numeric"
+    return _ELEMENT_TYPES[text]
+
+
 def _selected(plan: TargetPlan) -> str:
-    """The select list over unnest's columns: each as is, or cast by the server to its column's type."""
+    """The select list over unnest's columns: each as is, or cast by the server to its column's type; an array
+    column (bound as array text) read as an array of its elements' type first, as Spark's JDBC writer sends it."""
     casts = dict(plan.server_casts)
-    return ", ".join(
-        f"CAST({quote_ident(n)} AS {casts[n]}) AS {quote_ident(n)}" if n in casts else quote_ident(n)
-        for n in plan.arrow_schema.names
-    )
+    out = []
+    for field in plan.arrow_schema:
+        n = quote_ident(field.name)
+        value_type = getattr(field.type, "value_type", None)
+        if value_type is not None:
+            n = f"CAST({n} AS {_element_type(value_type)}[])"
+        out.append(f"CAST({n} AS {casts[field.name]}) AS {quote_ident(field.name)}" if field.name in casts else n)
+    return ", ".join(out)
 
 
 def insert_sql(plan: TargetPlan) -> str:

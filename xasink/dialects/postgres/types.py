@@ -24,6 +24,18 @@ class PostgresTypes:
         t = column["type"]
         while isinstance(t, pg.DOMAIN):  # a domain loads as its base type; the server checks its constraint
             t = t.data_type
+        if isinstance(t, sa.ARRAY):  # a list into an array column: its elements as into a column of their type
+            if not pa.types.is_list(source) or t.dimensions not in (None, 1):
+                return None if pa.types.is_list(source) else self._other(t, source)
+            element = self.arrow_type({"type": t.item_type}, source.value_type)
+            return None if element is None else pa.list_(element)
+        if pa.types.is_list(source):
+            return None
+        text_column = isinstance(t, sa.String) and not isinstance(t, sa.Enum)
+        if pa.types.is_string(source) and not text_column:  # a date, an integer, jsonb, an enum...: the
+            return self._other(t, source)  # server's reading of the string, as JDBC's with stringtype=unspecified
+        if text_column and _number_or_boolean(source):
+            return source  # its text is the server's cast of the value, as of what Spark's JDBC writer sends
         if isinstance(t, sa.SmallInteger):
             return pa.int16()
         if isinstance(t, sa.BigInteger):
@@ -52,8 +64,14 @@ class PostgresTypes:
             return pa.timestamp("us", tz="UTC") if t.timezone else pa.timestamp("us")
         if isinstance(t, sa.Date):
             return pa.date32()
+        return self._other(t, source)
+
+    @staticmethod
+    def _other(t: Any, source: pa.DataType) -> pa.DataType | None:
+        import pyarrow as pa
+
         if (pa.types.is_string(source) or pa.types.is_large_string(source)) and not isinstance(t, sa.types.NullType):
-            return pa.string()  # jsonb, uuid, inet, an enum...: the server's input function reads it (server_cast)
+            return pa.string()  # jsonb, uuid, inet, an enum, an array...: the server's input function reads it
         return None
 
     def server_cast(self, column: Any, source: pa.DataType, target: pa.DataType) -> str | None:
@@ -65,7 +83,12 @@ class PostgresTypes:
         t = column["type"]
         while isinstance(t, pg.DOMAIN):
             t = t.data_type
+        if isinstance(t, sa.ARRAY) and pa.types.is_list(target):  # cast as a whole where its elements need it
+            element = self.server_cast({"type": t.item_type}, source.value_type, target.value_type)
+            return None if element is None else str(t.compile(dialect=SA_DIALECT))
         text_column = isinstance(t, sa.String) and not isinstance(t, sa.Enum)
+        if text_column and _number_or_boolean(target):  # cast to text; a varchar(n) too long refuses it then
+            return "TEXT"
         if pa.types.is_string(target) and not text_column and not isinstance(t, sa.types.NullType):
             # a string into a column of another type (jsonb, uuid, inet, an enum): the server converts it, as it
             # does what Spark's JDBC writer sends with stringtype=unspecified
@@ -106,10 +129,19 @@ class PostgresTypes:
             return pg.TIMESTAMP(timezone=t.tz is not None)
         if pa.types.is_null(t):
             return sa.Text()
+        if pa.types.is_list(t):  # as Spark's JDBC writer: an array of the elements' type (INTEGER[])
+            element = self.sql_type(t.value_type)
+            return None if element is None or pa.types.is_list(t.value_type) else pg.ARRAY(element)
         return None
 
     def parse_type(self, text: str) -> sa.types.TypeEngine[Any]:
         return parse_type_text(text, "PostgreSQL", SA_DIALECT.ischema_names, _ALIASES, _build)
+
+
+def _number_or_boolean(t: pa.DataType) -> bool:
+    import pyarrow as pa
+
+    return bool(pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t) or pa.types.is_boolean(t))
 
 
 _ALIASES = {

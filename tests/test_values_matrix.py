@@ -1,0 +1,76 @@
+"""Issue 38's generated matrix: cells of Spark type x column type x edge value x write path x zone, and column
+features, each written by xasink and by Spark's JDBC writer (tests/values_matrix/).  A cell is stored alike,
+or refused by both (xasink leaving nothing visible and nothing prepared), or differs as
+tests/values_matrix/listed.py lists it; an unlisted difference fails with the line that replays it.
+
+CI runs a seeded sample (``XASINK_MATRIX_SEED``, ``XASINK_MATRIX_SIZE`` cells per database); the whole
+product is a soak test (``python -m tests.values_matrix --full``, docs/testing.md).  ``XASINK_MATRIX_CELLS``
+(cell ids, comma-separated) replays those cells alone; ``XASINK_MATRIX_REPORT`` gets a JSON line per cell.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.values_harness import ValuesDriver
+from tests.values_matrix.cells import Cell, product, sample
+from tests.values_matrix.listed import docs_table
+from tests.values_matrix.run import Matrix, tally
+
+ROOT = Path(__file__).resolve().parent.parent
+SEED = int(os.environ.get("XASINK_MATRIX_SEED", "38"))
+SIZE = int(os.environ.get("XASINK_MATRIX_SIZE", "18"))
+DBS = [pytest.param("pg", id="pg"), pytest.param("mariadb", id="mariadb", marks=pytest.mark.mariadb)]
+
+
+def _cells(dbkey: str, size: int | None) -> list[Cell]:
+    chosen = os.environ.get("XASINK_MATRIX_CELLS", "")
+    if chosen:
+        return [Cell.parse(c) for c in chosen.split(",") if c.startswith(dbkey + ":")]
+    return sample(dbkey, SEED, size)
+
+
+def _run(
+    values_driver: ValuesDriver, request: pytest.FixtureRequest, tmp_path: Path, dbkey: str, size: int | None
+) -> None:
+    cells = _cells(dbkey, size)
+    if not cells:
+        pytest.skip(f"XASINK_MATRIX_CELLS names no cell of {dbkey}")
+    db = request.getfixturevalue("pg" if dbkey == "pg" else "maria")
+    matrix = Matrix(values_driver, db, dbkey, tmp_path, os.environ.get("XASINK_MATRIX_REPORT", ""))
+    outcomes = matrix.run(cells)
+    counts = tally(outcomes)
+    print(f"\nmatrix {dbkey} seed {SEED}: {counts}, {matrix.jobs} writes of both writers")
+    unlisted = [o.line() for o in outcomes if o.verdict == "unlisted"]
+    assert not unlisted, f"{len(unlisted)} unlisted difference(s) of {len(outcomes)} cells:\n" + "\n".join(unlisted)
+
+
+@pytest.mark.parametrize("dbkey", DBS)
+def test_matrix_sample(values_driver: ValuesDriver, request: pytest.FixtureRequest, tmp_path: Path, dbkey: str) -> None:
+    _run(values_driver, request, tmp_path, dbkey, SIZE)
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(0)
+@pytest.mark.parametrize("dbkey", DBS)
+def test_matrix_full(values_driver: ValuesDriver, request: pytest.FixtureRequest, tmp_path: Path, dbkey: str) -> None:
+    _run(values_driver, request, tmp_path, dbkey, None)
+
+
+def test_docs_list_the_listed_differences() -> None:
+    """docs/types.md's differences table is tests/values_matrix/listed.py's (``python -m tests.values_matrix
+    --docs`` writes it)."""
+    text = (ROOT / "docs" / "types.md").read_text(encoding="utf-8")
+    section = text.split("## Differences from Spark's JDBC writer", 1)[1]
+    assert docs_table() in section, "docs/types.md's differences table is stale: python -m tests.values_matrix --docs"
+
+
+def test_cell_ids_replay() -> None:
+    """A cell's id spells it whole, and a seed draws the same sample every time."""
+    cells = product("pg") + product("mariadb")
+    assert len({c.id for c in cells}) == len(cells)
+    assert all(Cell.parse(c.id) == c for c in sample("mariadb", 5, 50))
+    assert sample("pg", SEED, 30) == sample("pg", SEED, 30)

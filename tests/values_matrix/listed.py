@@ -1,0 +1,358 @@
+"""The differences from Spark's JDBC writer the matrix accepts, as data: the source of docs/types.md's
+"Differences from Spark's JDBC writer" table (tests/test_values_matrix.py checks the two are one).
+
+An entry matches cells by database, Spark type, column type, edge value, zone, path and kind of difference
+(``*``: any).  ``docs`` is its row in docs/types.md (Spark type, column, what JDBC stores, what xasink stores);
+an entry with ``pending`` set is not a deliberate difference but issue 38 work not done yet (the drop-in
+conversions, PostgreSQL arrays, MariaDB BIT): it is counted apart and never documented.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tests.values_matrix.cells import Cell
+
+ANY = ("*",)
+
+
+@dataclass(frozen=True)
+class Listed:
+    key: str
+    db: tuple[str, ...]
+    spark: tuple[str, ...]
+    column: tuple[str, ...]
+    kind: tuple[str, ...] = ("value",)
+    edge: tuple[str, ...] = ANY
+    zone: tuple[str, ...] = ANY
+    path: tuple[str, ...] = ANY
+    docs: tuple[str, str, str, str] | None = None
+    pending: str = ""
+
+    def matches(self, cell: Cell, kind: str) -> bool:
+        fields = (
+            (self.db, cell.db),
+            (self.spark, cell.spark),
+            (self.column, cell.column),
+            (self.kind, kind),
+            (self.edge, cell.edge),
+            (self.zone, cell.zone),
+            (self.path, cell.path),
+        )
+        return all(want == ANY or got in want for want, got in fields)
+
+
+ZONE_READERS = ("zone-default", "local-default", "trigger-zone")
+NTZ_GAP = (
+    "TimestampNTZType",
+    "PostgreSQL timestamp",
+    "a wall time in a DST gap an hour later (02:30 → 03:30)",
+    "the wall time",
+)
+LISTED: list[Listed] = [
+    Listed("ntz-gap", ("pg",), ("ntz",), ("timestamp",), edge=("dst-gap",), zone=("same",), docs=NTZ_GAP),
+    Listed(
+        "ntz-overlap",
+        ("pg",),
+        ("ntz",),
+        ("timestamptz",),
+        edge=("dst-overlap",),
+        zone=("same",),
+        docs=(
+            "TimestampNTZType",
+            "PostgreSQL timestamptz",
+            "a wall time in a DST overlap as the later instant",
+            "the earlier one, as Spark's cast to TimestampType",
+        ),
+    ),
+    Listed(
+        "ntz-maria",
+        ("mariadb",),
+        ("ntz",),
+        ("datetime", "datetime3", "datetime6", "timestamp", "timestamp6"),
+        docs=(
+            "TimestampNTZType",
+            "MariaDB DATETIME(6), TIMESTAMP(6)",
+            "the wall time shifted by the session's UTC offset",
+            "the wall time",
+        ),
+    ),
+    Listed(
+        "ts-other-zone",
+        ("pg", "mariadb"),
+        ("ts",),
+        ("timestamp", "datetime", "datetime3", "datetime6", "timestamp6"),
+        zone=("other",),
+        docs=(
+            "TimestampType",
+            "PostgreSQL timestamp, MariaDB DATETIME(6), TIMESTAMP(6)",
+            "the instant's wall time in the JVM's default zone",
+            "its wall time in the session zone",
+        ),
+    ),
+    Listed(
+        "string-into-other-types",
+        ("pg",),
+        ("string",),
+        ("jsonb", "uuid", "inet", "enum"),
+        kind=("jdbc-refuses",),
+        docs=(
+            "StringType",
+            "PostgreSQL jsonb, uuid, inet, an enum (a URL without `stringtype=unspecified`)",
+            'refuses ("column is of type jsonb but expression is of type character varying")',
+            "the server's reading of the string: xasink takes `stringtype=unspecified` in the URL and needs it not",
+        ),
+    ),
+    Listed(
+        "null-of-another-type",
+        ANY,
+        ANY,
+        ANY,
+        kind=("xasink-refuses",),
+        edge=("null",),
+        docs=(
+            "a type xasink does not write into the column (a timestamp into an integer)",
+            "any",
+            "NULLs, where the server takes a NULL of the setter's type (it refuses values, not types)",
+            "refuses the column before anything is written, whatever its values",
+        ),
+    ),
+    Listed(
+        "calendar-edges",
+        ANY,
+        ("date", "ts", "ntz"),
+        ANY,
+        edge=("gap-1582", "far-min", "lmt-1850"),
+        docs=(
+            "DateType, TimestampType, TimestampNTZType",
+            "date and timestamp columns",
+            "a date before 1582-10-15 as `java.sql`'s Julian calendar reads it (one in the 1582 gap ten days "
+            "later), a time before 1883 with its zone's standard offset",
+            "Spark's value: the proleptic Gregorian date, the zone's local mean time",
+        ),
+    ),
+    Listed(
+        "temporal-into-bytea",
+        ("pg",),
+        ("date", "ts", "ntz"),
+        ("bytea",),
+        kind=("xasink-refuses",),
+        docs=(
+            "DateType, TimestampType, TimestampNTZType",
+            "PostgreSQL bytea",
+            "the value's text as bytes (pgjdbc sends it untyped, and bytea reads any text)",
+            "refuses the column",
+        ),
+    ),
+    Listed(
+        "zone-readers-other-zone",
+        ("pg",),
+        ("feature",),
+        ZONE_READERS,
+        zone=("other",),
+        path=("bulk", "upsert"),
+        docs=(
+            "any",
+            "PostgreSQL: a default or trigger reading the session's zone (`current_setting('TimeZone')`, "
+            "`localtimestamp`), with the Spark session's zone set other than the JVM's",
+            "its value in the JVM's zone",
+            "its value in the Spark session's zone",
+        ),
+    ),
+    Listed(
+        "zone-readers-unset",
+        ("pg",),
+        ("feature",),
+        ZONE_READERS,
+        zone=("unset",),
+        docs=(
+            "any",
+            "PostgreSQL: the same, with the Spark session's zone never set",
+            "its value in the JVM's zone",
+            "its value in the server's zone (the Python workers cannot see the JVM's)",
+        ),
+    ),
+    Listed(
+        "auto-increment-overwrite",
+        ("mariadb",),
+        ("feature",),
+        ("auto", "auto-zero", "auto-null"),
+        path=("overwrite",),
+        docs=(
+            "any",
+            "MariaDB AUTO_INCREMENT, mode overwrite",
+            "values from 1 again (`truncate=true` truncates, which restarts the counter)",
+            "values going on from the table's counter (the old rows are deleted, the table never truncated)",
+        ),
+    ),
+    # issue 38's drop-in conversions: where xasink refuses what JDBC writes, on purpose (tests/test_values_dropin.py)
+    Listed(
+        "fraction-into-int",
+        ("pg", "mariadb"),
+        ("float", "double", "dec10_2", "dec38_18"),
+        ("smallint", "integer", "bigint", "tinyint", "tinyint-u", "smallint-u", "int", "int-u", "bigint-u"),
+        kind=("xasink-refuses",),
+        docs=(
+            "DoubleType, FloatType, DecimalType with a fraction",
+            "an integer column",
+            "the number rounded by the server (2.5 is 2 on PostgreSQL, 3 on MariaDB; 5.50 is 6)",
+            "refuses it, naming the value: the rounding loses the fraction and differs between the databases. "
+            "Round it in Spark first",
+        ),
+    ),
+    Listed(
+        "time-into-date",
+        ANY,
+        ("ts", "ntz"),
+        ("date",),
+        kind=("xasink-refuses",),
+        docs=(
+            "TimestampType, TimestampNTZType with a time of day",
+            "a date column",
+            "its date (the time dropped)",
+            "refuses it, naming the value: the time is lost. Truncate it in Spark first (`to_date`)",
+        ),
+    ),
+    Listed(
+        "double-into-maria-text",
+        ("mariadb",),
+        ("float", "double"),
+        ("text", "varchar10", "char5"),
+        kind=("xasink-refuses",),
+        docs=(
+            "FloatType, DoubleType",
+            "MariaDB CHAR, VARCHAR, TEXT",
+            "the server's text of the literal Java prints (`1.0` for 1.0, `1e300` for 1.0E300, `0.00001` for 1.0E-5)",
+            "refuses it (\"cast it in Spark first\"): that text follows Java's and the server's formatting rules, "
+            "not the value's; format it in Spark (`format_number`, a cast to string)",
+        ),
+    ),
+    # arrays: no cell of the matrix yet (its array cells are ints and strings into int[] and text[]);
+    # tests/test_values_dropin.py writes each
+    Listed(
+        "timestamp-arrays",
+        (),
+        ANY,
+        ANY,
+        docs=(
+            "ArrayType of TimestampType",
+            "PostgreSQL timestamptz[], timestamp[]",
+            'refuses ("Unable to find server array type for provided name TIMESTAMP WITH TIME ZONE")',
+            "the instants (timestamp[]: their wall times in the session zone), as for a TimestampType value",
+        ),
+    ),
+    Listed(
+        "ntz-array-null",
+        (),
+        ANY,
+        ANY,
+        docs=(
+            "ArrayType of TimestampNTZType with a NULL element",
+            "PostgreSQL timestamp[], timestamptz[]",
+            "refuses (a NullPointerException)",
+            "the wall times and the NULL",
+        ),
+    ),
+    Listed(
+        "binary-arrays",
+        (),
+        ANY,
+        ANY,
+        docs=(
+            "ArrayType of BinaryType",
+            "PostgreSQL bytea[]",
+            'refuses ("byte[] nested inside Object[]")',
+            "the bytes",
+        ),
+    ),
+    Listed(
+        "string-arrays-into-other-types",
+        (),
+        ANY,
+        ANY,
+        docs=(
+            "ArrayType of StringType",
+            "PostgreSQL arrays of jsonb, uuid, inet, an enum...",
+            'refuses ("column is of type uuid[] but expression is of type text[]"), with `stringtype=unspecified` too',
+            "the server's reading of each string, as for a string into such a column",
+        ),
+    ),
+    Listed(
+        "array-into-text",
+        (),
+        ANY,
+        ANY,
+        docs=(
+            "ArrayType",
+            "PostgreSQL text, varchar",
+            "the array's text (`{1,2}`)",
+            "refuses it (an array goes into an array column; write `to_json()` or `array_join()` for text)",
+        ),
+    ),
+    Listed(
+        "nested-arrays",
+        (),
+        ANY,
+        ANY,
+        docs=(
+            "ArrayType of ArrayType",
+            "PostgreSQL arrays",
+            "a multi-dimensional array",
+            "refuses it (xasink writes one dimension; flatten it, or write it as text with to_json())",
+        ),
+    ),
+    Listed(  # column matching: tests/test_values_cases.py (pg-both-cases-*), no cell of the matrix
+        "both-cases",
+        (),
+        ANY,
+        ANY,
+        docs=(
+            "any",
+            'a table with columns `"ID"` and `id`, the DataFrame\'s `id`',
+            'the table\'s first column whose name is equal without case (`"ID"` if it comes first)',
+            "the column spelled exactly (`id`)",
+        ),
+    ),
+]
+
+
+DROPIN = "issue 38 drop-in conversion (branch dropin)"
+INTS = ("smallint", "integer", "bigint", "tinyint", "tinyint-u", "smallint-u", "int", "int-u", "bigint-u")
+TEXTS = ("text", "varchar10", "char5", "json", "enum", "set")
+NUMBERS = ("bool", "byte", "short", "int", "long", "float", "double", "dec10_2", "dec38_18", "dec38_0")
+PENDING: list[Listed] = [
+    Listed("arrays", ("pg",), ("ints", "strings"), ANY, ("xasink-refuses",), pending=DROPIN),
+    Listed("into-arrays", ("pg",), ANY, ("int[]", "text[]"), ("xasink-refuses",), pending=DROPIN),
+    Listed("bit", ("mariadb",), ANY, ("bit1", "bit8"), ("xasink-refuses",), pending=DROPIN),
+    Listed("numbers-into-text", ANY, NUMBERS, TEXTS, ("xasink-refuses",), pending=DROPIN),
+    Listed(
+        "into-int",
+        ANY,
+        ("float", "double", "dec10_2", "dec38_18", "dec38_0"),
+        INTS,
+        ("xasink-refuses",),
+        pending=DROPIN,
+    ),
+    Listed("ts-into-date", ANY, ("ts", "ntz"), ("date",), ("xasink-refuses",), pending=DROPIN),
+    Listed("strings-into-maria", ("mariadb",), ("string",), ANY, ("xasink-refuses",), pending=DROPIN),
+    # the rest of issue 38's class "JDBC writes, xasink refuses" that its list does not name (MariaDB's implicit
+    # conversions: 0 into DATETIME, a timestamp's text into BLOB, booleans into INT; dates into text)
+    Listed("other-gap", ANY, ANY, ANY, ("xasink-refuses",), pending="drop-in gap not named in issue 38"),
+]
+LISTED += PENDING
+
+
+def match(cell: Cell, kind: str) -> Listed | None:
+    """The first entry of :data:`LISTED` that accepts this cell's difference, or None."""
+    return next((entry for entry in LISTED if entry.matches(cell, kind)), None)
+
+
+def docs_table() -> str:
+    """docs/types.md's table of deliberate differences, rendered from :data:`LISTED`."""
+    lines = ["| Spark type | column | Spark's JDBC writer stores | xasink stores |", "|---|---|---|---|"]
+    for entry in LISTED:
+        if entry.docs is not None and not entry.pending:
+            row = "| " + " | ".join(entry.docs) + " |"
+            if row not in lines:
+                lines.append(row)
+    return "\n".join(lines)
