@@ -95,6 +95,7 @@ class Declaration:
     case: str
     test: str  # module::function
     fixtures: frozenset[str]  # the declaring function's parameters
+    one_database: bool = False  # its module is marked one_database: a ``db`` case runs on one database in CI
 
 
 def declarations(tests_dir: Path = ROOT / "tests") -> list[Declaration]:
@@ -102,7 +103,9 @@ def declarations(tests_dir: Path = ROOT / "tests") -> list[Declaration]:
     decorators, or in a ``pytest.param`` of its parametrization)."""
     out: list[Declaration] = []
     for path in sorted(tests_dir.glob("test_*.py")):
-        tree = ast.parse(path.read_text(encoding="utf-8"))
+        source = path.read_text(encoding="utf-8")
+        tree = ast.parse(source)
+        one_database = bool(re.search(r"^pytestmark = .*pytest\.mark\.one_database", source, re.MULTILINE))
         functions = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
         # the module's own fixtures and what they take: a test of ``scene`` runs where ``scene(db)`` does
         local = {
@@ -112,7 +115,7 @@ def declarations(tests_dir: Path = ROOT / "tests") -> list[Declaration]:
             fixtures = _closure({a.arg for a in node.args.args}, local)
             for decorator in node.decorator_list:
                 for case in _declared(decorator):
-                    out.append(Declaration(case, f"{path.name}::{node.name}", fixtures))
+                    out.append(Declaration(case, f"{path.name}::{node.name}", fixtures, one_database))
     return out
 
 

@@ -177,7 +177,8 @@ def _coverage_problems(cases: dict[str, doc_cases.Case], declared: list[doc_case
             problems.append(f"{case.name} ({case.where}): no test declares it")
             continue
         need = {"both": doc_cases.BOTH_FIXTURES, "MariaDB": doc_cases.MARIADB_FIXTURES}.get(case.databases)
-        if need is not None and not any(d.fixtures & need for d in by):
+        # a module marked one_database runs each ``db`` case on one database in CI: it does not count as both
+        if need is not None and not any((d.fixtures - {"db"} if d.one_database else d.fixtures) & need for d in by):
             problems.append(
                 f"{case.name} ({case.where}): on {case.databases}, but no declaring test takes {sorted(need)}: "
                 f"{[d.test for d in by]}"
@@ -231,6 +232,18 @@ def test_the_case_check_catches_what_it_should(tmp_path: Path) -> None:
         "status/one (monitoring.md): on both, but no declaring test takes ['db']: ['test_x.py::test_a']",
         "error/OptionError (errors.md): no test declares it",
     ]
+    # a db test in a module marked one_database runs on one database in CI: it does not cover a case of both
+    (tests / "test_x.py").write_text(
+        "import pytest\n"
+        "pytestmark = [pytest.mark.spark, pytest.mark.one_database]\n"
+        "@pytest.mark.doc_case('status/one')\n"
+        "def test_a(db): ...\n"
+    )
+    found = doc_cases.declarations(tests)
+    assert [d.one_database for d in found] == [True]
+    assert "status/one (monitoring.md): on both, but no declaring test takes ['db']: ['test_x.py::test_a']" in (
+        _coverage_problems(cases, found)
+    )
     seen = [doc_cases.Seen("status", 3, None), doc_cases.Seen(None, None, "PreflightError")]
     assert doc_cases.missing(["status/one", "status/two", "error/OptionError", "status/nope"], seen, cases) == [
         "status/two: no `xasink status` run exited 2 (runs: [('status', 3)])",

@@ -28,7 +28,7 @@ from tests.targets import Target, make_target
 from xasink.support import faults
 from xasink.support.embedded import EmbeddedPostgres
 
-pytestmark = [pytest.mark.spark]
+pytestmark = [pytest.mark.spark, pytest.mark.one_database]
 
 
 def login(db: Target) -> dict[str, Any]:

@@ -58,6 +58,11 @@ from xasink.spark.versions import HAS_DATA_SOURCE
 from xasink.support.embedded import EmbeddedPostgres
 from xasink.support.faults import LOCAL_PROPERTY
 
+# Each case run on both databases runs on one of them in CI (both with --soak, tests/conftest.py): the way
+# into Spark is the same for both dialects, whose database side test_crash.py, test_hostile.py and the
+# scenarios run on both.
+pytestmark = pytest.mark.one_database
+
 # The superuser's real password (the test server checks it on every TCP login): the tests pass it as the
 # ``password`` option, and it must never appear in any error text.  (test_wrong_password_* uses a role of its own.)
 SECRET = PostgresTarget.password
