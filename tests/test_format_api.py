@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import uuid
 from collections.abc import Iterator
@@ -22,7 +23,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 import xasink
 from tests.doc_cases import raises
-from tests.harness import Stream, expected, frame, sink_row_locked, spark_jobs
+from tests.harness import ROWS, Stream, expected, frame, sink_row_locked, spark_jobs
 from tests.leaks import SECRET
 from tests.targets import Target, make_target
 from xasink.support import faults
@@ -87,6 +88,32 @@ def test_errors_of_a_streaming_query_are_caught_by_their_class(spark: SparkSessi
             query.awaitTermination()  # a stopped query raises its exception again
     assert str(caught.value) == str(found)
     assert db.rows(stream.table) == [] and db.prepared(stream.sink_id) == []
+
+
+@pytest.mark.doc_case("error/BatchAbortedError")
+def test_the_log_row_held_past_control_lock_timeout_before_a_micro_batch_is_an_xasink_error(
+    spark: SparkSession, pg: Target, tmp_path: Path
+) -> None:
+    """Another session holds the sink's row of the log past controlLockTimeout while a streaming query runs its
+    next micro-batch (its planning's recovery, or its tasks' claim, meets the lock): the query stops with
+    BatchAbortedError and the cause, nothing of the micro-batch visible or prepared, never the raw driver
+    error.  The restarted query writes it once."""
+    stream = Stream(spark, tmp_path, pg.url)  # PostgreSQL: the harness's Stream
+    options = {"controlLockTimeout": "1", **{k: str(v) for k, v in login(pg).items()}}
+    stream.add_files(1)
+    stream.run(2, **options)
+    stream.add_files(1)
+    with sink_row_locked(pg, stream.sink_id):
+        query = stream.writer(stream.frame(2), **options).trigger(availableNow=True).start()
+        with raises(xasink.BatchAbortedError) as caught:  # its text only in the JVM's causes: "Writing job failed"
+            with xasink.spark_errors():
+                query.awaitTermination()
+    told = str(caught.value)
+    assert "LockNotAvailable" in told or "1205" in told, told  # the cause, named
+    assert re.search(r"nothing of (this micro-batch was written|the batch is visible)", told), told
+    assert stream.ids() == list(range(ROWS)) and sorted(stream.decisions()) == [0] and stream.prepared() == []
+    stream.run(2, **options)
+    stream.assert_exactly_once()
 
 
 def test_a_thread_that_did_not_register_the_source_is_told_what_to_do(spark: SparkSession, db: Target) -> None:

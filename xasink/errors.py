@@ -153,7 +153,9 @@ def from_spark(exc: BaseException) -> XasinkError | None:
         if isinstance(cause, XasinkError):
             return cause
         texts.append(str(cause))
-        texts += [v for v in (getattr(cause, "_desc", None), getattr(cause, "desc", None)) if isinstance(v, str)]
+        # a streaming query's "Writing job failed" keeps the failed task's error in its JVM causes only
+        extra = (getattr(cause, "_desc", None), getattr(cause, "desc", None), getattr(cause, "_stackTrace", None))
+        texts += [v for v in extra if isinstance(v, str)]
         cause = cause.__cause__
     text = "\n".join(texts)
     found = _ERROR_RE.findall(text)
