@@ -19,12 +19,12 @@ from typing import Any
 
 from pyspark.sql.types import StructType
 
-from xasink.errors import BatchAbortedError, OptionError, XasinkError
+from xasink.errors import OptionError
 from xasink.options import WriteOptions, parse_options
 from xasink.protocol.coordinator import Coordinator
 from xasink.protocol.xid import new_run_nonce
 from xasink.spark.batch_writer import XasinkBatchWriter
-from xasink.spark.planning import prepare_write
+from xasink.spark.planning import never_raw, prepare_write
 from xasink.spark.stream_writer import XasinkStreamWriter
 from xasink.spark.txwrite import TX_URL_OPTION, prepare_tx_write, tx_write
 from xasink.spark.versions import DataSource
@@ -108,8 +108,19 @@ class XasinkDataSource(DataSource):
             plan = prepare_write(options, schema, branches, cap)
             run = self._run() or new_run_nonce()
             coordinator = Coordinator(options, shared=True)
+
+            def failed(cause: str) -> str:
+                return (
+                    f"sink {options.sink_id} batch {options.batch_id}: reading the decision log or finishing the "
+                    f"sink's earlier batches before the write failed ({cause}); nothing of this batch was written "
+                    "and nothing of it is prepared. Run it again: the next run finishes what earlier runs left."
+                )
+
             try:
-                with phase("plan.recover", sink=options.sink_id, batch=options.batch_id):
+                with (
+                    never_raw(coordinator, failed),
+                    phase("plan.recover", sink=options.sink_id, batch=options.batch_id),
+                ):
                     # another target's (or query's) batch, or one the log forgot: refuse now
                     replay = coordinator.check_batch(options.batch_id, query)
                     # take the batch over here, once, instead of in every task; then finish what earlier runs
@@ -118,15 +129,6 @@ class XasinkDataSource(DataSource):
                     coordinator.recover(upto=options.batch_id, run=run)
                     # committed before (a replay of its target; a committed batch stays so): its tasks load nothing
                     committed = replay and not claimed and _committed(coordinator, options.batch_id)
-            except XasinkError:
-                raise
-            except Exception as exc:  # (a lock wait past controlLockTimeout, a lost connection) never raw
-                raise BatchAbortedError(
-                    f"sink {options.sink_id} batch {options.batch_id}: reading the decision log or finishing the "
-                    f"sink's earlier batches before the write failed ({coordinator.policy.describe(exc)}); nothing "
-                    "of this batch was written and nothing of it is prepared. Run it again: the next run finishes "
-                    "what earlier runs left."
-                ) from exc
             finally:
                 coordinator.close()
         return XasinkBatchWriter(

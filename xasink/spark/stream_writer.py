@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING, Any
 from pyspark import TaskContext
 from pyspark.sql.types import StructType
 
-from xasink.errors import BatchAbortedError, OptionError, XasinkError
+from xasink.errors import OptionError
 from xasink.options import WriteOptions
 from xasink.protocol.coordinator import ABORT_SETTLE_S, Coordinator
 from xasink.protocol.liveness import guard_name, spark_driver_process
 from xasink.protocol.xid import new_run_nonce
-from xasink.spark.planning import WritePlan, prepare_write
+from xasink.spark.planning import WritePlan, never_raw, prepare_write
 from xasink.spark.streams import STREAM_BATCH_PROPERTY
 from xasink.spark.versions import StreamWriterBase, WriterCommitMessage, pyspark_version
 from xasink.spark.worker_log import tell_tasks, worker_logging
@@ -37,21 +37,21 @@ def _recover_settled(options: WriteOptions) -> None:
     previous one committed, so every undecided branch of a batch below the last decided one is stale.
     """
     coordinator = Coordinator(options, shared=True)
+
+    def failed(cause: str) -> str:
+        return (
+            f"sink {options.sink_id}: reading the decision log or finishing the batches earlier runs decided, "
+            f"before this micro-batch, failed ({cause}); nothing of this micro-batch was written. Restart the "
+            "query: its next start finishes them first."
+        )
+
     try:
-        with coordinator.dialect.connect() as conn:
-            last = coordinator.journal.last_batch_id(conn, options.sink_id)
-        if last is None:
-            return
-        try:
+        with never_raw(coordinator, failed):
+            with coordinator.dialect.connect() as conn:
+                last = coordinator.journal.last_batch_id(conn, options.sink_id)
+            if last is None:
+                return
             report = coordinator.recover(upto=last)
-        except XasinkError:
-            raise
-        except Exception as exc:  # (a lock wait past controlLockTimeout, a lost connection) never raw
-            raise BatchAbortedError(
-                f"sink {options.sink_id}: finishing the batches earlier runs decided, before this micro-batch, "
-                f"failed ({coordinator.policy.describe(exc)}); nothing of this micro-batch was written. Restart "
-                "the query: its next start finishes them first."
-            ) from exc
         if report:
             log.info(
                 "sink %s: recovery up to batch %s finished batches %s, committed %d and rolled back %d branches",
