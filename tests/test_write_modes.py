@@ -49,7 +49,7 @@ def sink() -> str:
     return f"wm-{uuid.uuid4().hex[:10]}"
 
 
-def frame(spark: SparkSession, rows: list[tuple[int, str]], partitions: int = 3) -> DataFrame:
+def rows_frame(spark: SparkSession, rows: list[tuple[int, str]], partitions: int = 3) -> DataFrame:
     return spark.createDataFrame(rows, "id int, name string").repartition(partitions)
 
 
@@ -143,7 +143,7 @@ def test_overwrite_replaces_every_row_at_once_and_keeps_the_table(
     assert before[1] and before[2] == [("kept by overwrite",)] and before[3] in ([(True,)], [("SELECT",)]), before
     s = sink()
     new = expected(range(200, 500))  # keys 200..299 kept, 0..199 gone, 300..499 new
-    overwrite(frame(spark, new), db, table, s, 7, truncate="true", cascadeTruncate="false")
+    overwrite(rows_frame(spark, new), db, table, s, 7, truncate="true", cascadeTruncate="false")
     assert db.rows(table) == new
     after = table_extras(db, table, reader_grantee)
     assert after[1:] == before[1:]  # its index, comment and grant kept
@@ -154,13 +154,15 @@ def test_overwrite_replaces_every_row_at_once_and_keeps_the_table(
 
     # a replay of the same (sinkId, batchId) writes nothing, even though the table changed since
     fill(db, table, [(9999, "later")])
-    result = xasink.write(frame(spark, new[:10]), db.url, table, sink_id=s, batch_id=7, mode="overwrite")
+    result = xasink.write(rows_frame(spark, new[:10]), db.url, table, sink_id=s, batch_id=7, mode="overwrite")
     assert result.skipped
     assert db.rows(table) == [*new, (9999, "later")]
 
     # cascadeTruncate=true is refused before anything runs
     with pytest.raises(OptionError, match="cascadeTruncate"):
-        xasink.write(frame(spark, new), db.url, table, sink_id=s, batch_id=8, mode="overwrite", cascadeTruncate="true")
+        xasink.write(
+            rows_frame(spark, new), db.url, table, sink_id=s, batch_id=8, mode="overwrite", cascadeTruncate="true"
+        )
     assert db.rows(table) == [*new, (9999, "later")] and db.decision(s, 8) is None
 
 
@@ -202,7 +204,7 @@ def test_a_keyed_overwrite_of_mostly_the_same_keys_does_not_wait_on_itself(db: T
     new = expected(range(200, 2200))
     t0 = time.monotonic()
     result = xasink.write(
-        frame(spark, new), db.url, table, sink_id=sink(), batch_id=0, mode="overwrite", lockTimeout=30
+        rows_frame(spark, new), db.url, table, sink_id=sink(), batch_id=0, mode="overwrite", lockTimeout=30
     )
     took = time.monotonic() - t0
     assert (result.rows, result.branches) == (2000, 3)
@@ -220,7 +222,7 @@ def test_an_empty_dataframe_empties_the_table(db: Target, spark: SparkSession) -
     assert db.rows(table) == []
     assert db.prepared(s) == [] and shadow_rows(db) == 0
     write = xasink.foreach_batch(db.url, table, s, mode="overwrite", truncate="yes")
-    result = write(frame(spark, expected(range(40, 60)), 2), 1)
+    result = write(rows_frame(spark, expected(range(40, 60)), 2), 1)
     assert db.rows(table) == expected(range(40, 60)) and not result.skipped
 
 
@@ -874,7 +876,7 @@ def test_an_overwrite_waits_for_an_open_insert_then_replaces_it(
     table, old, new, other = table_under_open_insert(db, open_insert)
     s = sink()
     with ThreadPoolExecutor(1) as pool:
-        job = pool.submit(xasink.write, frame(spark, new), db.url, table, sink_id=s, batch_id=0, mode="overwrite")
+        job = pool.submit(xasink.write, rows_frame(spark, new), db.url, table, sink_id=s, batch_id=0, mode="overwrite")
         wait_decided(db, s, 0)
         time.sleep(1.5)
         assert not job.done(), f"the apply did not wait for the open insert: {job.result()}"
@@ -895,7 +897,7 @@ def test_an_overwrite_blocked_past_commit_timeout_is_finished_by_recover(
     t0 = time.monotonic()
     with pytest.raises(CommitIncompleteError, match="old rows"):
         xasink.write(
-            frame(spark, new),
+            rows_frame(spark, new),
             db.url,
             table,
             sink_id=s,
@@ -1056,8 +1058,10 @@ def test_an_overwrite_whose_tables_apply_lock_stays_held_is_aborted_through_writ
     fill(db, table, old)
     opts = {"controlLockTimeout": "1", "commitTimeout": "4"}
     with apply_lock_held(db, table), pytest.raises(BatchAbortedError, match="apply lock was not granted") as err:
-        xasink.write(frame(spark, new), db.url, table, sink_id=s, batch_id=1, mode="overwrite", **opts)
+        xasink.write(rows_frame(spark, new), db.url, table, sink_id=s, batch_id=1, mode="overwrite", **opts)
     assert "nothing of it is visible" in str(err.value), err.value
     assert db.rows(table) == old and db.decision(s, 1) is None and db.prepared(s) == []
-    assert xasink.write(frame(spark, new), db.url, table, sink_id=s, batch_id=1, mode="overwrite", **opts).rows == 10
+    assert (
+        xasink.write(rows_frame(spark, new), db.url, table, sink_id=s, batch_id=1, mode="overwrite", **opts).rows == 10
+    )
     assert db.rows(table) == new and shadow_rows(db) == 0
