@@ -194,7 +194,7 @@ def commit_branches(
             errors += f.result()
     finally:
         for conn in conns:
-            conn.close()
+            _close_after_round(conn)
     if errors:
         batches = sorted({x.batch_id for x in xids})
         which = f"batch {batches[0]} is" if len(batches) == 1 else f"batches {', '.join(map(str, batches))} are"
@@ -206,3 +206,17 @@ def commit_branches(
             "lost or doubled. Do not rerun it under another sink id: its rows would be written twice."
         ) from errors[0]
     return committed
+
+
+def _close_after_round(conn: Connection) -> None:
+    """Close a commit round's connection.  Its close rolls back the transaction the driver opened around the
+    autocommit statements; if the server went away after the last COMMIT answered (a restart), that fails,
+    but what the round committed stands: the failure is logged, never the round's error."""
+    try:
+        conn.close()
+    except Exception as exc:  # noqa: BLE001 - the connection is gone; the commits it answered are durable
+        log.info("a commit round's connection was lost before it closed: %s", type(exc).__name__)
+        try:
+            conn.invalidate()
+        except Exception:  # noqa: BLE001,S110 - nothing left to release
+            pass
