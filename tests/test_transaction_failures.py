@@ -116,6 +116,33 @@ def test_a_lock_held_on_the_log_at_a_single_table_decision_rolls_back_the_batch(
 
 
 @pytest.mark.spark
+def test_a_lock_held_on_the_log_at_a_writes_recovery_is_an_xasink_error(  # type: ignore[no-untyped-def]
+    spark, pg, maria, sink
+):
+    """A write's pre-flight finishes what earlier runs of its sink left prepared there, under the log's sink
+    row; another session holds that row past controlLockTimeout.  The user's ``tx.write`` raises
+    BatchAbortedError with the cause, nothing of the transaction visible or prepared.  It raised the raw
+    LockNotAvailable (long-run seeds 8188 and 8230, multi-interfere)."""
+    orders, _, events = three_tables(pg, maria)
+    earlier = MultiTx(sink, 1, pg)  # another run of the sink, alive, its branches prepared on MariaDB
+    try:
+        earlier.write(maria, events, range(500, 504))
+        with ExitStack() as lock, pytest.raises(xasink.BatchAbortedError) as caught:
+            with xasink.transaction(sink_id=sink, batch_id=2, journal_url=pg.url, controlLockTimeout=1) as tx:
+                tx.write(frame(spark, range(10), 2), pg.url, orders)  # claimed; nothing of the sink on pg before
+                lock.enter_context(sink_row_locked(pg, sink))
+                tx.write(frame(spark, range(100, 104), 2), maria.url, events)  # its recovery meets the lock
+        told = str(caught.value)
+        assert "LockNotAvailable" in told and "nothing it wrote is visible" in told, told
+        assert rows(pg, orders) == [] and pg.prepared(sink) == [] and len(maria.prepared(sink)) == 2
+        assert pg.execute("SELECT count(*) FROM xasink_batches WHERE sink_id = %s AND batch_id = 2", sink) == [(0,)]
+    finally:
+        earlier.mc.abort()
+        earlier.close()
+    assert maria.prepared(sink) == [] and rows(maria, events) == []
+
+
+@pytest.mark.spark
 @pytest.mark.parametrize("log_kind", ["pg", "maria"])
 def test_a_lock_held_on_the_log_at_the_decision_rolls_back_every_write(  # type: ignore[no-untyped-def]
     spark, pg, maria, sink, log_kind

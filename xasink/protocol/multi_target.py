@@ -88,17 +88,19 @@ class MultiCoordinator(TransactionEnd):
         self.replay = False
         self._lock = threading.Lock()
         self._sent = False  # the decision's COMMIT was sent: a failure from then on is ambiguous
-        self.journal.ensure()
-        ensure_parts(self.journal)
-        self.log_id = self.journal.log_id()
-        with self.dialect.connect() as conn:
-            self.log_server = self.dialect.server_identity(conn)
-        self.guard = InProcessGuard(self.dialect, self.log_id, self.run)
-        try:
-            self._claim()
-        except BaseException:
-            self.close()
-            raise
+        told = f"sink {sink_id} transaction {batch_id}: opening it in the decision log failed"
+        with self.policy.never_raw(lambda why: f"{told} ({why}); nothing of it was written. Run it again"):
+            self.journal.ensure()
+            ensure_parts(self.journal)
+            self.log_id = self.journal.log_id()
+            with self.dialect.connect() as conn:
+                self.log_server = self.dialect.server_identity(conn)
+            self.guard = InProcessGuard(self.dialect, self.log_id, self.run)
+            try:
+                self._claim()
+            except BaseException:
+                self.close()
+                raise
 
     @property
     def journal_url(self) -> str:
@@ -202,18 +204,18 @@ class MultiCoordinator(TransactionEnd):
 
     def before_write(self, options: WriteOptions, branches: int) -> TargetDb:
         """Pre-flight of one write before any of its branches opens; clears stale branches of this sink there.
-
-        ``max_prepared_transactions`` must cover every branch the transaction holds in that server at once.
-        """
+        ``max_prepared_transactions`` must cover every branch the transaction holds in that server at once."""
         self.guard.ensure()  # taken again if the log's database restarted: the recovery below must spare us
         db = self.target(options)
         with self._lock:
             db.branches += branches
             server = db.server.rsplit("/", 1)[0]  # one server's databases share its max_prepared_transactions
             total = sum(d.branches for d in self.targets.values() if d.server.rsplit("/", 1)[0] == server)
-        with db.dialect.connect() as conn:
-            db.dialect.check_server(conn, total)
-        db.recovery.recover(upto=self.batch_id)  # dead runs' branches of this sink there; ours are guarded
+        told = f"sink {self.sink_id} transaction {self.batch_id}: a write's checks and recovery in {db.server} failed"
+        with self.policy.never_raw(lambda why: f"{told} ({why}); it is rolled back: nothing it wrote is visible"):
+            with db.dialect.connect() as conn:
+                db.dialect.check_server(conn, total)
+            db.recovery.recover(upto=self.batch_id)  # dead runs' branches of this sink there; ours are guarded
         return db
 
     def part(self, number: int) -> Part | None:

@@ -11,12 +11,13 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TypeVar
 
 from xasink.dialects.base import Dialect
 from xasink.dialects.values import ErrorKind
-from xasink.errors import ConnectError
+from xasink.errors import BatchAbortedError, ConnectError, XasinkError
 from xasink.options import WriteOptions
 from xasink.support.masking import redact, url_secrets
 
@@ -49,6 +50,18 @@ class RetryPolicy:
         """An exception in one short line for a log or message, without the password."""
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         return redact(f"{type(exc).__name__}: {text}"[:300], self._secrets)
+
+    @contextmanager
+    def never_raw(self, told: Callable[[str], str]) -> Iterator[None]:
+        """Steps before anything is decided raise xasink errors only: any other (a lock wait past
+        controlLockTimeout, a lost connection) is :class:`BatchAbortedError`, ``told(cause)`` saying what was
+        not written and what to do."""
+        try:
+            yield
+        except XasinkError:
+            raise
+        except Exception as exc:
+            raise BatchAbortedError(told(self.describe(exc))) from exc
 
     def forward(self, what: str, step: Callable[[], T], deadline: float, retries: int | None = None) -> T:
         """Run a step of a decided batch, retrying transient errors until it succeeds, ``deadline``

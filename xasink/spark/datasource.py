@@ -24,7 +24,7 @@ from xasink.options import WriteOptions, parse_options
 from xasink.protocol.coordinator import Coordinator
 from xasink.protocol.xid import new_run_nonce
 from xasink.spark.batch_writer import XasinkBatchWriter
-from xasink.spark.planning import never_raw, prepare_write
+from xasink.spark.planning import prepare_write
 from xasink.spark.stream_writer import XasinkStreamWriter
 from xasink.spark.txwrite import TX_URL_OPTION, prepare_tx_write, tx_write
 from xasink.spark.versions import DataSource
@@ -118,7 +118,7 @@ class XasinkDataSource(DataSource):
 
             try:
                 with (
-                    never_raw(coordinator, failed),
+                    coordinator.policy.never_raw(failed),
                     phase("plan.recover", sink=options.sink_id, batch=options.batch_id),
                 ):
                     # another target's (or query's) batch, or one the log forgot: refuse now

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from pyspark.sql.types import StructType
 
 from xasink.dialects.values import TargetPlan
-from xasink.errors import BatchAbortedError, PreflightError, XasinkError
+from xasink.errors import PreflightError
 from xasink.options import WriteOptions
 from xasink.protocol.coordinator import Coordinator
 from xasink.protocol.liveness import ensure_keeper, spark_driver_process
@@ -110,16 +108,3 @@ def _split_flag(name: str, source: pa.Schema) -> tuple[str, pa.Schema]:
             "e.g. col('op') == 'd'"
         )
     return found[0].name, pa.schema([f for f in source if f.name != found[0].name])
-
-
-@contextmanager
-def never_raw(coordinator: Coordinator, told: Callable[[str], str]) -> Iterator[None]:
-    """Planning's reads and recovery in the decision log raise xasink errors only: anything else (a lock wait
-    past controlLockTimeout, a lost connection) before a batch's tasks start is :class:`BatchAbortedError`,
-    ``told(cause)`` saying what was not written and what to do."""
-    try:
-        yield
-    except XasinkError:
-        raise
-    except Exception as exc:
-        raise BatchAbortedError(told(coordinator.policy.describe(exc))) from exc

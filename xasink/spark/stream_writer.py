@@ -14,7 +14,7 @@ from xasink.options import WriteOptions
 from xasink.protocol.coordinator import ABORT_SETTLE_S, Coordinator
 from xasink.protocol.liveness import guard_name, spark_driver_process
 from xasink.protocol.xid import new_run_nonce
-from xasink.spark.planning import WritePlan, never_raw, prepare_write
+from xasink.spark.planning import WritePlan, prepare_write
 from xasink.spark.streams import STREAM_BATCH_PROPERTY
 from xasink.spark.versions import StreamWriterBase, WriterCommitMessage, pyspark_version
 from xasink.spark.worker_log import tell_tasks, worker_logging
@@ -46,7 +46,7 @@ def _recover_settled(options: WriteOptions) -> None:
         )
 
     try:
-        with never_raw(coordinator, failed):
+        with coordinator.policy.never_raw(failed):
             with coordinator.dialect.connect() as conn:
                 last = coordinator.journal.last_batch_id(conn, options.sink_id)
             if last is None:
