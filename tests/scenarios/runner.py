@@ -33,7 +33,7 @@ from tests.scenarios.driver import recover_main, writer_main
 from tests.scenarios.interference import Anchored, Interference, Place, Restartable, due_items
 from tests.scenarios.model import Recover, Schedule, Writer
 from tests.scenarios.oracle import Told
-from tests.targets import MARIADB, MariaDBTarget, Target
+from tests.targets import MARIADB, POSTGRESQL, MariaDBTarget, Target
 
 XASINK_CLI = str(Path(sys.executable).with_name("xasink"))  # the console script (XASINK_SCENARIO_CLI=1)
 RECOVER_LIMIT_S = 60.0
@@ -123,6 +123,9 @@ class Runner:
                 child, f"cid int PRIMARY KEY, pid int, FOREIGN KEY (pid) REFERENCES {q(table)} (id) ON DELETE CASCADE"
             )
             db.execute(f"INSERT INTO {q(child)} VALUES " + ", ".join(f"({c}, {p})" for c, p in model.child_rows()))
+        if db.kind == POSTGRESQL:  # the test cluster commits with synchronous_commit off: a restart right away
+            # (kill -9) lost these tables (seed 8556); a commit with it on flushes everything before it
+            db.execute("SET synchronous_commit = on; SELECT txid_current()")
         return table, child, sibling
 
     def _options(self, schedule: Schedule, w: Writer, table: str, sink: str) -> tuple[str, dict[str, Any]]:
