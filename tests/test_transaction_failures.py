@@ -143,6 +143,51 @@ def test_a_lock_held_on_the_log_at_a_writes_recovery_is_an_xasink_error(  # type
 
 
 @pytest.mark.spark
+@pytest.mark.parametrize(
+    "step, cut",
+    [
+        ("target", b"SELECT @@hostname"),  # the MariaDB write's first statement there: its server's identity
+        ("part", b"ORDER BY xasink_parts.run, xasink_parts.part"),  # the driver reads back the write's part
+        ("replay", b"SELECT @@hostname"),  # a replayed write's check of its table
+    ],
+)
+def test_a_connection_lost_in_a_writes_steps_before_the_decision_is_an_xasink_error(  # type: ignore[no-untyped-def]
+    spark, pg, maria, sink, step, cut
+):
+    """Before the decision a write reads its database's identity, and after its Spark job the part its tasks
+    recorded in the log; a replayed write checks its table.  A connection lost in any of these raised the raw
+    OperationalError through ``tx.write`` (adversary review of stop 44).  Now BatchAbortedError with the
+    cause: nothing of the attempt visible or prepared, and the retry writes each row once."""
+    orders, _, events = three_tables(pg, maria)
+    if step == "replay":
+        with xasink.transaction(sink_id=sink, batch_id=1, journal_url=pg.url) as tx:
+            tx.write(frame(spark, range(10), 2), pg.url, orders)
+            tx.write(frame(spark, range(100, 104), 2), maria.url, events)
+    proxied = pg if step == "part" else maria
+    with TcpProxy(*host_port(proxied.url)) as proxy:
+        proxy.cut_on(cut)
+        log_url = through(proxy, pg.url) if step == "part" else pg.url
+        maria_url = through(proxy, maria.url) if step != "part" else maria.url
+        with pytest.raises(xasink.BatchAbortedError) as caught:
+            with xasink.transaction(sink_id=sink, batch_id=1, journal_url=log_url) as tx:
+                tx.write(frame(spark, range(10), 2), pg.url, orders)
+                tx.write(frame(spark, range(100, 104), 2), maria_url, events)
+        assert proxy.cut, "the connection was never cut"
+    told = str(caught.value)
+    assert "Lost connection" in told or "closed" in told or "terminat" in told, told
+    assert ("recorded part" if step == "part" else "replayed" if step == "replay" else "checks and recovery") in told
+    assert pg.prepared(sink) == [] and maria.prepared(sink) == []
+    if step != "replay":
+        assert rows(pg, orders) == [] and rows(maria, events) == []
+    with xasink.transaction(sink_id=sink, batch_id=1, journal_url=pg.url) as tx:
+        tx.write(frame(spark, range(10), 2), pg.url, orders)
+        tx.write(frame(spark, range(100, 104), 2), maria.url, events)
+    assert tx.result.skipped == (step == "replay")
+    assert rows(pg, orders) == expected(range(10)) and rows(maria, events) == expected(range(100, 104))
+    assert pg.prepared(sink) == [] and maria.prepared(sink) == []
+
+
+@pytest.mark.spark
 @pytest.mark.parametrize("log_kind", ["pg", "maria"])
 def test_a_lock_held_on_the_log_at_the_decision_rolls_back_every_write(  # type: ignore[no-untyped-def]
     spark, pg, maria, sink, log_kind

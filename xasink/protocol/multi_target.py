@@ -184,8 +184,10 @@ class MultiCoordinator(TransactionEnd):
 
     def check_replay(self, options: WriteOptions) -> None:
         """A write of a replayed transaction: its table must be among those the transaction wrote."""
-        with self.target(options).dialect.connect() as conn:
-            mine = json.loads(target_identity(conn, options.table.schema, options.table.name))
+        told = f"sink {self.sink_id} transaction {self.batch_id}: a replayed write's check of its table failed"
+        with self.policy.never_raw(lambda why: f"{told} ({why}); nothing of this attempt was written. Run it again"):
+            with self.target(options).dialect.connect() as conn:
+                mine = json.loads(target_identity(conn, options.table.schema, options.table.name))
         targets = recorded_targets(self.recorded)
         same = targets is not None and any(all(t.get(k) == mine[k] for k in ("db", "schema", "table")) for t in targets)
         if not same:
@@ -206,24 +208,25 @@ class MultiCoordinator(TransactionEnd):
         """Pre-flight of one write before any of its branches opens; clears stale branches of this sink there.
         ``max_prepared_transactions`` must cover every branch the transaction holds in that server at once."""
         self.guard.ensure()  # taken again if the log's database restarted: the recovery below must spare us
-        db = self.target(options)
-        with self._lock:
-            db.branches += branches
-            server = db.server.rsplit("/", 1)[0]  # one server's databases share its max_prepared_transactions
-            total = sum(d.branches for d in self.targets.values() if d.server.rsplit("/", 1)[0] == server)
-        told = f"sink {self.sink_id} transaction {self.batch_id}: a write's checks and recovery in {db.server} failed"
+        told = f"sink {self.sink_id} transaction {self.batch_id}: a write's checks and recovery in its database failed"
         with self.policy.never_raw(lambda why: f"{told} ({why}); it is rolled back: nothing it wrote is visible"):
+            db = self.target(options)  # its server's identity, read here: the first statement in that database
+            with self._lock:
+                db.branches += branches
+                server = db.server.rsplit("/", 1)[0]  # one server's databases share its max_prepared_transactions
+                total = sum(d.branches for d in self.targets.values() if d.server.rsplit("/", 1)[0] == server)
             with db.dialect.connect() as conn:
                 db.dialect.check_server(conn, total)
             db.recovery.recover(upto=self.batch_id)  # dead runs' branches of this sink there; ours are guarded
         return db
 
     def part(self, number: int) -> Part | None:
-        with self.dialect.connect() as conn:
-            found = [
-                p for p in read_parts(conn, self.journal, self.sink_id, self.batch_id, self.run) if p.part == number
-            ]
-        return found[0] if found else None
+        """Write ``number``'s part as its tasks recorded it, read back before anything is decided."""
+        told = f"sink {self.sink_id} transaction {self.batch_id}: reading write {number}'s recorded part failed"
+        with self.policy.never_raw(lambda why: f"{told} ({why}); it is rolled back: nothing it wrote is visible"):
+            with self.dialect.connect() as conn:
+                parts = read_parts(conn, self.journal, self.sink_id, self.batch_id, self.run)
+        return next((p for p in parts if p.part == number), None)
 
     # -- the decision ------------------------------------------------------------------------------
     def commit(self, expected_parts: set[int]) -> tuple[list[Part], dict[str, float]]:
@@ -324,11 +327,8 @@ class MultiCoordinator(TransactionEnd):
             if missing_parts:
                 return False, parts, f"writes {sorted(missing_parts)} recorded no branches"
             if missing:
-                return (
-                    False,
-                    parts,
-                    f"{len(missing)} prepared branches vanished before the decision (e.g. {missing[0]})",
-                )
+                why = f"{len(missing)} prepared branches vanished before the decision (e.g. {missing[0]})"
+                return False, parts, why
             fault("driver.before_decide", batch=self.batch_id)
             xids = tuple(sorted(x for p in parts for x in p.xids))
             record = BatchRecord(
