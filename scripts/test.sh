@@ -2,7 +2,7 @@
 # The single test command: lint, type-check and run the test suite.
 #   bash scripts/test.sh                 # everything except soak tests
 #   bash scripts/test.sh -m 'not spark'  # extra arguments go to pytest
-#   bash scripts/test.sh -n 0            # one process (default: XASINK_TEST_WORKERS=3 pytest-xdist workers)
+#   bash scripts/test.sh -n 0            # one process (default: XASINK_TEST_WORKERS=4 pytest-xdist workers)
 # The tests start their own PostgreSQL (see tests/conftest.py); set
 # XASINK_TEST_PG_URL to use an existing server instead.
 set -euo pipefail
@@ -50,4 +50,4 @@ echo "== pytest"
 # or session-scoped): each worker is a test session of its own, with its own PostgreSQL and MariaDB database.
 # A later -n in the arguments wins.  --no-loadscope-reorder: the modules go out slowest first, in the order
 # tests/conftest.py gives them (SLOW_MODULES), not xdist's order by number of tests.
-"$PY" -m pytest -n "${XASINK_TEST_WORKERS:-3}" --dist loadfile --no-loadscope-reorder "$@"
+"$PY" -m pytest -n "${XASINK_TEST_WORKERS:-4}" --dist loadfile --no-loadscope-reorder "$@"

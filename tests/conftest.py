@@ -135,51 +135,47 @@ def one_database_per_case(config: pytest.Config, items: list[pytest.Item]) -> No
         items[:] = kept
 
 
-# The slowest modules, slowest first (seconds of a whole-suite run, issue 30).  Under ``--dist loadfile`` a
-# worker takes the next module when it is nearly done, in collection order: the longest first leaves the
-# short ones to even out the workers' ends (with xdist's own order, by test count, a long module of few
-# tests started last).  scripts/test.sh passes --no-loadscope-reorder so that this order holds.
+# The slowest modules, slowest first (seconds of a whole CI run under its load, stop 45).  Under ``--dist
+# loadfile`` a worker takes the next module when it is nearly done, in collection order: the longest first
+# leaves the short ones to even out the workers' ends (with xdist's own order, by test count, a long module
+# of few tests started last).  scripts/test.sh passes --no-loadscope-reorder so that this order holds.
 SLOW_MODULES = {
-    "test_stream_crash.py": 494,
-    "test_connect.py": 431,
-    "test_scenarios.py": 300,
-    "test_streaming.py": 255,
-    "test_crash.py": 246,
-    "test_spark_writer.py": 214,
-    "test_write_modes.py": 212,
-    "test_speculation.py": 161,
-    "test_write_modes_crash.py": 152,
-    "test_values_dropin.py": 150,
-    "test_adversary_visibility.py": 120,  # estimates (this stop's helpers' runs), not yet from a whole-suite run
-    "test_batch_visibility.py": 90,
-    "test_overwrite_swap.py": 60,
-    "test_faults.py": 145,
-    "test_secrets.py": 137,
-    "test_spark_versions.py": 135,
-    "test_transaction_crash.py": 134,
-    "test_quiet.py": 128,
-    "test_hostile.py": 86,
-    "test_transaction.py": 72,
-    "test_format_api.py": 70,
-    "test_stream_threads.py": 70,
-    "test_property.py": 63,
-    "test_adversary.py": 59,
-    "test_wheel.py": 57,
-    "test_types.py": 53,
-    "test_dialect_edges.py": 47,
-    "test_after_decision.py": 46,
-    "test_upsert.py": 46,
-    "test_transaction_failures.py": 45,
-    "test_batch_identity.py": 44,
-    "test_grants.py": 40,
-    "test_user_warnings.py": 42,
-    "test_values_matrix.py": 75,  # its CI sample, both databases (docs/testing.md)
-    "test_values.py": 39,
-    "test_liveness.py": 36,
-    "test_holder.py": 34,
-    "test_status_health.py": 31,
-    "test_shared_server.py": 24,
-    "test_rerun.py": 22,
+    "test_scenarios.py": 348,
+    "test_streaming.py": 307,
+    "test_stream_crash.py": 297,
+    "test_write_modes.py": 256,
+    "test_adversary_visibility.py": 223,
+    "test_spark_writer.py": 220,
+    "test_connect.py": 183,
+    "test_adversary_order.py": 155,
+    "test_speculation.py": 150,
+    "test_values_dropin.py": 134,
+    "test_failed_jobs.py": 125,
+    "test_crash.py": 119,
+    "test_secrets.py": 118,
+    "test_values_matrix.py": 106,
+    "test_format_api.py": 89,
+    "test_transaction_crash.py": 84,
+    "test_faults.py": 80,
+    "test_transaction_failures.py": 77,
+    "test_spark_versions.py": 73,
+    "test_adversary.py": 67,
+    "test_hostile.py": 67,
+    "test_values_cases.py": 64,
+    "test_after_decision.py": 47,
+    "test_quiet.py": 46,
+    "test_batch_visibility.py": 44,
+    "test_write_modes_crash.py": 39,
+    "test_stream_threads.py": 38,
+    "test_transaction.py": 35,
+    "test_values.py": 34,
+    "test_status_health.py": 27,
+    "test_upsert.py": 27,
+    "test_changes.py": 26,
+    "test_user_warnings.py": 25,
+    "test_wheel.py": 23,
+    "test_holder.py": 22,
+    "test_property.py": 21,
 }
 
 

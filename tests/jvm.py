@@ -5,7 +5,8 @@ and the class-data archive they share.
 Every killed driver is a fresh JVM (tests/crash_driver.py, stream_driver.py, modes_driver.py,
 tx_crash_driver.py), and most of its time is the JVM loading and verifying Spark's classes.  So:
 
-* ``FAST_START``: the C1 compiler alone and the serial collector, for a short-lived JVM doing little work;
+* ``FAST_START``: the C1 compiler alone and the serial collector, for a JVM doing little work (the drivers,
+  and each worker's own session: tests run small jobs, and the C2 compiler's work never pays back);
 * a dynamic class-data-sharing archive (``-XX:SharedArchiveFile``, JDK 13+): made once per test session
   by a warm-up driver run with ``-XX:ArchiveClassesAtExit`` (``python tests/jvm.py ARCHIVE WORKDIR``: a
   batch write and a complete-mode streaming aggregation into Spark's ``noop`` sink), then mapped by every
@@ -101,7 +102,13 @@ def classic_spark() -> Any:
         return _classic[0]
     stop_connect_spark()
     session = local_spark(
-        "xasink-tests", master="local[2,3]", conf={"spark.sql.shuffle.partitions": "4"}, log_level=None
+        "xasink-tests",
+        master="local[2,3]",
+        # C1 only and the serial collector: half the JVM's CPU over a module (21 -> 10 s for
+        # test_spark_writer.py, the same wall time); the machine's two cores are the suite's limit
+        java_options=" ".join(FAST_START),
+        conf={"spark.sql.shuffle.partitions": "4"},
+        log_level=None,
     )
     import xasink
     from xasink.spark.versions import HAS_DATA_SOURCE
