@@ -46,7 +46,7 @@ echo "== ruff"
 echo "== mypy"
 "$VENV/bin/mypy"
 echo "== pytest"
-# Three workers (docs/testing.md, issue 30), whole modules each (their clusters and crash drivers are module-
+# Four workers (docs/testing.md, issues 30 and 37), whole modules each (their clusters and crash drivers are module-
 # or session-scoped): each worker is a test session of its own, with its own PostgreSQL and MariaDB database.
 # A later -n in the arguments wins.  --no-loadscope-reorder: the modules go out slowest first, in the order
 # tests/conftest.py gives them (SLOW_MODULES), not xdist's order by number of tests.

@@ -30,7 +30,7 @@ if [[ "${XASINK_KEEP_VERSION_VENV:-0}" != "1" || ! -x "$PY" ]]; then
     # one editable install at a time: each writes xasink.egg-info in this tree (.ci/run runs both lines at once)
     exec {lock}>"$ROOT/.venv-spark-install.lock"
     flock "$lock"
-    "$PY" -m pip install -q --no-compile "${PINS[@]}" -e '.[test]'
+    "$PY" -m pip install -q "${PINS[@]}" -e '.[test]'
     flock -u "$lock"
 fi
 echo "== PySpark $LINE: $("$PY" -c 'import pyspark, pyarrow, pandas, numpy; print("pyspark", pyspark.__version__, "pyarrow", pyarrow.__version__, "pandas", pandas.__version__, "numpy", numpy.__version__)')"
