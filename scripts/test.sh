@@ -46,6 +46,9 @@ echo "== ruff"
 echo "== mypy"
 "$VENV/bin/mypy"
 echo "== pytest"
+# The machine may set PYTHONDONTWRITEBYTECODE: then every Python process of the run (Spark's workers, the
+# drivers, the CLI) compiled xasink and the test helpers from source again.  Compiled once here, they load.
+"$PY" -m compileall -q xasink tests >/dev/null
 # Four workers (docs/testing.md, issues 30 and 37), whole modules each (their clusters and crash drivers are module-
 # or session-scoped): each worker is a test session of its own, with its own PostgreSQL and MariaDB database.
 # A later -n in the arguments wins.  --no-loadscope-reorder: the modules go out slowest first, in the order

@@ -39,5 +39,6 @@ export PYSPARK_PYTHON="$PY"
 # a core case run on both databases runs on one per older line, the other on the other line (tests/conftest.py)
 export XASINK_VERSION_LINE="$LINE"
 export PYSPARK_DRIVER_PYTHON="$PY"
+"$PY" -m compileall -q xasink tests >/dev/null  # see scripts/test.sh
 # -p no:cacheprovider: the main suite, running beside this one, owns .pytest_cache
 "$PY" -m pytest -n 0 -m core -p no:cacheprovider "$@"
