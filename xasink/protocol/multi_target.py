@@ -16,6 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import replace
 from functools import partial
 
@@ -51,6 +52,7 @@ from xasink.protocol.xid import Xid, new_run_nonce
 from xasink.support.faults import fault
 
 log = logging.getLogger(__name__)
+ROLLED_BACK = "it is rolled back: nothing it wrote is visible"
 
 
 class MultiCoordinator(TransactionEnd):
@@ -88,8 +90,7 @@ class MultiCoordinator(TransactionEnd):
         self.replay = False
         self._lock = threading.Lock()
         self._sent = False  # the decision's COMMIT was sent: a failure from then on is ambiguous
-        told = f"sink {sink_id} transaction {batch_id}: opening it in the decision log failed"
-        with self.policy.never_raw(lambda why: f"{told} ({why}); nothing of it was written. Run it again"):
+        with self._before_decision("opening it in the decision log", "nothing of it was written. Run it again"):
             self.journal.ensure()
             ensure_parts(self.journal)
             self.log_id = self.journal.log_id()
@@ -155,12 +156,8 @@ class MultiCoordinator(TransactionEnd):
         with self._lock:
             found = self.targets.get(key)
             if found is None:
-                opts = replace(
-                    options,
-                    journal_schema=self.log_options.journal_schema,
-                    journal_prefix=self.log_options.journal_prefix,
-                )
-                found = TargetDb(opts, self.journal)
+                schema, prefix = self.log_options.journal_schema, self.log_options.journal_prefix
+                found = TargetDb(replace(options, journal_schema=schema, journal_prefix=prefix), self.journal)
                 if not self.fixed and found.server != self.log_server:
                     found.close()
                     self._refuse_unfixed_log(found)
@@ -184,8 +181,7 @@ class MultiCoordinator(TransactionEnd):
 
     def check_replay(self, options: WriteOptions) -> None:
         """A write of a replayed transaction: its table must be among those the transaction wrote."""
-        told = f"sink {self.sink_id} transaction {self.batch_id}: a replayed write's check of its table failed"
-        with self.policy.never_raw(lambda why: f"{told} ({why}); nothing of this attempt was written. Run it again"):
+        with self._before_decision("a replayed write's check", "nothing of this attempt was written. Run it again"):
             with self.target(options).dialect.connect() as conn:
                 mine = json.loads(target_identity(conn, options.table.schema, options.table.name))
         targets = recorded_targets(self.recorded)
@@ -198,6 +194,11 @@ class MultiCoordinator(TransactionEnd):
                 "sink never used)."
             )
 
+    def _before_decision(self, step: str, outcome: str = ROLLED_BACK) -> AbstractContextManager[None]:
+        """A step before the decision raises xasink errors only, each naming the step and what was not written."""
+        told = f"sink {self.sink_id} transaction {self.batch_id}: {step} failed"
+        return self.policy.never_raw(lambda why: f"{told} ({why}); {outcome}")
+
     def _described(self) -> str:
         targets = recorded_targets(self.recorded)
         if targets is None:
@@ -208,8 +209,7 @@ class MultiCoordinator(TransactionEnd):
         """Pre-flight of one write before any of its branches opens; clears stale branches of this sink there.
         ``max_prepared_transactions`` must cover every branch the transaction holds in that server at once."""
         self.guard.ensure()  # taken again if the log's database restarted: the recovery below must spare us
-        told = f"sink {self.sink_id} transaction {self.batch_id}: a write's checks and recovery in its database failed"
-        with self.policy.never_raw(lambda why: f"{told} ({why}); it is rolled back: nothing it wrote is visible"):
+        with self._before_decision("a write's checks and recovery in its database"):
             db = self.target(options)  # its server's identity, read here: the first statement in that database
             with self._lock:
                 db.branches += branches
@@ -222,8 +222,7 @@ class MultiCoordinator(TransactionEnd):
 
     def part(self, number: int) -> Part | None:
         """Write ``number``'s part as its tasks recorded it, read back before anything is decided."""
-        told = f"sink {self.sink_id} transaction {self.batch_id}: reading write {number}'s recorded part failed"
-        with self.policy.never_raw(lambda why: f"{told} ({why}); it is rolled back: nothing it wrote is visible"):
+        with self._before_decision(f"reading write {number}'s recorded part"):
             with self.dialect.connect() as conn:
                 parts = read_parts(conn, self.journal, self.sink_id, self.batch_id, self.run)
         return next((p for p in parts if p.part == number), None)
