@@ -341,6 +341,11 @@ class Target(ABC):
     @abstractmethod
     def not_null_columns(self, table: str) -> list[str]: ...
 
+    @abstractmethod
+    @contextmanager
+    def no_login_role(self, prefix: str) -> Iterator[str]:
+        """A role (PostgreSQL) or locked user (MariaDB) nobody logs in as, to be granted things; dropped after."""
+
     def cleanup(self) -> None:
         """Roll back the test's foreign transactions that are still prepared, then drop its tables."""
         for name in self.foreign:
@@ -421,6 +426,16 @@ class PostgresTarget(Target):
 
     def q(self, name: str) -> str:
         return ".".join('"' + p.replace('"', '""') + '"' for p in name.split("."))
+
+    @contextmanager
+    def no_login_role(self, prefix: str) -> Iterator[str]:
+        name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+        self.execute(f"CREATE ROLE {self.q(name)} NOLOGIN")
+        try:
+            yield name
+        finally:
+            self.execute(f"DROP OWNED BY {self.q(name)}")
+            self.execute(f"DROP ROLE {self.q(name)}")
 
     @contextmanager
     def connect(self) -> Iterator[Any]:
@@ -505,6 +520,15 @@ class MariaDBTarget(Target):
     def __init__(self, admin_url: str) -> None:
         super().__init__(mariadb_user_url(admin_url))
         self.admin_url = admin_url  # mysql+pymysql://..., for the plain-driver helpers
+
+    @contextmanager
+    def no_login_role(self, prefix: str) -> Iterator[str]:
+        name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+        self.execute(f"CREATE USER '{name}'@'localhost' ACCOUNT LOCK")
+        try:
+            yield name
+        finally:
+            self.execute(f"DROP USER '{name}'@'localhost'")
 
     def q(self, name: str) -> str:
         return ".".join("`" + p.replace("`", "``") + "`" for p in name.split("."))

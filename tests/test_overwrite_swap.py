@@ -74,13 +74,8 @@ def what_users_see(db: Target, table: str) -> dict[str, Any]:
 
 @pytest.fixture
 def grantee(db: Target) -> Iterator[str]:
-    name = f"sw_r_{uuid.uuid4().hex[:8]}"
-    db.execute(f"CREATE ROLE {db.q(name)} NOLOGIN")
-    try:
+    with db.no_login_role("sw_r") as name:
         yield name
-    finally:
-        db.execute(f"DROP OWNED BY {db.q(name)}")
-        db.execute(f"DROP ROLE {db.q(name)}")
 
 
 def made_table(db: Target, table: str, grantee: str) -> None:
@@ -231,15 +226,12 @@ def test_a_session_keeping_the_table_open_makes_it_overwrite_in_place(
 def reporter(db: Target) -> Iterator[str]:
     """A role the writer's default privileges grant SELECT on every table it creates in the schema (a common
     setup: new tables readable by a reporting role)."""
-    name = f"sw_rep_{uuid.uuid4().hex[:8]}"
-    db.execute(f"CREATE ROLE {db.q(name)} NOLOGIN")
-    db.execute(f"ALTER DEFAULT PRIVILEGES IN SCHEMA public GRANT SELECT ON TABLES TO {db.q(name)}")
-    try:
-        yield name
-    finally:
-        db.execute(f"ALTER DEFAULT PRIVILEGES IN SCHEMA public REVOKE SELECT ON TABLES FROM {db.q(name)}")
-        db.execute(f"DROP OWNED BY {db.q(name)}")
-        db.execute(f"DROP ROLE {db.q(name)}")
+    with db.no_login_role("sw_rep") as name:
+        db.execute(f"ALTER DEFAULT PRIVILEGES IN SCHEMA public GRANT SELECT ON TABLES TO {db.q(name)}")
+        try:
+            yield name
+        finally:
+            db.execute(f"ALTER DEFAULT PRIVILEGES IN SCHEMA public REVOKE SELECT ON TABLES FROM {db.q(name)}")
 
 
 def overwrite_ten(db: Target, table: str) -> None:

@@ -78,20 +78,8 @@ def table_identity(db: Target, table: str) -> Any:
 @pytest.fixture
 def reader_grantee(db: Target) -> Iterator[str]:
     """A role (PostgreSQL) or user (MariaDB) with no login, to be granted SELECT on a table; dropped afterwards."""
-    name = f"wm_r_{uuid.uuid4().hex[:8]}"
-    if db.kind == POSTGRESQL:
-        db.execute(f"CREATE ROLE {db.q(name)} NOLOGIN")
-        try:
-            yield name
-        finally:
-            db.execute(f"DROP OWNED BY {db.q(name)}")
-            db.execute(f"DROP ROLE {db.q(name)}")
-    else:
-        db.execute(f"CREATE USER '{name}'@'localhost' ACCOUNT LOCK")
-        try:
-            yield name
-        finally:
-            db.execute(f"DROP USER '{name}'@'localhost'")
+    with db.no_login_role("wm_r") as name:
+        yield name
 
 
 def table_extras(db: Target, table: str, grantee: str) -> tuple[Any, ...]:
