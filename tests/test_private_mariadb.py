@@ -5,15 +5,20 @@
 * A branch whose session id is handed to another session after a restart still reports its xid.
 * With statement-based binary logging an overwrite or change-data write is refused before anything is
   decided (the apply's READ COMMITTED statements cannot be logged as statements: error 1665).
+* A private server starting leaves the machine's other MariaDB's temporary tables in /tmp alone.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
+import shutil
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pymysql
@@ -109,6 +114,24 @@ def test_a_run_that_claimed_in_the_second_of_a_restart_is_alive(restartable: tup
     ids = [i for b in range(1, batch + 1) for i in range(b * 10, b * 10 + 10)]
     assert sorted(mariadb_rows(url, table)) == expected(ids)
     assert [x for x in mariadb_recover(url) if sink.sink_id.encode() in x[1]] == []
+
+
+def test_a_private_server_starting_leaves_the_temporary_tables_of_the_machines_mariadb_alone(
+    restartable: tuple[EmbeddedMariaDB, str],
+) -> None:
+    """A MariaDB that starts deletes every ``#sql*`` file in its tmpdir.  The private servers used /tmp, so each
+    start deleted the temporary tables another MariaDB on the machine was using, and that server's statements
+    failed (a CI run: ``XA RECOVER`` on the shared server, "Error on delete of '/tmp/#sql-temptable-…'")."""
+    server, _ = restartable
+    other = Path(tempfile.gettempdir()) / f"#sql-temptable-xasink-{uuid.uuid4().hex[:8]}.MAI"
+    other.touch()
+    if os.geteuid() == 0:  # the server runs as mysql, and /tmp's sticky bit lets it delete only its own files
+        shutil.chown(other, "mysql", "mysql")
+    try:
+        server.restart()
+        assert other.exists(), f"starting the private MariaDB deleted {other}"
+    finally:
+        other.unlink(missing_ok=True)
 
 
 def _params(url: str) -> dict[str, Any]:

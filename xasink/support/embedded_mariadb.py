@@ -74,11 +74,19 @@ class EmbeddedMariaDB:
         """The server's SQLAlchemy URL (no database)."""
         return f"mysql+pymysql://root@127.0.0.1:{self.port}/"
 
+    @property
+    def tmpdir(self) -> Path:
+        """The server's own: one that starts deletes every ``#sql*`` file in its tmpdir, so in /tmp it deleted
+        the temporary tables another MariaDB on this machine was using ("Error on delete of '/tmp/#sql-…'")."""
+        return self.dir / "tmp"
+
     def _user(self) -> list[str]:
         """As root the server runs as mysql (it refuses root), owning its directory."""
+        self.tmpdir.mkdir(exist_ok=True)
         if os.geteuid() != 0:
             return []
-        shutil.chown(self.dir, "mysql", "mysql")
+        for path in (self.dir, self.tmpdir):
+            shutil.chown(path, "mysql", "mysql")
         return ["--user=mysql"]
 
     def start(self, timeout: float = 60.0) -> str:
@@ -89,8 +97,8 @@ class EmbeddedMariaDB:
         user = self._user()
         data = self.dir / "data"
         installed = subprocess.run(
-            [INSTALL, "--no-defaults", f"--datadir={data}", "--auth-root-authentication-method=normal"]
-            + ["--skip-test-db", *user],
+            [INSTALL, "--no-defaults", f"--datadir={data}", f"--tmpdir={self.tmpdir}"]
+            + ["--auth-root-authentication-method=normal", "--skip-test-db", *user],
             capture_output=True,
             text=True,
         )
@@ -103,7 +111,8 @@ class EmbeddedMariaDB:
     def _launch(self, binary: str, timeout: float) -> None:
         data = self.dir / "data"
         self.proc = subprocess.Popen(
-            [binary, "--no-defaults", f"--datadir={data}", f"--port={self.port}", f"--socket={self.dir / 'sock'}"]
+            [binary, "--no-defaults", f"--datadir={data}", f"--tmpdir={self.tmpdir}", f"--port={self.port}"]
+            + [f"--socket={self.dir / 'sock'}"]
             + [f"--pid-file={self.dir / 'pid'}", f"--log-error={self.dir / 'error.log'}", *self._user()]
             + list(self.settings),
             stdout=subprocess.DEVNULL,
