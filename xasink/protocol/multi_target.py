@@ -52,7 +52,7 @@ from xasink.protocol.xid import Xid, new_run_nonce
 from xasink.support.faults import fault
 
 log = logging.getLogger(__name__)
-ROLLED_BACK = "it is rolled back: nothing it wrote is visible"
+ROLLED_BACK, AGAIN = "it is rolled back: nothing it wrote is visible", "was written. Run it again"
 
 
 class MultiCoordinator(TransactionEnd):
@@ -90,7 +90,7 @@ class MultiCoordinator(TransactionEnd):
         self.replay = False
         self._lock = threading.Lock()
         self._sent = False  # the decision's COMMIT was sent: a failure from then on is ambiguous
-        with self._before_decision("opening it in the decision log", "nothing of it was written. Run it again"):
+        with self._before_decision("opening it in the decision log", f"nothing of it {AGAIN}"):
             self.journal.ensure()
             ensure_parts(self.journal)
             self.log_id = self.journal.log_id()
@@ -181,7 +181,7 @@ class MultiCoordinator(TransactionEnd):
 
     def check_replay(self, options: WriteOptions) -> None:
         """A write of a replayed transaction: its table must be among those the transaction wrote."""
-        with self._before_decision("a replayed write's check", "nothing of this attempt was written. Run it again"):
+        with self._before_decision("a replayed write's check of its table", f"nothing of this attempt {AGAIN}"):
             with self.target(options).dialect.connect() as conn:
                 mine = json.loads(target_identity(conn, options.table.schema, options.table.name))
         targets = recorded_targets(self.recorded)
