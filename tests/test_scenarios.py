@@ -560,6 +560,24 @@ def test_oracle_accepts_exit_2_only_for_a_withdrawn_batch_of_a_killed_writer() -
     assert any("exited 2" in v for v in oracle.check(s, killed, table, [], True, CHILD, 2))
 
 
+def test_oracle_judges_a_batch_told_commit_incomplete_after_its_rows_failed_the_apply() -> None:
+    """Interference seed 10568 (both databases): w0's replaceWhere batch has a row outside the condition, so
+    its apply fails for the rows, and withdrawing the decision times out on the log's sink row, locked by
+    another session: w0 is told CommitIncompleteError, whose message (and docs/errors.md) says recovery
+    withdraws the batch unless the table takes its rows then.  Such a batch is withdrawn: the table keeps
+    its rows, and a recover that withdrew it may exit 2.  The same answer for rows that fit means the rows."""
+    error = "CommitIncompleteError BatchAbortedError XasinkError"
+    outside = model.Writer("w0", 2, [[(9, "w0")], [(5, "w0"), (3, "w0")]], None, 0.0)
+    s = model.Schedule(10568, "replaceWhere", [outside])
+    told = {"w0": oracle.Told("error", 0, 1, error=error, phase="commit")}
+    table = model.initial_rows("replaceWhere")
+    assert oracle.check(s, told, table, [], True, CHILD, 2) == []
+    s.writers[0].partitions = [[(9, "w0")], [(5, "w0"), (4, "w0")]]  # rows that fit: the batch is applied
+    found = oracle.check(s, told, table, [], True, CHILD, 2)
+    assert any("no set and order of runs explains the table" in v for v in found), found
+    assert any("exited 2" in v for v in found), found
+
+
 def test_oracle_accepts_exit_2_of_a_sink_no_run_recorded() -> None:
     """PostgreSQL interference seed 4048: the server restarted while every writer planned, so each was told
     ConnectError and none recorded the sink; the final ``recover --sink-id`` exits 2 (``recover/no-sink``)."""

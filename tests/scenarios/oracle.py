@@ -13,7 +13,9 @@ runs' answers impose:
   batch has a run in the set (a "skipped" whose batch was not finished yet);
 - killed by its fault at a point after the decision: in the set (a decided batch is finished forward);
   "decided" (told ``CommitIncompleteError``, or killed after the decision) but inserting rows while the
-  schedule made a column of the table required: either (its rows may rightly be withdrawn then);
+  schedule made a column of the table required: either (its rows may rightly be withdrawn then); with a
+  row outside replaceWhere: not in the set (docs/errors.md: its apply fails for the rows, and recovery
+  withdraws it);
 - killed elsewhere, or any other error: either;
 - decision order is the order of effect (DESIGN invariant 12): a run in the set was decided before its
   process ended (only the holder of its batch's claim decides, in its own process), so it takes effect
@@ -133,8 +135,11 @@ def check(
         found.append(f"left prepared after the final recover: {prepared}")
     # exit 2 is also the documented answer for a decided batch it had to withdraw (docs/operations.md: its
     # rows break the table, here a row outside replaceWhere), possible when that batch's writer was killed
-    # after its decision (PostgreSQL seed 1708)
-    withdrawn = any(decided_when_killed(w, told[w.label]) and not can_commit(mode, w) for w in schedule.writers)
+    # after its decision (PostgreSQL seed 1708) or told CommitIncompleteError for it (seed 10568)
+    withdrawn = any(
+        (decided_when_killed(w, told[w.label]) or told[w.label].membership() is True) and not can_commit(mode, w)
+        for w in schedule.writers
+    )
     if recover_rc not in (0, None) and not (recover_rc == 2 and (withdrawn or not sink_in_log)):
         found.append(f"the final `xasink recover` exited {recover_rc}")
     if not sibling_ok:
@@ -251,8 +256,8 @@ def explain(
     must = {
         w.label
         for w in writers
-        if (told[w.label].membership() is True or (decided_when_killed(w, told[w.label]) and can_commit(mode, w)))
-        and (told[w.label].outcome == "written" or not withdrawable(schedule, w))
+        if (told[w.label].membership() is True or decided_when_killed(w, told[w.label]))
+        and (told[w.label].outcome == "written" or (can_commit(mode, w) and not withdrawable(schedule, w)))
     }
     never = {w.label for w in writers if told[w.label].membership() is False or not can_commit(mode, w)}
     free = [w for w in writers if w.label not in must and w.label not in never]
