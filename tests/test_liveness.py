@@ -103,3 +103,24 @@ def test_parallel_backfills_of_one_sink_do_not_sweep_each_other(db: Target, tmp_
     assert _ours(db, sink) == []
     assert db.rows(table) == sorted(expected(range(N)) * 2)
     assert set(db.decisions(sink)) == {7, 8}
+
+
+def test_a_closed_in_process_guard_is_free_at_once_on_a_pooled_dialect(db: Target) -> None:
+    """A run guard held on a pooled control connection (a multi-target transaction's) is released when the
+    guard closes.  Before, the connection went back to the pool still holding the lock: the ended run looked
+    alive, and the next guard of the same name in the process (a second batch run back to back; a CI run:
+    "run guard … is held by another session") was refused whenever the pool handed it another connection."""
+    from xasink.database_url import parse_url
+    from xasink.dialects import dialect_for
+    from xasink.protocol.liveness import InProcessGuard
+
+    dialect = dialect_for(parse_url(db.url), None, 4)
+    log_id = uuid.uuid4().hex[:10]
+    try:
+        for _ in range(6):
+            guard = InProcessGuard(dialect, log_id)
+            guard.close()
+            with dialect.connect(autocommit=True) as conn:
+                assert dialect.held_session_locks(conn, [guard.name]) == set(), "the closed guard still held"
+    finally:
+        dialect.dispose()

@@ -236,7 +236,8 @@ class InProcessGuard:
         with self._lock:
             if self._conn is None:
                 return
-            try:
+            try:  # released now: a pooled session keeps it when closed, an ending one holds it a moment longer
+                self._dialect.release_session_lock(self._conn, self.name)
                 self._conn.close()
                 self._conn = None
             except Exception as exc:  # noqa: BLE001 - a lost session: its lock went with it
