@@ -698,3 +698,18 @@ def test_multi_oracle_judges_a_replay_of_a_subset_by_what_it_saw() -> None:
     early = {**ok, "w1": oracle.Told("skipped", 2, 3, seen={"pg": [0], "maria": []})}
     found = check_multi(s, early, both, [], DONE)
     assert any("w1 told 'skipped'" in v and "w0's {'maria': [100]}" in v for v in found), found
+
+
+def test_oracle_requires_an_xasink_error_from_the_claim_on() -> None:
+    """Interference seed 10568, w1: the log's sink row was locked past controlLockTimeout while its claim waited.
+    The claim (and the batch's check and recovery of earlier runs before the tasks) raise xasink errors only,
+    as the data source's writer() wraps them: a raw lock timeout there is a broken promise; while the table is
+    planned (phase plan: nothing of the batch is in the log yet) it is still only a poor message."""
+    s = upsert_schedule(("w0", 1, [1]))
+    timeout = "OperationalError DBAPIError SQLAlchemyError Exception"
+    for phase, flagged in (("plan", False), ("claim", True)):
+        told = {"w0": oracle.Told("error", 0, 1, error=timeout, phase=phase)}
+        found = oracle.check(s, told, INIT, [], True, CHILD, 0)
+        assert any("raw OperationalError (claim)" in v for v in found) == flagged, (phase, found)
+    aborted = {"w0": oracle.Told("error", 0, 1, error="BatchAbortedError XasinkError", phase="claim")}
+    assert oracle.check(s, aborted, INIT, [], True, CHILD, 0) == []

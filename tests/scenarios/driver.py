@@ -43,6 +43,7 @@ from xasink.protocol.multi_target import MultiCoordinator
 from xasink.protocol.partition_writer import write_partition
 from xasink.protocol.xid import new_run_nonce
 from xasink.results import BranchOutcome, WriteResult
+from xasink.spark.planning import planning_failed
 from xasink.spark.transaction import LOG_TABLE_PLACEHOLDER
 from xasink.spark.txwrite import TxWrite, abort_tx_write, prepare_tx_write, record_tx_part
 from xasink.support.faults import fault
@@ -112,13 +113,15 @@ def write(spec: dict[str, Any], emit: Any, phase: _Phase) -> WriteResult:
         emit(event="run", run=run)
         batch_id = opts.batch_id
         say("planned: run %s", run)
-        coordinator.check_batch(batch_id, query)
-        emit(event="claiming", t=time.monotonic())
-        claimed = coordinator.claim(batch_id, run, guard.name)
-        if claimed:
-            emit(event="claimed", t=time.monotonic())
-        say("claimed: %s", claimed)
-        coordinator.recover(upto=batch_id, run=run)
+        phase.name = "claim"  # from here every error is an xasink one, as the data source's writer() wraps them
+        with coordinator.policy.never_raw(planning_failed(opts)):
+            coordinator.check_batch(batch_id, query)
+            emit(event="claiming", t=time.monotonic())
+            claimed = coordinator.claim(batch_id, run, guard.name)
+            if claimed:
+                emit(event="claimed", t=time.monotonic())
+            say("claimed: %s", claimed)
+            coordinator.recover(upto=batch_id, run=run)
         say("recovered earlier runs")
         phase.name = "tasks"
         outcomes: list[BranchOutcome | None] = []

@@ -30,9 +30,9 @@ runs' answers impose:
 With at most four runs the search is exhaustive (at most 65 ordered subsets).  Besides the table, what each
 run saw and left when it answered (tests/scenarios/runner.py records it):
 
-- an error once the run's tasks began is an xasink error (``XasinkError``) carrying its cause, never a raw
-  driver error (DESIGN invariant 13); an injected ``raise`` fault is the test's own; one while planning (before
-  any branch of the run exists) is a poor message, not a broken promise;
+- an error from the batch's check and claim on (phase ``claim``) is an xasink error (``XasinkError``) carrying
+  its cause, never a raw driver error (DESIGN invariant 13); an injected ``raise`` fault is the test's own; one
+  while planning the table (before any branch of the run exists) is a poor message, not a broken promise;
 - a run told an error other than "decided, recovery will finish it" left none of its branches prepared
   outside a decision (invariant 13: every failure before the decision rolls back every prepared part);
 - append mode: a run told "written" saw its rows in the table right after the answer, one told "skipped"
@@ -72,7 +72,7 @@ class Told:
     ended: float
     error: str = ""  # the exception's class names, innermost first
     message: str = ""
-    phase: str = ""  # where an error was raised: plan, tasks, commit
+    phase: str = ""  # where an error was raised: plan, claim (the batch's check, claim and recovery), tasks, commit
     claiming_at: float | None = None  # it began its claim (the claim took the batch over in [claiming_at, claimed_at])
     claimed_at: float | None = None  # its claim had taken the batch over by then (None: no claim, or a replay)
     committing_at: float | None = None  # it entered the commit (decision) at this time
@@ -100,7 +100,7 @@ class Told:
             return False
         if self.outcome != "error":
             return None  # killed or hung
-        if self.phase in ("plan", "tasks"):
+        if self.phase in ("plan", "claim", "tasks"):
             return False  # it never decided: nothing of it can commit
         if self.replayed():
             return False  # another run's decision of its batch: that run is in the set (see explain)
@@ -191,8 +191,8 @@ def answers(told: dict[str, Told]) -> list[str]:
     after an error that promises a clean end (DESIGN invariant 13)."""
     found = []
     for label, t in told.items():
-        # planning (before any branch of the run exists) may still end in a driver's error: a poor message, not a
-        # broken promise (FOUND.md 5); from the tasks on, the caller must learn what became of what it prepared
+        # planning the table (before any branch of the run exists) may still end in a driver's error: a poor
+        # message, not a broken promise (FOUND.md 5); from the batch's check and claim on, an xasink error
         raw = t.outcome == "error" and t.phase != "plan" and not {"XasinkError", "InjectedFault"} & set(t.classes())
         if raw:
             found.append(

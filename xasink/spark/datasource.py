@@ -24,7 +24,7 @@ from xasink.options import WriteOptions, parse_options
 from xasink.protocol.coordinator import Coordinator
 from xasink.protocol.xid import new_run_nonce
 from xasink.spark.batch_writer import XasinkBatchWriter
-from xasink.spark.planning import prepare_write
+from xasink.spark.planning import planning_failed, prepare_write
 from xasink.spark.stream_writer import XasinkStreamWriter
 from xasink.spark.txwrite import TX_URL_OPTION, prepare_tx_write, tx_write
 from xasink.spark.versions import DataSource
@@ -108,17 +108,9 @@ class XasinkDataSource(DataSource):
             plan = prepare_write(options, schema, branches, cap)
             run = self._run() or new_run_nonce()
             coordinator = Coordinator(options, shared=True)
-
-            def failed(cause: str) -> str:
-                return (
-                    f"sink {options.sink_id} batch {options.batch_id}: reading the decision log or finishing the "
-                    f"sink's earlier batches before the write failed ({cause}); nothing of this batch was written "
-                    "and nothing of it is prepared. Run it again: the next run finishes what earlier runs left."
-                )
-
             try:
                 with (
-                    coordinator.policy.never_raw(failed),
+                    coordinator.policy.never_raw(planning_failed(options)),
                     phase("plan.recover", sink=options.sink_id, batch=options.batch_id),
                 ):
                     # another target's (or query's) batch, or one the log forgot: refuse now

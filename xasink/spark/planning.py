@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -93,6 +94,20 @@ def prepare_write(options: WriteOptions, schema: StructType, branches: int | Non
         return WritePlan(target, log_id, guard, apply, slots_checked=checked)
     finally:
         coordinator.close()
+
+
+def planning_failed(options: WriteOptions) -> Callable[[str], str]:
+    """What a write is told when its planning's log steps (the batch's check, the claim, recovery of earlier
+    runs) fail: nothing of it is decided yet, so a rerun is safe.  For ``RetryPolicy.never_raw``."""
+
+    def told(cause: str) -> str:
+        return (
+            f"sink {options.sink_id} batch {options.batch_id}: reading the decision log or finishing the "
+            f"sink's earlier batches before the write failed ({cause}); nothing of this batch was written "
+            "and nothing of it is prepared. Run it again: the next run finishes what earlier runs left."
+        )
+
+    return told
 
 
 def _split_flag(name: str, source: pa.Schema) -> tuple[str, pa.Schema]:
