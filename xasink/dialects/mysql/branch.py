@@ -145,11 +145,15 @@ class MySQLBranch(BranchSession):
 
     def load_data_sql(self, path: str, into: str, replace: bool = False) -> str:
         cols, sets = [], []
+        casts = dict(self.plan.server_casts)
         for i, field in enumerate(self.plan.arrow_schema):
             t = field.type
             if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
                 cols.append(f"@xasink_v{i}")
                 sets.append(f"{quote_ident(field.name)} = UNHEX(@xasink_v{i})")
+            elif field.name in casts:  # (a type name of the dialect's own server_cast, never the user's text)
+                cols.append(f"@xasink_v{i}")
+                sets.append(f"{quote_ident(field.name)} = CAST(@xasink_v{i} AS {casts[field.name]})")
             else:
                 cols.append(quote_ident(field.name))
         if self.plan.row_column:  # a keyed shadow: the branch's tag, its rows numbered in load order

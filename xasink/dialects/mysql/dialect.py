@@ -362,6 +362,11 @@ class MySQLDialect(Dialect):
 
         return types.arrow_type(column, source)
 
+    def server_cast(self, column: Any, source: pa.DataType, target: pa.DataType) -> str | None:
+        from xasink.dialects.mysql import types
+
+        return types.server_cast(column)
+
     def sql_type(self, arrow_type: pa.DataType) -> sa.types.TypeEngine[Any] | None:
         from xasink.dialects.mysql import types
 

@@ -62,6 +62,12 @@ def arrow_type(column: Any, source: pa.DataType) -> pa.DataType | None:
     return None
 
 
+def server_cast(column: Any) -> str | None:
+    """YEAR takes a number as Spark's JDBC writer sends it: LOAD DATA reads its field as text, and the text '0'
+    is the year 2000 where the number 0 is 0000 (1 to 99 read alike either way); the load casts it back."""
+    return "SIGNED" if isinstance(column["type"], mysql.YEAR) else None
+
+
 def sql_type(arrow_type: pa.DataType) -> sa.types.TypeEngine[Any] | None:
     t = arrow_type
     ints = {
