@@ -16,9 +16,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
+from xasink.dialects.hex_text import hex_text
 from xasink.errors import BranchError
 
-_HEX = np.frombuffer(b"".join(f"{i:02X}".encode() for i in range(256)), dtype=np.uint8).reshape(256, 2)
 _NULL = "\\N"
 _ESCAPES = (("\\", "\\\\"), ("\t", "\\t"), ("\n", "\\n"), ("\r", "\\r"), ("\x00", "\\0"))
 _ESCAPED_BYTES = np.zeros(256, dtype=bool)  # the bytes of _ESCAPES' first elements
@@ -43,18 +43,7 @@ def holds_any(arr: pa.Array, table: np.ndarray) -> bool:
 
 def hex_column(arr: pa.Array) -> pa.Array:
     """Upper-case hex of every value (large_string, no nulls: NULL becomes ``\\N``)."""
-    arr = arr.cast(pa.large_binary())
-    if len(arr) == 0:
-        return pa.array([], pa.large_string())
-    offsets = _offsets(arr)
-    data_buf = arr.buffers()[2]
-    data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
-    hexed = _HEX[data[offsets[0] : offsets[-1]]].ravel()
-    new_offsets = (offsets - offsets[0]) * 2
-    out = pa.Array.from_buffers(pa.large_string(), len(arr), [None, pa.py_buffer(new_offsets), pa.py_buffer(hexed)])
-    if arr.null_count:
-        out = pc.if_else(arr.is_valid(), out, pa.scalar(_NULL, pa.large_string()))
-    return out
+    return hex_text(arr, _NULL)
 
 
 def _check_finite(arr: pa.Array, name: str) -> None:

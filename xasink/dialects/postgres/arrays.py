@@ -4,25 +4,17 @@ array, which unnest flattens and which must be rectangular.  Binary COPY takes t
 
 from __future__ import annotations
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-_HEX = np.frombuffer(b"".join(f"{i:02x}".encode() for i in range(256)), dtype=np.uint8).reshape(256, 2)
+from xasink.dialects.hex_text import hex_text
 
 
 def _hex(arr: pa.Array) -> pa.Array:
-    """bytea's hex input ('\\x0a1b') of every value, nulls kept."""
-    arr = arr.cast(pa.large_binary())
-    offsets = np.frombuffer(arr.buffers()[1], dtype=np.int64)[arr.offset : arr.offset + len(arr) + 1]
-    data_buf = arr.buffers()[2]
-    data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
-    hexed = _HEX[data[offsets[0] : offsets[-1]]].ravel()
-    new_offsets = (offsets - offsets[0]) * 2
-    out = pa.Array.from_buffers(pa.large_string(), len(arr), [None, pa.py_buffer(new_offsets), pa.py_buffer(hexed)])
-    if arr.null_count:
-        out = pc.if_else(arr.is_valid(), out, pa.scalar(None, pa.large_string()))
-    return pc.binary_join_element_wise(pa.scalar("\\x", pa.large_string()), out, pa.scalar("", pa.large_string()))
+    """bytea's hex input ('\\x0A1B') of every value, nulls kept."""
+    return pc.binary_join_element_wise(
+        pa.scalar("\\x", pa.large_string()), hex_text(arr, None), pa.scalar("", pa.large_string())
+    )
 
 
 def _element_text(values: pa.Array) -> pa.Array:
