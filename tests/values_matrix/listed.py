@@ -94,11 +94,11 @@ LISTED: list[Listed] = [
         "string-into-other-types",
         ("pg",),
         ("string",),
-        ("jsonb", "uuid", "inet", "enum"),
+        ("jsonb", "uuid", "inet", "enum", "int[]", "text[]"),
         kind=("jdbc-refuses",),
         docs=(
             "StringType",
-            "PostgreSQL jsonb, uuid, inet, an enum (a URL without `stringtype=unspecified`)",
+            "PostgreSQL jsonb, uuid, inet, an enum, an array (a URL without `stringtype=unspecified`)",
             'refuses ("column is of type jsonb but expression is of type character varying")',
             "the server's reading of the string: xasink takes `stringtype=unspecified` in the URL and needs it not",
         ),
