@@ -10,19 +10,31 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
+import xasink.protocol.apply_step
 import xasink.protocol.recovery
 from tests.doc_cases import raises
-from tests.harness import TargetSink, expected, host_port, through
-from tests.targets import MARIADB, POSTGRESQL, Target
+from tests.harness import (
+    TargetSink,
+    expected,
+    fill,
+    host_port,
+    shadow_rows,
+    through,
+)
+from tests.modes_driver import overwrite_direct, split
+from tests.targets import MARIADB, POSTGRESQL, Target, case
 from tests.tcp_proxy import TcpProxy
 from xasink.dialects import dialect_for
 from xasink.dialects.base import Dialect
 from xasink.errors import BatchAbortedError, CommitIncompleteError, DecisionUnknownError, JournalError
+from xasink.ops import survey as admin
 from xasink.options import WriteOptions
 from xasink.protocol.coordinator import Coordinator
 from xasink.protocol.xid import Xid
@@ -298,3 +310,62 @@ def test_mark_that_changes_no_row_is_detected(sink: Sink, actor: str, caplog: py
     finally:
         coordinator.close()
     assert sink.rows() == expected(range(500, 530)) and sink.prepared() == []
+
+
+@pytest.mark.parametrize("db", [case(POSTGRESQL)], indirect=True)  # (MariaDB clears by a plain DELETE)
+def test_an_apply_whose_connection_is_lost_as_it_clears_the_shadow_goes_on_forward(db: Target, proxy: TcpProxy) -> None:
+    """A decided overwrite's apply loses its connection (a restart) at the statement that clears the shadow.
+    PostgreSQL's clear took the lost connection for a busy shadow, fell back to a DELETE on it and raised
+    SQLAlchemy's raw PendingRollbackError with the batch decided (long-run interference seed 20024: a restart
+    there).  The apply is retried on a new connection instead: the new rows, every one once."""
+    table = db.new_table()
+    db.keyed_table(table)
+    fill(db, table, expected(range(10), tag="o"))
+    s = f"lost-{uuid.uuid4().hex[:10]}"
+    url = through(proxy, db.url)
+    before = shadow_tables(db)
+    overwrite_direct(url, table, s, 0, split(0, 2, 1), commitTimeout=60)  # the sink's row and shadow exist
+    (shadow,) = shadow_tables(db) - before
+    schema = db.execute("SELECT current_schema()")[0][0]
+    proxy.cut_on(f"LOCK TABLE {schema}.{shadow} IN ACCESS EXCLUSIVE MODE NOWAIT".encode(), after_reply=False)
+    result = overwrite_direct(url, table, s, 1, split(100, 10, 2), commitTimeout=60)
+    assert proxy.cut == 1
+    assert (result.rows, result.skipped) == (10, False)
+    assert db.rows(table) == expected(range(100, 110))
+    assert db.decision(s, 1).state == "committed"  # type: ignore[union-attr]
+    assert db.prepared(s) == [] and shadow_rows(db) == 0
+
+
+def test_an_apply_failing_by_an_error_of_the_driver_is_told_decided(
+    db: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An error that is neither the server's answer nor xasink's (SQLAlchemy's PendingRollbackError, as a lost
+    connection left it in seed 20024) after the decision: the batch is decided, so the writer is told
+    CommitIncompleteError with the cause, never the raw error; the table keeps its rows until recovery applies
+    the batch."""
+    table = db.new_table()
+    db.keyed_table(table)
+    s = f"raw-{uuid.uuid4().hex[:10]}"
+    overwrite_direct(db.url, table, s, 0, split(0, 2, 1))
+    old = db.rows(table)
+
+    def lost(*args: Any, **kwargs: Any) -> int:
+        raise sa.exc.PendingRollbackError("Can't reconnect until invalid transaction is rolled back")
+
+    monkeypatch.setattr(xasink.protocol.apply_step, "apply_statements", lost)
+    with raises(CommitIncompleteError) as info:
+        overwrite_direct(db.url, table, s, 1, split(100, 10, 2), commitTimeout=5)
+    message = str(info.value)
+    assert f"sink {s} batch 1 is decided" in message and "PendingRollbackError" in message, message
+    assert db.decision(s, 1).state == "committing"  # type: ignore[union-attr]
+    assert db.rows(table) == old and db.prepared(s) == []
+    monkeypatch.undo()
+    admin.recover(db.url, older_than_s=0)
+    assert db.rows(table) == expected(range(100, 110))
+    assert db.decision(s, 1).state == "committed"  # type: ignore[union-attr]
+    assert db.prepared(s) == [] and shadow_rows(db) == 0
+
+
+def shadow_tables(db: Target) -> set[str]:
+    found = db.execute("SELECT tablename FROM pg_tables WHERE schemaname = current_schema()")
+    return {str(r[0]) for r in found if str(r[0]).startswith("xasink_sh_")}

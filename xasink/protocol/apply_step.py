@@ -100,10 +100,11 @@ class ApplyStep:
             raise
         except Exception as exc:
             server = isinstance(exc, sa.exc.DBAPIError)
-            if not server and not self.policy.transient(exc):
-                raise  # not the server's answer: nothing proves the rows wrong, the batch stays decided
-            # a transient error of xasink's own (the apply lock not granted, no connection) is not about the rows
-            # either: the writer is told the batch is decided, and recovery counts it unfinished
+            if not server and not self.policy.transient(exc) and isinstance(exc, XasinkError):
+                raise  # it says what it is; the batch stays decided
+            # not the server's answer (a transient error of xasink's own: the apply lock not granted, no
+            # connection; or the driver's, as SQLAlchemy's PendingRollbackError) is not about the rows either:
+            # the writer is told the batch is decided, never the raw error, and recovery counts it unfinished
             if not server or dialect.classify(exc) != ErrorKind.ROWS:
                 # not about the rows: the batch stays decided and is only ever finished forward
                 within = f"within commitTimeout ({self.policy.timeout_s} s: " if self.policy.transient(exc) else "("

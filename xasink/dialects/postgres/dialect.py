@@ -18,6 +18,7 @@ from xasink.dialects.postgres.sql import (
     ADBC_DB_OPTIONS,
     BRANCH_HINTS,
     KEEPALIVES,
+    LOCK_NOT_AVAILABLE,
     ROWS_CLASSES,
     SORT_MEMORY,
     TRANSIENT_STATES,
@@ -309,8 +310,10 @@ class PostgresDialect(PostgresTypes, Dialect):
         savepoint = conn.begin_nested()
         try:
             conn.exec_driver_sql(f"LOCK TABLE {name} IN ACCESS EXCLUSIVE MODE NOWAIT")
-        except sa.exc.DBAPIError:
+        except sa.exc.DBAPIError as exc:
             savepoint.rollback()
+            if sqlstate_of(exc) != LOCK_NOT_AVAILABLE:  # a lost connection (a restart): the caller's to retry
+                raise
             conn.execute(sa.delete(shadow).where(batch))
             return
         savepoint.commit()

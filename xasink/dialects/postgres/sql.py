@@ -43,6 +43,7 @@ TRANSIENT_STATES = {
 # the rows are wrong: integrity constraint violations (23) and values the columns cannot hold (22)
 ROWS_CLASSES = ("22", "23")
 UNKNOWN_XID_STATE = "42704"
+LOCK_NOT_AVAILABLE = "55P03"  # a NOWAIT lock, or a wait past lock_timeout
 # the change-data apply's sorts and hashes in memory for the rest of its transaction (never lowering the setting)
 SORT_MEMORY = "SELECT set_config('work_mem', '64MB', true) WHERE pg_size_bytes(current_setting('work_mem')) < 67108864"
 

@@ -26,7 +26,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from xasink.dialects.postgres.appearance import appearance, carry, grants_of
-from xasink.dialects.postgres.sql import driver_sql, quote_ident, sqlstate_of, string_literal
+from xasink.dialects.postgres.sql import LOCK_NOT_AVAILABLE, driver_sql, quote_ident, sqlstate_of, string_literal
 from xasink.dialects.rendering import statement_text
 from xasink.dialects.values import SwapRefused, SwapTarget
 from xasink.support.faults import fault
@@ -276,7 +276,7 @@ def _lock_exclusive(conn: Connection, table: str, patience_s: float) -> None:
                 _execute(conn, f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE NOWAIT")
             return
         except sa.exc.DBAPIError as exc:
-            if sqlstate_of(exc) != "55P03":
+            if sqlstate_of(exc) != LOCK_NOT_AVAILABLE:
                 raise
         if time.monotonic() >= deadline:
             raise SwapRefused(f"another session kept the table open for {patience_s:g} s")
