@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any
 
 CDS_ENV = "XASINK_TEST_CDS_ARCHIVE"
+PRELOAD_ENV = "XASINK_TEST_PRELOAD"  # "0": Spark's own Python daemon, without tests/spark_daemon.py
 FAST_START = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
 ROOT = Path(__file__).resolve().parent.parent
-PRELOAD = ROOT / "tests" / "preload"  # sitecustomize.py: Spark's Python daemons import before forking
 
 
 def driver_java_options() -> str:
@@ -75,9 +75,11 @@ def local_spark(
     }
     if java_options is not None:
         settings["spark.driver.extraJavaOptions"] = java_options
-    path = os.environ.get("PYTHONPATH", "").split(os.pathsep)
-    if str(PRELOAD) not in path:  # the JVM, and the Python daemons it starts, inherit PYTHONPATH
-        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), str(PRELOAD), *path) if p)
+    if os.environ.get(PRELOAD_ENV, "1") != "0":  # tests/spark_daemon.py; the JVM inherits PYTHONPATH
+        settings["spark.python.daemon.module"] = "tests.spark_daemon"
+        path = os.environ.get("PYTHONPATH", "")
+        if str(ROOT) not in path.split(os.pathsep):
+            os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), path) if p)
     builder = SparkSession.builder.remote(master) if remote else SparkSession.builder.master(master)
     if app is not None:
         builder = builder.appName(app)
