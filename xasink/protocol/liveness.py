@@ -173,7 +173,12 @@ class InProcessGuard:
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._conn: Connection | None = dialect.connect(autocommit=True)
-        if not dialect.try_session_lock(self._conn, self.name):
+        try:
+            held = dialect.try_session_lock(self._conn, self.name)
+        except BaseException:
+            self.close()  # a session that failed the lock is never left open
+            raise
+        if not held:
             self.close()
             raise PreflightError(f"run guard {self.name} is held by another session")
         self._watch_s = watch_s
@@ -196,16 +201,21 @@ class InProcessGuard:
                     self._drop()
             deadline = time.monotonic() + timeout_s
             while True:
+                conn: Connection | None = None
                 try:
                     conn = self._dialect.connect(autocommit=True)
                     if self._dialect.try_session_lock(conn, self.name):
                         self._conn = conn
                         log.warning("run guard %s was lost (a database restart?) and is held again", self.name)
                         return
-                    conn.close()  # the old session's lock is still being released
-                    why = "held by another session"
+                    why = "held by another session"  # the old session's lock is still being released
                 except Exception as exc:  # noqa: BLE001 - the server is still coming back
                     why = type(exc).__name__
+                if conn is not None:
+                    try:
+                        conn.close()
+                    except Exception:  # noqa: BLE001 - a session that died with its server
+                        pass
                 if time.monotonic() > deadline:
                     raise PreflightError(
                         f"run guard {self.name} was lost and could not be taken again within {timeout_s:.0f}s "
