@@ -137,12 +137,23 @@ def fill(db: Target, table: str, rows: list[tuple[int, str]]) -> None:
         cur.executemany(f"INSERT INTO {db.q(table)} (id, name) VALUES (%s, %s)", rows)
 
 
-def shadow_rows(db: Target) -> int:
-    """Rows in every shadow table of the database (empty between batches)."""
+def shadow_tables(db: Target) -> set[str]:
+    """The write modes' shadow tables in the database's schema (one per sink and target)."""
     here = "current_schema()" if db.kind == POSTGRESQL else "DATABASE()"
     query = f"SELECT table_name FROM information_schema.tables WHERE table_schema = {here} AND table_name LIKE %s"
-    names = [r[0] for r in db.execute(query, "xasink\\_sh\\_%")]
-    return sum(int(db.execute(f"SELECT count(*) FROM {db.q(n)}")[0][0]) for n in names)
+    return {str(r[0]) for r in db.execute(query, "xasink\\_sh\\_%")}
+
+
+def shadow_rows(db: Target) -> int:
+    """Rows in every shadow table of the database (empty between batches)."""
+    return sum(int(db.execute(f"SELECT count(*) FROM {db.q(n)}")[0][0]) for n in shadow_tables(db))
+
+
+def assert_settled(db: Target, sink: str) -> None:
+    """However a sink's batch ended (written, refused, rolled back, recovered), nothing of the sink stays
+    prepared and every shadow table is empty."""
+    assert db.prepared(sink) == [], f"sink {sink}: branches left prepared"
+    assert shadow_rows(db) == 0, "rows left in a shadow table"
 
 
 def three_tables(pg: Target, maria: Target) -> tuple[str, str, str]:

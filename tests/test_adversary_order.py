@@ -20,6 +20,7 @@ import pytest
 
 from tests.harness import (
     apply_lock_held,
+    assert_settled,
     expected,
     fault_reached,
     fill,
@@ -256,7 +257,7 @@ def test_a_decision_whose_order_lock_session_is_lost_goes_on_forward(
     assert result.rows == 10 and not result.skipped
     assert db.rows(table) == expected(range(100, 110))
     assert db.decision(s, 1).state == "committed"  # type: ignore[union-attr]
-    assert db.prepared(s) == [] and shadow_rows(db) == 0
+    assert_settled(db, s)
 
 
 def test_a_write_mode_decision_that_cannot_reach_the_database_rolls_back(
@@ -283,7 +284,7 @@ def test_a_write_mode_decision_that_cannot_reach_the_database_rolls_back(
         with pytest.raises(BatchAbortedError, match="nothing of it is visible"):
             job.result(timeout=60)
     assert db.decision(s, 1) is None and db.rows(table) == expected(range(10), tag="o")
-    assert db.prepared(s) == [] and shadow_rows(db) == 0
+    assert_settled(db, s)
 
 
 def test_a_blocked_batch_whose_abort_meets_a_held_sink_row_is_told_blocked(
@@ -379,4 +380,4 @@ def test_an_apply_failing_for_its_rows_while_the_log_row_is_held_is_told_decided
     assert db.decision(s, 1).state == "committing"  # type: ignore[union-attr]
     admin.recover(db.url, older_than_s=0)
     assert db.decision(s, 1) is None and db.execute(f"SELECT id, name FROM {t} ORDER BY id") == old
-    assert db.prepared(s) == [] and shadow_rows(db) == 0
+    assert_settled(db, s)

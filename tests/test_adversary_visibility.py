@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.harness import expected, fill, run_driver, shadow_rows
+from tests.harness import assert_settled, expected, fill, run_driver, shadow_rows
 from tests.leaks import run_cli
 from tests.modes_driver import batch_direct, overwrite_direct, split
 from tests.procs import ROOT, tail
@@ -77,11 +77,11 @@ def test_a_replay_with_the_other_visibility_finishes_the_batch_as_it_was_decided
     result = batch_direct(db.url, table, s, 4, COLUMNS, split(1000, 300, 3), "append", visibility=then)
     assert result.skipped
     assert db.rows(table) == sorted(OLD + expected(range(1000, 1300)))
-    assert db.prepared(s) == [] and shadow_rows(db) == 0
+    assert_settled(db, s)
     nxt = batch_direct(db.url, table, s, 5, COLUMNS, split(2000, 20, 2), "append", visibility=first)
     assert nxt.rows == 20 and not nxt.skipped
     assert db.rows(table) == sorted(OLD + expected(range(1000, 1300), range(2000, 2020)))
-    assert db.prepared(s) == [] and shadow_rows(db) == 0
+    assert_settled(db, s)
 
 
 def test_a_sink_switching_visibility_between_batches_writes_each_once(db: Target) -> None:
@@ -94,7 +94,7 @@ def test_a_sink_switching_visibility_between_batches_writes_each_once(db: Target
     again = batch_direct(db.url, table, s, 1, COLUMNS, split(100, 30, 3), "append", visibility="branch")
     assert again.skipped
     assert db.rows(table) == expected(*(range(b * 100, b * 100 + 30) for b in range(5)))
-    assert db.prepared(s) == [] and shadow_rows(db) == 0
+    assert_settled(db, s)
 
 
 @pytest.mark.parametrize("where", ["across branches", "in one branch"])
@@ -255,11 +255,11 @@ def test_a_batch_visible_append_killed_at_each_driver_point_is_written_once(
         cli = run_cli("recover", "--url", db.url)
         assert cli.returncode == 0, cli.stdout + cli.stderr
         assert db.rows(table) == (sorted(OLD + expected(range(1000, 1300))) if decided else OLD)
-        assert db.prepared(s) == [] and shadow_rows(db) == 0
+        assert_settled(db, s)
     result = batch_direct(db.url, table, s, 2, COLUMNS, split(1000, 300, 3), "append", visibility="batch")
     assert result.skipped == decided
     assert db.rows(table) == sorted(OLD + expected(range(1000, 1300)))
-    assert db.prepared(s) == [] and shadow_rows(db) == 0
+    assert_settled(db, s)
 
 
 def test_batch_visible_appenders_of_one_table_side_by_side_are_never_refused(db: Target) -> None:
@@ -320,7 +320,7 @@ def test_a_cron_recover_beside_a_live_batch_visible_append_finishes_it_once(db: 
     lines = [json.loads(line) for line in out.splitlines()]
     assert [x.get("error") for x in lines] == [None, None], lines
     assert db.rows(table) == sorted(OLD + expected(range(1000, 1300), range(2000, 2030)))
-    assert db.prepared(s) == [] and shadow_rows(db) == 0
+    assert_settled(db, s)
 
 
 @pytest.mark.parametrize("name", ['we"ird T', "we`ird;x", "Mixed Case"])
@@ -339,7 +339,7 @@ def test_a_table_with_an_odd_name_takes_batch_visible_writes(db: Target, name: s
     assert r is not None and r.rows == 100
     want = expected(range(50), tag="o") + expected(range(50, 150)) if upsert else OLD + expected(range(1000, 1100))
     assert db.rows(table) == sorted(want)
-    assert db.prepared(s) == [] and shadow_rows(db) == 0
+    assert_settled(db, s)
 
 
 def test_batch_visible_appends_with_journal_retention_one(db: Target, tmp_path: Path) -> None:
@@ -356,7 +356,7 @@ def test_batch_visible_appends_with_journal_retention_one(db: Target, tmp_path: 
     assert batch_direct(db.url, table, s, 4, COLUMNS, split(400, 20, 2), "append", **opts).skipped
     assert batch_direct(db.url, table, s, 5, COLUMNS, split(500, 20, 2), "append", **opts).rows == 20
     assert db.rows(table) == expected(*(range(b * 100, b * 100 + 20) for b in range(6)))
-    assert db.prepared(s) == [] and shadow_rows(db) == 0
+    assert_settled(db, s)
 
 
 def test_batch_visible_appends_with_batch_ids_out_of_order_are_each_written_once(db: Target) -> None:
@@ -370,7 +370,7 @@ def test_batch_visible_appends_with_batch_ids_out_of_order_are_each_written_once
     for b in (3, 5):
         assert batch_direct(db.url, table, s, b, COLUMNS, split(b * 100, 20, 2), "append", visibility="batch").skipped
     assert db.rows(table) == expected(*(range(b * 100, b * 100 + 20) for b in (3, 4, 5, 7)))
-    assert db.prepared(s) == [] and shadow_rows(db) == 0
+    assert_settled(db, s)
 
 
 def test_a_batch_visible_append_held_back_by_a_blocked_overwrite_is_told_the_truth(db: Target) -> None:
@@ -432,7 +432,7 @@ def test_an_empty_batch_visible_batch_and_a_new_table(db: Target, upsert: bool) 
     assert batch_direct(db.url, table, s, 1, COLUMNS, [[], []], "append", **opts).skipped
     assert batch_direct(db.url, table, s, 2, COLUMNS, split(30, 10, 2), "append", **opts).rows == 10
     assert db.rows(table) == expected(range(40))
-    assert db.prepared(s) == [] and shadow_rows(db) == 0
+    assert_settled(db, s)
 
 
 def test_a_branch_visible_append_beside_a_pending_overwrite_is_removed_by_it_as_documented(
@@ -511,7 +511,7 @@ def test_a_table_found_past_an_empty_schema_of_search_path_is_written_there(
         assert batch_direct(url, table, s, 1, COLUMNS, split(100, 20, 2), "append", **opts).skipped
         assert batch_direct(db.url, f"public.{table}", s, 1, COLUMNS, split(100, 20, 2), "append", **opts).skipped
         assert db.rows(table) == expected(range(20), range(100, 120))
-        assert db.prepared(s) == [] and shadow_rows(db) == 0
+        assert_settled(db, s)
 
 
 @pytest.mark.parametrize("db", [case(POSTGRESQL)], indirect=True)

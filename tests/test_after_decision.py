@@ -22,10 +22,11 @@ import xasink.protocol.recovery
 from tests.doc_cases import raises
 from tests.harness import (
     TargetSink,
+    assert_settled,
     expected,
     fill,
     host_port,
-    shadow_rows,
+    shadow_tables,
     through,
 )
 from tests.modes_driver import overwrite_direct, split
@@ -333,7 +334,7 @@ def test_an_apply_whose_connection_is_lost_as_it_clears_the_shadow_goes_on_forwa
     assert (result.rows, result.skipped) == (10, False)
     assert db.rows(table) == expected(range(100, 110))
     assert db.decision(s, 1).state == "committed"  # type: ignore[union-attr]
-    assert db.prepared(s) == [] and shadow_rows(db) == 0
+    assert_settled(db, s)
 
 
 def test_an_apply_failing_by_an_error_of_the_driver_is_told_decided(
@@ -363,9 +364,4 @@ def test_an_apply_failing_by_an_error_of_the_driver_is_told_decided(
     admin.recover(db.url, older_than_s=0)
     assert db.rows(table) == expected(range(100, 110))
     assert db.decision(s, 1).state == "committed"  # type: ignore[union-attr]
-    assert db.prepared(s) == [] and shadow_rows(db) == 0
-
-
-def shadow_tables(db: Target) -> set[str]:
-    found = db.execute("SELECT tablename FROM pg_tables WHERE schemaname = current_schema()")
-    return {str(r[0]) for r in found if str(r[0]).startswith("xasink_sh_")}
+    assert_settled(db, s)

@@ -17,11 +17,22 @@ import pytest
 from pyspark.sql import SparkSession
 
 import xasink
-from tests.harness import Stream, expected, fill, frame, needs_data_source, run_driver, seen_while, shadow_rows
+from tests.harness import (
+    Stream,
+    assert_settled,
+    expected,
+    fill,
+    frame,
+    needs_data_source,
+    run_driver,
+    seen_while,
+    shadow_rows,
+    shadow_tables,
+)
 from tests.leaks import run_cli
 from tests.modes_driver import batch_direct, split
 from tests.procs import ROOT, tail
-from tests.targets import MARIADB, POSTGRESQL, Target, case, connect
+from tests.targets import MARIADB, POSTGRESQL, Target, case
 from xasink.errors import OptionError
 
 COLUMNS = {"id": "int", "name": "string"}
@@ -58,7 +69,7 @@ def test_readers_see_none_or_all_of_an_appended_batch(
     else:  # the control: each branch visible as it commits
         assert set(seen) - {before, after}, f"no reader saw the partly committed batch: {seen}"
     assert db.rows(table) == sorted(OLD + expected(range(1000, 1900)))
-    assert db.prepared(s) == [] and shadow_rows(db) == 0
+    assert_settled(db, s)
 
 
 def test_an_upsert_seen_whole_merges_by_key(db: Target, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -79,7 +90,7 @@ def test_an_upsert_seen_whole_merges_by_key(db: Target, monkeypatch: pytest.Monk
     )
     assert set(seen) <= {before, after}, f"a reader saw a part of the batch: {seen}"
     assert db.rows(table) == sorted(expected(range(50), tag="o") + expected(range(50, 150)))
-    assert db.prepared(s) == [] and shadow_rows(db) == 0
+    assert_settled(db, s)
 
 
 @pytest.mark.parametrize(
@@ -120,7 +131,7 @@ def test_a_batch_visible_append_killed_after_its_decision_is_finished_whole_by_r
     cli = run_cli("recover", "--url", db.url)
     assert cli.returncode == 0, cli.stdout + cli.stderr
     assert db.rows(table) == sorted(OLD + expected(range(1000, 1300)))
-    assert db.prepared(s) == [] and shadow_rows(db) == 0
+    assert_settled(db, s)
     again = run_cli("recover", "--url", db.url)  # applied once: a second recover changes nothing
     assert again.returncode == 0 and db.rows(table) == sorted(OLD + expected(range(1000, 1300)))
 
@@ -156,22 +167,16 @@ def test_spark_writers_take_visibility_batch(db: Target, spark: SparkSession) ->
     assert db.rows(table) == expected(range(80)) and db.decision(refused, 0) is None and db.prepared(refused) == []
 
 
-def test_the_streaming_sink_takes_visibility_batch(stream: Stream) -> None:
+def test_the_streaming_sink_takes_visibility_batch(stream: Stream, pg: Target) -> None:
     """``writeStream.format("xasink").option("visibility", "batch")``: each micro-batch once through the
     shadow, a replay of a committed one writes nothing."""
     needs_data_source()
     stream.add_files(2)
-    shadows = shadow_tables(stream.url)
+    shadows = shadow_tables(pg)
     stream.run(visibility="batch")
-    assert len(shadow_tables(stream.url)) == len(shadows) + 1  # the sink's shadow: the batches went through it
+    assert len(shadow_tables(pg)) == len(shadows) + 1  # the sink's shadow: the batches went through it
     before = stream.decisions()
     stream.forget_spark_commit(1)
     stream.run(visibility="batch")
     assert stream.decisions() == before
     stream.assert_exactly_once()
-
-
-def shadow_tables(url: str) -> list[str]:
-    with connect(url) as conn, conn.cursor() as cur:
-        cur.execute("SELECT tablename FROM pg_tables WHERE tablename LIKE %s", ("xasink\\_sh\\_%",))
-        return [r[0] for r in cur.fetchall()]

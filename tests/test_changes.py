@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.doc_cases import raises
-from tests.harness import shadow_rows
+from tests.harness import assert_settled, shadow_rows
 from tests.modes_driver import batch_direct, prepare_stray_branch
 from tests.targets import MARIADB, POSTGRESQL, Target, case
 from xasink.errors import ApplyError
@@ -155,7 +155,7 @@ def test_a_change_data_apply_never_waits_on_another_runs_branch_of_the_shadow(
     assert db.prepared(s) == [stray] if db.kind == POSTGRESQL else len(db.prepared(s)) == 1  # left to its run
     report = admin.recover(db.url, sink_id=s, older_than_s=0)
     assert not report.errors, report.errors
-    assert db.prepared(s) == [] and shadow_rows(db) == 0
+    assert_settled(db, s)
     assert db.rows(table) == [(1, "a3", 3), (3, "c", 1), (4, "d", 2)]
 
 

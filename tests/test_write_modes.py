@@ -27,7 +27,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 import xasink
 from tests import doc_cases
-from tests.harness import apply_lock_held, expected, fill, seen_while, shadow_rows
+from tests.harness import apply_lock_held, assert_settled, expected, fill, seen_while, shadow_rows
 from tests.modes_driver import OPTIONS_ENV, batch_direct, overwrite_direct, prepare_stray_branch, split
 from tests.targets import MARIADB, POSTGRESQL, Target, case
 from xasink.errors import (
@@ -208,7 +208,7 @@ def test_an_empty_dataframe_empties_the_table(db: Target, spark: SparkSession) -
     s = sink()
     overwrite(spark.createDataFrame([], "id int, name string").repartition(2), db, table, s, 0)
     assert db.rows(table) == []
-    assert db.prepared(s) == [] and shadow_rows(db) == 0
+    assert_settled(db, s)
     write = xasink.foreach_batch(db.url, table, s, mode="overwrite", truncate="yes")
     result = write(rows_frame(spark, expected(range(40, 60)), 2), 1)
     assert db.rows(table) == expected(range(40, 60)) and not result.skipped
@@ -779,7 +779,7 @@ def test_two_change_data_applies_of_one_sink_at_once_equal_one_after_the_other(
     log_id = Xid.parse(decided.xids[0]).log_id  # type: ignore[union-attr]
     assert db.rows(tombstone_name("xasink_", log_id, s)) == [(1, 10)]
     assert [db.decision(s, b).state for b in (6, 7, 8)] == ["committed"] * 3  # type: ignore[union-attr]
-    assert db.prepared(s) == [] and shadow_rows(db) == 0
+    assert_settled(db, s)
 
 
 def test_complete_mode_keeps_the_table_equal_to_the_aggregate(db: Target, spark: SparkSession, tmp_path: Path) -> None:
@@ -874,7 +874,7 @@ def test_an_overwrite_waits_for_an_open_insert_then_replaces_it(
     assert result.rows == 200 and not result.skipped
     assert db.rows(table) == new  # the row committed before the apply ran was replaced like any old row
     assert db.decision(s, 0).state == "committed"  # type: ignore[union-attr]
-    assert db.prepared(s) == [] and shadow_rows(db) == 0
+    assert_settled(db, s)
 
 
 def test_an_overwrite_blocked_past_commit_timeout_is_finished_by_recover(
@@ -904,7 +904,7 @@ def test_an_overwrite_blocked_past_commit_timeout_is_finished_by_recover(
     assert not report.errors, report.errors
     assert db.rows(table) == new
     assert db.decision(s, 0).state == "committed"  # type: ignore[union-attr]
-    assert db.prepared(s) == [] and shadow_rows(db) == 0
+    assert_settled(db, s)
 
 
 @pytest.mark.parametrize("keyed", [True, False])
@@ -954,7 +954,7 @@ def test_a_newer_overwrite_never_decides_while_an_older_decided_one_is_unapplied
     assert result.rows == 10 and not result.skipped
     assert db.rows(table) == expected(range(200, 210))
     assert {b: d.state for b, d in db.decisions(s).items()} == {5: "committed", 6: "committed"}
-    assert db.prepared(s) == [] and shadow_rows(db) == 0
+    assert_settled(db, s)
 
 
 @pytest.mark.parametrize("db", [case(MARIADB)], indirect=True)  # PostgreSQL: the kept schedule (FOUND.md 8.2)
@@ -991,7 +991,7 @@ def test_a_run_finds_its_decision_applied_and_compacted_while_it_stalled(
     assert result.rows == 20 and not result.skipped
     assert db.rows(table) == expected(range(300, 305))
     assert {b: d.state for b, d in db.decisions(s).items()} == {5: "committed", 6: "committed"}
-    assert db.prepared(s) == [] and shadow_rows(db) == 0
+    assert_settled(db, s)
 
 
 @pytest.mark.parametrize("db", [case(POSTGRESQL)], indirect=True)  # MariaDB: the kept schedule (FOUND.md 8.3)
@@ -1031,7 +1031,7 @@ def test_a_withdrawal_that_lost_its_race_to_a_recovery_is_told_written(
     assert result.rows == 20 and not result.skipped
     assert db.rows(table) == [(i, f"n{i}", 0) for i in range(100, 120)]
     assert db.decision(s, 5).state == "committed"  # type: ignore[union-attr]
-    assert db.prepared(s) == [] and shadow_rows(db) == 0
+    assert_settled(db, s)
 
 
 def test_an_overwrite_whose_tables_apply_lock_stays_held_is_aborted_through_write(

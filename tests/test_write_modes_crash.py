@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from tests.harness import expected, fill, run_driver, shadow_rows
+from tests.harness import assert_settled, expected, fill, run_driver, shadow_rows
 from tests.leaks import run_cli
 from tests.modes_driver import complete_query, overwrite_direct, split
 from tests.procs import ROOT, tail
@@ -115,13 +115,13 @@ def test_an_overwrite_killed_at_each_step_ends_with_the_old_or_the_new_rows(
         cli = run_cli("recover", "--url", db.url, *age)
         assert cli.returncode == 0, cli.stdout + cli.stderr
         assert db.rows(table) == (OLD if point == "driver.before_decide" else NEW)
-        assert db.prepared(s) == [] and shadow_rows(db) == 0
+        assert_settled(db, s)
         assert foreign in db.listed()
     # the next run of the sink: a decided batch is finished and not written again, an undecided one is written
     result = overwrite_direct(db.url, table, s, BATCH, split(FIRST, N, PARTITIONS))
     assert result.skipped is (point != "driver.before_decide")
     assert db.rows(table) == NEW
-    assert db.prepared(s) == [] and shadow_rows(db) == 0
+    assert_settled(db, s)
     assert db.decision(s, BATCH).state == "committed"  # type: ignore[union-attr]
     assert foreign in db.listed()
     if db.kind == POSTGRESQL:  # the batch was applied by a swap (by the recovery or the rerun)
@@ -184,4 +184,4 @@ def test_complete_mode_survives_a_driver_kill_between_commits_and_apply(
     assert query.exception() is None, query.exception()
     assert db.rows(table) == aggregate(FILES)
     assert {b: d.state for b, d in db.decisions(s).items()} == {0: "committed"}
-    assert db.prepared(s) == [] and shadow_rows(db) == 0
+    assert_settled(db, s)
