@@ -365,3 +365,33 @@ def test_an_apply_failing_by_an_error_of_the_driver_is_told_decided(
     assert db.rows(table) == expected(range(100, 110))
     assert db.decision(s, 1).state == "committed"  # type: ignore[union-attr]
     assert_settled(db, s)
+
+
+def test_an_apply_whose_commit_answer_is_lost_says_the_rows_may_be_visible(db: Target, proxy: TcpProxy) -> None:
+    """The apply's COMMIT takes effect, its answer is lost and the database stays away past commitTimeout.  The
+    writer was told CommitIncompleteError saying "the table still holds its old rows" while it showed the new
+    ones (stop-47 adversary review).  It is told they may be visible; recovery finds them applied, once."""
+    table = db.new_table()
+    db.keyed_table(table)
+    fill(db, table, expected(range(10), tag="o"))
+    s = f"ans-{uuid.uuid4().hex[:10]}"
+    url = through(proxy, db.url)
+    before = shadow_tables(db)
+    overwrite_direct(url, table, s, 0, split(0, 2, 1), commitTimeout=60)  # the sink's row and shadow exist
+    (shadow,) = shadow_tables(db) - before
+    if db.kind == POSTGRESQL:  # the apply's statement that clears the shadow, in its transaction
+        clear = f"LOCK TABLE {db.execute('SELECT current_schema()')[0][0]}.{shadow}".encode()
+    else:
+        clear = b"FORCE INDEX"
+    proxy.cut_on(b"COMMIT", armed_by=clear, after_reply=True, then_down_for=600)
+    with pytest.raises(CommitIncompleteError) as info:
+        overwrite_direct(url, table, s, 1, split(100, 10, 2), commitTimeout=2)
+    message = str(info.value)
+    assert proxy.cut == 1
+    assert "may already show its new rows" in message and "still holds its old rows" not in message, message
+    assert db.rows(table) == expected(range(100, 110))  # it did take effect
+    proxy.reset()
+    admin.recover(db.url, older_than_s=0)
+    assert db.rows(table) == expected(range(100, 110))
+    assert db.decision(s, 1).state == "committed"  # type: ignore[union-attr]
+    assert_settled(db, s)

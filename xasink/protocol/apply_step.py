@@ -54,8 +54,10 @@ class ApplyStep:
         :class:`CommitIncompleteError`, naming the batch and what blocked it; a later run or recover finishes it.
         """
         dialect = self.journal.dialect
+        sent = False  # an apply's COMMIT was sent and no answer came: it may have taken effect
 
         def step() -> bool:
+            nonlocal sent
             with dialect.connect() as conn:
                 lock = apply_lock_name(spec, session_schema(conn))
                 if dialect.apply_isolation is not None:
@@ -66,6 +68,7 @@ class ApplyStep:
                     # stream) never interleave, so the result is that of one after the other
                     dialect.lock_apply(conn, lock)
                     decided = self.journal.get(conn, self.sink_id, batch_id)
+                    sent = False  # read after any earlier COMMIT: the log now says which way that went
                     if not self._same(conn, decided, xids) or not self.journal.mark_within(
                         conn, self.sink_id, batch_id, commit_ms
                     ):
@@ -73,7 +76,9 @@ class ApplyStep:
                         return False
                     dialect.durable_commit(conn)
                     rows = apply_statements(dialect, conn, spec, batch_id, decided_rows(dialect, conn, spec, xids))
+                    sent = True
                     conn.commit()
+                    sent = False
                 except BaseException:
                     conn.rollback()
                     raise
@@ -108,10 +113,16 @@ class ApplyStep:
             if not server or dialect.classify(exc) != ErrorKind.ROWS:
                 # not about the rows: the batch stays decided and is only ever finished forward
                 within = f"within commitTimeout ({self.policy.timeout_s} s: " if self.policy.transient(exc) else "("
+                table = (
+                    "the table may already show its new rows (the step's COMMIT was sent and its answer lost) or "
+                    "still its old ones"
+                    if sent
+                    else "the table still holds its old rows"
+                )
                 raise CommitIncompleteError(
                     f"sink {self.sink_id} batch {batch_id} is decided and its rows are loaded, but the step that "
-                    f"makes them visible ({spec.describe()}) failed {within}{self.policy.describe(exc)}); the "
-                    f"table still holds its old rows. The next run of this sink (sinkId '{self.sink_id}') or "
+                    f"makes them visible ({spec.describe()}) failed {within}{self.policy.describe(exc)}); "
+                    f"{table}. The next run of this sink (sinkId '{self.sink_id}') or "
                     "'xasink recover' finishes it once that is fixed; no row is lost or doubled."
                 ) from exc
             reason = self.policy.describe(exc)

@@ -200,7 +200,7 @@ class InProcessGuard:
                 except Exception:  # noqa: BLE001 - a lost session: taken again below
                     self._drop()
             deadline = time.monotonic() + timeout_s
-            while True:
+            while not self._closed.is_set():  # a close() meanwhile ends the wait: nothing left to guard
                 conn: Connection | None = None
                 try:
                     conn = self._dialect.connect(autocommit=True)
@@ -221,7 +221,7 @@ class InProcessGuard:
                         f"run guard {self.name} was lost and could not be taken again within {timeout_s:.0f}s "
                         f"({why}) on {self._dialect.where()}: this run's branches are no longer protected"
                     )
-                time.sleep(0.5)
+                self._closed.wait(0.5)
 
     def _drop(self) -> None:
         if self._conn is not None:
