@@ -313,7 +313,10 @@ def test_a_cron_recover_beside_a_live_batch_visible_append_finishes_it_once(db: 
             assert proc.poll() is None, proc.communicate()
         cli = run_cli("recover", "--url", db.url)
         assert cli.returncode == 0, cli.stdout + cli.stderr
-        assert db.rows(table) == sorted(OLD + expected(range(1000, 1300)))  # finished by the cron, whole
+        # batch 0 whole, finished by the cron; a driver whose pause ran out under load may be past batch 1 already
+        rows, later = db.rows(table), expected(range(2000, 2030))
+        assert [r for r in rows if r not in later] == sorted(OLD + expected(range(1000, 1300)))
+        assert [r for r in rows if r in later] in ([], later)
     finally:
         out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-3000:]
