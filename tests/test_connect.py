@@ -224,20 +224,23 @@ def run_foreach_batch(connect: SparkSession, source: Input, fn: Any) -> None:
 
 
 def start_foreach_batch(writer: Any) -> Any:
-    """Start a foreachBatch query; again (up to 5 tries) if the server's foreachBatch worker did not connect back.
+    """Start a foreachBatch query; again (up to 8 tries over about 4 minutes) if the server's foreachBatch
+    worker did not connect back.
 
     The Connect server starts the function's Python worker when the query starts, and waits 10 s for it to
     connect back: a constant of Spark's (``PythonWorkerFactory.createSimpleWorker``), no setting changes it.
     The worker imports pyspark's Connect client first, which on two cores shared with the rest of the suite
-    can take longer (CI, 2026-11-28: twice in a row).  Nothing has run then: no batch, no branch.
+    can take longer (CI, 2026-11-28: twice in a row; a rehearsal on 2026-11-29: five times in 10 s, so the
+    waits between tries now grow, to outlast a busy minute).  Nothing has run then: no batch, no branch.
     """
-    for attempt in range(5):
+    tries = 8
+    for attempt in range(tries):
         try:
             return writer.start()
         except Exception as exc:
-            if "failed to connect back" not in str(exc) or attempt == 4:
+            if "failed to connect back" not in str(exc) or attempt == tries - 1:
                 raise
-            time.sleep(2.0)
+            time.sleep(min(2.0 * 2**attempt, 60.0))
     raise AssertionError("unreachable")
 
 
