@@ -37,6 +37,7 @@ from xasink.dialects.base import Dialect
 from xasink.errors import BatchAbortedError, CommitIncompleteError, DecisionUnknownError, JournalError
 from xasink.ops import survey as admin
 from xasink.options import WriteOptions
+from xasink.protocol.apply_step import ApplyStep
 from xasink.protocol.coordinator import Coordinator
 from xasink.protocol.xid import Xid
 from xasink.results import BranchOutcome
@@ -394,4 +395,43 @@ def test_an_apply_whose_commit_answer_is_lost_says_the_rows_may_be_visible(db: T
     admin.recover(db.url, older_than_s=0)
     assert db.rows(table) == expected(range(100, 110))
     assert db.decision(s, 1).state == "committed"  # type: ignore[union-attr]
+    assert_settled(db, s)
+
+
+def test_an_apply_found_done_whose_log_cannot_be_read_again_never_says_old_rows(
+    db: Target, proxy: TcpProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The apply's COMMIT takes effect and its answer is lost; the retry finds the batch applied; then the
+    database goes away before the log is read again to tell applied from withdrawn.  That read was made once,
+    outside the retries, and its error was told "the table still holds its old rows" while it showed the new
+    ones (stop-48 adversary review).  It is retried, and then told the batch was finished either way."""
+    table = db.new_table()
+    db.keyed_table(table)
+    fill(db, table, expected(range(10), tag="o"))
+    s = f"re-{uuid.uuid4().hex[:10]}"
+    url = through(proxy, db.url)
+    before = shadow_tables(db)
+    overwrite_direct(url, table, s, 0, split(0, 2, 1), commitTimeout=60)
+    (shadow,) = shadow_tables(db) - before
+    if db.kind == POSTGRESQL:
+        clear = f"LOCK TABLE {db.execute('SELECT current_schema()')[0][0]}.{shadow}".encode()
+    else:
+        clear = b"FORCE INDEX"
+    proxy.cut_on(b"COMMIT", armed_by=clear, after_reply=True)  # the retry comes back at once
+    found_done = ApplyStep._outcome
+
+    def away_then_read(self: ApplyStep, *args: Any, **kwargs: Any) -> bool:
+        proxy.set_down(True)  # the database goes away as the retried step finds the batch applied
+        proxy.drop_all()
+        return found_done(self, *args, **kwargs)
+
+    monkeypatch.setattr(ApplyStep, "_outcome", away_then_read)
+    with pytest.raises(CommitIncompleteError) as info:
+        overwrite_direct(url, table, s, 1, split(100, 10, 2), commitTimeout=2)
+    message = str(info.value)
+    assert proxy.cut == 1
+    assert "still holds its old rows" not in message and "was finished by another run or by this" in message
+    assert db.rows(table) == expected(range(100, 110))
+    assert db.decision(s, 1).state == "committed"  # type: ignore[union-attr]
+    proxy.set_down(False)
     assert_settled(db, s)

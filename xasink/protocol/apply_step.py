@@ -77,7 +77,11 @@ class ApplyStep:
                     dialect.durable_commit(conn)
                     rows = apply_statements(dialect, conn, spec, batch_id, decided_rows(dialect, conn, spec, xids))
                     sent = True
-                    conn.commit()
+                    try:
+                        conn.commit()
+                    except sa.exc.DBAPIError as exc:  # the server's answer: the COMMIT did not take effect
+                        sent = bool(exc.connection_invalidated)  # a lost connection: it may have
+                        raise
                     sent = False
                 except BaseException:
                     conn.rollback()
@@ -90,15 +94,19 @@ class ApplyStep:
         what = f"applying sink {self.sink_id} batch {batch_id} ({spec.describe()})"
         try:
             if not self.policy.forward(what, step, deadline):
-                with dialect.connect() as conn:
-                    found = self.journal.get(conn, self.sink_id, batch_id)
-                    ours = self._same(conn, found, xids)
+                # applied already, or withdrawn: which one, the log says (read again through transient errors)
+                ours = self._outcome(batch_id, spec, xids, deadline)
                 if not ours:  # withdrawn (and perhaps decided again by a newer writer since)
                     raise ApplyError(
                         f"sink {self.sink_id} batch {batch_id}: another run found it could not {spec.describe()} "
                         "and withdrew the decision; the table keeps its rows"
                     )
-                log.info("sink %s batch %s was applied already (by a recovery run)", self.sink_id, batch_id)
+                log.info(
+                    "sink %s batch %s was applied already (by a recovery run, or by this run's COMMIT whose "
+                    "answer was lost)",
+                    self.sink_id,
+                    batch_id,
+                )
         except ApplyError as exc:
             if not self._withdraw(batch_id, spec, xids, str(exc), deadline):
                 return  # another run applied it meanwhile: its rows are visible
@@ -132,6 +140,29 @@ class ApplyStep:
                 f"sink {self.sink_id} batch {batch_id}: could not {spec.describe()}: {reason}. The table keeps "
                 "its old rows and nothing of this batch is visible; fix the data (or the table) and run it again"
             ) from None
+
+    def _outcome(self, batch_id: int, spec: ApplySpec, xids: Sequence[Xid], deadline: float) -> bool:
+        """After a step that found nothing left to apply: True if the log holds this run's decision applied,
+        False if it was withdrawn.  Unreadable until ``deadline``: :class:`CommitIncompleteError` that says the
+        batch was finished either way, never "the table still holds its old rows", which may be false."""
+
+        def read() -> bool:
+            with self.journal.dialect.connect() as conn:
+                return self._same(conn, self.journal.get(conn, self.sink_id, batch_id), xids)
+
+        what = f"reading sink {self.sink_id} batch {batch_id} from the decision log"
+        try:
+            return self.policy.forward(what, read, deadline)
+        except Exception as exc:
+            if isinstance(exc, XasinkError) and not self.policy.transient(exc):
+                raise
+            raise CommitIncompleteError(
+                f"sink {self.sink_id} batch {batch_id} ({spec.describe()}) was finished by another run or by this "
+                "run's own COMMIT, whose answer was lost: the table shows either this batch's rows (applied) or "
+                "its old rows (the decision withdrawn, nothing of the batch visible), and reading the decision "
+                f"log to tell which failed ({self.policy.describe(exc)}). 'xasink status' tells which once "
+                "the database answers; nothing is left to finish."
+            ) from exc
 
     def _same(self, conn: Connection, decided: BatchRecord | None, xids: Sequence[Xid]) -> bool:
         """Is the log's decision of the batch the one this run finishes (not withdrawn, not another run's)?

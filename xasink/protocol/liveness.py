@@ -209,13 +209,14 @@ class InProcessGuard:
                         log.warning("run guard %s was lost (a database restart?) and is held again", self.name)
                         return
                     why = "held by another session"  # the old session's lock is still being released
+                    conn.close()
                 except Exception as exc:  # noqa: BLE001 - the server is still coming back
                     why = type(exc).__name__
-                if conn is not None:
-                    try:
-                        conn.close()
-                    except Exception:  # noqa: BLE001 - a session that died with its server
-                        pass
+                    if conn is not None:  # its lock query failed: perhaps granted, so never back to a pool
+                        try:
+                            conn.invalidate()
+                        except Exception:  # noqa: BLE001 - a session that died with its server
+                            pass
                 if time.monotonic() > deadline:
                     raise PreflightError(
                         f"run guard {self.name} was lost and could not be taken again within {timeout_s:.0f}s "
