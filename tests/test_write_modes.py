@@ -15,17 +15,20 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
 import xasink
+import xasink.support.faults
 from tests import doc_cases
 from tests.harness import apply_lock_held, assert_settled, expected, fill, seen_while, shadow_rows
 from tests.modes_driver import OPTIONS_ENV, batch_direct, overwrite_direct, prepare_stray_branch, split
@@ -967,27 +970,35 @@ def test_a_run_finds_its_decision_applied_and_compacted_while_it_stalled(
     table = db.new_table()
     db.keyed_table(table)
     fill(db, table, expected(range(10), tag="o"))
-    monkeypatch.setenv("XASINK_FAULT", "driver.after_commits:sleep=12:b=5")
+    # the stall lasts until the test releases it (at most 300 s): a fixed 12 s ran out under a loaded CI
+    # before batch 6 had compacted batch 5, and the run then never met its compacted decision
+    release = threading.Event()
+    monkeypatch.setattr(xasink.support.faults, "time", SimpleNamespace(sleep=release.wait))
+    monkeypatch.setenv("XASINK_FAULT", "driver.after_commits:sleep=300:b=5")
     s = sink()
     with ThreadPoolExecutor(1) as pool:
-        job = pool.submit(overwrite_direct, db.url, table, s, 5, split(100, 20, 2), journalRetention=1)
-        deadline = time.monotonic() + 60
-        while db.decision(s, 5) is None or db.prepared(s):
-            assert time.monotonic() < deadline and not job.done(), "the driver never reached its commits"
-            time.sleep(0.05)
-        report = admin.recover(db.url, sink_id=s, older_than_s=0)
-        assert not report.errors, report.errors
-        assert db.rows(table) == expected(range(100, 120))
-        # another driver process (a process holds one run guard per decision log)
-        driver = str(Path(__file__).resolve().parent / "modes_driver.py")
-        env = {k: v for k, v in os.environ.items() if not k.startswith("XASINK_FAULT")}
-        env[OPTIONS_ENV] = json.dumps({"journalRetention": 1})
-        args = [sys.executable, driver, "direct", db.url, table, s, "6", "300", "5", "1"]
-        done = subprocess.run(args, env=env, capture_output=True, timeout=120)
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-        assert db.decision(s, 5).xids == []  # type: ignore[union-attr]  # compacted
-        assert not job.done()
-        result = job.result(timeout=60)
+        try:
+            job = pool.submit(overwrite_direct, db.url, table, s, 5, split(100, 20, 2), journalRetention=1)
+            deadline = time.monotonic() + 60
+            while db.decision(s, 5) is None or db.prepared(s):
+                assert time.monotonic() < deadline and not job.done(), "the driver never reached its commits"
+                time.sleep(0.05)
+            report = admin.recover(db.url, sink_id=s, older_than_s=0)
+            assert not report.errors, report.errors
+            assert db.rows(table) == expected(range(100, 120))
+            # another driver process (a process holds one run guard per decision log)
+            driver = str(Path(__file__).resolve().parent / "modes_driver.py")
+            env = {k: v for k, v in os.environ.items() if not k.startswith("XASINK_FAULT")}
+            env[OPTIONS_ENV] = json.dumps({"journalRetention": 1})
+            args = [sys.executable, driver, "direct", db.url, table, s, "6", "300", "5", "1"]
+            done = subprocess.run(args, env=env, capture_output=True, timeout=120)
+            assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+            assert db.decision(s, 5).xids == []  # type: ignore[union-attr]  # compacted
+            assert not job.done()
+            release.set()
+            result = job.result(timeout=60)
+        finally:
+            release.set()  # a failed check never leaves the driver stalled
     assert result.rows == 20 and not result.skipped
     assert db.rows(table) == expected(range(300, 305))
     assert {b: d.state for b, d in db.decisions(s).items()} == {5: "committed", 6: "committed"}
