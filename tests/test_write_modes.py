@@ -25,6 +25,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from pyspark.sql import DataFrame, SparkSession
 
 import xasink
@@ -33,6 +34,8 @@ from tests import doc_cases
 from tests.harness import apply_lock_held, assert_settled, expected, fill, seen_while, shadow_rows
 from tests.modes_driver import OPTIONS_ENV, batch_direct, overwrite_direct, prepare_stray_branch, split
 from tests.targets import MARIADB, POSTGRESQL, Target, case
+from xasink.database_url import parse_url
+from xasink.dialects import dialect_for
 from xasink.errors import (
     ApplyError,
     BatchAbortedError,
@@ -334,6 +337,26 @@ def test_an_overwrite_of_a_referenced_table_without_a_primary_key_is_refused(db:
         assert db.decision(s, 0) is None and db.prepared(s) == []
     finally:
         db.drop_table(child)
+
+
+@pytest.mark.parametrize("db", [case(MARIADB)], indirect=True)  # PostgreSQL reads its catalog: no such scan
+def test_the_search_for_referencing_tables_outlasts_a_session_statement_timeout(db: Target) -> None:
+    """MariaDB finds the tables that refer to an overwritten one by opening every table of the server: a CI
+    run's overwrite preflight failed on a raw max_statement_time error (the user's URL set 1 s) while the
+    server was busy.  Under a 1 microsecond statement timeout, which cuts that query alone, it still answers."""
+    parent, child = db.new_table(), db.new_table()
+    db.keyed_table(parent)
+    db.create_table(child, f"id int PRIMARY KEY, parent int REFERENCES {db.q(parent)} (id)")
+    dialect = dialect_for(parse_url(db.url, password=db.password))
+    try:
+        with dialect.connect() as conn:
+            conn.exec_driver_sql("SET SESSION max_statement_time = 0.000001")
+            with pytest.raises(sa.exc.OperationalError, match="max_statement_time"):  # the timeout is in force
+                conn.exec_driver_sql("SELECT count(*) FROM information_schema.KEY_COLUMN_USAGE").all()
+            assert dialect.referencing_tables(conn, None, parent) == [child]
+    finally:
+        dialect.dispose()
+        db.drop_table(child)  # before its parent: MariaDB refuses to drop a referenced table
 
 
 def test_write_modes_are_refused_inside_a_transaction(db: Target, spark: SparkSession) -> None:
