@@ -101,6 +101,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 MARIADB_SOAK_ONLY = {"test_foreach_batch_survives_kills"}
 
 
+def case_key(item: pytest.Item) -> str:
+    """A test and its parameters other than the database: what the two choices below hash."""
+    callspec = getattr(item, "callspec", None)
+    rest = "-".join(p for p in callspec.id.split("-") if p not in IDS.values()) if callspec is not None else ""
+    return f"{item.path.name}::{getattr(item, 'originalname', item.name)}[{rest}]"
+
+
 def one_database_per_case(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A case run on both databases whose database side other tests cover runs on one of them: PostgreSQL or
     MariaDB by a stable hash of the test and its other parameters.  Such cases are those marked
@@ -119,8 +126,7 @@ def one_database_per_case(config: pytest.Config, items: list[pytest.Item]) -> No
         callspec = getattr(item, "callspec", None)
         kind = callspec.params.get("db") if callspec is not None else None
         if kind is not None and (line or item.get_closest_marker("one_database") is not None):
-            rest = "-".join(p for p in callspec.id.split("-") if p not in IDS.values())
-            cases.setdefault(f"{item.path.name}::{getattr(item, 'originalname', item.name)}[{rest}]", {})[kind] = item
+            cases.setdefault(case_key(item), {})[kind] = item
     dropped: set[pytest.Item] = set()
     for case, by_kind in cases.items():
         if len(by_kind) < 2:
@@ -151,12 +157,8 @@ def one_line_per_crash_case(config: pytest.Config, items: list[pytest.Item]) -> 
     flip = int(line.replace(".", "")) % 2  # 3.5 -> 1, 4.0 -> 0: the two lines take opposite cases
     dropped = []
     for item in items:
-        if item.get_closest_marker("crash") is None:
-            continue
-        callspec = getattr(item, "callspec", None)
-        rest = "-".join(p for p in callspec.id.split("-") if p not in IDS.values()) if callspec is not None else ""
-        case = f"{item.path.name}::{getattr(item, 'originalname', item.name)}[{rest}]"
-        if (zlib.crc32(case.encode()) + flip) % 2:
+        # a hash of its own: with the database's, the line kept were always the one whose database is PostgreSQL
+        if item.get_closest_marker("crash") is not None and (zlib.crc32(b"line " + case_key(item).encode()) + flip) % 2:
             dropped.append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)

@@ -93,6 +93,27 @@ def sink(db: Target, proxy: TcpProxy) -> Sink:
     return Sink(db, proxy)
 
 
+def overwritten_once(db: Target, proxy: TcpProxy, prefix: str) -> tuple[str, str, str, str]:
+    """A keyed table of ten old rows, overwritten once through ``proxy`` by a new sink, so its log row and shadow
+    exist: the table, the sink, the proxied URL and the shadow's name."""
+    table = db.new_table()
+    db.keyed_table(table)
+    fill(db, table, expected(range(10), tag="o"))
+    s = f"{prefix}-{uuid.uuid4().hex[:10]}"
+    url = through(proxy, db.url)
+    before = shadow_tables(db)
+    overwrite_direct(url, table, s, 0, split(0, 2, 1), commitTimeout=60)
+    (shadow,) = shadow_tables(db) - before
+    return table, s, url, shadow
+
+
+def clearing(db: Target, shadow: str) -> bytes:
+    """How the apply's statement that clears ``shadow`` starts, in its transaction: a proxy's pattern."""
+    if db.kind == POSTGRESQL:
+        return f"LOCK TABLE {db.execute('SELECT current_schema()')[0][0]}.{shadow}".encode()
+    return b"FORCE INDEX"  # MariaDB: DELETE ... FORCE INDEX (...)
+
+
 def no_secret(db: Target, *texts: str) -> None:
     if db.password:
         for text in texts:
@@ -320,16 +341,8 @@ def test_an_apply_whose_connection_is_lost_as_it_clears_the_shadow_goes_on_forwa
     PostgreSQL's clear took the lost connection for a busy shadow, fell back to a DELETE on it and raised
     SQLAlchemy's raw PendingRollbackError with the batch decided (long-run interference seed 20024: a restart
     there).  The apply is retried on a new connection instead: the new rows, every one once."""
-    table = db.new_table()
-    db.keyed_table(table)
-    fill(db, table, expected(range(10), tag="o"))
-    s = f"lost-{uuid.uuid4().hex[:10]}"
-    url = through(proxy, db.url)
-    before = shadow_tables(db)
-    overwrite_direct(url, table, s, 0, split(0, 2, 1), commitTimeout=60)  # the sink's row and shadow exist
-    (shadow,) = shadow_tables(db) - before
-    schema = db.execute("SELECT current_schema()")[0][0]
-    proxy.cut_on(f"LOCK TABLE {schema}.{shadow} IN ACCESS EXCLUSIVE MODE NOWAIT".encode(), after_reply=False)
+    table, s, url, shadow = overwritten_once(db, proxy, "lost")
+    proxy.cut_on(clearing(db, shadow) + b" IN ACCESS EXCLUSIVE MODE NOWAIT", after_reply=False)
     result = overwrite_direct(url, table, s, 1, split(100, 10, 2), commitTimeout=60)
     assert proxy.cut == 1
     assert (result.rows, result.skipped) == (10, False)
@@ -372,19 +385,8 @@ def test_an_apply_whose_commit_answer_is_lost_says_the_rows_may_be_visible(db: T
     """The apply's COMMIT takes effect, its answer is lost and the database stays away past commitTimeout.  The
     writer was told CommitIncompleteError saying "the table still holds its old rows" while it showed the new
     ones (stop-47 adversary review).  It is told they may be visible; recovery finds them applied, once."""
-    table = db.new_table()
-    db.keyed_table(table)
-    fill(db, table, expected(range(10), tag="o"))
-    s = f"ans-{uuid.uuid4().hex[:10]}"
-    url = through(proxy, db.url)
-    before = shadow_tables(db)
-    overwrite_direct(url, table, s, 0, split(0, 2, 1), commitTimeout=60)  # the sink's row and shadow exist
-    (shadow,) = shadow_tables(db) - before
-    if db.kind == POSTGRESQL:  # the apply's statement that clears the shadow, in its transaction
-        clear = f"LOCK TABLE {db.execute('SELECT current_schema()')[0][0]}.{shadow}".encode()
-    else:
-        clear = b"FORCE INDEX"
-    proxy.cut_on(b"COMMIT", armed_by=clear, after_reply=True, then_down_for=600)
+    table, s, url, shadow = overwritten_once(db, proxy, "ans")
+    proxy.cut_on(b"COMMIT", armed_by=clearing(db, shadow), after_reply=True, then_down_for=600)
     with pytest.raises(CommitIncompleteError) as info:
         overwrite_direct(url, table, s, 1, split(100, 10, 2), commitTimeout=2)
     message = str(info.value)
@@ -405,19 +407,8 @@ def test_an_apply_found_done_whose_log_cannot_be_read_again_never_says_old_rows(
     database goes away before the log is read again to tell applied from withdrawn.  That read was made once,
     outside the retries, and its error was told "the table still holds its old rows" while it showed the new
     ones (stop-48 adversary review).  It is retried, and then told the batch was finished either way."""
-    table = db.new_table()
-    db.keyed_table(table)
-    fill(db, table, expected(range(10), tag="o"))
-    s = f"re-{uuid.uuid4().hex[:10]}"
-    url = through(proxy, db.url)
-    before = shadow_tables(db)
-    overwrite_direct(url, table, s, 0, split(0, 2, 1), commitTimeout=60)
-    (shadow,) = shadow_tables(db) - before
-    if db.kind == POSTGRESQL:
-        clear = f"LOCK TABLE {db.execute('SELECT current_schema()')[0][0]}.{shadow}".encode()
-    else:
-        clear = b"FORCE INDEX"
-    proxy.cut_on(b"COMMIT", armed_by=clear, after_reply=True)  # the retry comes back at once
+    table, s, url, shadow = overwritten_once(db, proxy, "re")
+    proxy.cut_on(b"COMMIT", armed_by=clearing(db, shadow), after_reply=True)  # the retry comes back at once
     found_done = ApplyStep._outcome
 
     def away_then_read(self: ApplyStep, *args: Any, **kwargs: Any) -> bool:
