@@ -62,6 +62,8 @@ def _cause(exc: Exception) -> str:
 
 
 def serve(spark: Any) -> None:
+    import xasink
+
     for line in sys.stdin:
         if not line.strip():
             continue
@@ -73,6 +75,8 @@ def serve(spark: Any) -> None:
                 spark.conf.unset(key)
             else:
                 spark.conf.set(key, value)
+        if conf:  # as a user's session is when it registers xasink (an unset zone: set to its value then)
+            xasink.register(spark)
         df = spark.read.parquet(request["parquet"])
         if request.get("select"):
             df = df.selectExpr(*request["select"])

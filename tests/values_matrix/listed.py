@@ -160,16 +160,18 @@ LISTED: list[Listed] = [
         ),
     ),
     Listed(
-        "zone-readers-unset",
+        "zone-readers-apply",
         ("pg",),
         ("feature",),
         ZONE_READERS,
-        zone=("unset",),
+        path=("overwrite", "changes"),
         docs=(
             "any",
-            "PostgreSQL: the same, with the Spark session's zone never set",
+            "PostgreSQL, modes overwrite, replaceWhere and change-data: a default or trigger reading the "
+            "session's zone",
             "its value in the JVM's zone",
-            "its value in the server's zone (the Python workers cannot see the JVM's)",
+            "its value in the server's zone: the rows reach the table in the apply, a session of the driver or "
+            "of `xasink recover`, which no Spark session's zone reaches",
         ),
     ),
     Listed(

@@ -27,6 +27,7 @@ from xasink.spark.partition_job import save
 from xasink.spark.stream_writer import check_batch_order
 from xasink.spark.streams import mark_running_queries, micro_batch_query, unknown_query_message
 from xasink.spark.versions import HAS_DATA_SOURCE, java_session_class, require_data_source
+from xasink.spark.write_task import SESSION_TIME_ZONE
 from xasink.support import notices
 from xasink.support.masking import redact, url_secrets
 
@@ -67,10 +68,18 @@ def ready_session(spark: SparkSession) -> None:
 
         spark.dataSource.register(XasinkDataSource)
         _registered.add(spark)
+    pin_time_zone(spark)
     jvm, jsession = getattr(spark, "_jvm", None), getattr(spark, "_jsparkSession", None)
     if jvm is not None and jsession is not None:  # classic Spark; Spark Connect has no thread-local session here
         java_session_class(spark).setActiveSession(jsession)
         mark_running_queries(spark)
+
+
+def pin_time_zone(spark: SparkSession) -> None:
+    """Tasks get the SQL settings a session made, not their defaults: an unset zone is the JVM's, which a task's
+    Python worker cannot see.  Set to its value (Spark works the same), it reaches them (docs/types.md)."""
+    if spark.conf.get(SESSION_TIME_ZONE, None) is None and (zone := spark.conf.get(SESSION_TIME_ZONE)):
+        spark.conf.set(SESSION_TIME_ZONE, zone)  # (given a default, get returns it, not Spark's own)
 
 
 def write(
