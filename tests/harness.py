@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, cast
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import pyarrow as pa
 import pytest
@@ -702,6 +702,16 @@ class Backend:
         ``max_prepared_transactions = 0``, MariaDB with ``read_only = ON``), holding a decision log."""
         raise NotImplementedError
         yield ""
+
+
+def with_statement_timeout(db: Target, seconds: float) -> str:
+    """The test database's URL, for sessions whose statements the server cancels after ``seconds``."""
+    if db.kind != POSTGRESQL:  # MariaDB: its SQLAlchemy URL (a JDBC one carries no driver settings)
+        admin = db.admin_url  # type: ignore[attr-defined]
+        sep = "&" if "?" in admin else "?"
+        return admin + sep + "init_command=" + quote(f"SET SESSION max_statement_time = {seconds}")
+    sep = "&" if "?" in db.url else "?"
+    return db.url + sep + "options=" + quote(f"-c statement_timeout={max(1, round(seconds * 1000))}")
 
 
 def make_log(url: str) -> None:

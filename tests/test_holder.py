@@ -14,7 +14,6 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
-from urllib.parse import quote
 
 import pyarrow as pa
 import pytest
@@ -22,7 +21,8 @@ import sqlalchemy as sa
 from pyspark.sql.types import IntegerType, StringType, StructField, StructType
 
 from tests.doc_cases import raises
-from tests.targets import MariaDBTarget, Target
+from tests.harness import with_statement_timeout
+from tests.targets import Target
 from xasink.dialects import dialect_for
 from xasink.dialects.base import Dialect
 from xasink.dialects.values import ErrorKind
@@ -210,15 +210,6 @@ def test_a_transaction_whose_decision_was_lost_does_not_take_a_newer_empty_decis
     assert db.prepared(sink_id) == []
     decided = db.decision(sink_id, 3)
     assert decided is not None and decided.xids == []
-
-
-def with_statement_timeout(db: Target, seconds: int) -> str:
-    """The test database's URL, for sessions whose statements the server cancels after ``seconds``."""
-    if isinstance(db, MariaDBTarget):  # its SQLAlchemy URL: a JDBC one carries no driver settings
-        sep = "&" if "?" in db.admin_url else "?"
-        return db.admin_url + sep + "init_command=" + quote(f"SET SESSION max_statement_time = {seconds}")
-    sep = "&" if "?" in db.url else "?"
-    return db.url + sep + "options=" + quote(f"-c statement_timeout={seconds * 1000}")
 
 
 @pytest.mark.doc_case("recover/unfinished", "recover/done")

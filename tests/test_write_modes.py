@@ -31,7 +31,15 @@ from pyspark.sql import DataFrame, SparkSession
 import xasink
 import xasink.support.faults
 from tests import doc_cases
-from tests.harness import apply_lock_held, assert_settled, expected, fill, seen_while, shadow_rows
+from tests.harness import (
+    apply_lock_held,
+    assert_settled,
+    expected,
+    fill,
+    seen_while,
+    shadow_rows,
+    with_statement_timeout,
+)
 from tests.modes_driver import OPTIONS_ENV, batch_direct, overwrite_direct, prepare_stray_branch, split
 from tests.targets import MARIADB, POSTGRESQL, Target, case
 from xasink.database_url import parse_url
@@ -357,6 +365,25 @@ def test_the_search_for_referencing_tables_outlasts_a_session_statement_timeout(
     finally:
         dialect.dispose()
         db.drop_table(child)  # before its parent: MariaDB refuses to drop a referenced table
+
+
+@pytest.mark.parametrize("db", [case(MARIADB)], indirect=True)  # (PostgreSQL's statement_timeout is 1 ms at least)
+def test_a_database_error_while_checking_before_the_write_is_told_as_such(db: Target, spark: SparkSession) -> None:
+    """The server cancels the checks before the write (a statement timeout of 1 microsecond): the user got
+    SQLAlchemy's raw OperationalError.  Now BatchAbortedError, saying what failed, that nothing of the batch was
+    written or prepared, and to run it again; nothing is decided."""
+    table = db.new_table()
+    db.keyed_table(table)
+    fill(db, table, expected(range(3), tag="o"))
+    s = sink()
+    df = spark.createDataFrame([(7, "a")], "id int, name string")
+    with pytest.raises(BatchAbortedError) as info:
+        xasink.write(df, with_statement_timeout(db, 0.000001), table, sink_id=s, batch_id=0, mode="overwrite")
+    message = str(info.value)
+    assert "checking the server and table" in message and "max_statement_time" in message, message
+    assert "nothing of this batch was written" in message and "run it again" in message, message
+    assert db.rows(table) == expected(range(3), tag="o")
+    assert db.decision(s, 0) is None and db.prepared(s) == []
 
 
 def test_write_modes_are_refused_inside_a_transaction(db: Target, spark: SparkSession) -> None:

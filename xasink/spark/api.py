@@ -24,10 +24,11 @@ from xasink.spark.datasource import BRANCHES_OPTION, QUERY_OPTION, RUN_OPTION
 from xasink.spark.frames import shape
 from xasink.spark.job_errors import error_summary, told_by_the_log, unwrap_error
 from xasink.spark.partition_job import save
+from xasink.spark.planning import preflight_failed
 from xasink.spark.stream_writer import check_batch_order
 from xasink.spark.streams import mark_running_queries, micro_batch_query, unknown_query_message
 from xasink.spark.versions import HAS_DATA_SOURCE, java_session_class, require_data_source
-from xasink.spark.write_task import SESSION_TIME_ZONE
+from xasink.spark.write_task import pin_time_zone
 from xasink.support import notices
 from xasink.support.masking import redact, url_secrets
 
@@ -73,13 +74,6 @@ def ready_session(spark: SparkSession) -> None:
     if jvm is not None and jsession is not None:  # classic Spark; Spark Connect has no thread-local session here
         java_session_class(spark).setActiveSession(jsession)
         mark_running_queries(spark)
-
-
-def pin_time_zone(spark: SparkSession) -> None:
-    """Tasks get the SQL settings a session made, not their defaults: an unset zone is the JVM's, which a task's
-    Python worker cannot see.  Set to its value (Spark works the same), it reaches them (docs/types.md)."""
-    if spark.conf.get(SESSION_TIME_ZONE, None) is None and (zone := spark.conf.get(SESSION_TIME_ZONE)):
-        spark.conf.set(SESSION_TIME_ZONE, zone)  # (given a default, get returns it, not Spark's own)
 
 
 def write(
@@ -216,10 +210,12 @@ def _write(df: DataFrame, raw: dict[str, Any], mode: str, query: str | None) -> 
     coordinator = Coordinator(parsed, shared=True)
     journal = coordinator.journal
     run = new_run_nonce()
-    before = _record(journal, parsed.sink_id, parsed.batch_id)
-    with journal.dialect.connect(autocommit=True) as conn:  # said with every write's result, not once a process
-        warned = journal.dialect.durability_warnings(conn)
-    if before is not None and before.committed and coordinator.check_batch(parsed.batch_id, query):
+    with coordinator.policy.never_raw(preflight_failed(parsed)):  # the server's error, not a finding: told so
+        before = _record(journal, parsed.sink_id, parsed.batch_id)
+        with journal.dialect.connect(autocommit=True) as conn:  # said with every write's result
+            warned = journal.dialect.durability_warnings(conn)
+        replay = before is not None and before.committed and coordinator.check_batch(parsed.batch_id, query)
+    if replay:
         # a rerun of a committed batch (of the same target and query; another's is refused just above): a log
         # read, no Spark job
         notices.tell(warned)

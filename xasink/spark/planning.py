@@ -63,37 +63,52 @@ def prepare_write(options: WriteOptions, schema: StructType, branches: int | Non
     worker_started("driver", sink=options.sink_id)
     coordinator = Coordinator(options, shared=True)
     try:
-        with phase("plan.preflight", sink=options.sink_id):
-            coordinator.preflight(branches)
-            checked = branches is not None or (cap is not None and coordinator.slots_hold(cap))
-        source = arrow_schema(schema)
-        flag = None
-        if options.delete_flag_column is not None:
-            flag, source = _split_flag(options.delete_flag_column, source)
-        with phase("plan.target", sink=options.sink_id), coordinator.dialect.connect() as conn:
-            target = plan_target(coordinator.dialect, conn, options, source)
-            found = target.schema or coordinator.dialect.table_schema(conn, target.table)
-            if found is not None and found != session_schema(conn):
-                # found through search_path past the default schema: the branches name it (PostgreSQL's COPY
-                # by ADBC names an unqualified table in the default schema), as its identity does
-                target = replace(target, schema=found)
-        with phase("plan.keeper", sink=options.sink_id):
-            log_id = coordinator.journal.log_id()
-            driver = spark_driver_process()
-            guard = ensure_keeper(coordinator.dialect, log_id, driver) if driver is not None else None
-        apply = None
-        if options.applies_at_commit:
-            with phase("plan.shadow", sink=options.sink_id), coordinator.dialect.connect() as conn:
-                # an unqualified table is recorded in the schema this session finds it in, so the decision's
-                # identity, the table's apply lock and recovery's apply all name that table (search_path)
+        with coordinator.policy.never_raw(preflight_failed(options)):
+            with phase("plan.preflight", sink=options.sink_id):
+                coordinator.preflight(branches)
+                checked = branches is not None or (cap is not None and coordinator.slots_hold(cap))
+            source = arrow_schema(schema)
+            flag = None
+            if options.delete_flag_column is not None:
+                flag, source = _split_flag(options.delete_flag_column, source)
+            with phase("plan.target", sink=options.sink_id), coordinator.dialect.connect() as conn:
+                target = plan_target(coordinator.dialect, conn, options, source)
                 found = target.schema or coordinator.dialect.table_schema(conn, target.table)
-                apply = spec_for(options, target, log_id, found)
-                check_predicate(conn, apply)
-                ensure_shadow(coordinator.dialect, conn, apply)
-            target = shadow_plan(target, apply, flag)
-        return WritePlan(target, log_id, guard, apply, slots_checked=checked)
+                if found is not None and found != session_schema(conn):
+                    # found through search_path past the default schema: the branches name it (PostgreSQL's COPY
+                    # by ADBC names an unqualified table in the default schema), as its identity does
+                    target = replace(target, schema=found)
+            with phase("plan.keeper", sink=options.sink_id):
+                log_id = coordinator.journal.log_id()
+                driver = spark_driver_process()
+                guard = ensure_keeper(coordinator.dialect, log_id, driver) if driver is not None else None
+            apply = None
+            if options.applies_at_commit:
+                with phase("plan.shadow", sink=options.sink_id), coordinator.dialect.connect() as conn:
+                    # an unqualified table is recorded in the schema this session finds it in, so the decision's
+                    # identity, the table's apply lock and recovery's apply all name that table (search_path)
+                    found = target.schema or coordinator.dialect.table_schema(conn, target.table)
+                    apply = spec_for(options, target, log_id, found)
+                    check_predicate(conn, apply)
+                    ensure_shadow(coordinator.dialect, conn, apply)
+                target = shadow_plan(target, apply, flag)
+            return WritePlan(target, log_id, guard, apply, slots_checked=checked)
     finally:
         coordinator.close()
+
+
+def preflight_failed(options: WriteOptions) -> Callable[[str], str]:
+    """What a write is told when checking the server and the table before it fails on the database's error (a
+    statement or lock timeout, a lost connection), not on a finding of its own: nothing was written yet."""
+
+    def told(cause: str) -> str:
+        return (
+            f"sink {options.sink_id} batch {options.batch_id}: checking the server and table "
+            f"{options.table} before the write failed ({cause}); nothing of this batch was written and nothing "
+            "of it is prepared. Fix the cause and run it again."
+        )
+
+    return told
 
 
 def planning_failed(options: WriteOptions) -> Callable[[str], str]:

@@ -20,6 +20,7 @@ from xasink.support import faults, notices
 
 if TYPE_CHECKING:
     import pyarrow as pa
+    from pyspark.sql import SparkSession
 
 
 def _task_fault_spec() -> str | None:
@@ -42,9 +43,17 @@ class XasinkCommitMessage(WriterCommitMessage):
 def session_time_zone(ctx: TaskContext) -> str | None:
     """The session time zone of the write, as Spark hands its SQL settings to tasks (a local property).
 
-    A session that never set it runs in the JVM's default zone, which a Python worker cannot see: None then
-    (xasink.write_modes.schema.conform takes the zone Spark labels TimestampType columns with, else UTC)."""
+    xasink's entry points set it where the session never did (:func:`pin_time_zone`); None where it is unset
+    all the same (xasink.write_modes.conform then takes the zone of the batch's TimestampType columns, or UTC)."""
     return ctx.getLocalProperty(SESSION_TIME_ZONE) or None
+
+
+def pin_time_zone(spark: SparkSession) -> None:
+    """On the driver, before a write: tasks get the SQL settings a session made, not their defaults, and an unset
+    zone is the JVM's, which a task's Python worker cannot see.  Set to its value (Spark works the same), it
+    reaches them as :func:`session_time_zone` reads it (docs/types.md)."""
+    if spark.conf.get(SESSION_TIME_ZONE, None) is None and (zone := spark.conf.get(SESSION_TIME_ZONE)):
+        spark.conf.set(SESSION_TIME_ZONE, zone)  # (given a default, get returns it, not Spark's own)
 
 
 def write_task(
