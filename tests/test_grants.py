@@ -136,6 +136,22 @@ def test_a_missing_grant_is_a_preflight_error_naming_it(db: Target, spark: Spark
         assert PASSWORD not in message
 
 
+def test_a_database_error_of_the_checks_no_rerun_cures_is_a_preflight_error(db: Target, spark: SparkSession) -> None:
+    """The log's batches table taken away from the writer: the checks before the write fail on the server's
+    "permission denied", which running again cannot cure.  A PreflightError with the cause (it was the raw
+    error), never BatchAbortedError's "run it again"; nothing written, nothing prepared."""
+    with documented_writer(db) as w:
+        w.admin.execute(w.revoke.replace("xasink_parts", "xasink_batches"))
+        sink = f"g{uuid.uuid4().hex[:8]}"
+        with raises(xasink.PreflightError) as info:
+            xasink.write(frame(spark, range(10), 2), w.url, w.table, sink_id=sink, batch_id=1)
+        message = str(info.value)
+        assert not isinstance(info.value, xasink.BatchAbortedError), message
+        assert "checking the server and table" in message and "xasink_batches" in message, message
+        assert PASSWORD not in message
+        assert written(w) == [] and w.admin.prepared(sink) == []
+
+
 def test_a_missing_table_is_a_preflight_error_for_a_writer_with_the_documented_grants(
     db: Target, spark: SparkSession
 ) -> None:

@@ -52,16 +52,18 @@ class RetryPolicy:
         return redact(f"{type(exc).__name__}: {text}"[:300], self._secrets)
 
     @contextmanager
-    def never_raw(self, told: Callable[[str], str]) -> Iterator[None]:
+    def never_raw(self, told: Callable[[str], str], lasting: type[XasinkError] | None = None) -> Iterator[None]:
         """Steps before anything is decided raise xasink errors only: any other (a lock wait past
         controlLockTimeout, a lost connection) is :class:`BatchAbortedError`, ``told(cause)`` saying what was
-        not written and what to do."""
+        not written and what to do.  With ``lasting``, an error not worth a retry (a missing privilege) is that
+        class instead: running again cannot cure it."""
         try:
             yield
         except XasinkError:
             raise
         except Exception as exc:
-            raise BatchAbortedError(told(self.describe(exc))) from exc
+            kind = lasting if lasting is not None and not self.transient(exc) else BatchAbortedError
+            raise kind(told(self.describe(exc))) from exc
 
     def forward(self, what: str, step: Callable[[], T], deadline: float, retries: int | None = None) -> T:
         """Run a step of a decided batch, retrying transient errors until it succeeds, ``deadline``

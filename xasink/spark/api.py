@@ -210,7 +210,7 @@ def _write(df: DataFrame, raw: dict[str, Any], mode: str, query: str | None) -> 
     coordinator = Coordinator(parsed, shared=True)
     journal = coordinator.journal
     run = new_run_nonce()
-    with coordinator.policy.never_raw(preflight_failed(parsed)):  # the server's error, not a finding: told so
+    with coordinator.policy.never_raw(preflight_failed(parsed), lasting=errors.PreflightError):
         before = _record(journal, parsed.sink_id, parsed.batch_id)
         with journal.dialect.connect(autocommit=True) as conn:  # said with every write's result
             warned = journal.dialect.durability_warnings(conn)

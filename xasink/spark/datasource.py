@@ -24,7 +24,7 @@ from xasink.options import WriteOptions, parse_options
 from xasink.protocol.coordinator import Coordinator
 from xasink.protocol.xid import new_run_nonce
 from xasink.spark.batch_writer import XasinkBatchWriter
-from xasink.spark.planning import planning_failed, prepare_write
+from xasink.spark.planning import planning_failed, preflight_failed, prepare_write
 from xasink.spark.stream_writer import XasinkStreamWriter
 from xasink.spark.txwrite import TX_URL_OPTION, prepare_tx_write, tx_write
 from xasink.spark.versions import DataSource
@@ -105,7 +105,7 @@ class XasinkDataSource(DataSource):
         query = self.options.get(QUERY_OPTION)
         with told(path):
             branches, cap = self._branches()
-            plan = prepare_write(options, schema, branches, cap)
+            plan = prepare_write(options, schema, branches, cap, told=preflight_failed(options))
             run = self._run() or new_run_nonce()
             coordinator = Coordinator(options, shared=True)
             try:
@@ -139,5 +139,5 @@ class XasinkDataSource(DataSource):
         options = self._options(streaming=True).with_mode("overwrite" if overwrite else "append")
         writer = XasinkStreamWriter(options, schema)
         if not _called_by(sys._getframe(1), STREAM_COMMIT_MODULE):
-            _ = writer.plan  # plan now: a wrong option or a missing table fails here, before any task
+            writer.plan_before_tasks()  # a wrong option or a missing table fails here, before any task
         return writer

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -51,19 +52,26 @@ class WritePlan:
     slots_checked: bool = False  # the driver checked the free prepared-transaction slots against the branches
 
 
-def prepare_write(options: WriteOptions, schema: StructType, branches: int | None, cap: int | None = None) -> WritePlan:
+def prepare_write(
+    options: WriteOptions,
+    schema: StructType,
+    branches: int | None,
+    cap: int | None = None,
+    told: Callable[[str], str] | None = None,
+) -> WritePlan:
     """Driver-side: server checks, journal, table plan.  Everything that can be wrong fails here.
 
     ``branches``: how many branches the write opens, where the driver knows (a PreflightError when the free
     prepared-transaction slots cannot hold them); else ``cap``, the most it opens (``numPartitions``): where
     that fits the free slots no task needs to check, else each task checks before it loads (the write may
-    have fewer partitions than the cap, so it is not refused here)."""
+    have fewer partitions than the cap, so it is not refused here).  ``told``: before any task runs, what a
+    database error of these checks is told (:func:`preflight_failed`); after (a commit's plan), it stays raw."""
     from xasink.write_modes.schema import plan_target
 
     worker_started("driver", sink=options.sink_id)
     coordinator = Coordinator(options, shared=True)
     try:
-        with coordinator.policy.never_raw(preflight_failed(options)):
+        with coordinator.policy.never_raw(told, lasting=PreflightError) if told else nullcontext():
             with phase("plan.preflight", sink=options.sink_id):
                 coordinator.preflight(branches)
                 checked = branches is not None or (cap is not None and coordinator.slots_hold(cap))
@@ -97,15 +105,24 @@ def prepare_write(options: WriteOptions, schema: StructType, branches: int | Non
         coordinator.close()
 
 
-def preflight_failed(options: WriteOptions) -> Callable[[str], str]:
-    """What a write is told when checking the server and the table before it fails on the database's error (a
-    statement or lock timeout, a lost connection), not on a finding of its own: nothing was written yet."""
+def preflight_failed(options: WriteOptions, streaming: bool = False) -> Callable[[str], str]:
+    """What a write is told when its checks before any task (the log's record of the batch, the server, the
+    table, its shadow) meet the database's error, not a finding of their own: this run wrote nothing, and
+    whatever an earlier run of the batch left (committed, decided, prepared) is as it was."""
 
     def told(cause: str) -> str:
+        checks = f"checking the server and table {options.table} before"
+        if streaming:
+            return (
+                f"sink {options.sink_id}: {checks} a micro-batch's tasks failed ({cause}). This run wrote nothing "
+                "and left nothing prepared; the query stops. Restart it once that is fixed: its next start "
+                "finishes what earlier runs of the micro-batch left."
+            )
         return (
-            f"sink {options.sink_id} batch {options.batch_id}: checking the server and table "
-            f"{options.table} before the write failed ({cause}); nothing of this batch was written and nothing "
-            "of it is prepared. Fix the cause and run it again."
+            f"sink {options.sink_id} batch {options.batch_id}: {checks} the write failed ({cause}). This run "
+            "wrote nothing and left nothing prepared; what an earlier run of this batch left is as it was. Run "
+            "it again with the same sinkId and batchId once that is fixed: it finishes what an earlier run "
+            "decided (and writes nothing more) or rolls back what one left prepared."
         )
 
     return told

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from pyspark import TaskContext
@@ -14,7 +14,7 @@ from xasink.options import WriteOptions
 from xasink.protocol.coordinator import ABORT_SETTLE_S, Coordinator
 from xasink.protocol.liveness import guard_name, spark_driver_process
 from xasink.protocol.xid import new_run_nonce
-from xasink.spark.planning import WritePlan, prepare_write
+from xasink.spark.planning import WritePlan, preflight_failed, prepare_write
 from xasink.spark.streams import STREAM_BATCH_PROPERTY
 from xasink.spark.versions import StreamWriterBase, WriterCommitMessage, pyspark_version
 from xasink.spark.worker_log import tell_tasks, worker_logging
@@ -121,11 +121,19 @@ class XasinkStreamWriter(StreamWriterBase):
 
     @property
     def plan(self) -> WritePlan:
-        if self._plan is None:
-            self._plan = prepare_write(self.options, self.schema, None, self.options.num_partitions)
-            with phase("plan.recover", sink=self.options.sink_id):
-                _recover_settled(self.options)  # at restart: finish what the crashed run decided, before its replay
+        if self._plan is None:  # (a commit's or an abort's plan: its database errors stay the server's own)
+            self._make_plan(None)
+        assert self._plan is not None
         return self._plan
+
+    def plan_before_tasks(self) -> None:
+        """The planning call's plan: a database error of its checks says this run wrote nothing."""
+        self._make_plan(preflight_failed(self.options, streaming=True))
+
+    def _make_plan(self, told: Callable[[str], str] | None) -> None:
+        self._plan = prepare_write(self.options, self.schema, None, self.options.num_partitions, told=told)
+        with phase("plan.recover", sink=self.options.sink_id):
+            _recover_settled(self.options)  # at restart: finish what the crashed run decided, before its replay
 
     def __getstate__(self) -> dict[str, Any]:
         """Planned before it goes to the tasks: every task of the batch gets the same plan."""

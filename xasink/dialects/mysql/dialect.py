@@ -241,7 +241,8 @@ class MySQLDialect(Dialect):
     def referencing_tables(self, conn: Connection, schema: str | None, table: str) -> list[str]:
         # MariaDB answers this by opening every table of the server (a referencing table can be in any
         # database): seconds on a busy server with many tables, which a session's max_statement_time set for
-        # the user's statements must not cut.  (It skips a table under concurrent DDL rather than wait.)
+        # the user's statements must not cut.  A table under concurrent DDL holds it up to lock_wait_timeout
+        # (controlLockTimeout), as any statement on that table.
         unbounded = "SET STATEMENT max_statement_time = 0 FOR " if getattr(conn.dialect, "is_mariadb", False) else ""
         rows = conn.execute(
             sa.text(
