@@ -55,6 +55,7 @@ from xasink.errors import (
 from xasink.ops import survey as admin
 from xasink.options import parse_options
 from xasink.protocol.xid import Xid
+from xasink.spark.versions import HAS_DATA_SOURCE
 from xasink.support.faults import LOCAL_PROPERTY, InjectedFault
 from xasink.write_modes.spec import shadow_name, tombstone_name
 
@@ -386,8 +387,12 @@ def test_a_database_error_while_checking_before_the_write_is_told_as_such(db: Ta
         assert f"batch {batch}: checking the server and table" in message and "max_statement_time" in message
         assert "This run wrote nothing" in message and "same sinkId and batchId" in message, message
         assert "nothing of this batch" not in message, message
+    if HAS_DATA_SOURCE:  # format("xasink"): the data source's own planning, told the same way
+        url = with_statement_timeout(db, 0.000001)
+        with pytest.raises(BatchAbortedError, match="batch 2: checking the server and table"), xasink.spark_errors():
+            df.write.format("xasink").options(url=url, dbtable=table, sinkId=s, batchId="2").mode("append").save()
     assert db.rows(table) == expected(range(3))
-    assert db.decision(s, 1) is None and db.prepared(s) == []
+    assert db.decision(s, 1) is None and db.decision(s, 2) is None and db.prepared(s) == []
 
 
 def test_write_modes_are_refused_inside_a_transaction(db: Target, spark: SparkSession) -> None:
