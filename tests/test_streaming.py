@@ -421,3 +421,24 @@ def test_an_abort_rolls_back_even_where_planning_again_would_fail(stream: Stream
         rollback_prepared(stream.url, gid)
     assert left == []
     assert stream.ids() == [] and stream.decisions() == {}
+
+
+def test_a_database_error_while_checking_before_a_micro_batch_says_restart_the_query(stream: Stream) -> None:
+    """Another session holds the decision log's identity table while a micro-batch plans (its read waits past
+    controlLockTimeout): the query stops with the stream's text of BatchAbortedError, saying this run wrote
+    nothing and to restart the query, never the server's raw error.  Restarted once the lock is gone, it
+    writes every row once."""
+    needs_data_source()
+    stream.add_files(1)
+    stream.run()  # batch 0, and the log
+    stream.add_files(1)
+    with connect(stream.url) as holder, holder.cursor() as cur:
+        cur.execute("BEGIN")  # (the helper's connections autocommit)
+        cur.execute("LOCK TABLE xasink_log IN ACCESS EXCLUSIVE MODE")
+        query = stream.writer(stream.frame(), controlLockTimeout="1").trigger(availableNow=True).start()
+        text = failure_text(query)
+        cur.execute("ROLLBACK")
+    assert "before a micro-batch's tasks failed" in text and "Restart it once that is fixed" in text, text
+    assert stream.ids() == list(range(ROWS)) and stream.prepared() == []
+    stream.run()
+    stream.assert_exactly_once()
