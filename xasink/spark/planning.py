@@ -105,6 +105,12 @@ def prepare_write(
         coordinator.close()
 
 
+RERUN = (
+    "Run it again with the same sinkId and batchId once that is fixed: it finishes what an earlier run decided "
+    "(and writes nothing more) or rolls back what one left prepared."
+)
+
+
 def preflight_failed(options: WriteOptions, streaming: bool = False) -> Callable[[str], str]:
     """What a write is told when its checks before any task (the log's record of the batch, the server, the
     table, its shadow) meet the database's error, not a finding of their own: this run wrote nothing, and
@@ -120,9 +126,7 @@ def preflight_failed(options: WriteOptions, streaming: bool = False) -> Callable
             )
         return (
             f"sink {options.sink_id} batch {options.batch_id}: {checks} the write failed ({cause}). This run "
-            "wrote nothing and left nothing prepared; what an earlier run of this batch left is as it was. Run "
-            "it again with the same sinkId and batchId once that is fixed: it finishes what an earlier run "
-            "decided (and writes nothing more) or rolls back what one left prepared."
+            f"wrote nothing and left nothing prepared; what an earlier run of this batch left is as it was. {RERUN}"
         )
 
     return told
@@ -130,13 +134,14 @@ def preflight_failed(options: WriteOptions, streaming: bool = False) -> Callable
 
 def planning_failed(options: WriteOptions) -> Callable[[str], str]:
     """What a write is told when its planning's log steps (the batch's check, the claim, recovery of earlier
-    runs) fail: nothing of it is decided yet, so a rerun is safe.  For ``RetryPolicy.never_raw``."""
+    runs) fail: this run prepared nothing of the batch.  It must not say the batch holds nothing: an earlier
+    run may have committed or decided it (a replay).  For ``RetryPolicy.never_raw``."""
 
     def told(cause: str) -> str:
         return (
             f"sink {options.sink_id} batch {options.batch_id}: reading the decision log or finishing the "
-            f"sink's earlier batches before the write failed ({cause}); nothing of this batch was written "
-            "and nothing of it is prepared. Run it again: the next run finishes what earlier runs left."
+            f"sink's earlier batches before the write failed ({cause}). This run prepared nothing of this "
+            f"batch; what earlier runs decided stays decided. {RERUN}"
         )
 
     return told

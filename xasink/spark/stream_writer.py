@@ -41,8 +41,8 @@ def _recover_settled(options: WriteOptions) -> None:
     def failed(cause: str) -> str:
         return (
             f"sink {options.sink_id}: reading the decision log or finishing the batches earlier runs decided, "
-            f"before this micro-batch, failed ({cause}); nothing of this micro-batch was written. Restart the "
-            "query: its next start finishes them first."
+            f"before this micro-batch, failed ({cause}); this run prepared nothing of this micro-batch. Restart "
+            "the query once that is fixed: its next start finishes them first."
         )
 
     try:
