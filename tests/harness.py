@@ -568,6 +568,25 @@ def fault_reached(point: str) -> Iterator[threading.Event]:
 
 
 @contextmanager
+def log_table_locked(log: Target, table: str = "xasink_batches") -> Iterator[None]:
+    """Another session holds a table lock on the decision log's ``table`` that blocks its reads (PostgreSQL
+    ``ACCESS EXCLUSIVE``, MariaDB ``LOCK TABLES .. WRITE``): a read of it waits past controlLockTimeout."""
+    with log.connect() as conn, conn.cursor() as cur:
+        if log.kind == POSTGRESQL:
+            conn.autocommit = False
+            cur.execute(f"LOCK TABLE {log.q(table)} IN ACCESS EXCLUSIVE MODE")
+        else:
+            cur.execute(f"LOCK TABLES {log.q(table)} WRITE")
+        try:
+            yield
+        finally:
+            if log.kind == POSTGRESQL:
+                conn.rollback()
+            else:
+                cur.execute("UNLOCK TABLES")
+
+
+@contextmanager
 def sink_row_locked(log: Target, sink: str) -> Iterator[None]:
     """Another session holds the log's row of ``sink`` (what every decision and roll-back serializes on)."""
     with log.connect() as conn, conn.cursor() as cur:
