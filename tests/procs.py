@@ -100,6 +100,15 @@ def run_until_exit(
     return returncode
 
 
+def state(pid: int) -> str:
+    """The process's state letter in /proc (``T``: stopped, as by a ``stop`` fault point); ``?`` once gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(") ", 1)[1][0]
+    except OSError:
+        return "?"
+
+
 def tail(log: Path, lines: int = 40) -> str:
     """The end of a driver's log, for a failure message."""
     return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])

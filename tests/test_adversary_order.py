@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -32,6 +33,7 @@ from tests.harness import (
     through,
 )
 from tests.modes_driver import OPTIONS_ENV, overwrite_direct, split
+from tests.procs import state
 from tests.targets import POSTGRESQL, Target, case
 from tests.tcp_proxy import TcpProxy
 from xasink.errors import BatchAbortedError, CommitIncompleteError
@@ -111,6 +113,25 @@ def wait_prepared(db: Target, *sinks: str, timeout_s: float = 90.0) -> None:
         time.sleep(0.05)
 
 
+def decide_in_turn(db: Target, first: subprocess.Popen[str], second: subprocess.Popen[str], hold_s: float) -> None:
+    """Two drivers stopped before their decisions (``driver.before_decide:stop``) decide in this order while
+    the cluster's COMMITs are held: ``first`` goes on until its decision's COMMIT waits, then ``second`` goes
+    on and meets it (the table's apply lock) for ``hold_s`` seconds.  (Sleeps at the fault points set this
+    order before: under a loaded CI the second driver prepared seconds earlier and decided first.)"""
+    deadline = time.monotonic() + 120
+    while any(state(job.pid) != "T" for job in (first, second)):
+        assert all(job.poll() is None for job in (first, second)), "a driver ended before its decision"
+        assert time.monotonic() < deadline, "the drivers never reached their decisions"
+        time.sleep(0.05)
+    with commits_held(db):
+        first.send_signal(signal.SIGCONT)
+        while not db.execute("SELECT 1 FROM pg_stat_activity WHERE wait_event = 'SyncRep'"):
+            assert first.poll() is None and time.monotonic() < deadline, "the first decision's COMMIT never waited"
+            time.sleep(0.05)
+        second.send_signal(signal.SIGCONT)
+        time.sleep(hold_s)
+
+
 @pytest.mark.parametrize("db", [case(POSTGRESQL)], indirect=True)
 @pytest.mark.parametrize(
     ("qualified", "lock_wait"), [(False, 30), (True, 30), (False, 2)], ids=["t", "schema.t", "t-lock-wait-2s"]
@@ -133,20 +154,17 @@ def test_two_sinks_of_one_table_decide_in_turn(db: Target, qualified: bool, lock
     overwrite_direct(db.url, table, a, 0, split(0, 1, 1), **opts)  # the log exists before the drivers start
     env = {k: v for k, v in os.environ.items() if not k.startswith("XASINK_FAULT")}
     env[OPTIONS_ENV] = json.dumps(opts)
-    env["XASINK_FAULT"] = (
-        "driver.before_decide:sleep=4:b=1,driver.before_decide:sleep=6:b=2,driver.after_commits:sleep=3:b=1"
-    )
+    env["XASINK_FAULT"] = "driver.before_decide:stop,driver.after_commits:sleep=3:b=1"
     job_a = driver(env, db.url, table, a, 1, 100)  # each its own process: one run guard per log and process
     job_b = driver(env, db.url, f"{schema}.{table}" if qualified else table, b, 2, 200)
-    wait_prepared(db, a, b)
-    with commits_held(db):
-        time.sleep(11)  # A's decision sent, its COMMIT waiting; B waits for the lock (2 s: runs out, asks again)
+    decide_in_turn(db, job_a, job_b, 6)  # A's decision sent, its COMMIT waiting; B waits for the lock (2 s: runs
+    # out, asks again)
     for job in (job_a, job_b):
         out, err = job.communicate(timeout=120)
         assert job.returncode == 0 and json.loads(out.splitlines()[-1])["rows"] == 10, err[-3000:]
     da, dbb = db.decision(a, 1), db.decision(b, 2)
     assert da is not None and dbb is not None
-    # A was decided first (its decision transaction began a second earlier): B's rows are the table's
+    # A was decided first: B's rows are the table's
     assert db.rows(table) == expected(range(200, 210))
     assert db.prepared(a) == [] and db.prepared(b) == [] and shadow_rows(db) == 0
 
@@ -165,15 +183,10 @@ def test_two_sinks_killed_after_their_decisions_leave_the_newer_rows(db: Target)
     overwrite_direct(db.url, table, a, 0, split(0, 1, 1), **opts)
     env = {k: v for k, v in os.environ.items() if not k.startswith("XASINK_FAULT")}
     env[OPTIONS_ENV] = json.dumps(opts)
-    env["XASINK_FAULT"] = (
-        "driver.before_decide:sleep=4:b=1,driver.before_decide:sleep=6:b=2,driver.after_decide:kill:b=1,"
-        "driver.after_decide:kill:b=2"
-    )
+    env["XASINK_FAULT"] = "driver.before_decide:stop,driver.after_decide:kill"
     job_a = driver(env, db.url, table, a, 1, 100)
     job_b = driver(env, db.url, table, b, 2, 200)
-    wait_prepared(db, a, b)
-    with commits_held(db):
-        time.sleep(11)
+    decide_in_turn(db, job_a, job_b, 6)
     for job in (job_a, job_b):
         job.communicate(timeout=120)
         assert job.returncode == -9

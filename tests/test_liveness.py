@@ -26,7 +26,7 @@ import pytest
 
 from tests.harness import CRASH_DRIVER, PARTITIONS, N, expected, run_crash_driver
 from tests.leaks import run_cli
-from tests.procs import ROOT, tail
+from tests.procs import ROOT, state, tail
 from tests.targets import Target
 from xasink.protocol.judgement import WAIT
 from xasink.protocol.xid import Xid
@@ -50,10 +50,9 @@ def stopped_driver(db: Target, table: str, sink: str, batch: int, log: Path) -> 
         while len([x for x in _ours(db, sink) if x.batch_id == batch]) < PARTITIONS:
             assert proc.poll() is None and time.monotonic() < deadline, tail(log)
             time.sleep(0.1)
-        with open(f"/proc/{proc.pid}/stat") as f:  # wait for the stop itself
-            while f.read().split(") ")[1][0] != "T":
-                time.sleep(0.05)
-                f.seek(0)
+        while state(proc.pid) != "T":  # wait for the stop itself
+            assert proc.poll() is None, tail(log)
+            time.sleep(0.05)
         yield proc
     finally:
         if proc.poll() is None:

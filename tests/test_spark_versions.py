@@ -30,7 +30,7 @@ from pyspark.sql import DataFrame, SparkSession
 import xasink
 from tests.harness import CRASH_DRIVER, PARTITIONS, ROWS, N, Stream, failure_text, recorded_target
 from tests.leaks import run_cli
-from tests.procs import ROOT, tail
+from tests.procs import ROOT, state, tail
 from tests.targets import Target
 from xasink.errors import XasinkError
 from xasink.protocol.judgement import WAIT
@@ -188,7 +188,7 @@ def stopped_spark_driver(db: Target, tmp_path: Path) -> Iterator[tuple[subproces
         )
     try:
         deadline = time.monotonic() + 240
-        while len(db.prepared(sink)) < PARTITIONS or _state(proc.pid) != "T":
+        while len(db.prepared(sink)) < PARTITIONS or state(proc.pid) != "T":
             assert proc.poll() is None and time.monotonic() < deadline, tail(log)
             time.sleep(0.2)
         yield proc, table, sink, log
@@ -196,14 +196,6 @@ def stopped_spark_driver(db: Target, tmp_path: Path) -> Iterator[tuple[subproces
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-
-
-def _state(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(") ", 1)[1][0]
-    except OSError:
-        return "?"
 
 
 def test_recover_leaves_a_live_partition_function_run_alone(
