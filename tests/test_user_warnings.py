@@ -14,7 +14,10 @@ import json
 import logging
 import os
 import re
+import subprocess
 import sys
+import tempfile
+import time
 import uuid
 import venv
 from pathlib import Path
@@ -160,3 +163,35 @@ def test_workers_running_a_python_without_xasink_are_told_to_set_pyspark_python(
     for how, name, message in raised:
         assert name == "PreflightError" and "PYSPARK_PYTHON" in message and "No module named" in message, (how, message)
     assert not pg.table_exists(table) or pg.rows(table) == []
+
+
+def test_notices_files_of_killed_drivers_are_removed_by_the_next_write(spark: SparkSession, pg: Target) -> None:
+    """Each xasink.write hands its workers' warnings over through a file in the temporary folder, removed at its
+    end; a driver killed with SIGKILL never removes it, so they piled up in /tmp.  A write now
+    removes this user's files whose process is gone and that are an hour old; a live process's (another
+    driver's) and a fresh one stay, and the write leaves none of its own."""
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = int(gone.stdout)
+    folder = Path(tempfile.gettempdir())
+    tag = uuid.uuid4().hex[:8]
+    orphan = folder / f"xasink-notices-{dead}-{tag}.jsonl"
+    figures = folder / f"xasink-notices-{dead}-{tag}.jsonl.figures"
+    young = folder / f"xasink-notices-{dead}-{tag}y.jsonl"  # its process gone a moment ago: kept for now
+    live = folder / f"xasink-notices-{os.getpid()}-{tag}.jsonl"  # a live driver's, however old
+    for path in (orphan, figures, young, live):
+        path.write_text('"a warning"\n')
+    hours_ago = time.time() - 2 * 3600
+    for path in (orphan, figures, live):
+        os.utime(path, (hours_ago, hours_ago))
+    try:
+        table = pg.new_table()
+        pg.keyed_table(table)
+        xasink.write(frame(spark, range(3), 1), pg.url, table, password=pg.password)
+        assert pg.rows(table) == expected(range(3))
+        assert not orphan.exists() and not figures.exists()
+        assert young.exists() and live.exists()
+        own = [p.name for p in folder.glob(f"xasink-notices-{os.getpid()}-*") if p != live]
+        assert own == [], own  # the write's own file is removed at its end
+    finally:
+        for path in (orphan, figures, young, live):
+            path.unlink(missing_ok=True)

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import tempfile
 import time
 import weakref
 from collections.abc import Callable
@@ -233,8 +230,7 @@ def _write(df: DataFrame, raw: dict[str, Any], mode: str, query: str | None) -> 
         return skipped
     ready_session(df.sparkSession)
     df, branches = shape(df, parsed)
-    fd, path = tempfile.mkstemp(prefix="xasink-notices-", suffix=".jsonl")  # the workers' warnings (notices)
-    os.close(fd)
+    path = notices.new_file()  # the workers' warnings (notices)
     try:
         opts = {k: str(v) for k, v in raw.items()}
         internal = {RUN_OPTION: run, notices.NOTICES_OPTION: path}
@@ -262,8 +258,7 @@ def _write(df: DataFrame, raw: dict[str, Any], mode: str, query: str | None) -> 
     finally:
         told = list(dict.fromkeys(warned + notices.load(path)))
         figures = notices.load_figures(path)  # the commit's, as its INFO line gave them
-        with contextlib.suppress(FileNotFoundError):  # a /tmp cleaner got there first: the write stands
-            os.unlink(path)
+        notices.discard(path)
     notices.tell(told)
     total = time.perf_counter() - t0
     after = _record(journal, parsed.sink_id, parsed.batch_id)

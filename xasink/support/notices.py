@@ -10,10 +10,13 @@ which reports them with Python's ``warnings`` and in :class:`~xasink.results.Wri
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import sys
+import tempfile
+import time
 import warnings
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -24,6 +27,52 @@ from xasink.errors import XasinkWarning
 log = logging.getLogger("xasink")
 
 NOTICES_OPTION = "xasink.support.notices"  # internal option: the file the driver-side workers append warnings to
+PREFIX = "xasink-notices-"
+ORPHAN_AGE_S = 3600.0  # an orphan's process is gone and its file this old: a reused pid cannot make it look alive
+
+
+def new_file() -> str:
+    """A notices file for one write, named after this process.  First removes this user's files of processes
+    that are gone (a driver killed with SIGKILL never removes its own): a year of killed drivers leaves none."""
+    _remove_orphans()
+    fd, path = tempfile.mkstemp(prefix=f"{PREFIX}{os.getpid()}-", suffix=".jsonl")
+    os.close(fd)
+    return path
+
+
+def discard(path: str) -> None:
+    """Remove a write's notices file and its figures (a /tmp cleaner may have been first)."""
+    for name in (path, path + ".figures"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name)
+
+
+def _remove_orphans() -> None:
+    folder, uid, now = tempfile.gettempdir(), os.getuid(), time.time()
+    try:
+        names = [n for n in os.listdir(folder) if n.startswith(PREFIX)]
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(PREFIX) :].split("-", 1)[0]
+        path = os.path.join(folder, name)
+        try:
+            st = os.stat(path)
+            if st.st_uid != uid or now - st.st_mtime < ORPHAN_AGE_S or (pid.isdigit() and _alive(int(pid))):
+                continue
+            os.unlink(path)
+        except OSError:  # another process removed it first, or it is not ours to remove
+            continue
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 class _Collector(logging.Handler):
