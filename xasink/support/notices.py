@@ -28,7 +28,9 @@ log = logging.getLogger("xasink")
 
 NOTICES_OPTION = "xasink.support.notices"  # internal option: the file the driver-side workers append warnings to
 PREFIX = "xasink-notices-"
-ORPHAN_AGE_S = 3600.0  # an orphan's process is gone and its file this old: a reused pid cannot make it look alive
+# a younger file may be a live write's whose process this one cannot see (another PID namespace sharing the
+# folder, or an earlier release's name without a pid)
+ORPHAN_AGE_S = 3600.0
 
 
 def new_file() -> str:
