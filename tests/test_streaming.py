@@ -22,8 +22,8 @@ import pytest
 from pyspark.sql import DataFrame
 
 import xasink
-from tests.harness import ROWS, Stream, failure_text, needs_data_source, no_branch_opened
-from tests.targets import connect, prepared_gids, rollback_prepared
+from tests.harness import ROWS, Stream, failure_text, log_table_locked, needs_data_source, no_branch_opened
+from tests.targets import Target, connect, prepared_gids, rollback_prepared
 from xasink.dialects import dialect_for
 from xasink.options import parse_options
 from xasink.protocol.coordinator import Coordinator
@@ -423,7 +423,9 @@ def test_an_abort_rolls_back_even_where_planning_again_would_fail(stream: Stream
     assert stream.ids() == [] and stream.decisions() == {}
 
 
-def test_a_database_error_while_checking_before_a_micro_batch_says_restart_the_query(stream: Stream) -> None:
+def test_a_database_error_while_checking_before_a_micro_batch_says_restart_the_query(
+    stream: Stream, pg: Target
+) -> None:
     """Another session holds the decision log's identity table while a micro-batch plans (its read waits past
     controlLockTimeout): the query stops with the stream's text of BatchAbortedError, saying this run wrote
     nothing and to restart the query, never the server's raw error.  Restarted once the lock is gone, it
@@ -432,12 +434,9 @@ def test_a_database_error_while_checking_before_a_micro_batch_says_restart_the_q
     stream.add_files(1)
     stream.run()  # batch 0, and the log
     stream.add_files(1)
-    with connect(stream.url) as holder, holder.cursor() as cur:
-        cur.execute("BEGIN")  # (the helper's connections autocommit)
-        cur.execute("LOCK TABLE xasink_log IN ACCESS EXCLUSIVE MODE")
+    with log_table_locked(pg, "xasink_log"):  # (the stream's database is the pg fixture's)
         query = stream.writer(stream.frame(), controlLockTimeout="1").trigger(availableNow=True).start()
         text = failure_text(query)
-        cur.execute("ROLLBACK")
     assert "before a micro-batch's tasks failed" in text and "Restart it once that is fixed" in text, text
     assert stream.ids() == list(range(ROWS)) and stream.prepared() == []
     stream.run()
