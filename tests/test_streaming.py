@@ -220,19 +220,27 @@ def test_retried_task_replaces_its_prepared_branch(stream: Stream) -> None:
 
 
 def test_clean_stop_leaves_nothing_prepared(stream: Stream, tmp_path: Path) -> None:
-    """Stop while one partition's branch is prepared and another task still runs: the batch is rolled back."""
+    """Stop while one partition's branch is prepared and another task still runs: the batch is rolled back.
+
+    Spark runs the writer's abort in the query's thread, which ``query.stop()`` interrupts: when the
+    interrupt lands in the abort itself (Spark logs "... failed to abort"; seen once in a CI rehearsal
+    under heavy load), the branch stays prepared until the query's next start, as docs/operations.md says.
+    Then the one branch left must be partition 0's of batch 0, and the next start must roll it back."""
     stream.add_files(1)
     flag = tmp_path / "release"
     df = stream.frame(2, lambda d: d.mapInArrow(hold_partition(flag, 1), d.schema))
     query = stream.writer(df).trigger(availableNow=True).start()
     wait_for(lambda: len(stream.prepared()) == 1, "partition 0's branch to be prepared")
+    held = stream.prepared()
     query.stop()
-    assert stream.prepared() == []
+    left = stream.prepared()
+    assert left in ([], held), f"a stop left {left}; before it, {held} was prepared"
+    assert [(x.batch_id, x.partition) for x in map(Xid.parse, held)] == [(0, 0)]
     assert stream.ids() == []
     assert stream.decisions() == {}
     flag.touch()
     stream.run()
-    stream.assert_exactly_once()
+    stream.assert_exactly_once()  # nothing prepared either
 
 
 def test_stale_branches_of_a_crashed_run_are_rolled_back(stream: Stream) -> None:
