@@ -37,11 +37,11 @@ from typing import Any
 
 import pytest
 
+from tests.jvm import FAST_START
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "faults.json"
 
-# short-lived test JVMs doing little work: the C1 compiler alone and the serial collector start them sooner
-FAST_START = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
 JAVA_MODULE_OPTIONS = [
     "-XX:+IgnoreUnrecognizedVMOptions",
     *(

@@ -425,3 +425,72 @@ def test_the_decision_commits_durably_whatever_the_session_default(pg_url: str, 
         dialect.dispose()
     assert default == ("on" if url_options is None else "off")
     assert (inside, relaxed, after) == ("on", "off", default)
+
+
+@pytest.mark.parametrize("kind", BOTH)
+def test_a_transaction_chosen_as_a_deadlocks_victim_runs_again_and_a_lock_wait_does_not(
+    request: pytest.FixtureRequest, kind: str
+) -> None:
+    """Three sinks claiming their first batches side by side on MariaDB: one claim was the victim of an InnoDB
+    gap-lock deadlock, and its batch failed ("try restarting transaction").  Two transactions here take two
+    rows in opposite orders, each through ``again_if_deadlocked``: the server rolls one back, which runs
+    again and both commit.  A lock wait past controlLockTimeout is no deadlock: it fails after one try."""
+    import threading
+
+    import sqlalchemy as sa
+
+    from xasink.dialects import dialect_for
+    from xasink.protocol.retry import again_if_deadlocked
+
+    url = _url(request, kind)
+    table = f"dl{uuid.uuid4().hex[:8]}"
+    options = parse_options({"url": url, "dbtable": table, "controlLockTimeout": "2"})
+    dialect = dialect_for(options.url, options.branch_settings)
+    t = sa.table(table, sa.column("k"), sa.column("n"))
+    try:
+        with dialect.connect() as conn, conn.begin():
+            conn.execute(sa.text(f"CREATE TABLE {table} (k INT PRIMARY KEY, n INT NOT NULL)"))
+            conn.execute(t.insert(), [{"k": 1, "n": 0}, {"k": 2, "n": 0}])
+        both_hold_one = threading.Barrier(2, timeout=30)
+        tries: list[int] = []
+
+        def bump(first: int, second: int) -> None:
+            tries.append(first)
+            with dialect.connect() as conn, conn.begin():
+                conn.execute(t.update().where(t.c.k == first).values(n=t.c.n + 1))
+                if tries.count(first) == 1:  # the first try of each: both hold a row, then want the other's
+                    both_hold_one.wait()
+                conn.execute(t.update().where(t.c.k == second).values(n=t.c.n + 1))
+
+        errors: list[BaseException] = []
+
+        def run(first: int, second: int) -> None:
+            try:
+                again_if_deadlocked(dialect, f"bumping {first} then {second}", lambda: bump(first, second))
+            except BaseException as exc:  # noqa: BLE001 - asserted below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=run, args=pair) for pair in ((1, 2), (2, 1))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert errors == [] and len(tries) == 3 and set(tries) == {1, 2}, (errors, tries)  # one ran again
+        with dialect.connect() as conn:
+            assert sorted(conn.execute(sa.select(t.c.k, t.c.n)).all()) == [(1, 2), (2, 2)]
+
+        with dialect.connect() as holder, holder.begin():  # another session holds row 1: a lock wait, no deadlock
+            holder.execute(t.update().where(t.c.k == 1).values(n=0))
+            waits: list[int] = []
+
+            def blocked() -> None:
+                waits.append(1)
+                with dialect.connect() as conn, conn.begin():
+                    conn.execute(t.update().where(t.c.k == 1).values(n=9))
+
+            with pytest.raises(sa.exc.DBAPIError) as info:
+                again_if_deadlocked(dialect, "waiting for row 1", blocked)
+        assert waits == [1] and not dialect.deadlocked(info.value)
+    finally:
+        dialect.dispose()
+        _drop(url, kind, table)

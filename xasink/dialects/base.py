@@ -162,6 +162,10 @@ class Dialect(ABC):
         """Whether the server refused a statement for want of a privilege (the user needs a GRANT)."""
         return False
 
+    def deadlocked(self, exc: BaseException) -> bool:
+        """Whether the server rolled this transaction back whole as a deadlock's victim (run it again)."""
+        return False
+
     def write_blockers(self, conn: Connection) -> list[str]:
         """Why xasink cannot write on this server at all, each with its fix (``xasink status``: CRITICAL)."""
         return []
@@ -184,8 +188,7 @@ class Dialect(ABC):
 
         Exactly once is only as durable as the server: with these settings a crash can forget a prepared
         branch of a decided batch (its rows are lost) or the decision itself.  A warning, not an error: the
-        operator may accept the risk (a test server), and the setting is the server's, not the job's.
-        """
+        operator may accept the risk (a test server), and the setting is the server's, not the job's."""
         server = f"{self.url.host or 'localhost'}:{self.url.port or self.default_port}"
         for text in self.durability_warnings(conn):
             key = (self.name, server, text)
@@ -273,8 +276,7 @@ class Dialect(ABC):
         """Make this transaction's COMMIT wait until it is on disk, whatever the server's default.
 
         The decision must survive a server crash: PREPARE and COMMIT PREPARED are always flushed, an
-        ordinary commit (the decision's) not when the server runs with asynchronous commit.
-        """
+        ordinary commit (the decision's) not when the server runs with asynchronous commit."""
 
     def relaxed_commit(self, conn: Connection) -> None:  # noqa: B027 - optional hook
         """Let this transaction's COMMIT return before it is on disk, where the server would wait for it.
@@ -282,8 +284,7 @@ class Dialect(ABC):
         Only for a transaction whose loss in a server crash changes nothing that matters: one that wrote
         nothing (it only held the sink lock to read), or the mark of a committed batch (recovery marks a
         decided batch again, its branches answer "unknown" as committed).  PostgreSQL: a ``SELECT ... FOR
-        UPDATE`` gives the transaction an id and a WAL record, so its commit waits for a flush otherwise.
-        """
+        UPDATE`` gives the transaction an id and a WAL record, so its commit waits for a flush otherwise."""
 
     # -- overwrite, replaceWhere, change-data apply (xasink.write_modes.statements) ---------------
     # whether the shadow's primary key is (batch, SHADOW_TAG_COLUMN, SHADOW_ROW_COLUMN), filled by the branch, and

@@ -46,7 +46,7 @@ from xasink.journal.targets import UNKNOWN_QUERY, describe_target, forgotten_mes
 from xasink.options import WriteOptions
 from xasink.protocol.liveness import InProcessGuard
 from xasink.protocol.multi_abort import TransactionEnd
-from xasink.protocol.retry import RetryPolicy
+from xasink.protocol.retry import RetryPolicy, again_if_deadlocked
 from xasink.protocol.target_db import TargetDb
 from xasink.protocol.xid import Xid, new_run_nonce
 from xasink.support.faults import fault
@@ -98,7 +98,7 @@ class MultiCoordinator(TransactionEnd):
                 self.log_server = self.dialect.server_identity(conn)
             self.guard = InProcessGuard(self.dialect, self.log_id, self.run)
             try:
-                self._claim()
+                again_if_deadlocked(self.dialect, f"claiming sink {self.sink_id} batch {batch_id}", self._claim)
             except BaseException:
                 self.close()
                 raise

@@ -34,6 +34,7 @@ from xasink.journal.log import Journal
 from xasink.journal.targets import forgotten_message, identity_message, same_target, taken_over_message, target_identity
 from xasink.options import WriteOptions
 from xasink.protocol.liveness import runs_alive
+from xasink.protocol.retry import again_if_deadlocked
 from xasink.protocol.xid import Xid, attempt_token
 from xasink.results import BranchOutcome
 from xasink.support.faults import fault
@@ -232,7 +233,9 @@ def _claim_and_open(
         try:
             with phase("task.claim", **ids):
                 target = (options.table.schema, options.table.name, query)
-                clearance = clear_blockers(dialect, journal, xid, guard, target)
+                clearance = again_if_deadlocked(
+                    dialect, f"claiming {xid}", lambda: clear_blockers(dialect, journal, xid, guard, target)
+                )
         except BaseException as exc:
             _discard(opening)
             if isinstance(exc, XasinkError) or not isinstance(exc, Exception):

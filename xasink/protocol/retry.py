@@ -28,6 +28,26 @@ BACKOFF_FIRST_S = 0.1  # the first retry's delay after the decision; doubled per
 BACKOFF_CAP_S = 5.0  # ... up to this: an outage of minutes is noticed within seconds of its end
 
 
+DEADLOCK_TRIES = 6  # a transaction the server rolled back as a deadlock's victim is run up to this many times
+
+
+def again_if_deadlocked(dialect: Dialect, what: str, step: Callable[[], T]) -> T:
+    """Run one whole transaction of the decision log, again when the server rolled it back as a deadlock's
+    victim.  InnoDB's gap locks make sinks that claim their first batches at the same moment deadlock on
+    the claims table (seen with three sinks side by side on MariaDB): nothing was written, and another try,
+    after a short random pause, succeeds.  A lock wait past controlLockTimeout is no deadlock: it fails."""
+    for attempt in range(DEADLOCK_TRIES):
+        try:
+            return step()
+        except Exception as exc:
+            if attempt == DEADLOCK_TRIES - 1 or not dialect.deadlocked(exc):
+                raise
+            delay = random.uniform(0.02, 0.1) * 2**attempt
+            log.info("%s: the server rolled it back as a deadlock's victim; again in %.2f s", what, delay)
+            time.sleep(delay)
+    raise AssertionError("unreachable")
+
+
 class RetryPolicy:
     """The dialect's judgement of an error, and the sink's commitTimeout / commitRetries budget."""
 

@@ -207,6 +207,9 @@ class MySQLDialect(Dialect):
     def denied(self, exc: BaseException) -> bool:
         return errno_of(exc) in errors.PRIVILEGE_CODES | {1143}  # 1143: a column's privilege
 
+    def deadlocked(self, exc: BaseException) -> bool:
+        return errno_of(exc) == 1213  # InnoDB rolled the whole transaction back: "try restarting transaction"
+
     def write_blockers(self, conn: Connection) -> list[str]:
         return preflight.write_blockers(self, conn)
 

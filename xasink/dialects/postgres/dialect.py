@@ -225,6 +225,9 @@ class PostgresDialect(PostgresTypes, Dialect):
     def denied(self, exc: BaseException) -> bool:
         return sqlstate_of(exc) == "42501"  # insufficient_privilege
 
+    def deadlocked(self, exc: BaseException) -> bool:
+        return sqlstate_of(exc) in ("40P01", "40001")  # deadlock_detected, serialization_failure
+
     def write_blockers(self, conn: Connection) -> list[str]:
         limit, standby = conn.exec_driver_sql(
             "SELECT current_setting('max_prepared_transactions')::int, pg_is_in_recovery()"
