@@ -40,7 +40,7 @@ from xasink.options import TableName
 from xasink.protocol.apply_step import order_lock
 from xasink.protocol.branch_group import BranchGroup
 from xasink.protocol.recovery import list_prepared
-from xasink.protocol.retry import RetryPolicy
+from xasink.protocol.retry import RetryPolicy, again_if_deadlocked
 from xasink.protocol.xid import Xid, new_run_nonce
 from xasink.write_modes.spec import ApplySpec
 
@@ -165,6 +165,26 @@ class Decider:
             )
 
     def decide_locked(
+        self,
+        record: BatchRecord,
+        query: str | None = None,
+        apply: ApplySpec | None = None,
+        checks: bool = False,
+        skipped: bool = False,
+        run: str | None = None,
+        unlocked: str | None = None,
+    ) -> Refusal | None:
+        """:meth:`decide_once`, again while it is not made because the server rolled its transaction back as a
+        deadlock's victim (nothing sent, nothing recorded): a run that claims in its decision (a micro-batch whose
+        partitions were all empty) takes the claims table's gap locks there, as the claims do."""
+        return again_if_deadlocked(
+            self.journal.dialect,
+            f"deciding sink {self.sink_id} batch {record.batch_id}",
+            lambda: self.decide_once(record, query, apply, checks, skipped, run, unlocked),
+            unwrap=lambda exc: exc.cause if isinstance(exc, DecisionNotMade) else None,
+        )
+
+    def decide_once(
         self,
         record: BatchRecord,
         query: str | None = None,

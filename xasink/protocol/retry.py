@@ -31,21 +31,41 @@ BACKOFF_CAP_S = 5.0  # ... up to this: an outage of minutes is noticed within se
 DEADLOCK_TRIES = 6  # a transaction the server rolled back as a deadlock's victim is run up to this many times
 
 
-def again_if_deadlocked(dialect: Dialect, what: str, step: Callable[[], T]) -> T:
+def again_if_deadlocked(
+    dialect: Dialect,
+    what: str,
+    step: Callable[[], T],
+    unwrap: Callable[[Exception], BaseException | None] | None = None,
+) -> T:
     """Run one whole transaction of the decision log, again when the server rolled it back as a deadlock's
     victim.  InnoDB's gap locks make sinks that claim their first batches at the same moment deadlock on
     the claims table (seen with three sinks side by side on MariaDB): nothing was written, and another try,
-    after a short random pause, succeeds.  A lock wait past controlLockTimeout is no deadlock: it fails."""
+    after a short random pause, succeeds.  A lock wait past controlLockTimeout is no deadlock: it fails.
+
+    ``unwrap`` picks the database error out of what the step raises (None: not one to run again).  The
+    errors raised while the deadlock was handled count too: InnoDB's rollback of the whole transaction
+    drops its savepoints, so SQLAlchemy's ROLLBACK TO SAVEPOINT fails with 1305 over the 1213."""
     for attempt in range(DEADLOCK_TRIES):
         try:
             return step()
         except Exception as exc:
-            if attempt == DEADLOCK_TRIES - 1 or not dialect.deadlocked(exc):
+            if attempt == DEADLOCK_TRIES - 1 or not _deadlock_in(dialect, unwrap(exc) if unwrap else exc):
                 raise
             delay = random.uniform(0.02, 0.1) * 2**attempt
             log.info("%s: the server rolled it back as a deadlock's victim; again in %.2f s", what, delay)
             time.sleep(delay)
     raise AssertionError("unreachable")
+
+
+def _deadlock_in(dialect: Dialect, exc: BaseException | None) -> bool:
+    """Whether ``exc``, or an error it was raised while handling, is a deadlock's (a few links deep)."""
+    for _ in range(4):
+        if exc is None:
+            return False
+        if dialect.deadlocked(exc):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 class RetryPolicy:
