@@ -515,3 +515,43 @@ def test_a_transaction_chosen_as_a_deadlocks_victim_runs_again_and_a_lock_wait_d
     finally:
         dialect.dispose()
         _drop(url, kind, table)
+
+
+@pytest.mark.parametrize("kind", BOTH)
+def test_a_claim_no_other_run_holds_locks_no_gap_another_sinks_claim_needs(
+    request: pytest.FixtureRequest, kind: str
+) -> None:
+    """The root of the claims' deadlocks: a run taking over a batch nobody held ran ``UPDATE ... run != me``,
+    whose search of an empty (sink, batch) range locks the InnoDB gap where the next sink's claims go, so a
+    claim of the sink beside it waited for (or deadlocked with) the first's transaction.  Now it reads first
+    and updates only a batch another run holds: the neighbour's claim goes through while the first is open,
+    and a second run of a held batch still supersedes the first."""
+    from xasink.protocol.coordinator import Coordinator
+
+    url = _url(request, kind)
+    prefix = f"gp{uuid.uuid4().hex[:8]}"
+    sinks = {name: f"{prefix}{name}" for name in "ab"}  # adjacent in the claims table's key order
+    coordinators = {
+        name: Coordinator(parse_options({"url": url, "dbtable": "unused", "sinkId": s, "controlLockTimeout": "2"}))
+        for name, s in sinks.items()
+    }
+    a, b = coordinators["a"], coordinators["b"]
+    try:
+        a.preflight()
+        for c in (a, b):
+            with c.journal.locked(c.sink_id):
+                pass  # both sinks registered: the claims below touch only the claims table
+        with a.journal.locked(a.sink_id) as held:  # sink a's first run claims batch 1 and stays open
+            a.journal.take_over(held, a.sink_id, 1, "runa1")
+            assert b.claim(1, "runb1") is True  # no wait for sink a's transaction (a lock wait: 2 s, then error)
+        with b.dialect.connect() as conn:
+            assert b.journal.holder(conn, b.sink_id, 1) == "runb1"
+            assert a.journal.holder(conn, a.sink_id, 1) == "runa1"
+        assert a.claim(1, "runa2") is True  # another run of a held batch takes it over
+        with a.dialect.connect() as conn:
+            assert a.journal.holder(conn, a.sink_id, 1) == "runa2"
+            states = a.journal.claim_states(conn, a.sink_id, {1})
+        assert {run: s.superseded for (_, run), s in states.items()} == {"runa1": True, "runa2": False}
+    finally:
+        for c in coordinators.values():
+            c.close()

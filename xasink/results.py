@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -111,3 +112,8 @@ class TransactionResult:
         )
         where = "; ".join(f"{t.table}@{t.server}: {t.rows} rows" for t in self.targets)
         return f"sink {self.sink_id} transaction {self.batch_id}: {what}" + (f" ({where})" if where else "")
+
+
+def total_since(started: float | None) -> dict[str, float]:
+    """A write's total so far, from when it began (wall clock: it began in another process); none unknown."""
+    return {"total": max(0.0, time.time() - started)} if started is not None else {}

@@ -34,10 +34,18 @@ class JournalClaims(JournalTables):
         return True
 
     def take_over(self, conn: Connection, sink_id: str, batch_id: int, run: str, guard: str | None = None) -> None:
-        """:meth:`claim` for a run that has no claim of the batch yet (as :meth:`claim_view` read it)."""
+        """:meth:`claim` for a run that has no claim of the batch yet (as :meth:`claim_view` read it).
+
+        A batch no other run holds (the usual case) gets no UPDATE: on InnoDB its search of the (sink, batch)
+        range locks the gap where other batches' claims go, and two sinks claiming side by side deadlocked on
+        those gaps.  The plain read takes no lock; under the sink lock no claim of the batch can appear."""
         c = self.claims.c
         mine = c.sink_id == sink_id, c.batch_id == batch_id
-        conn.execute(self.claims.update().where(*mine, c.run != run).values(superseded=True))
+        held = sa.select(sa.exists().where(*mine, c.run != run, c.superseded.is_(False)))
+        if conn.execute(held).scalar():
+            conn.execute(
+                self.claims.update().where(*mine, c.run != run, c.superseded.is_(False)).values(superseded=True)
+            )
         conn.execute(
             self.claims.insert().values(
                 sink_id=sink_id,

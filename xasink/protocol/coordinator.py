@@ -37,8 +37,9 @@ from xasink.journal.targets import (
 from xasink.options import WriteOptions
 from xasink.protocol.decision import Decider, DecisionNotMade, Refusal
 from xasink.protocol.recovery import Recovery, RecoveryReport, sink_recovery
+from xasink.protocol.retry import again_if_deadlocked
 from xasink.protocol.undecided import decide_past_blockers, roll_back_run, roll_back_undecided
-from xasink.results import BranchOutcome, WriteResult
+from xasink.results import BranchOutcome, WriteResult, total_since
 from xasink.support.faults import fault
 from xasink.support.phases import phase
 from xasink.write_modes.spec import ApplySpec
@@ -50,11 +51,6 @@ log = logging.getLogger(__name__)
 ABORT_SETTLE_S = 4.0
 # (shared dialect, journal schema, prefix) -> the sinks registered in that log by this process
 _SHARED_SINKS: dict[tuple[int, str | None, str], set[str]] = {}
-
-
-def _total(started: float | None) -> dict[str, float]:
-    """The write's total so far, from when it began (wall clock: it began in another process); none unknown."""
-    return {"total": max(0.0, time.time() - started)} if started is not None else {}
 
 
 class Coordinator:
@@ -130,17 +126,22 @@ class Coordinator:
         Under the sink lock, in one durable transaction: False when the batch is decided already (a replay:
         the tasks find that out and write nothing); else every other run of the batch is superseded (their
         branches are dead to :meth:`recover` from then on) and True.  Raises :class:`ConcurrentWriterError`
-        when ``run`` itself was taken over.  The tasks' first attempts can then skip their own claim.
+        when ``run`` itself was taken over.  The tasks' first attempts can then skip their own claim.  Run again
+        when the server rolled it back as a deadlock's victim (nothing of it took effect).
         """
-        with self.journal.locked(self.sink_id) as conn:
-            decided, _, superseded = self.journal.claim_view(conn, self.sink_id, batch_id, run)
-            if decided:
-                return False
-            if superseded is None:
-                self.journal.take_over(conn, self.sink_id, batch_id, run, guard)
-            elif superseded:
-                raise ConcurrentWriterError(taken_over_message(self.sink_id, batch_id, run))
-        return True
+
+        def claim() -> bool:
+            with self.journal.locked(self.sink_id) as conn:
+                decided, _, superseded = self.journal.claim_view(conn, self.sink_id, batch_id, run)
+                if decided:
+                    return False
+                if superseded is None:
+                    self.journal.take_over(conn, self.sink_id, batch_id, run, guard)
+                elif superseded:
+                    raise ConcurrentWriterError(taken_over_message(self.sink_id, batch_id, run))
+            return True
+
+        return again_if_deadlocked(self.dialect, f"claiming sink {self.sink_id} batch {batch_id}", claim)
 
     def commit(
         self,
@@ -226,7 +227,7 @@ class Coordinator:
                 "commit": commit_ms / 1000,
                 "apply" if apply is not None else "mark": t_sweep - t_committed,
                 "sweep": t_end - t_sweep,
-                **_total(started),
+                **total_since(started),
             },
         )
         log.info("%s", result)
@@ -298,7 +299,7 @@ class Coordinator:
             )
         if not now.committed:  # withdrawn and decided anew by a newer run, not finished yet
             raise ReplayIncompleteError(self._replay_incomplete(batch, "decided again by a newer run meanwhile"))
-        result = WriteResult(self.sink_id, batch, 0, 0, True, _total(started), earlier=now.earlier())
+        result = WriteResult(self.sink_id, batch, 0, 0, True, total_since(started), earlier=now.earlier())
         log.info("%s", result)  # the batch's one INFO line, as for a batch written
         return result
 

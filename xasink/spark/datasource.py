@@ -22,7 +22,6 @@ from pyspark.sql.types import StructType
 from xasink.errors import OptionError
 from xasink.options import WriteOptions, parse_options
 from xasink.protocol.coordinator import Coordinator
-from xasink.protocol.retry import again_if_deadlocked
 from xasink.protocol.xid import new_run_nonce
 from xasink.spark.batch_writer import XasinkBatchWriter
 from xasink.spark.planning import planning_failed, preflight_failed, prepare_write
@@ -118,11 +117,7 @@ class XasinkDataSource(DataSource):
                     replay = coordinator.check_batch(options.batch_id, query)
                     # take the batch over here, once, instead of in every task; then finish what earlier runs
                     # decided and roll back their branches of this batch (superseded now, so dead to recovery)
-                    claimed = again_if_deadlocked(
-                        coordinator.dialect,
-                        f"claiming sink {options.sink_id} batch {options.batch_id}",
-                        lambda: coordinator.claim(options.batch_id, run, plan.guard),
-                    )
+                    claimed = coordinator.claim(options.batch_id, run, plan.guard)
                     coordinator.recover(upto=options.batch_id, run=run)
                     # committed before (a replay of its target; a committed batch stays so): its tasks load nothing
                     committed = replay and not claimed and _committed(coordinator, options.batch_id)
