@@ -14,6 +14,7 @@ import pytest
 from tests.targets import mariadb_connect, mariadb_recover
 from xasink.dialects.mysql import MySQLBranch, MySQLDialect, xid_literal
 from xasink.dialects.values import TargetPlan
+from xasink.errors import ConcurrentWriterError
 from xasink.options import parse_options
 from xasink.protocol.xid import FORMAT_ID, Xid, new_run_nonce
 
@@ -518,40 +519,44 @@ def test_a_transaction_chosen_as_a_deadlocks_victim_runs_again_and_a_lock_wait_d
 
 
 @pytest.mark.parametrize("kind", BOTH)
-def test_a_claim_no_other_run_holds_locks_no_gap_another_sinks_claim_needs(
-    request: pytest.FixtureRequest, kind: str
-) -> None:
-    """The root of the claims' deadlocks: a run taking over a batch nobody held ran ``UPDATE ... run != me``,
-    whose search of an empty (sink, batch) range locks the InnoDB gap where the next sink's claims go, so a
-    claim of the sink beside it waited for (or deadlocked with) the first's transaction.  Now it reads first
-    and updates only a batch another run holds: the neighbour's claim goes through while the first is open,
-    and a second run of a held batch still supersedes the first."""
+def test_a_claim_locks_no_gap_another_sinks_claim_needs(request: pytest.FixtureRequest, kind: str) -> None:
+    """The root of the claims' deadlocks: a run taking over a batch ran ``UPDATE ... run != me``, whose search
+    of the (sink, batch) range locks the InnoDB gap where the next sink's claims go, so a claim of the sink
+    beside it waited for (or deadlocked with) the first's transaction.  Now the holders are read plainly and
+    superseded by their whole key: the neighbour's claim goes through while a first claim, or a take-over
+    from an earlier run, is open; and the later run still supersedes the earlier."""
     from xasink.protocol.coordinator import Coordinator
 
     url = _url(request, kind)
     prefix = f"gp{uuid.uuid4().hex[:8]}"
-    sinks = {name: f"{prefix}{name}" for name in "ab"}  # adjacent in the claims table's key order
-    coordinators = {
-        name: Coordinator(parse_options({"url": url, "dbtable": "unused", "sinkId": s, "controlLockTimeout": "2"}))
-        for name, s in sinks.items()
+    coordinators = {  # adjacent in the claims table's key order
+        name: Coordinator(
+            parse_options({"url": url, "dbtable": "unused", "sinkId": prefix + name, "controlLockTimeout": "2"})
+        )
+        for name in "abcd"
     }
-    a, b = coordinators["a"], coordinators["b"]
+    a, b, c, d = coordinators.values()
     try:
         a.preflight()
-        for c in (a, b):
-            with c.journal.locked(c.sink_id):
-                pass  # both sinks registered: the claims below touch only the claims table
+        for each in coordinators.values():
+            with each.journal.locked(each.sink_id):
+                pass  # every sink registered: the claims below touch only the claims table
+        assert c.claim(1, "runc1") is True  # the batch of sink c that a later run takes over
         with a.journal.locked(a.sink_id) as held:  # sink a's first run claims batch 1 and stays open
             a.journal.take_over(held, a.sink_id, 1, "runa1")
             assert b.claim(1, "runb1") is True  # no wait for sink a's transaction (a lock wait: 2 s, then error)
-        with b.dialect.connect() as conn:
-            assert b.journal.holder(conn, b.sink_id, 1) == "runb1"
-            assert a.journal.holder(conn, a.sink_id, 1) == "runa1"
-        assert a.claim(1, "runa2") is True  # another run of a held batch takes it over
+        with c.journal.locked(c.sink_id) as held:  # a replay of sink c's batch 1 takes it over and stays open
+            c.journal.take_over(held, c.sink_id, 1, "runc2")
+            assert d.claim(1, "rund1") is True
+        holders = {}
         with a.dialect.connect() as conn:
-            assert a.journal.holder(conn, a.sink_id, 1) == "runa2"
-            states = a.journal.claim_states(conn, a.sink_id, {1})
-        assert {run: s.superseded for (_, run), s in states.items()} == {"runa1": True, "runa2": False}
+            for each in coordinators.values():
+                holders[each.sink_id[-1]] = each.journal.holder(conn, each.sink_id, 1)
+            states = c.journal.claim_states(conn, c.sink_id, {1})
+        assert holders == {"a": "runa1", "b": "runb1", "c": "runc2", "d": "rund1"}
+        assert {run: s.superseded for (_, run), s in states.items()} == {"runc1": True, "runc2": False}
+        with pytest.raises(ConcurrentWriterError):
+            c.claim(1, "runc1")  # the earlier run may not write on
     finally:
-        for c in coordinators.values():
-            c.close()
+        for each in coordinators.values():
+            each.close()

@@ -36,16 +36,16 @@ class JournalClaims(JournalTables):
     def take_over(self, conn: Connection, sink_id: str, batch_id: int, run: str, guard: str | None = None) -> None:
         """:meth:`claim` for a run that has no claim of the batch yet (as :meth:`claim_view` read it).
 
-        A batch no other run holds (the usual case) gets no UPDATE: on InnoDB its search of the (sink, batch)
-        range locks the gap where other batches' claims go, and two sinks claiming side by side deadlocked on
-        those gaps.  The plain read takes no lock; under the sink lock no claim of the batch can appear."""
+        The runs holding the batch are read plainly, then superseded one by one by their whole key: a search
+        of the (sink, batch) range (``run != me``) locks on InnoDB the gap where the next sink's claims go, and
+        claims of sinks side by side waited for, or deadlocked on, each other.  The read must see every claim:
+        a caller's transaction reads plainly only after the sink lock was granted (InnoDB takes its snapshot
+        at the first plain read), and under the sink lock no claim of the batch can appear."""
         c = self.claims.c
         mine = c.sink_id == sink_id, c.batch_id == batch_id
-        held = sa.select(sa.exists().where(*mine, c.run != run, c.superseded.is_(False)))
-        if conn.execute(held).scalar():
-            conn.execute(
-                self.claims.update().where(*mine, c.run != run, c.superseded.is_(False)).values(superseded=True)
-            )
+        holders = conn.execute(sa.select(c.run).where(*mine, c.run != run, c.superseded.is_(False))).scalars()
+        for other in sorted(holders):
+            conn.execute(self.claims.update().where(*mine, c.run == other).values(superseded=True))
         conn.execute(
             self.claims.insert().values(
                 sink_id=sink_id,
