@@ -24,7 +24,7 @@ import psycopg2
 import pytest
 import sqlalchemy as sa
 
-from tests.harness import expected
+from tests.harness import expected, shadow_tables
 from tests.modes_driver import batch_direct, split
 from tests.targets import POSTGRESQL, Target, case
 
@@ -454,3 +454,32 @@ def test_a_swap_carries_the_identity_sequences_type_and_persistence_and_the_row_
     assert "not by a swap" not in caplog.text, caplog.text
     assert oid(db, table) != storage and db.execute(query) == before
     assert db.execute(f"SELECT id, name FROM {t} ORDER BY id") == NEW and leftovers(db) == []
+
+
+def test_a_writer_without_truncate_on_the_shadow_clears_it_by_delete(db: Target) -> None:
+    """Another user's shadow (an administrator's first overwrite made it) granted to the writer as a DBA grants
+    tables, SELECT, INSERT, UPDATE, DELETE and no TRUNCATE: the apply's TRUNCATE failed with 42501, an error
+    that is not the rows', so the decided batch could never be applied.  The shadow is cleared by DELETE then;
+    the writer's batch is applied, the shadow left empty, nothing prepared."""
+    x = uuid.uuid4().hex[:8]
+    writer, table, s = f"nt_w_{x}", f"nt_t_{x}", f"nt-{x}"
+    db.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, name text)")
+    db.execute(f"INSERT INTO {table} SELECT i, 'o' || i FROM generate_series(0, 299) i")
+    before = shadow_tables(db)
+    batch_direct(db.url, table, s, 0, COLUMNS, split(0, 300, 2))  # the administrator's: log and shadow made
+    (shadow,) = shadow_tables(db) - before
+    db.execute(f"CREATE ROLE {writer} LOGIN PASSWORD 'pw{x}'")
+    try:
+        db.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {writer}")
+        assert db.execute(f"SELECT has_table_privilege('{writer}', '{shadow}', 'TRUNCATE')") == [(False,)]
+        url = sa.engine.make_url(db.url).set(username=writer, password=f"pw{x}").render_as_string(hide_password=False)
+        result = batch_direct(url, table, s, 1, COLUMNS, split(200, 300, 3))
+        assert (result.rows, result.skipped) == (300, False)
+        assert db.execute(f"SELECT id, name FROM {table} ORDER BY id") == NEW
+        assert db.execute(f"SELECT count(*) FROM {shadow}") == [(0,)]
+        assert db.decision(s, 1).state == "committed"  # type: ignore[union-attr]
+        assert leftovers(db) == [] and db.prepared() == []
+    finally:
+        db.execute(f"DROP TABLE IF EXISTS {table}")
+        db.execute(f"DROP OWNED BY {writer}")
+        db.execute(f"DROP ROLE {writer}")
