@@ -127,7 +127,7 @@ CASES: dict[str, Case] = {
     # the conversions Spark's JDBC writer performs: numbers and booleans into text (the server's text of them)
     "pg-numbers-into-text": Case(
         POSTGRESQL,
-        "id int PRIMARY KEY, seq int, ti text, tl varchar(30), td text, tf text, tn text, tb text, tc char(4)",
+        "id int PRIMARY KEY, seq int, ti text, tl varchar(30), td text, tf text, tn text, tb text, tc char(4), tz text",
         {
             "id": ints(0, 1, 2, 3, 4, 5, 6),
             "seq": ints(0, 0, 0, 0, 0, 0, 0),
@@ -141,6 +141,11 @@ CASES: dict[str, Case] = {
             ),
             "tb": bools(True, False, None, True, True, False, False),
             "tc": ints(5, None, 42, 1, 2, 3, 4),
+            # plain digits, never Arrow's exponent (0E-18): a scale past 6 with a zero or a tiny value
+            "tz": pa.array(
+                [Decimal(0), Decimal("1E-18"), Decimal("-1E-18"), Decimal("123.45"), None, Decimal("1E-7"), Decimal(1)],
+                pa.decimal128(38, 18),
+            ),
         },
         paths=ALL_PATHS,
     ),
@@ -149,7 +154,7 @@ CASES: dict[str, Case] = {
     ),
     "maria-numbers-into-text": Case(
         MARIADB,
-        "id int PRIMARY KEY, seq int, ti text, tl varchar(30), tn text, tb text, tb5 varchar(5)",
+        "id int PRIMARY KEY, seq int, ti text, tl varchar(30), tn text, tb text, tb5 varchar(5), tz text",
         {
             "id": ints(0, 1, 2),
             "seq": ints(0, 0, 0),
@@ -158,6 +163,7 @@ CASES: dict[str, Case] = {
             "tn": pa.array([Decimal("1.50"), None, Decimal("-0.01")], pa.decimal128(6, 2)),
             "tb": bools(True, False, None),
             "tb5": bools(False, None, True),
+            "tz": pa.array([Decimal(0), Decimal("1E-18"), Decimal("-1E-7")], pa.decimal128(38, 18)),
         },
         paths=ALL_PATHS,
     ),

@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
+from xasink.dialects.decimal_text import decimal_text, may_have_exponent
 from xasink.dialects.hex_text import hex_text
 from xasink.errors import BranchError
 
@@ -86,6 +87,8 @@ def text_column(arr: pa.Array) -> pa.Array:
         out = arr.cast(pa.timestamp(t.unit)).cast(pa.large_string())  # the plan's are wall times (no zone)
     elif pa.types.is_float32(t):
         out = float32_text(arr)
+    elif pa.types.is_decimal(t):
+        out = decimal_text(arr, pa.large_string())
     else:
         out = arr.cast(pa.large_string())
     return out.fill_null(_NULL) if out.null_count else out
@@ -101,7 +104,7 @@ def _as_is(t: pa.DataType) -> bool:
     return (
         pa.types.is_integer(t)
         or (pa.types.is_floating(t) and not pa.types.is_float32(t))
-        or pa.types.is_decimal(t)
+        or (pa.types.is_decimal(t) and not may_have_exponent(t))
         or pa.types.is_date(t)
     )
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from xasink.dialects.decimal_text import decimal_text
 from xasink.dialects.hex_text import hex_text
 
 
@@ -26,6 +27,8 @@ def _element_text(values: pa.Array) -> pa.Array:
     if pa.types.is_timestamp(t) and t.tz is not None:
         wall = pc.local_timestamp(values.cast(pa.timestamp(t.unit, tz="UTC"))).cast(pa.large_string())
         return pc.binary_join_element_wise(wall, pa.scalar("+00", pa.large_string()), pa.scalar("", pa.large_string()))
+    if pa.types.is_decimal(t):
+        return decimal_text(values, pa.large_string())
     return values.cast(pa.large_string())
 
 

@@ -10,6 +10,7 @@ from typing import Any, Protocol
 import pyarrow as pa
 
 from xasink.dialects.branch_session import BranchSession
+from xasink.dialects.decimal_text import decimal_text
 from xasink.dialects.postgres.arrays import array_text
 from xasink.dialects.postgres.sql import (
     SLOT_CAPACITY,
@@ -159,7 +160,7 @@ class PostgresBranch(BranchSession):
             columns = [
                 array_text(col)
                 if pa.types.is_list(col.type)
-                else col.cast(pa.string())
+                else decimal_text(col)
                 if name in as_text and pa.types.is_decimal(col.type)
                 else col
                 for name, col in zip(batch.schema.names, batch.columns, strict=True)
