@@ -219,11 +219,11 @@ LISTED: list[Listed] = [
         "double-into-maria-text",
         ("mariadb",),
         ("float", "double"),
-        ("text", "varchar10", "char5"),
+        ("text", "varchar10", "char5", "json"),
         kind=("xasink-refuses",),
         docs=(
             "FloatType, DoubleType",
-            "MariaDB CHAR, VARCHAR, TEXT",
+            "MariaDB CHAR, VARCHAR, TEXT, JSON",
             "the server's text of the literal Java prints (`1.0` for 1.0, `1e300` for 1.0E300, `0.00001` for 1.0E-5)",
             "refuses it (\"cast it in Spark first\"): that text follows Java's and the server's formatting rules, "
             "not the value's; format it in Spark (`format_number`, a cast to string)",
@@ -281,9 +281,10 @@ LISTED: list[Listed] = [
     ),
     Listed(
         "array-into-text",
-        (),
-        ANY,
-        ANY,
+        ("pg",),
+        ("ints", "strings"),
+        ("text", "varchar10", "char5"),
+        kind=("xasink-refuses",),
         docs=(
             "ArrayType",
             "PostgreSQL text, varchar",
@@ -317,25 +318,40 @@ LISTED: list[Listed] = [
     ),
 ]
 
+NUMBERS = ("bool", "byte", "short", "int", "long", "float", "double", "dec10_2", "dec38_18", "dec38_0")
+LISTED += [
+    Listed(
+        "numbers-into-maria-enum-set",
+        ("mariadb",),
+        NUMBERS,
+        ("enum", "set"),
+        kind=("xasink-refuses",),
+        docs=(
+            "BooleanType, the integer, floating and decimal types",
+            "MariaDB ENUM, SET",
+            "the member at that index (ENUM: 1 is the first member; SET: the members of the number's bits)",
+            'refuses it ("cast it in Spark first"): a number is almost never meant as an index; write the '
+            "member's name as a string",
+        ),
+    ),
+    Listed(
+        "other-into-maria-bit",
+        ("mariadb",),
+        ("float", "double", "dec10_2", "dec38_18", "dec38_0", "string", "binary", "date", "ts", "ntz"),
+        ("bit1", "bit8"),
+        kind=("xasink-refuses",),
+        docs=(
+            "FloatType, DoubleType, DecimalType, StringType, BinaryType, DateType, TimestampType",
+            "MariaDB BIT",
+            "the server's conversion of the value (a number with a fraction rounded to a whole one)",
+            "refuses the column: a BIT column takes BooleanType and the integer types, their bits as Spark's JDBC "
+            "writer sends them",
+        ),
+    ),
+]
 
 DROPIN = "issue 38 drop-in conversion (branch dropin)"
-INTS = ("smallint", "integer", "bigint", "tinyint", "tinyint-u", "smallint-u", "int", "int-u", "bigint-u")
-TEXTS = ("text", "varchar10", "char5", "json", "enum", "set")
-NUMBERS = ("bool", "byte", "short", "int", "long", "float", "double", "dec10_2", "dec38_18", "dec38_0")
 PENDING: list[Listed] = [
-    Listed("arrays", ("pg",), ("ints", "strings"), ANY, ("xasink-refuses",), pending=DROPIN),
-    Listed("into-arrays", ("pg",), ANY, ("int[]", "text[]"), ("xasink-refuses",), pending=DROPIN),
-    Listed("bit", ("mariadb",), ANY, ("bit1", "bit8"), ("xasink-refuses",), pending=DROPIN),
-    Listed("numbers-into-text", ANY, NUMBERS, TEXTS, ("xasink-refuses",), pending=DROPIN),
-    Listed(
-        "into-int",
-        ANY,
-        ("float", "double", "dec10_2", "dec38_18", "dec38_0"),
-        INTS,
-        ("xasink-refuses",),
-        pending=DROPIN,
-    ),
-    Listed("ts-into-date", ANY, ("ts", "ntz"), ("date",), ("xasink-refuses",), pending=DROPIN),
     Listed("strings-into-maria", ("mariadb",), ("string",), ANY, ("xasink-refuses",), pending=DROPIN),
     # the rest of issue 38's class "JDBC writes, xasink refuses" that its list does not name (MariaDB's implicit
     # conversions: 0 into DATETIME, a timestamp's text into BLOB, booleans into INT; dates into text)
