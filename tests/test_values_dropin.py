@@ -238,6 +238,29 @@ CASES: dict[str, Case] = {
         },
         paths=ALL_PATHS,
     ),
+    # strings into MariaDB numbers, DATETIME, TIMESTAMP, TIME, YEAR, BOOLEAN: the server's reading, as of JDBC's
+    "maria-strings-into-numbers-and-times": Case(
+        MARIADB,
+        "id int PRIMARY KEY, seq int, i int, bu bigint unsigned, n decimal(6,2), f double, dt datetime(3), "
+        "ts timestamp(6) NULL, t time, y year, b boolean",
+        {
+            "id": ints(0, 1, 2),
+            "seq": ints(0, 0, 0),
+            "i": pa.array(["42", "-7", None]),
+            "bu": pa.array(["18446744073709551615", None, "0"]),
+            "n": pa.array(["1.005", "-9999.99", None]),  # (rounded by the server, for both)
+            "f": pa.array(["0.1", "1e300", None]),
+            "dt": pa.array(["2024-01-15 12:34:56.789", "2024-1-5", None]),
+            "ts": pa.array(["2024-07-01 00:00:00.123456", None, "2024-01-15"]),
+            "t": pa.array(["42", "12:34:56", None]),
+            "y": pa.array(["0", "2024", "69"]),  # '0' is 2000, as a string (the number 0 is 0000)
+            "b": pa.array(["1", "0", None]),
+        },
+        paths=ALL_PATHS,
+    ),
+    "maria-string-not-a-number": Case(
+        MARIADB, "id int PRIMARY KEY, i int", {"id": ints(0), "i": pa.array(["forty-two"])}, refused="for column"
+    ),
     "maria-string-not-a-date": Case(
         MARIADB, "id int PRIMARY KEY, d date", {"id": ints(0), "d": pa.array(["not a date"])}, refused="for column"
     ),

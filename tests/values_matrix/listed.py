@@ -350,9 +350,7 @@ LISTED += [
     ),
 ]
 
-DROPIN = "issue 38 drop-in conversion (branch dropin)"
 PENDING: list[Listed] = [
-    Listed("strings-into-maria", ("mariadb",), ("string",), ANY, ("xasink-refuses",), pending=DROPIN),
     # the rest of issue 38's class "JDBC writes, xasink refuses" that its list does not name (MariaDB's implicit
     # conversions: 0 into DATETIME, a timestamp's text into BLOB, booleans into INT; dates into text)
     Listed("other-gap", ANY, ANY, ANY, ("xasink-refuses",), pending="drop-in gap not named in issue 38"),

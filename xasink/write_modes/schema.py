@@ -181,8 +181,9 @@ def plan_target(dialect: Dialect, conn: Connection, options: WriteOptions, sourc
             )
         if target is None:
             raise PreflightError(
-                f"column '{name}' of {_qualified(options)} has type {col['type']}, which xasink "
-                "cannot load; write to a column of a supported type"
+                f"column '{name}' of {_qualified(options)} has type {col['type']}, into which xasink does not write "
+                f"the DataFrame's {f.type} (docs/types.md lists what each column type takes): cast it in Spark "
+                "first, or write to a column of another type"
             )
         if not _compatible(f.type, target):
             raise PreflightError(

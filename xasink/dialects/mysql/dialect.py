@@ -373,7 +373,7 @@ class MySQLDialect(Dialect):
     def server_cast(self, column: Any, source: pa.DataType, target: pa.DataType) -> str | None:
         from xasink.dialects.mysql import types
 
-        return types.server_cast(column)
+        return types.server_cast(column, source)
 
     def sql_type(self, arrow_type: pa.DataType) -> sa.types.TypeEngine[Any] | None:
         from xasink.dialects.mysql import types

@@ -22,6 +22,10 @@ def arrow_type(column: Any, source: pa.DataType) -> pa.DataType | None:
         if pa.types.is_boolean(source) or pa.types.is_integer(source):
             return pa.binary(((t.length or 1) + 7) // 8)  # (fixed-size: only a BIT column takes this type)
         return None
+    if pa.types.is_string(source) and not isinstance(t, sa.types._Binary):
+        # a number, a DATETIME, a TIME, a YEAR...: the server's reading of the string, as of the string Spark's
+        # JDBC writer sends (LOAD DATA reads every field as text; an INSERT's quoted literal is that string)
+        return pa.string()
     if isinstance(t, mysql.TINYINT):  # BOOLEAN is TINYINT(1): it takes booleans, and small integers
         if pa.types.is_boolean(source):
             return pa.bool_()
@@ -62,10 +66,11 @@ def arrow_type(column: Any, source: pa.DataType) -> pa.DataType | None:
     return None
 
 
-def server_cast(column: Any) -> str | None:
+def server_cast(column: Any, source: pa.DataType) -> str | None:
     """YEAR takes a number as Spark's JDBC writer sends it: LOAD DATA reads its field as text, and the text '0'
-    is the year 2000 where the number 0 is 0000 (1 to 99 read alike either way); the load casts it back."""
-    return "SIGNED" if isinstance(column["type"], mysql.YEAR) else None
+    is the year 2000 where the number 0 is 0000 (1 to 99 read alike either way); the load casts it back.  A
+    string stays text, as JDBC sends it."""
+    return "SIGNED" if isinstance(column["type"], mysql.YEAR) and not pa.types.is_string(source) else None
 
 
 def sql_type(arrow_type: pa.DataType) -> sa.types.TypeEngine[Any] | None:
