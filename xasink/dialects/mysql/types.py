@@ -61,8 +61,8 @@ def arrow_type(column: Any, source: pa.DataType) -> pa.DataType | None:
         return pa.binary()
     if isinstance(t, sa.DateTime):  # DATETIME, TIMESTAMP: as Spark's JDBC writer, an instant's session wall time
         return pa.timestamp("us")
-    if isinstance(t, sa.Date):  # a string as the server reads the literal Spark's JDBC writer sends
-        return pa.string() if pa.types.is_string(source) else pa.date32()
+    if isinstance(t, sa.Date):  # (a string went as text above)
+        return pa.date32()
     return None
 
 
