@@ -37,9 +37,12 @@ from typing import Any
 
 import pytest
 
-from tests.jvm import FAST_START
-
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run as a script (the cluster's driver): tests/ is on the path, not the repo
+    sys.path.insert(0, str(ROOT))
+
+from tests.jvm import FAST_START  # noqa: E402 - after the path above
+
 RESULTS = ROOT / "benchmarks" / "results" / "faults.json"
 
 JAVA_MODULE_OPTIONS = [
