@@ -560,3 +560,47 @@ def test_a_claim_locks_no_gap_another_sinks_claim_needs(request: pytest.FixtureR
     finally:
         for each in coordinators.values():
             each.close()
+
+
+@pytest.mark.parametrize("kind", BOTH)
+def test_a_part_being_recorded_locks_no_gap_another_transactions_part_needs(
+    request: pytest.FixtureRequest, kind: str
+) -> None:
+    """A multi-target write records its prepared branches as a part (xasink/journal/parts.py).  Recording
+    deleted the part's earlier record first, and that DELETE finding no row locks on InnoDB the gap where the
+    next sink's parts go: two transactions recording parts at once deadlocked (scenario seed 30115, told a raw
+    1213), and one held open made the other wait.  Now the neighbour's part goes in at once, and a part
+    recorded again replaces its first record."""
+    from xasink.journal.parts import Part, ensure_parts, read_parts, record_part
+    from xasink.protocol.coordinator import Coordinator
+
+    url = _url(request, kind)
+    prefix = f"pp{uuid.uuid4().hex[:8]}"
+    a, b = (
+        Coordinator(parse_options({"url": url, "dbtable": "unused", "sinkId": prefix + n, "controlLockTimeout": "2"}))
+        for n in "ab"
+    )
+
+    run = new_run_nonce()
+
+    def part(sink: str, xids: int) -> Part:
+        gids = tuple(Xid(a.journal.log_id(), sink, 1, i, f"{i}-{run}") for i in range(xids))
+        return Part(sink, 1, run, 0, "server", "{}", gids, xids, 0, False)
+
+    try:
+        a.preflight()  # the log's tables
+        ensure_parts(a.journal)
+        with a.dialect.connect() as held, held.begin():  # sink a's part, its transaction left open
+            record_part(held, a.journal, part(a.sink_id, 1))
+            with b.dialect.connect() as conn, conn.begin():  # a lock wait: 2 s, then an error
+                record_part(conn, b.journal, part(b.sink_id, 1))
+        with a.dialect.connect() as conn, conn.begin():  # a retried commit of the same write
+            record_part(conn, a.journal, part(a.sink_id, 2))
+        with a.dialect.connect() as conn:
+            recorded = {s: read_parts(conn, a.journal, s, 1) for s in (a.sink_id, b.sink_id)}
+        assert {s: [len(p.xids) for p in parts] for s, parts in recorded.items()} == {a.sink_id: [2], b.sink_id: [1]}
+    finally:
+        with a.dialect.connect() as conn, conn.begin():
+            conn.execute(a.journal.parts.delete().where(a.journal.parts.c.sink_id.in_([a.sink_id, b.sink_id])))
+        a.close()
+        b.close()

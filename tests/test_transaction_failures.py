@@ -35,6 +35,7 @@ from tests.harness import (
     frame,
     host_port,
     kill_session_lock_holder,
+    log_table_locked,
     save_by,
     sink_row_locked,
     sink_row_locked_once_prepared,
@@ -141,6 +142,30 @@ def test_a_lock_held_on_the_log_at_a_writes_recovery_is_an_xasink_error(  # type
         earlier.mc.abort()
         earlier.close()
     assert maria.prepared(sink) == [] and rows(maria, events) == []
+
+
+@pytest.mark.spark
+def test_a_lock_held_on_the_logs_parts_as_a_write_records_its_part_is_an_xasink_error(  # type: ignore[no-untyped-def]
+    spark, pg, maria, sink
+):
+    """A write's commit records its prepared branches as a part of the transaction in the log; another
+    session holds the log's parts table past controlLockTimeout.  The user's ``tx.write`` raises
+    BatchAbortedError naming the step and its cause, and nothing of the transaction is visible or prepared.
+    Before, the data source's commit raised the raw error (long-run seed 30115: a deadlock there, which is now
+    run again), and ``tx.write`` named only the write."""
+    orders, _, events = three_tables(pg, maria)
+    with xasink.transaction(sink_id=sink, batch_id=1, journal_url=maria.url, controlLockTimeout=1) as tx:
+        tx.write(frame(spark, range(3), 2), pg.url, orders)  # the log's parts table, with a part in it
+    with ExitStack() as lock, pytest.raises(xasink.BatchAbortedError) as caught:
+        with xasink.transaction(sink_id=sink, batch_id=2, journal_url=maria.url, controlLockTimeout=1) as tx:
+            tx.write(frame(spark, range(10, 14), 2), pg.url, orders)
+            lock.enter_context(log_table_locked(maria, "xasink_parts"))
+            tx.write(frame(spark, range(100, 104), 2), maria.url, events)
+    told = str(caught.value)
+    assert "transaction 2: recording write 1 in the decision log failed" in told, told
+    assert "Lock wait timeout" in told and "nothing it wrote is visible" in told, told
+    assert rows(pg, orders) == expected(range(3)) and rows(maria, events) == []
+    assert pg.prepared(sink) == [] and maria.prepared(sink) == []
 
 
 @pytest.mark.spark

@@ -55,25 +55,31 @@ def ensure_parts(journal: Journal) -> None:
 
 
 def record_part(conn: Connection, journal: Journal, part: Part) -> None:
-    """Record one write's prepared branches (idempotent: a retried commit of the same part replaces it)."""
+    """Record one write's prepared branches, in the caller's transaction (idempotent: a retried commit of
+    the same part replaces it).
+
+    The earlier record is looked for plainly and deleted by its whole key only when there is one: a DELETE
+    that finds no row locks, on InnoDB, the gap where other writes' parts go, and two transactions recording
+    their parts at once deadlocked on each other's gap (scenario seed 30115).  Only the run itself records
+    this key, so the plain read cannot miss a concurrent one."""
     p = journal.parts.c
     key = (p.sink_id == part.sink_id, p.batch_id == part.batch_id, p.run == part.run, p.part == part.part)
-    with conn.begin():
+    if conn.execute(sa.select(p.part).where(*key)).first() is not None:
         conn.execute(journal.parts.delete().where(*key))
-        conn.execute(
-            journal.parts.insert().values(
-                sink_id=part.sink_id,
-                batch_id=part.batch_id,
-                run=part.run,
-                part=part.part,
-                server=part.server,
-                target=part.target,
-                xids=json.dumps([x.gid for x in part.xids]),
-                rows=part.rows,
-                prepare_ms=part.prepare_ms,
-                committed=False,
-            )
+    conn.execute(
+        journal.parts.insert().values(
+            sink_id=part.sink_id,
+            batch_id=part.batch_id,
+            run=part.run,
+            part=part.part,
+            server=part.server,
+            target=part.target,
+            xids=json.dumps([x.gid for x in part.xids]),
+            rows=part.rows,
+            prepare_ms=part.prepare_ms,
+            committed=False,
         )
+    )
 
 
 def read_parts(conn: Connection, journal: Journal, sink_id: str, batch_id: int, run: str | None = None) -> list[Part]:

@@ -22,6 +22,8 @@ from xasink.journal.parts import Part, record_part
 from xasink.journal.targets import target_identity
 from xasink.options import WriteOptions
 from xasink.protocol.coordinator import ABORT_SETTLE_S, Coordinator
+from xasink.protocol.multi_target import ROLLED_BACK
+from xasink.protocol.retry import RetryPolicy, again_if_deadlocked
 from xasink.results import BranchOutcome
 from xasink.spark.planning import WritePlan, arrow_schema
 
@@ -55,7 +57,8 @@ def tx_write(raw: Mapping[str, Any]) -> TxWrite | None:
 
 
 def _journal(options: WriteOptions, tx: TxWrite) -> Journal:
-    return Journal(dialect_for(tx.journal_url), options.journal_schema, options.journal_prefix)
+    """The transaction's log, its control connections waiting for locks up to the write's controlLockTimeout."""
+    return Journal(dialect_for(tx.journal_url, options.branch_settings), options.journal_schema, options.journal_prefix)
 
 
 def prepare_tx_write(options: WriteOptions, schema: StructType, tx: TxWrite) -> WritePlan:
@@ -85,24 +88,30 @@ def record_tx_part(options: WriteOptions, tx: TxWrite, run: str, outcomes: Seque
     xids = tuple(x for x in (o.xid for o in done) if x is not None)
     dialect = dialect_for(options.url)
     journal = _journal(options, tx)
-    try:
-        with dialect.connect() as conn:
-            server = dialect.server_identity(conn)
-            target = target_identity(conn, options.table.schema, options.table.name)
-        part = Part(
-            options.sink_id,
-            options.batch_id,
-            run,
-            tx.part,
-            server,
-            target,
-            xids,
-            sum(o.rows for o in done if o.gid),
-            int(max((o.seconds for o in done), default=0.0) * 1000),
-            False,
-        )
-        with journal.dialect.connect() as conn:
-            record_part(conn, journal, part)
+    what = f"sink {options.sink_id} transaction {options.batch_id}: recording write {tx.part} in the decision log"
+    try:  # Spark's abort then rolls back this write's branches, and the transaction's block every other write's
+        with RetryPolicy(journal.dialect, options).never_raw(lambda why: f"{what} failed ({why}); {ROLLED_BACK}"):
+            with dialect.connect() as conn:
+                server = dialect.server_identity(conn)
+                target = target_identity(conn, options.table.schema, options.table.name)
+            part = Part(
+                options.sink_id,
+                options.batch_id,
+                run,
+                tx.part,
+                server,
+                target,
+                xids,
+                sum(o.rows for o in done if o.gid),
+                int(max((o.seconds for o in done), default=0.0) * 1000),
+                False,
+            )
+
+            def record() -> None:
+                with journal.dialect.connect() as conn, conn.begin():
+                    record_part(conn, journal, part)
+
+            again_if_deadlocked(journal.dialect, what, record)
         log.info(
             "sink %s transaction %s: write %d prepared %d branches",
             options.sink_id,
