@@ -35,7 +35,8 @@ from xasink.spark.batch_writer import XasinkBatchWriter
 from xasink.spark.datasource import XasinkDataSource
 from xasink.spark.planning import arrow_schema
 from xasink.spark.write_task import XasinkCommitMessage
-from xasink.write_modes.schema import conform, plan_target
+from xasink.write_modes.conform import conform
+from xasink.write_modes.schema import plan_target
 
 STATS_OPTION = "xasink.benchStatsDir"  # in xasink's internal namespace: its data source does not parse it
 

@@ -49,3 +49,15 @@ def test_the_row_side_is_there_when_asked_for() -> None:
         assert "no_such_name" in str(exc)
     else:
         raise AssertionError("a missing name must raise AttributeError")
+
+
+def test_every_benchmark_module_imports() -> None:
+    """benchmarks/ is run by hand, so nothing else notices when a module it uses moves (benchmarks/sources.py
+    imported ``conform`` from its old module, and every throughput run failed at its Spark session)."""
+    probe = (
+        "import importlib, pkgutil, benchmarks\n"
+        "for m in pkgutil.iter_modules(benchmarks.__path__):\n"
+        "    importlib.import_module('benchmarks.' + m.name)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
