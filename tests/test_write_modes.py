@@ -1069,6 +1069,36 @@ def test_a_run_finds_its_decision_applied_and_compacted_while_it_stalled(
     assert_settled(db, s)
 
 
+def waiting_for_a_lock(db: Target, query_like: str) -> bool:
+    """Whether a session of the test's PostgreSQL database waits for a lock, running a query like this."""
+    q = (
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' "
+        "AND query LIKE %s"
+    )
+    return int(db.execute(q, query_like)[0][0]) > 0
+
+
+def batch_row_locked(db: Target, sink_id: str, batch_id: int) -> bool:
+    """Whether another session holds the log's row of the batch (an apply marks it inside its transaction)."""
+    with db.connect() as conn, conn.cursor() as cur:
+        if db.kind == POSTGRESQL:
+            conn.autocommit = False
+        else:
+            conn.begin()
+        try:
+            cur.execute(
+                f"SELECT batch_id FROM {db.q('xasink_batches')} WHERE sink_id = %s AND batch_id = %s FOR UPDATE NOWAIT",
+                (sink_id, batch_id),
+            )
+            return False
+        except Exception as exc:  # noqa: BLE001 - the lock is not available: PostgreSQL 55P03, MariaDB 1205
+            if getattr(exc, "pgcode", None) == "55P03" or (exc.args and exc.args[0] == 1205):
+                return True
+            raise
+        finally:
+            conn.rollback()
+
+
 @pytest.mark.parametrize("db", [case(POSTGRESQL)], indirect=True)  # MariaDB: the kept schedule (FOUND.md 8.3)
 def test_a_withdrawal_that_lost_its_race_to_a_recovery_is_told_written(
     db: Target, monkeypatch: pytest.MonkeyPatch
@@ -1094,11 +1124,16 @@ def test_a_withdrawal_that_lost_its_race_to_a_recovery_is_told_written(
         db.execute(f"ALTER TABLE {db.q(table)} ALTER COLUMN c DROP DEFAULT")
         cur.execute("BEGIN")
         cur.execute(f"SELECT sink_id FROM {db.q('xasink_sinks')} WHERE sink_id = %s FOR UPDATE", (s,))
-        time.sleep(3)  # the driver wakes, its apply fails on the rows, its withdrawal waits for the sink's row
-        assert not job.done()
+        deadline = time.monotonic() + 60  # the driver wakes, its apply fails on the rows (its transaction, with
+        while not waiting_for_a_lock(db, "%xasink_sinks%"):  # the batch's row, ends), its withdrawal waits
+            assert time.monotonic() < deadline and not job.done(), "the driver's withdrawal never waited"
+            time.sleep(0.05)
         db.execute(f"ALTER TABLE {db.q(table)} ALTER COLUMN c SET DEFAULT 0")
         recovery = pool.submit(admin.recover, db.url, sink_id=s, older_than_s=0)
-        time.sleep(1.5)  # the recover holds the batch's row, marked but not committed, inside its apply
+        deadline = time.monotonic() + 60  # the recover holds the batch's row, marked but not committed, in its apply
+        while not batch_row_locked(db, s, 5):  # (a fixed 1.5 s was too short on a loaded machine: CI failed)
+            assert time.monotonic() < deadline and not recovery.done(), "the recover never reached its apply"
+            time.sleep(0.05)
         cur.execute("COMMIT")
         result = job.result(timeout=60)
         report = recovery.result(timeout=60)
