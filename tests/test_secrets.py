@@ -380,6 +380,20 @@ def test_redact_removes_every_quoting_and_credential_shapes() -> None:
     assert "port=1" in out and "x=1" in out and "postgresql://u:***@h/db" in out
 
 
+def test_a_retry_policy_over_another_databases_log_masks_both_passwords() -> None:
+    """A transaction's decision log may be on another database, with other credentials, than the write it
+    judges errors for (txwrite's recording of a part): a message the policy writes loses both passwords."""
+    from xasink.dialects import dialect_for
+    from xasink.options import parse_url
+    from xasink.protocol.retry import RetryPolicy
+
+    other = "log-only-" + SECRET[::-1]
+    options = parse_options({"url": f"postgresql://etl:{Q}@h:5432/db", "dbtable": "t", "sinkId": "s"})
+    policy = RetryPolicy(dialect_for(parse_url(f"mysql://log:{quote(other, safe='')}@h2:3306/logs")), options)
+    told = policy.describe(RuntimeError(f"server said {other} and {SECRET}"))
+    assert other not in told and SECRET not in told and told.startswith("RuntimeError: server said "), told
+
+
 def test_cli_log_formatter_cleans_tracebacks() -> None:
     from xasink.support.masking import RedactingFormatter
 

@@ -69,14 +69,17 @@ def _deadlock_in(dialect: Dialect, exc: BaseException | None) -> bool:
 
 
 class RetryPolicy:
-    """The dialect's judgement of an error, and the sink's commitTimeout / commitRetries budget."""
+    """The dialect's judgement of an error, and the sink's commitTimeout / commitRetries budget.
+
+    Messages it writes lose the secrets of the sink's URL and of the dialect's own (a transaction's decision
+    log may be on another database than the write's target, with other credentials)."""
 
     def __init__(self, dialect: Dialect, options: WriteOptions) -> None:
         self.dialect = dialect
         self.sink_id = options.sink_id
         self.timeout_s = options.commit_timeout
         self.retries = options.commit_retries
-        self._secrets = url_secrets(options.url)
+        self._secrets = url_secrets(options.url) + url_secrets(dialect.url)
 
     def deadline(self) -> float:
         """commitTimeout from now, on the time.monotonic clock."""
