@@ -110,6 +110,17 @@ def test_speculative_copy_of_a_straggler_commits_each_row_once(
         # the copy adopts the prepared branch without loading a row, so the upsert's branch is adopted as the
         # append's is: MariaDB's adoption is the append case, the upsert's layout is PostgreSQL's case
         pytest.skip("soak test: the upsert case on MariaDB (the append case adopts the same way)")
+    took = straggler_run(driver, db, point, mode)
+    if took >= STALL_S:
+        # Spark launched the copy only after the straggler woke (a CI run under load once took 43.4 s): that run's
+        # rows, decision and prepared branches were checked, but it did not reach the copy's path; once more
+        took = straggler_run(driver, db, point, mode)
+    assert took < STALL_S, f"the job ended {took:.1f} s after its first branch prepared: Spark did not speculate"
+
+
+def straggler_run(driver: ClusterDriver, db: Target, point: str, mode: str) -> float:
+    """One batch with partition 1's first attempt stalled at ``point``: checks the outcome, returns how long after
+    the first branch prepared the job ended (below STALL_S: the copy's attempt, not the straggler, ended it)."""
     table, sink = db.new_table(), f"sp{uuid.uuid4().hex[:10]}"
     db.keyed_table(table, primary_key=mode == "upsert")
     options = {"upsertKeyColumns": "id"} if mode == "upsert" else {}
@@ -145,9 +156,9 @@ def test_speculative_copy_of_a_straggler_commits_each_row_once(
     # two tasks do the same work up to it), not when the job was submitted (a cold, loaded cluster takes seconds)
     assert stalled_at is not None, "no branch of the batch was ever seen prepared"
     took = ended - stalled_at
-    assert took < STALL_S, f"the job ended {took:.1f} s after its first branch prepared: Spark did not speculate"
-    if point == "task.before_prepare":
+    if point == "task.before_prepare" and took < STALL_S:
         assert xids[1].task_attempt_id > xids[0].task_attempt_id + 1, "partition 1 was not the copy's"
     time.sleep(max(0.0, t0 + STALL_S + 8 - time.monotonic()))  # the straggler's stall is over: late or killed
     assert sorted((int(i), str(n)) for i, n in db.rows(table, "id")) == [(i, f"n{i}") for i in range(40)]
     assert db.prepared(sink) == []
+    return took
