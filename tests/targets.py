@@ -414,6 +414,12 @@ class Target(ABC):
     def set_lock_timeout(self, cursor: Any, seconds: int) -> None:
         """Make the session's statements give up after waiting ``seconds`` for a row lock."""
 
+    @abstractmethod
+    def lock_waiters(self, statement_like: str = "%") -> list[str]:
+        """The sessions of this database waiting for a lock, running a statement ``LIKE statement_like`` (any
+        case): PostgreSQL's application_name of each, MariaDB's connection id.  Tests poll it for "the other
+        side now waits", instead of sleeping."""
+
 
 # --------------------------------------------------------------------------- PostgreSQL
 
@@ -497,6 +503,13 @@ class PostgresTarget(Target):
 
     def set_lock_timeout(self, cursor: Any, seconds: int) -> None:
         cursor.execute(f"SET lock_timeout = '{int(seconds)}s'")
+
+    def lock_waiters(self, statement_like: str = "%") -> list[str]:
+        q = (
+            "SELECT application_name FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid() AND query ILIKE %s"
+        )
+        return [str(name) for (name,) in self.execute(q, statement_like)]
 
 
 # --------------------------------------------------------------------------- MariaDB
@@ -620,6 +633,14 @@ class MariaDBTarget(Target):
 
     def set_lock_timeout(self, cursor: Any, seconds: int) -> None:
         cursor.execute(f"SET SESSION innodb_lock_wait_timeout = {int(seconds)}")
+
+    def lock_waiters(self, statement_like: str = "%") -> list[str]:
+        # InnoDB's row-lock waits (INNODB_TRX is refreshed at most every 0.1 s: a poll sees a wait a little late)
+        q = (
+            "SELECT trx_mysql_thread_id FROM information_schema.INNODB_TRX "
+            "WHERE trx_state = 'LOCK WAIT' AND trx_query LIKE %s AND trx_mysql_thread_id <> CONNECTION_ID()"
+        )
+        return [str(ident) for (ident,) in self.execute(q, statement_like)]
 
 
 def is_lock_timeout(target: Target, exc: BaseException) -> bool:

@@ -22,9 +22,11 @@ from tests.doc_cases import raises
 from tests.harness import VALUES, expected, record_batch
 from tests.leaks import SECRET, assert_no_secret
 from tests.targets import (
+    POSTGRESQL,
     commit_prepared,
     connect,
     make_foreign_prepared,
+    make_target,
     prepared_gids,
     rollback_prepared,
     rows,
@@ -375,13 +377,8 @@ def _wait_for_lock_wait(url: str, thread: threading.Thread) -> None:
     """Until some backend of this database waits on a heavyweight lock (the recovery's SELECT ... FOR UPDATE)."""
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        with connect(url) as conn, conn.cursor() as cur:
-            cur.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                "AND wait_event_type = 'Lock' AND query ILIKE '%FOR UPDATE%'"
-            )
-            if cur.fetchone()[0] > 0:
-                return
+        if make_target(POSTGRESQL, url).lock_waiters("%FOR UPDATE%"):
+            return
         assert thread.is_alive(), "recovery finished without waiting for the sink lock"
         time.sleep(0.05)
     pytest.fail("recovery never waited for the sink lock")

@@ -20,7 +20,7 @@ import pytest
 import xasink.protocol.partition_writer
 from tests.doc_cases import raises
 from tests.harness import TargetSink, expected, record_batch
-from tests.targets import POSTGRESQL, Target
+from tests.targets import Target
 from xasink.errors import LateBranchError
 from xasink.protocol.coordinator import Coordinator
 from xasink.protocol.xid import Xid
@@ -66,17 +66,6 @@ class Sink(TargetSink):
     def decided(self) -> list[str]:
         found = self.db.decision(self.sink_id, 1)
         return sorted(found.xids) if found is not None else []
-
-    def waiting_on_a_lock(self) -> bool:
-        """Some session of this database waits for a row lock on the sink's table (the blocked attempt)."""
-        if self.db.kind == POSTGRESQL:
-            q = (
-                "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
-                "WHERE NOT l.granted AND a.datname = current_database()"
-            )
-            return int(self.db.execute(q)[0][0]) > 0
-        q = "SELECT count(*) FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT' AND trx_query LIKE %s"
-        return int(self.db.execute(q, f"%{self.table}%")[0][0]) > 0
 
 
 def gid(outcome: BranchOutcome | None) -> str:
@@ -198,9 +187,9 @@ def test_upsert_copy_blocked_by_the_prepared_original_does_not_deadlock_and_roll
         original_prepared.set()
         second = sink.attempt(1, 2, P1)
         deadline = time.monotonic() + 20
-        while not sink.waiting_on_a_lock() and time.monotonic() < deadline:
+        while not sink.db.lock_waiters(f"%{sink.table}%") and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert sink.waiting_on_a_lock(), "the copy does not wait on the original's locks"
+        assert sink.db.lock_waiters(f"%{sink.table}%"), "the copy does not wait on the original's locks"
 
         sink.commit([original, second])
     finally:

@@ -22,6 +22,7 @@ import pytest
 from pyspark.sql import DataFrame
 
 import xasink
+from tests.cluster import wait_for
 from tests.harness import ROWS, Stream, failure_text, log_table_locked, needs_data_source, no_branch_opened
 from tests.targets import Target, connect, prepared_gids, rollback_prepared
 from xasink.dialects import dialect_for
@@ -31,14 +32,6 @@ from xasink.protocol.partition_writer import write_partition
 from xasink.protocol.xid import Xid, attempt_token, new_run_nonce
 from xasink.support.faults import LOCAL_PROPERTY
 from xasink.write_modes.schema import plan_target
-
-
-def wait_for(condition: Callable[[], bool], what: str, timeout: float = 180.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 def hold_partition(flag: Path, partition: int) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
@@ -230,7 +223,7 @@ def test_clean_stop_leaves_nothing_prepared(stream: Stream, tmp_path: Path) -> N
     flag = tmp_path / "release"
     df = stream.frame(2, lambda d: d.mapInArrow(hold_partition(flag, 1), d.schema))
     query = stream.writer(df).trigger(availableNow=True).start()
-    wait_for(lambda: len(stream.prepared()) == 1, "partition 0's branch to be prepared")
+    wait_for(lambda: len(stream.prepared()) == 1, 180, "partition 0's branch to be prepared")
     held = stream.prepared()
     query.stop()
     left = stream.prepared()
@@ -283,17 +276,7 @@ def test_stale_branches_of_a_crashed_run_are_rolled_back(stream: Stream) -> None
 RECOVERY_APP = "xasink-test-recovery"
 
 
-def _lock_waiters(url: str) -> list[str]:
-    """application_name of each backend waiting for a row lock (FOR UPDATE)."""
-    with connect(url) as conn, conn.cursor() as cur:
-        cur.execute(
-            "SELECT application_name FROM pg_stat_activity WHERE datname = current_database() "
-            "AND wait_event_type = 'Lock' AND query ILIKE '%FOR UPDATE%'"
-        )
-        return [r[0] for r in cur.fetchall()]
-
-
-def test_recovery_racing_a_live_commit_leaves_the_live_batch_alone(stream: Stream, pg_url: str) -> None:
+def test_recovery_racing_a_live_commit_leaves_the_live_batch_alone(stream: Stream, pg: Target, pg_url: str) -> None:
     """``xasink recover`` while a batch is prepared and its commit is deciding: the run is alive, so it waits.
 
     Batch 1's last task stalls after its prepare (a fault point), so every branch of the batch is prepared and
@@ -315,10 +298,10 @@ def test_recovery_racing_a_live_commit_leaves_the_live_batch_alone(stream: Strea
         for batch in range(3):
             stream.add_files(1)
             if batch != raced_batch:
-                wait_for(lambda b=batch: (stream.checkpoint / "commits" / str(b)).exists(), "Spark's commit")
+                wait_for(lambda b=batch: (stream.checkpoint / "commits" / str(b)).exists(), 180, "Spark's commit")
                 continue
             gid_prefix = f"xasink:{stream.sink_id}:{batch}/"
-            wait_for(lambda p=gid_prefix: len(prepared_gids(pg_url, prefix=p)) == 3, f"batch {batch} prepared")
+            wait_for(lambda p=gid_prefix: len(prepared_gids(pg_url, prefix=p)) == 3, 180, f"batch {batch} prepared")
             assert batch not in stream.decisions(), "the stalled batch was decided before its last task returned"
             report: dict[str, Any] = {}
             lock = psycopg2.connect(pg_url)
@@ -336,14 +319,18 @@ def test_recovery_racing_a_live_commit_leaves_the_live_batch_alone(stream: Strea
 
                 thread = threading.Thread(target=recover)
                 thread.start()
-                wait_for(lambda: RECOVERY_APP in _lock_waiters(pg_url), "the recovery to wait for the sink lock")
+                wait_for(
+                    lambda: RECOVERY_APP in pg.lock_waiters("%FOR UPDATE%"),
+                    180,
+                    "the recovery to wait for the sink lock",
+                )
             finally:
                 lock.rollback()
                 lock.close()
             thread.join(120)
             assert not thread.is_alive(), "the recovery did not finish"
             assert report["report"].rolled_back == [], "a recovery rolled back a live run's branches"
-            wait_for(lambda b=batch: (stream.checkpoint / "commits" / str(b)).exists(), "Spark's commit")
+            wait_for(lambda b=batch: (stream.checkpoint / "commits" / str(b)).exists(), 180, "Spark's commit")
     finally:
         query.stop()
     assert stream.prepared() == []

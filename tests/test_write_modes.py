@@ -1069,15 +1069,6 @@ def test_a_run_finds_its_decision_applied_and_compacted_while_it_stalled(
     assert_settled(db, s)
 
 
-def waiting_for_a_lock(db: Target, query_like: str) -> bool:
-    """Whether a session of the test's PostgreSQL database waits for a lock, running a query like this."""
-    q = (
-        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' "
-        "AND query LIKE %s"
-    )
-    return int(db.execute(q, query_like)[0][0]) > 0
-
-
 def batch_row_locked(db: Target, sink_id: str, batch_id: int) -> bool:
     """Whether another session holds the log's row of the batch (an apply marks it inside its transaction)."""
     with db.connect() as conn, conn.cursor() as cur:
@@ -1125,7 +1116,7 @@ def test_a_withdrawal_that_lost_its_race_to_a_recovery_is_told_written(
         cur.execute("BEGIN")
         cur.execute(f"SELECT sink_id FROM {db.q('xasink_sinks')} WHERE sink_id = %s FOR UPDATE", (s,))
         deadline = time.monotonic() + 60  # the driver wakes, its apply fails on the rows (its transaction, with
-        while not waiting_for_a_lock(db, "%xasink_sinks%"):  # the batch's row, ends), its withdrawal waits
+        while not db.lock_waiters("%xasink_sinks%"):  # the batch's row, ends), its withdrawal waits
             assert time.monotonic() < deadline and not job.done(), "the driver's withdrawal never waited"
             time.sleep(0.05)
         db.execute(f"ALTER TABLE {db.q(table)} ALTER COLUMN c SET DEFAULT 0")
