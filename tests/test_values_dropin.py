@@ -111,6 +111,16 @@ CASES: dict[str, Case] = {
         },
         paths=ALL_PATHS,
     ),
+    "maria-booleans-into-numbers": Case(  # the server stores the 1 or 0 JDBC sends; PostgreSQL refuses, both
+        MARIADB,
+        "id int PRIMARY KEY, seq int, i int, u bigint unsigned, s smallint, d decimal(10,2), f float, g double",
+        {
+            "id": ints(0, 1, 2),
+            "seq": ints(0, 0, 0),
+            **{c: bools(True, False, None) for c in ("i", "u", "s", "d", "f", "g")},
+        },
+        paths=ALL_PATHS,
+    ),
     "maria-bit-too-long": Case(
         MARIADB, "id int PRIMARY KEY, b bit(8)", {"id": ints(0, 1), "b": ints(1, 256)}, refused="does not fit"
     ),
@@ -416,6 +426,22 @@ REFUSED: dict[str, tuple[Case, str]] = {
             MARIADB, "id int PRIMARY KEY, d date", {"id": ints(0), "d": pa.array([datetime(2024, 1, 15, 23, 30)], NTZ)}
         ),
         "has a time of day",
+    ),
+    "pg-date-into-text": (  # pgjdbc's text of it carries the JVM zone's offset: '2024-01-15 -05'
+        Case(POSTGRESQL, "id int PRIMARY KEY, t text", {"id": ints(0), "t": pa.array([date(2024, 1, 15)])}),
+        "format it in Spark first",
+    ),
+    "maria-timestamp-into-blob": (  # the wall time in the JVM's zone, as text
+        Case(
+            MARIADB,
+            "id int PRIMARY KEY, b blob",
+            {"id": ints(0), "b": pa.array([datetime(2024, 1, 16, 4, 30, tzinfo=UTC)], pa.timestamp("us", tz="UTC"))},
+        ),
+        "format it in Spark first",
+    ),
+    "maria-zero-into-datetime": (  # the zero date 0000-00-00 00:00:00
+        Case(MARIADB, "id int PRIMARY KEY, t datetime", {"id": ints(0), "t": ints(0)}),
+        "a number is no date",
     ),
     "maria-double-into-text": (
         Case(MARIADB, "id int PRIMARY KEY, t text", {"id": ints(0), "t": doubles(0.1)}),

@@ -67,6 +67,22 @@ def _compatible(source: pa.DataType, target: pa.DataType) -> bool:
     return _kind(target) in _COMPATIBLE.get(_kind(source), set())
 
 
+def _what_to_do(source: pa.DataType, target: pa.DataType) -> str:
+    """The advice for a refused pair, where Spark's JDBC writer stores something xasink will not guess
+    (docs/types.md lists each)."""
+    if _kind(source) in ("date", "timestamp") and _kind(target) in ("string", "binary"):
+        return (
+            "format it in Spark first (date_format(col, 'yyyy-MM-dd HH:mm:ss'), or a cast to string): Spark's JDBC "
+            "writer stores its driver's text of the value in the JVM's time zone, which xasink cannot see"
+        )
+    if _kind(source) in ("bool", "int", "float", "decimal") and _kind(target) in ("date", "timestamp"):
+        return (
+            "a number is no date: convert it in Spark first (to_date(col.cast('string'), 'yyyyMMdd'), or "
+            "timestamp_seconds)"
+        )
+    return "cast it in Spark first"
+
+
 def check_source_types(source: pa.Schema) -> None:
     seen: set[str] = set()
     for f in source:
@@ -188,7 +204,7 @@ def plan_target(dialect: Dialect, conn: Connection, options: WriteOptions, sourc
         if not _compatible(f.type, target):
             raise PreflightError(
                 f"column '{f.name}': the DataFrame's {f.type} cannot be written to column '{name}' "
-                f"of type {col['type']} in {_qualified(options)}; cast it in Spark first"
+                f"of type {col['type']} in {_qualified(options)}; {_what_to_do(f.type, target)}"
             )
         fields.append(pa.field(name, target, nullable=True))
         cast = dialect.server_cast(col, f.type, target)

@@ -32,6 +32,8 @@ def arrow_type(column: Any, source: pa.DataType) -> pa.DataType | None:
         return pa.uint8() if unsigned else pa.int8()
     if isinstance(t, sa.Boolean):
         return pa.bool_()
+    if pa.types.is_boolean(source) and isinstance(t, (sa.Integer, sa.Numeric, sa.Float)):
+        return source  # 1 or 0, as the server stores the boolean Spark's JDBC writer sends (PostgreSQL refuses it)
     if isinstance(t, sa.SmallInteger):
         return pa.uint16() if unsigned else pa.int16()
     if isinstance(t, sa.BigInteger):
