@@ -169,6 +169,38 @@ def test_a_lock_held_on_the_logs_parts_as_a_write_records_its_part_is_an_xasink_
 
 
 @pytest.mark.spark
+def test_a_write_failing_while_the_logs_sink_row_is_held_leaves_nothing_prepared(  # type: ignore[no-untyped-def]
+    spark, pg, maria, sink
+):
+    """Another session holds the log's sink row past controlLockTimeout as a transaction's write runs: its
+    tasks prepare, cannot check their branches in the log, and fail; the write's abort cannot take the sink
+    lock either.  The user is told the write failed and nothing is visible, and its branches are rolled back at once,
+    without the sink lock, as a single batch's abort does.  Before, they stayed prepared, holding their row
+    locks, until the lock was gone and something recovered them (long run of stop 54, seed 40010: there the
+    abort's raw OperationalError also replaced the write's own error)."""
+    orders, _, events = three_tables(pg, maria)
+    with xasink.transaction(sink_id=sink, batch_id=1, journal_url=pg.url) as tx:
+        tx.write(frame(spark, range(3), 2), pg.url, orders)  # the log's sink row
+    held: list[str] = ["not looked at"]
+    # the error of the task's last attempt: BatchAbortedError (the first, its check) or BranchError (a retry's
+    # wait on the first attempt's rows, till the abort after the failed job rolls them back)
+    with pytest.raises((xasink.BatchAbortedError, xasink.BranchError)) as caught:
+        with xasink.transaction(sink_id=sink, batch_id=2, journal_url=pg.url, controlLockTimeout=1) as tx:
+            tx.write(frame(spark, range(10, 13), 2), pg.url, orders)  # the transaction's claim, then the lock
+            with sink_row_locked(pg, sink):
+                try:
+                    # (a retried task waits lockTimeout on its first attempt's prepared rows, then fails too)
+                    tx.write(frame(spark, range(100, 104), 2), maria.url, events, lockTimeout=1)
+                finally:
+                    held = maria.prepared(sink)
+    assert held == [], "the failed write's branches stayed prepared while the sink row was held"
+    told = str(caught.value)
+    assert events in told and "nothing of this batch is visible" in told, told
+    assert rows(pg, orders) == expected(range(3)) and rows(maria, events) == []
+    assert pg.prepared(sink) == [] and maria.prepared(sink) == []
+
+
+@pytest.mark.spark
 @pytest.mark.parametrize(
     "step, cut",
     [

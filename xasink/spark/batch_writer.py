@@ -104,7 +104,7 @@ class XasinkBatchWriter(DataSourceArrowWriter):
         if job_failed is None:
             job_failed = any(m is None for m in messages)
         if self.tx is not None:
-            abort_tx_write(self.options, self.tx, self.run, outcomes_of(messages))
+            abort_tx_write(self.options, self.tx, self.run, outcomes_of(messages), undecided=job_failed)
             return
         with told(self.notices):
             tell_tasks(outcomes_of(messages))

@@ -124,13 +124,30 @@ def record_tx_part(options: WriteOptions, tx: TxWrite, run: str, outcomes: Seque
         journal.dialect.dispose()
 
 
-def abort_tx_write(options: WriteOptions, tx: TxWrite, run: str, outcomes: Sequence[BranchOutcome | None]) -> None:
+def abort_tx_write(
+    options: WriteOptions, tx: TxWrite, run: str, outcomes: Sequence[BranchOutcome | None], undecided: bool = True
+) -> None:
     """A write failed: end the transaction's run (late branches roll themselves back) and roll back this
-    write's branches; the transaction rolls back every other write's when its block ends."""
+    write's branches; the transaction rolls back every other write's when its block ends.  ``undecided`` (a
+    failed job, a task without a message: the write recorded no part, so the transaction can never decide):
+    the run's branches are rolled back without the log's sink lock first, as a single batch's abort does.
+
+    Never raises: the write's own error is what its caller reports (Spark keeps a failed job's cause over its
+    abort's), and an abort that fails (the log's sink row held past controlLockTimeout) leaves the branches
+    to the transaction's end, which rolls them back again, or to ``xasink recover``."""
     journal = _journal(options, tx)
     coordinator = Coordinator(options, journal=journal)
     try:  # the abort's settle: cancelled tasks may PREPARE until their worker is killed
-        coordinator.abort(options.batch_id, outcomes, settle_s=ABORT_SETTLE_S, run=run)
+        coordinator.abort(options.batch_id, outcomes, settle_s=ABORT_SETTLE_S, run=run, undecided=undecided)
+    except Exception as exc:  # noqa: BLE001 - logged; the caller raises the write's error
+        log.warning(
+            "sink %s transaction %s: rolling back write %d failed (%s); the transaction's end rolls its branches "
+            "back again, else 'xasink recover' does: none of its rows is visible",
+            options.sink_id,
+            options.batch_id,
+            tx.part,
+            RetryPolicy(journal.dialect, options).describe(exc),
+        )
     finally:
         coordinator.close()
         journal.dialect.dispose()
