@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 import uuid
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -18,6 +17,7 @@ from urllib.parse import quote
 import pytest
 
 from tests import harness
+from tests.cluster import wait_for
 from tests.doc_cases import raises
 from tests.harness import VALUES, expected, record_batch
 from tests.leaks import SECRET, assert_no_secret
@@ -375,13 +375,12 @@ def test_decision_wins_the_race_then_recovery_commits(sink: Sink) -> None:
 
 def _wait_for_lock_wait(url: str, thread: threading.Thread) -> None:
     """Until some backend of this database waits on a heavyweight lock (the recovery's SELECT ... FOR UPDATE)."""
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if make_target(POSTGRESQL, url).lock_waiters("%FOR UPDATE%"):
-            return
+
+    def waiting() -> bool:
         assert thread.is_alive(), "recovery finished without waiting for the sink lock"
-        time.sleep(0.05)
-    pytest.fail("recovery never waited for the sink lock")
+        return bool(make_target(POSTGRESQL, url).lock_waiters("%FOR UPDATE%"))
+
+    wait_for(waiting, 60, "the recovery to wait for the sink lock")
 
 
 def test_recovery_waits_for_a_decision_in_progress(sink: Sink) -> None:

@@ -10,7 +10,6 @@ that nothing is left prepared.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -18,6 +17,7 @@ import pyarrow as pa
 import pytest
 
 import xasink.protocol.partition_writer
+from tests.cluster import wait_for
 from tests.doc_cases import raises
 from tests.harness import TargetSink, expected, record_batch
 from tests.targets import Target
@@ -186,10 +186,7 @@ def test_upsert_copy_blocked_by_the_prepared_original_does_not_deadlock_and_roll
         original = sink.attempt(0, 1, P0)  # the copy is not prepared: the original writes its own branch
         original_prepared.set()
         second = sink.attempt(1, 2, P1)
-        deadline = time.monotonic() + 20
-        while not sink.db.lock_waiters(f"%{sink.table}%") and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert sink.db.lock_waiters(f"%{sink.table}%"), "the copy does not wait on the original's locks"
+        wait_for(lambda: sink.db.lock_waiters(f"%{sink.table}%"), 20, "the copy to wait on the original's locks")
 
         sink.commit([original, second])
     finally:

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import signal
 import threading
-import time
 import uuid
 from pathlib import Path
 
 import pytest
 
+from tests.cluster import wait_for
 from tests.harness import expected, run_driver, three_tables
 from tests.targets import Target
 from xasink.ops import survey as admin
@@ -133,10 +133,8 @@ def test_two_databases_recovered_at_once_mark_the_transaction_committed(
         ]
         for t in threads:
             t.start()
-        deadline = time.monotonic() + 60
-        while len(pg.lock_waiters()) != 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert len(pg.lock_waiters()) == 2  # both read the parts and now wait to mark theirs
+        # both read the parts and now wait to mark theirs
+        wait_for(lambda: len(pg.lock_waiters()) == 2, 60, "both recoveries to wait on the held parts")
         holder.commit()
     for t in threads:
         t.join(120)
