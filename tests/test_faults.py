@@ -415,7 +415,11 @@ def test_cut_during_commit_prepared_is_retried_once_per_branch(
     tally.add(cut_connections=proxy.cut)
     assert proxy.cut == 2 and result.rows == 45
     if after_reply:
-        assert caplog.text.count("unknown to the server: committed by an earlier attempt") == 2
+        # each branch whose COMMIT ran with its reply cut is found unknown once, by its next attempt; the two cuts
+        # may both hit one branch (its first COMMIT, then the retry's answer), as under CI load
+        retried = [r.getMessage() for r in caplog.records if r.msg == "%s failed (%s), retry %d in %.1f s"]
+        cut = {message.split(" failed (")[0] for message in retried if message.startswith("commit of ")}
+        assert caplog.text.count("unknown to the server: committed by an earlier attempt") == len(cut) >= 1
     check_exact(pg_url, table, rows, tally, sink)
     assert decision(pg_url, sink, 0)[0] == "committed"  # type: ignore[index]
 
