@@ -353,6 +353,37 @@ def test_spark_writes_and_failures_show_no_password(
     no_secret(*(logging.Formatter("%(message)s").format(r) for r in caplog.records))
 
 
+@pytest.mark.spark
+def test_a_transaction_whose_log_has_a_password_shows_it_nowhere(
+    spark: Any, server: Server, caplog: pytest.LogCaptureFixture
+) -> None:
+    """xasink.transaction with the decision log's password in journal_url (and the write's in its URL): a
+    committed transaction, then one whose log sink row another session holds past controlLockTimeout while
+    its second write runs.  Its error, the result and the log at DEBUG never show the password, and the failed one
+    leaves nothing visible and nothing prepared."""
+    from tests.harness import sink_row_locked
+
+    caplog.set_level(logging.DEBUG, logger="xasink")
+    url = form_url(server, "url-userinfo")
+    log = targets.make_target(targets.POSTGRESQL if server.kind == "postgresql" else targets.MARIADB, server.plain)
+    table, sink = f"t_{uuid.uuid4().hex[:8]}", f"txs-{uuid.uuid4().hex[:8]}"
+    df = spark.range(0, 6, 1, 2).selectExpr("id", "cast(id as string) as v")
+    with xasink.transaction(sink_id=sink, batch_id=1, journal_url=url) as tx:
+        tx.write(df, url, table)
+    no_secret(str(tx.result), repr(tx.result))
+    with pytest.raises(xasink.BatchAbortedError) as info:
+        with xasink.transaction(sink_id=sink, batch_id=2, journal_url=url, controlLockTimeout=1) as tx:
+            tx.write(df.selectExpr("id + 100 as id", "v"), url, table)  # the transaction's claim
+            with sink_row_locked(log, sink):  # then its tasks cannot check their branches in the log
+                tx.write(df.selectExpr("id + 200 as id", "v"), url, f"{table}_2", lockTimeout=1)
+    no_secret(info.value)
+    assert "nothing it wrote is visible" in str(info.value), info.value
+    assert sorted(r[0] for r in rows(server, table)) == list(range(6))  # not the transaction's first write either
+    assert not log.table_exists(f"{table}_2") or rows(server, f"{table}_2") == []
+    assert log.prepared(sink) == []
+    no_secret(*(logging.Formatter("%(message)s").format(r) for r in caplog.records))
+
+
 # --------------------------------------------------------------------------- the masking functions themselves
 
 
