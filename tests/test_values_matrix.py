@@ -18,6 +18,7 @@ import pytest
 from tests.values_harness import ValuesDriver
 from tests.values_matrix.cells import Cell, product, sample
 from tests.values_matrix.listed import docs_table
+from tests.values_matrix.refused import gap_cells, refused_pairs
 from tests.values_matrix.run import Matrix, tally
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -74,3 +75,20 @@ def test_cell_ids_replay() -> None:
     assert len({c.id for c in cells}) == len(cells)
     assert all(Cell.parse(c.id) == c for c in sample("mariadb", 5, 50))
     assert sample("pg", SEED, 30) == sample("pg", SEED, 30)
+
+
+@pytest.mark.parametrize("dbkey", DBS)
+def test_pairs_refused_by_type_are_found_without_writing(request: pytest.FixtureRequest, dbkey: str) -> None:
+    """``--refused`` (refused.py): a pair xasink refuses by its types is found from an empty table, a pair it
+    writes is not, and a refusal listed as a deliberate difference is not a cell to settle."""
+    url = request.getfixturevalue("pg_url" if dbkey == "pg" else "mariadb_url")
+    if dbkey == "pg":
+        columns, refused, written, named = ("integer", "text"), ("binary", "integer"), ("string", "integer"), "date"
+    else:
+        columns, refused, written, named = ("int", "text"), ("binary", "int"), ("string", "int"), "date"
+    found = refused_pairs(dbkey, url, columns)
+    assert refused in found and "PreflightError" not in found[refused] and "cannot be written" in found[refused]
+    assert written not in found and ("int", columns[0]) not in found
+    assert (named, "text") in found  # refused, and listed in docs/types.md: not a gap
+    cells = {(c.spark, c.column) for c in gap_cells(dbkey, found)}
+    assert refused in cells and (named, "text") not in cells

@@ -4,12 +4,14 @@ python -m tests.values_matrix              # the CI sample, both databases (XASI
 python -m tests.values_matrix --full       # every cell of both databases (a soak test: hours)
 python -m tests.values_matrix --count      # the number of cells per database
 python -m tests.values_matrix --docs       # write docs/types.md's differences table from listed.py
+python -m tests.values_matrix --refused    # the cells of the pairs xasink refuses by type, unnamed (refused.py)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -54,15 +56,38 @@ def tally_report(path: str) -> int:
     return 1 if unlisted else 0
 
 
+def print_refused() -> int:
+    """The cells of :func:`tests.values_matrix.refused.gap_cells` of both databases, comma-separated on stdout
+    (for ``XASINK_MATRIX_CELLS``), and per database how many pairs xasink refuses and how many are unnamed."""
+    from tests.values_matrix.refused import gap_cells, refused_pairs
+
+    urls = {
+        "pg": os.environ.get("XASINK_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres"),
+        "mariadb": os.environ.get("XASINK_TEST_MARIADB_URL", "mysql://root@127.0.0.1:3306/mysql"),
+    }
+    cells = []
+    for db, url in urls.items():
+        found = gap_cells(db, url)
+        print(
+            f"{db}: {len(refused_pairs(db, url))} pairs refused by type, {len(found)} of them unnamed", file=sys.stderr
+        )
+        cells += found
+    print(",".join(c.id for c in cells))
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.values_matrix")
     parser.add_argument("--full", action="store_true", help="every cell (soak)")
     parser.add_argument("--count", action="store_true", help="print the number of cells per database")
     parser.add_argument("--docs", action="store_true", help="write docs/types.md's differences table")
     parser.add_argument("--tally", metavar="REPORT", help="count a report's (XASINK_MATRIX_REPORT) cells")
+    parser.add_argument("--refused", action="store_true", help="print the unnamed cells xasink refuses by type")
     args, rest = parser.parse_known_args()
     if args.tally:
         return tally_report(args.tally)
+    if args.refused:
+        return print_refused()
     if args.count:
         for db in ("pg", "mariadb"):
             print(db, len(product(db)))
