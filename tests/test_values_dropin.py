@@ -447,6 +447,20 @@ REFUSED: dict[str, tuple[Case, str]] = {
         Case(MARIADB, "id int PRIMARY KEY, t text", {"id": ints(0), "t": doubles(0.1)}),
         "cast it in Spark first",
     ),
+    "pg-binary-into-text": (  # the server's text of the bytea: '\\x0102'
+        Case(POSTGRESQL, "id int PRIMARY KEY, t text", {"id": ints(0), "t": pa.array([b"\x01\x02"])}),
+        "encode it in Spark first",
+    ),
+    "maria-number-into-varbinary": (  # the digits' bytes: 0x3432
+        Case(MARIADB, "id int PRIMARY KEY, b varbinary(8)", {"id": ints(0), "b": ints(42)}),
+        "a number's bytes are not its digits",
+    ),
+    "maria-timestamp-into-time": (  # its time of day, the date dropped
+        Case(
+            MARIADB, "id int PRIMARY KEY, t time", {"id": ints(0), "t": pa.array([datetime(2024, 1, 15, 23, 30)], NTZ)}
+        ),
+        "date_format(col, 'HH:mm:ss.SSSSSS')",
+    ),
 }
 
 

@@ -80,7 +80,28 @@ def _what_to_do(source: pa.DataType, target: pa.DataType) -> str:
             "a number is no date: convert it in Spark first (to_date(col.cast('string'), 'yyyyMMdd'), or "
             "timestamp_seconds)"
         )
+    if _kind(source) in ("bool", "int", "float", "decimal") and _kind(target) == "binary":
+        return (
+            "a number's bytes are not its digits: cast it in Spark to the bytes you mean (col.cast('string') "
+            "gives its digits, which Spark's JDBC writer stores: 1 as the byte 0x31)"
+        )
+    if _kind(source) == "binary" and _kind(target) == "string":
+        return (
+            "encode it in Spark first (hex(col), base64(col), or decode(col, 'UTF-8') for bytes that are text): "
+            "Spark's JDBC writer leaves the bytes to the server, which stores its own text of them (PostgreSQL: "
+            "\\x0102, as bytea_output says)"
+        )
     return "cast it in Spark first"
+
+
+def _what_to_do_unwritable(column_type: Any, source: pa.DataType) -> str:
+    """The advice for a column type that takes nothing of the DataFrame's type."""
+    if isinstance(column_type, sa.Time) and _kind(source) == "timestamp":
+        return (
+            "format it in Spark first, e.g. date_format(col, 'HH:mm:ss.SSSSSS'): Spark's JDBC writer stores its "
+            "time of day and drops the date, which xasink will not do silently"
+        )
+    return "cast it in Spark first, or write to a column of another type"
 
 
 def check_source_types(source: pa.Schema) -> None:
@@ -198,8 +219,8 @@ def plan_target(dialect: Dialect, conn: Connection, options: WriteOptions, sourc
         if target is None:
             raise PreflightError(
                 f"column '{name}' of {_qualified(options)} has type {col['type']}, into which xasink does not write "
-                f"the DataFrame's {f.type} (docs/types.md lists what each column type takes): cast it in Spark "
-                "first, or write to a column of another type"
+                f"the DataFrame's {f.type} (docs/types.md lists what each column type takes): "
+                f"{_what_to_do_unwritable(col['type'], f.type)}"
             )
         if not _compatible(f.type, target):
             raise PreflightError(
