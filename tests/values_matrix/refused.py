@@ -1,5 +1,6 @@
 """The matrix's pairs xasink refuses by type, found without writing a row: the cells to run against Spark's JDBC
-writer to settle the "other-gap" catch-all of listed.py (JDBC writes, xasink refuses, not yet named).
+writer to show that each such refusal is either JDBC's too or a difference listed.py names (JDBC writes,
+xasink refuses on purpose).
 
 xasink decides such a refusal before any row, from the column's reflected type and the DataFrame's
 (``plan_target``'s ``PreflightError``), so one empty table per column type answers for every Spark type in
@@ -38,11 +39,16 @@ def _scratch(dbkey: str, url: str, columns: tuple[str, ...]) -> Iterator[str]:
     try:
         u = parse_url(url)
         into = u.update_query_dict({"options": f"-csearch_path={name}"}) if dbkey == "pg" else u.set(database=name)
-        with sa.create_engine(into).begin() as conn:
-            for statement in SETUP[dbkey]:
-                conn.exec_driver_sql(statement)
-            for column in columns:
-                conn.exec_driver_sql(f"CREATE TABLE {name}.{_table(column)} (id int, c {COLUMNS[dbkey][column].ddl})")
+        tables = sa.create_engine(into)
+        try:
+            with tables.begin() as conn:
+                for statement in SETUP[dbkey]:
+                    conn.exec_driver_sql(statement)
+                for column in columns:
+                    ddl = COLUMNS[dbkey][column].ddl
+                    conn.exec_driver_sql(f"CREATE TABLE {name}.{_table(column)} (id int, c {ddl})")
+        finally:
+            tables.dispose()
         yield into.render_as_string(hide_password=False)
     finally:
         with admin.connect() as conn:
@@ -78,13 +84,13 @@ def refused_pairs(dbkey: str, url: str, columns: tuple[str, ...] = ()) -> dict[t
 
 
 def gap_cells(dbkey: str, refused: dict[tuple[str, str], str]) -> list[Cell]:
-    """One cell per pair of ``refused`` (:func:`refused_pairs`) that only the catch-all accepts: a named
-    difference (listed.py) needs no run; the rest is either refused by JDBC too or a gap to name."""
+    """One cell per pair of ``refused`` (:func:`refused_pairs`) that no listed.py entry names: a named
+    difference needs no run; the rest must be refused by JDBC too, or the matrix fails it as unlisted."""
     cells = []
     for spark, column in sorted(refused):
         edge = next(e for e in EDGES if e in SPARK[spark].edges)
         cell = Cell(dbkey, spark, column, edge, "bulk", "same")
         entry = match(cell, "xasink-refuses")
-        if entry is None or entry.pending:
+        if entry is None:
             cells.append(cell)
     return cells

@@ -30,7 +30,7 @@ MAX_PAIRS = 12  # columns of one batch
 class Outcome:
     """A cell's result: ``same``, ``refused`` (both, xasink leaving nothing), or a difference of ``kind``
     (``value``, ``jdbc-refuses``, ``xasink-refuses``, ``left``: xasink refused and left rows or branches)
-    that is ``listed`` (a deliberate difference or pending issue 38 work) or not."""
+    that is ``listed`` (a deliberate difference) or not."""
 
     cell: Cell
     kind: str
@@ -43,7 +43,7 @@ class Outcome:
             return self.kind
         if self.listed is None:
             return "unlisted"
-        return "pending" if self.listed.pending else "listed"
+        return "listed"
 
     def line(self) -> str:
         """What a report says of an unlisted cell, with the command that replays it."""
@@ -251,8 +251,8 @@ class Matrix:
 
 
 def tally(outcomes: list[Outcome]) -> dict[str, int]:
-    """Cells by verdict: same, refused, listed, pending, unlisted."""
-    counts = {"cells": len(outcomes), "same": 0, "refused": 0, "listed": 0, "pending": 0, "unlisted": 0}
+    """Cells by verdict: same, refused, listed, unlisted."""
+    counts = {"cells": len(outcomes), "same": 0, "refused": 0, "listed": 0, "unlisted": 0}
     for o in outcomes:
         counts[o.verdict] += 1
     return counts
