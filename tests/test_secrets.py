@@ -26,6 +26,7 @@ from sqlalchemy.engine import make_url
 
 import xasink
 from tests import targets
+from tests.harness import sink_row_locked
 from tests.leaks import ROOT, SECRET, assert_no_secret, no_secret_in_output  # noqa: F401 - autouse fixture
 from xasink.errors import OptionError
 from xasink.options import parse_options
@@ -361,7 +362,6 @@ def test_a_transaction_whose_log_has_a_password_shows_it_nowhere(
     committed transaction, then one whose log sink row another session holds past controlLockTimeout while
     its second write runs.  Its error, the result and the log at DEBUG never show the password, and the failed one
     leaves nothing visible and nothing prepared."""
-    from tests.harness import sink_row_locked
 
     caplog.set_level(logging.DEBUG, logger="xasink")
     url = form_url(server, "url-userinfo")
