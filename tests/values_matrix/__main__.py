@@ -67,10 +67,9 @@ def print_refused() -> int:
     }
     cells = []
     for db, url in urls.items():
-        found = gap_cells(db, url)
-        print(
-            f"{db}: {len(refused_pairs(db, url))} pairs refused by type, {len(found)} of them unnamed", file=sys.stderr
-        )
+        refused = refused_pairs(db, url)
+        found = gap_cells(db, refused)
+        print(f"{db}: {len(refused)} pairs refused by type, {len(found)} of them unnamed", file=sys.stderr)
         cells += found
     print(",".join(c.id for c in cells))
     return 0
