@@ -6,6 +6,8 @@ tests/values_matrix/listed.py lists it; an unlisted difference fails with the li
 CI runs a seeded sample (``XASINK_MATRIX_SEED``, ``XASINK_MATRIX_SIZE`` cells per database); the whole
 product is a soak test (``python -m tests.values_matrix --full``, docs/testing.md).  ``XASINK_MATRIX_CELLS``
 (cell ids, comma-separated) replays those cells alone; ``XASINK_MATRIX_REPORT`` gets a JSON line per cell.
+``XASINK_MATRIX_BY_TYPE=1`` (the full run's default) judges without a write the cells of pairs xasink refuses by
+type where listed.py names that refusal (no write could fail them); the sample and replays write every cell.
 """
 
 from __future__ import annotations
@@ -41,7 +43,10 @@ def _run(
     if not cells:
         pytest.skip(f"XASINK_MATRIX_CELLS names no cell of {dbkey}")
     db = request.getfixturevalue("pg" if dbkey == "pg" else "maria")
-    matrix = Matrix(values_driver, db, dbkey, tmp_path, os.environ.get("XASINK_MATRIX_REPORT", ""))
+    by_type = {}
+    if os.environ.get("XASINK_MATRIX_BY_TYPE", "1" if size is None else "0") == "1":
+        by_type = refused_pairs(dbkey, request.getfixturevalue("pg_url" if dbkey == "pg" else "mariadb_url"))
+    matrix = Matrix(values_driver, db, dbkey, tmp_path, os.environ.get("XASINK_MATRIX_REPORT", ""), by_type)
     outcomes = matrix.run(cells)
     counts = tally(outcomes)
     print(f"\nmatrix {dbkey} seed {SEED}: {counts}, {matrix.jobs} writes of both writers")

@@ -65,9 +65,20 @@ def _differ(cell: Cell, kind: str, detail: str) -> Outcome:
 class Matrix:
     """Runs cells of one database through one :class:`ValuesDriver` (its zone: America/New_York)."""
 
-    def __init__(self, driver: ValuesDriver, db: Target, dbkey: str, tmp_path: Path, report: str = "") -> None:
+    def __init__(
+        self,
+        driver: ValuesDriver,
+        db: Target,
+        dbkey: str,
+        tmp_path: Path,
+        report: str = "",
+        by_type: dict[tuple[str, str], str] | None = None,
+    ) -> None:
         self.driver, self.db, self.dbkey, self.tmp_path = driver, db, dbkey, tmp_path
         self.report = report  # a file that gets a JSON line per cell as it is judged (a long run's progress)
+        # the pairs xasink refuses by type (refused.py), for judging without a write the cells listed.py accepts
+        # either way: refused by both, or refused by xasink alone as a listed difference (a long run's shortcut)
+        self.by_type = by_type or {}
         self.jobs = 0
         for statement in SETUP[dbkey]:
             db.execute(statement)
@@ -76,12 +87,15 @@ class Matrix:
         """Every cell's outcome, batched by path and zone."""
         groups: dict[tuple[str, str], list[Cell]] = {}
         alone: list[Cell] = []
+        out: list[Outcome] = []
         for cell in cells:
-            if cell.spark == "feature" or SPARK[cell.spark].null_type:
+            judged = self._judged_by_type(cell)
+            if judged is not None:
+                out += self._emit([judged])
+            elif cell.spark == "feature" or SPARK[cell.spark].null_type:
                 alone.append(cell)
             else:
                 groups.setdefault((cell.path, cell.zone), []).append(cell)
-        out: list[Outcome] = []
         for group in groups.values():
             group.sort(key=lambda c: (c.spark, c.column))
             pairs = sorted({(c.spark, c.column) for c in group})
@@ -91,6 +105,15 @@ class Matrix:
         for cell in alone:
             out += self._emit(self._feature(cell) if cell.spark == "feature" else self._batch([cell]))
         return out
+
+    def _judged_by_type(self, cell: Cell) -> Outcome | None:
+        """A cell of a pair xasink refuses by type (its ``PreflightError``, before any branch opens: nothing can be
+        left) whose refusal listed.py names: listed whatever JDBC does, so no write can fail it."""
+        said = self.by_type.get((cell.spark, cell.column))
+        entry = match(cell, "xasink-refuses") if said is not None else None
+        if entry is None:
+            return None
+        return Outcome(cell, "xasink-refuses", f"by type, not written: {said[:300]}", entry)
 
     def _emit(self, outcomes: list[Outcome]) -> list[Outcome]:
         if self.report:
