@@ -50,6 +50,7 @@ from benchmarks.modes_data import (
     TYPES,
     Shape,
     changes_frame,
+    create_table,
     day_literal,
     frame,
     in_transaction,
@@ -154,6 +155,47 @@ def cases(spark: Any, db: benv.Database, shape: Shape, sections: list[str], seed
                 reset(ow_j),
                 lambda run: jdbc_writer(df, db, ow_j).option("truncate", "true").mode("overwrite").save(),
                 expect(db, ow_j, n, n),
+            ),
+        ]
+        ow_h, ow_s, ow_e = f"ow_hand_{tag}", f"ow_stage_{tag}", f"ow_xe_{tag}"
+
+        def hand_prepare(run: int) -> None:
+            reset_target(db, ow_h, seed)
+            create_table(db, ow_s, keyed=False)
+
+        def hand_overwrite(run: int) -> None:  # atomic by hand: a staging table, then one local transaction
+            step(
+                "JDBC to staging", lambda: jdbc_writer(df, db, ow_s).option("truncate", "true").mode("overwrite").save()
+            )
+            t, st = db.quote(ow_h), db.quote(ow_s)
+            step(
+                "DELETE + INSERT transaction",
+                lambda: in_transaction(db, [f"DELETE FROM {t}", f"INSERT INTO {t} SELECT * FROM {st}"]),
+            )
+
+        def empty_prepare(run: int) -> None:
+            create_table(db, ow_e)
+            db.analyze(ow_e)
+            db.settle()
+
+        out += [
+            Case(
+                "overwrite",
+                "hand-staging",
+                "JDBC to staging, then one transaction DELETE + INSERT … SELECT",
+                "yes (readers wait for the transaction)",
+                hand_prepare,
+                hand_overwrite,
+                expect(db, ow_h, n, n),
+            ),
+            Case(
+                "overwrite",
+                "xasink-append-empty",
+                'xasink mode("append") into an empty copy of the table',
+                "yes (an append, not an overwrite: the floor an overwrite is measured against)",
+                empty_prepare,
+                lambda run: xasink_writer(df, db, ow_e, f"b-oe-{tag}", run).mode("append").save(),
+                expect(db, ow_e, n, n),
             ),
         ]
         if db.kind == "postgresql":  # truncate=true changes nothing on MariaDB
@@ -322,7 +364,19 @@ def timed_sections(
                     "parts_s": median_parts(c.parts),  # xasink's phases, the other's steps
                 }
             )
-    for table in ("ow_xa", "ow_xt", "ow_jdbc", "rw_xa", "rw_jdbc", "cdc_xa", "cdc_hand", "cdc_stage"):
+    for table in (
+        "ow_xa",
+        "ow_xt",
+        "ow_jdbc",
+        "ow_hand",
+        "ow_stage",
+        "ow_xe",
+        "rw_xa",
+        "rw_jdbc",
+        "cdc_xa",
+        "cdc_hand",
+        "cdc_stage",
+    ):
         db.drop(f"{table}_{db.kind[:2]}")
     db.drop(seed)
     return results
