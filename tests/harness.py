@@ -284,7 +284,7 @@ class Sink:
             batches = (record_batch(ids[i : i + chunk], self.schema, self.tag) for i in range(0, len(ids), chunk))
         return self.task(batch_id, partition, batches, **task)
 
-    def prepare(self, batch_id: int, ids: range, parts: int | None = None, **task: Any) -> list[BranchOutcome | None]:
+    def prepare(self, batch_id: int, ids: range, parts: int | None = None, **task: Any) -> list[BranchOutcome]:
         """The batch's branches as its tasks prepare them: ``ids`` dealt round-robin over ``parts`` partitions."""
         n = parts or self.parts
         return [self.write(batch_id, p, list(ids)[p::n], **task) for p in range(n)]
