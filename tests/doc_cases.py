@@ -163,7 +163,8 @@ _seen: list[Seen] | None = None  # the current test's, while it declares cases
 @contextmanager
 def witnessing() -> Iterator[list[Seen]]:
     global _seen
-    _seen = seen = []
+    seen: list[Seen] = []
+    _seen = seen
     try:
         yield seen
     finally:

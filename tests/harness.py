@@ -104,12 +104,12 @@ def frame(spark: SparkSession, ids: range, partitions: int, tag: str = "n") -> D
     )
 
 
-def save_by(way: str, df: DataFrame, db: Target, table: str, batch: int, **options: str) -> WriteResult | None:
+def save_by(way: str, df: DataFrame, db: Target, table: str, batch: int, **options: Any) -> WriteResult | None:
     """Append ``df`` as (sinkId, ``batch``) the user's way: ``xasink.write`` (its result) or ``format("xasink")``
     under ``xasink.spark_errors()`` (None); the database's password is passed when it has one."""
-    login = {"password": db.password} if db.password is not None else {}
     if way == "write":
-        return xasink.write(df, db.url, table, batchId=batch, **login, **options)
+        return xasink.write(df, db.url, table, batchId=batch, password=db.password, **options)
+    login = {"password": db.password} if db.password is not None else {}
     with xasink.spark_errors():
         df.write.format("xasink").option("url", db.url).option("dbtable", table).options(
             batchId=str(batch), **login, **options
@@ -284,7 +284,7 @@ class Sink:
             batches = (record_batch(ids[i : i + chunk], self.schema, self.tag) for i in range(0, len(ids), chunk))
         return self.task(batch_id, partition, batches, **task)
 
-    def prepare(self, batch_id: int, ids: range, parts: int | None = None, **task: Any) -> list[BranchOutcome | None]:
+    def prepare(self, batch_id: int, ids: range, parts: int | None = None, **task: Any) -> list[BranchOutcome]:
         """The batch's branches as its tasks prepare them: ``ids`` dealt round-robin over ``parts`` partitions."""
         n = parts or self.parts
         return [self.write(batch_id, p, list(ids)[p::n], **task) for p in range(n)]

@@ -34,7 +34,7 @@ def main() -> None:
 
     import pyspark.daemon
 
-    names = THREAD_FREE
+    names: tuple[str, ...] = THREAD_FREE
     if os.environ.get("XASINK_TEST_PRELOAD", "1") != "base":
         for key, value in NO_THREADS.items():
             os.environ[key] = value

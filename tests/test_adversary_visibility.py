@@ -273,7 +273,7 @@ def test_batch_visible_appenders_of_one_table_side_by_side_are_never_refused(db:
     procs = []
     for n, s in enumerate(sinks):
         batches = [[b, split(n * 100_000 + b * 100, 40, 4)] for b in range(10)]
-        spec = {"url": db.url, "table": table, "sink_id": s, "columns": COLUMNS, "mode": "append"}
+        spec: dict[str, Any] = {"url": db.url, "table": table, "sink_id": s, "columns": COLUMNS, "mode": "append"}
         spec.update(batches=batches, options={"visibility": "batch"})
         args = [sys.executable, str(DRIVER), "batches", json.dumps(spec)]
         procs.append(subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
@@ -297,7 +297,7 @@ def test_a_cron_recover_beside_a_live_batch_visible_append_finishes_it_once(db: 
     db.keyed_table(table)
     fill(db, table, OLD)
     s = sink()
-    spec = {"url": db.url, "table": table, "sink_id": s, "columns": COLUMNS, "mode": "append"}
+    spec: dict[str, Any] = {"url": db.url, "table": table, "sink_id": s, "columns": COLUMNS, "mode": "append"}
     spec.update(batches=[[0, split(1000, 300, 3)], [1, split(2000, 30, 3)]], options={"visibility": "batch"})
     env = {k: v for k, v in os.environ.items() if not k.startswith("XASINK_FAULT")}
     env["XASINK_FAULT"] = f"{point}:sleep=4"

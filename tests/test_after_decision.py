@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import Any, cast
 
 import pytest
 import sqlalchemy as sa
@@ -69,7 +69,7 @@ class Sink(TargetSink):
     def coordinator(self, dialect: Dialect | None = None, **extra: Any) -> Coordinator:
         return Coordinator(self.options_for(through(self.proxy, self.db.url), **extra), dialect)
 
-    def commit(self, batch_id: int, outcomes: list[BranchOutcome | None], **extra: Any) -> Any:
+    def commit(self, batch_id: int, outcomes: Sequence[BranchOutcome | None], **extra: Any) -> Any:
         coordinator = self.coordinator(**extra)
         try:
             return coordinator.commit(batch_id, outcomes)
@@ -267,7 +267,7 @@ def test_sweep_and_trim_failing_after_the_commit_are_warnings(
     assert any("trimming the decision log failed" in w for w in warnings), warnings
     no_secret(sink.db, caplog.text)
     assert sink.rows() == expected(range(300, 330)) and sink.state(5) == "committed"
-    assert sink.prepared() == [stale[0].gid]  # type: ignore[union-attr] - the sweep really did not run
+    assert sink.prepared() == [stale[0].gid]  # the sweep really did not run
 
     sink.proxy.reset()
     sink.recover()
@@ -319,7 +319,8 @@ def test_mark_that_changes_no_row_is_detected(sink: Sink, actor: str, caplog: py
                 f"DELETE FROM {sink.db.q('xasink_batches')} WHERE sink_id = %s AND batch_id = 7", sink.sink_id
             )
 
-    coordinator = sink.coordinator(AfterCommits(sink.options, 3, then), commitParallelism=1)
+    dialect = cast(Dialect, AfterCommits(sink.options, 3, then))  # a Dialect by delegation
+    coordinator = sink.coordinator(dialect, commitParallelism=1)
     try:
         if actor == "recovery":
             assert coordinator.commit(7, outcomes).rows == 30

@@ -159,8 +159,9 @@ def test_spark_writers_take_visibility_batch(db: Target, spark: SparkSession) ->
     # through the public API: an unknown value, and a batch-visible write inside a transaction, are refused
     # before anything is written or claimed
     refused = sink()
+    unknown: Any = "partition"  # not a value of the visibility Literal: the call a type checker would refuse
     with pytest.raises(OptionError, match="'visibility'.*'branch'.*'batch'"):
-        xasink.write(frame(spark, range(80, 90), 2), db.url, table, sink_id=refused, visibility="partition")
+        xasink.write(frame(spark, range(80, 90), 2), db.url, table, sink_id=refused, visibility=unknown)
     with pytest.raises(OptionError, match="visibility='batch' are not supported inside xasink.transaction"):  # noqa: SIM117
         with xasink.transaction(sink_id=refused, batch_id=0) as tx:
             tx.write(frame(spark, range(80, 90), 2), db.url, table, visibility="batch")

@@ -25,6 +25,7 @@ from xasink.write_modes.spec import shadow_name, tombstone_name
 
 COLUMNS = {"id": "int", "name": "string", "seq": "long", "deleted": "boolean"}
 OPTIONS = {"upsertKeyColumns": "id", "deleteFlagColumn": "deleted", "sequenceColumn": "seq"}
+Partitions = list[list[tuple[Any, ...]]]  # a batch's rows, one list per partition (branch)
 
 
 def sink() -> str:
@@ -78,7 +79,7 @@ def test_keys_changed_several_times_against_stored_rows_and_tombstones(
     assert written(caplog, s, 1) == 0
     assert db.rows(table) == [(3, "r3", 1), (4, "r4", 1), (5, "r5", 1), (6, "r6", 1)]
     assert tombstones(db, s) == [(1, 5), (2, 5), (7, 5)]
-    batch = [
+    batch: Partitions = [
         [(1, "old3", 3, False), (2, "two6", 6, False), (3, None, 9, True), (8, "new1", 1, False)],
         [(1, "old4", 4, False), (2, None, 7, True), (3, "three2", 2, False), (4, "four0", 0, False)],
         [(2, "two8", 8, False), (7, "seven6", 6, False), (8, "new2", 2, False), (5, None, 0, True)],
@@ -116,11 +117,11 @@ def test_a_key_changing_twice_without_a_sequence_fails_the_batch(db: Target, cap
     db.create_table(table, "id int PRIMARY KEY, name varchar(20), seq bigint")
     db.execute(f"INSERT INTO {db.q(table)} VALUES (1, 'a', 1), (2, 'b', 1)")
     s = sink()
-    once = [[(1, "a2", 2, False), (3, "c", 1, False)], [(2, None, 2, True)]]
+    once: Partitions = [[(1, "a2", 2, False), (3, "c", 1, False)], [(2, None, 2, True)]]
     changes(db, table, s, 0, once, sequence=False)
     assert written(caplog, s, 0) == 2
     assert db.rows(table) == [(1, "a2", 2), (3, "c", 1)]
-    twice = [[(1, "x", 3, False)], [(1, None, 4, True), (4, "d", 1, False)]]
+    twice: Partitions = [[(1, "x", 3, False)], [(1, None, 4, True), (4, "d", 1, False)]]
     with raises(ApplyError, match=r"key \(1\) changes more than once"):
         changes(db, table, s, 1, twice, sequence=False)
     assert db.rows(table) == [(1, "a2", 2), (3, "c", 1)]
@@ -138,8 +139,8 @@ def test_a_change_data_apply_never_waits_on_another_runs_branch_of_the_shadow(
     caplog.set_level(logging.INFO, logger="xasink.protocol.apply_step")
     monkeypatch.setenv("XASINK_FAULT", "driver.after_commits:sleep=3")
     s = sink()
-    opts = {"controlLockTimeout": 2, "commitTimeout": 8}  # a wait on the stray's rows fails the write
-    mine = [[(1, "a2", 2, False), (2, None, 2, True)], [(4, "d", 2, False), (1, "a3", 3, False)]]
+    opts: dict[str, Any] = {"controlLockTimeout": 2, "commitTimeout": 8}  # a wait on the stray's rows fails the write
+    mine: Partitions = [[(1, "a2", 2, False), (2, None, 2, True)], [(4, "d", 2, False), (1, "a3", 3, False)]]
     with ThreadPoolExecutor(1) as pool:
         job = pool.submit(changes, db, table, s, 0, mine, **opts)
         deadline = time.monotonic() + 60
@@ -304,7 +305,7 @@ def test_column_names_with_percent_signs(db: Target, caplog: pytest.LogCaptureFi
     if mode == "changes":
         columns = {key: "int", name: "string", "seq": "long", "deleted": "boolean"}
         opts = {"upsertKeyColumns": key, "deleteFlagColumn": "deleted", "sequenceColumn": "seq"}
-        rows = [[(1, "a2", 2, False), (3, "c", 2, False)], [(2, None, 2, True), (1, "a0", 0, False)]]
+        rows: Partitions = [[(1, "a2", 2, False), (3, "c", 2, False)], [(2, None, 2, True), (1, "a0", 0, False)]]
         batch_direct(db.url, table, s, 0, columns, rows, "append", **opts)
         assert db.rows(table) == [(1, "a2", 2), (3, "c", 2)]
         assert written(caplog, s, 0) == 2
@@ -368,7 +369,7 @@ def test_a_string_key_compares_as_the_tables_default_collation_says(
     table = _collated_table(db, collation)
     db.execute(f"INSERT INTO {db.q(table)} VALUES ('a', 'x', 1)")
     s, columns = sink(), STRING_KEYED
-    batch = [[("A", "big", 7, False), ("a", "small", 8, False)], [("b", None, 2, True)]]
+    batch: Partitions = [[("A", "big", 7, False), ("a", "small", 8, False)], [("b", None, 2, True)]]
     batch_direct(db.url, table, s, 0, columns, batch, "append", **OPTIONS)
     if collation == "utf8mb4_bin":
         assert sorted(db.rows(table)) == [("A", "big", 7), ("a", "small", 8)]
@@ -549,7 +550,7 @@ def test_a_table_name_with_percent_signs(db: Target, mode: str) -> None:
     s = sink()
     columns = {"id": "int", "na%me": "string", "seq": "long"}
     if mode == "changes":
-        rows = [[(1, "a2", 2, False)], [(2, None, 2, True)]]
+        rows: Partitions = [[(1, "a2", 2, False)], [(2, None, 2, True)]]
         batch_direct(db.url, db.q(table), s, 0, {**columns, "deleted": "boolean"}, rows, "append", **OPTIONS)
         assert db.rows(table) == [(1, "a2", 2)]
     else:

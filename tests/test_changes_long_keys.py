@@ -5,6 +5,7 @@ then, and the write is applied exactly as before that table existed (it was refu
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import pytest
 
@@ -27,6 +28,7 @@ def test_a_change_data_write_keyed_by_a_long_unique_column(
     with mariadb_connect(mariadb_url) as conn, conn.cursor() as cur:
         cur.execute(f"CREATE TABLE `{table}` (k {key_type} NOT NULL, v varchar(20), seq bigint, UNIQUE (k))")
         cur.execute(f"INSERT INTO `{table}` VALUES ('a', 'x', 1), ('b', 'y', 1)")
+    parts: list[list[tuple[Any, ...]]]
     try:
         if "sequenceColumn" in options:
             parts = [[("a", "x2", 2, False), ("b", "old", 0, False)], [("c", "z", 1, False), ("a", "x3", 3, False)]]

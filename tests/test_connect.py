@@ -97,7 +97,7 @@ def new_sink() -> str:
     return f"c{uuid.uuid4().hex[:10]}"
 
 
-def credentials(db: Target) -> dict[str, str]:
+def credentials(db: Target) -> dict[str, Any]:
     return {"password": db.password} if db.password is not None else {}
 
 
@@ -376,7 +376,7 @@ def test_foreach_batch_tells_a_replay_from_another_querys_batch(
         sources[-1].add()
     a, b, a2, b2 = sources
 
-    def run(source: Input, sink: str, **extra: str) -> None:
+    def run(source: Input, sink: str, **extra: Any) -> None:
         fn = xasink.foreach_batch(url=db.url, table=table, sink_id=sink, numPartitions=2, **credentials(db), **extra)
         run_foreach_batch(connect, source, fn)
 

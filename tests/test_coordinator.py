@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import threading
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 from urllib.parse import quote
 
@@ -68,7 +68,7 @@ class Sink(harness.Sink):
         """``claimed``: a first attempt of a batch write whose driver claimed the batch (no claim of its own)."""
         return super().write(batch_id, partition, ids, chunk=chunk, **task)
 
-    def write_batch(self, batch_id: int, parts: list[range]) -> list[BranchOutcome | None]:
+    def write_batch(self, batch_id: int, parts: list[range]) -> list[BranchOutcome]:
         return [self.write(batch_id, p, ids) for p, ids in enumerate(parts)]
 
     def mine(self) -> list[str]:
@@ -101,7 +101,7 @@ def sink(pg_url: str, fresh_table_name: str) -> Iterator[Sink]:
         s.close()
 
 
-def gids(outcomes: list[BranchOutcome | None]) -> list[str]:
+def gids(outcomes: Sequence[BranchOutcome | None]) -> list[str]:
     return sorted(o.gid for o in outcomes if o is not None and o.gid)
 
 
@@ -295,7 +295,7 @@ def test_missing_task_report_aborts(sink: Sink) -> None:
 # --------------------------------------------------------------------------- recovery
 
 
-def decide(sink: Sink, batch_id: int, outcomes: list[BranchOutcome | None]) -> BatchRecord:
+def decide(sink: Sink, batch_id: int, outcomes: Sequence[BranchOutcome | None]) -> BatchRecord:
     """What commit() does up to the decision: the driver 'crashes' right after it."""
     xids = tuple(sorted(o.xid for o in outcomes if o is not None and o.xid is not None))
     record = BatchRecord(

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
@@ -161,7 +162,8 @@ def test_a_missing_table_is_a_preflight_error_for_a_writer_with_the_documented_g
     docs/errors.md promises.  Refused before any branch, with createTable=false and by default (no CREATE)."""
     with documented_writer(db) as w:
         sink = f"g{uuid.uuid4().hex[:8]}"
-        for create in ({"createTable": False}, {}):
+        creates: tuple[dict[str, Any], ...] = ({"createTable": False}, {})
+        for create in creates:
             with raises(xasink.PreflightError, match=r"no_such_table.*create it") as info:
                 xasink.write(frame(spark, range(10), 2), w.url, "no_such_table", sink_id=sink, batch_id=1, **create)
             assert PASSWORD not in str(info.value)

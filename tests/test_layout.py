@@ -63,7 +63,7 @@ def imports(name: str, path: Path, known: dict[str, Path]) -> Iterator[tuple[str
                     yield source, alias.name
 
 
-def is_docstring(parent: ast.AST, node: ast.AST) -> bool:
+def is_docstring(parent: ast.AST | None, node: ast.AST) -> bool:
     body = getattr(parent, "body", None)
     return (
         isinstance(parent, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
@@ -98,7 +98,9 @@ def text_of(node: ast.AST) -> str | None:
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return node.value
     if isinstance(node, ast.JoinedStr):
-        return "".join(v.value if isinstance(v, ast.Constant) else "?" for v in node.values)
+        return "".join(
+            v.value if isinstance(v, ast.Constant) and isinstance(v.value, str) else "?" for v in node.values
+        )
     return None
 
 

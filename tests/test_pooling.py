@@ -11,6 +11,7 @@ from typing import Any
 import pymysql
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.engine.interfaces import DBAPIConnection
 
 from tests.targets import mariadb_connect
 from xasink.dialects import Dialect, dialect_for, pooling
@@ -67,7 +68,7 @@ def _count_pings(engine: sa.engine.Engine, monkeypatch: pytest.MonkeyPatch) -> l
     pings: list[str] = []
     original = engine.dialect.do_ping
 
-    def counted(dbapi_conn: object) -> bool:
+    def counted(dbapi_conn: DBAPIConnection) -> bool:
         pings.append("ping")
         return bool(original(dbapi_conn))
 

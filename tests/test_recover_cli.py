@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 import pytest
 
 import xasink
-from tests.harness import ADMIN_USER, PLAIN_USER, SECRET, BackendSink, Db, cli, cli_db, expected
+from tests.harness import ADMIN_USER, PLAIN_USER, SECRET, BackendSink, Db, MariaDB, cli, cli_db, expected
 from xasink.errors import ConcurrentWriterError, OptionError
 from xasink.ops import survey as admin
 from xasink.options import parse_options
@@ -522,7 +522,7 @@ def test_missing_rights_are_exit_code_2_without_the_password(db: Db) -> None:
             assert (code, doc["error_class"]) == (3 if command == "status" else 2, "XasinkError"), out
             assert "denied" in doc["error"].lower() and SECRET not in out + err
         assert len(db.mine()) == 1  # untouched
-        if db.backend.name == "mariadb":  # no right on the database at all: the login is refused, and says why
+        if isinstance(db.backend, MariaDB):  # no right on the database at all: the login is refused, and says why
             db.backend.drop_secret_user(PLAIN_USER)
             db.backend.server_sql(f"CREATE USER '{PLAIN_USER}'@'{urlsplit(url).hostname}' IDENTIFIED BY '{SECRET}'")
             code, out, err = cli("status", "--url", url, "--json")

@@ -179,7 +179,7 @@ def form_url(server: Server, form: str, **kw: object) -> str:
     return forms[form]
 
 
-def rows(server: Server, table: str) -> list[tuple[object, ...]]:
+def rows(server: Server, table: str) -> list[tuple[Any, ...]]:
     if server.kind == "postgresql":
         return targets.rows(server.plain, table)
     return targets.mariadb_rows(server.plain, table)

@@ -13,6 +13,7 @@ import pytest
 from tests.harness import TargetSink, expected
 from tests.targets import Target
 from xasink.dialects import shared_dialect
+from xasink.dialects.postgres import PostgresDialect
 from xasink.protocol.coordinator import Coordinator
 
 
@@ -34,6 +35,7 @@ def _xasink_backends(pg: Target) -> list[tuple[int, str]]:
 def test_a_spare_the_server_dropped_is_replaced_and_the_batch_is_written_once(sink: TargetSink, pg: Target) -> None:
     first = sink.prepare(1, range(0, 10), parts=1)  # leaves a spare behind for the next branch
     dialect = shared_dialect(sink.options.url, sink.options.branch_settings)
+    assert isinstance(dialect, PostgresDialect), dialect
     assert dialect.spare is not None and dialect.spare._next is not None
     dialect.spare._next.result(30)  # the spare session is up
     idle = [pid for pid, state in _xasink_backends(pg) if state == "idle"]

@@ -111,6 +111,7 @@ def failing_write(
     path: str, df: DataFrame, db: Target, table: str, error: type[XasinkError], message: str, **options: Any
 ) -> BaseException:
     """Run a write that must fail; check the error class (api) or text (format) and that no password leaks."""
+    info: pytest.ExceptionInfo[BaseException]
     if path == "api":
         with pytest.raises(error) as info:
             write(db, df, table, **options)

@@ -307,7 +307,7 @@ def _parse_prometheus(text: str) -> dict[str, list[tuple[dict[str, str], float]]
             assert line == f"# TYPE {current} gauge"
         else:
             m = _SAMPLE.fullmatch(line)
-            assert m is not None and m["name"] == current, line
+            assert m is not None and current is not None and m["name"] == current, line
             labels = dict(re.findall(r'([a-z_]+)="((?:[^"\\]|\\.)*)"', m["labels"]))
             families[current].append((labels, float(m["value"])))
     try:  # Prometheus' own parser, where installed: the same families and samples

@@ -245,7 +245,7 @@ def test_a_connection_lost_in_a_writes_steps_before_the_decision_is_an_xasink_er
     with xasink.transaction(sink_id=sink, batch_id=1, journal_url=pg.url) as tx:
         tx.write(frame(spark, range(10), 2), pg.url, orders)
         tx.write(frame(spark, range(100, 104), 2), maria.url, events)
-    assert tx.result.skipped == (step == "replay")
+    assert tx.result is not None and tx.result.skipped == (step == "replay")
     assert rows(pg, orders) == expected(range(10)) and rows(maria, events) == expected(range(100, 104))
     assert pg.prepared(sink) == [] and maria.prepared(sink) == []
 
@@ -329,8 +329,8 @@ def test_a_decision_whose_commit_was_cut_is_settled_by_the_log(pg, maria, sink, 
         try:
             tx.write(pg, orders, range(10))
             tx.write(maria, events, range(100, 104))
-            down = {"then_down_for": 3.0} if cut == "reply-lost-log-down" else {}
-            proxy.cut_on(b"COMMIT", armed_by=DECISION, after_reply=reply_lost, **down)
+            down_for = 3.0 if cut == "reply-lost-log-down" else 0.0  # cut_on's default: never down
+            proxy.cut_on(b"COMMIT", armed_by=DECISION, after_reply=reply_lost, then_down_for=down_for)
             if reply_lost:
                 tx.commit()
             else:

@@ -660,7 +660,7 @@ _KEY_ONLY_CASES = [case(POSTGRESQL, "default"), case(MARIADB, "true"), case(MARI
 
 def other_key_conflict(db: Target, table: str, parts: list[pa.RecordBatch], infile: str, keys: str = "id") -> str:
     """Write ``parts`` as an upsert that must fail on a unique index other than the key's: the error's text."""
-    extra = {} if db.kind == POSTGRESQL else {"localInfile": infile}
+    extra: dict[str, Any] = {} if db.kind == POSTGRESQL else {"localInfile": infile}
     with pytest.raises(BranchError) as info:
         write_direct(db.url, table, parts, keys=keys, **extra)
     return str(info.value)
@@ -697,7 +697,7 @@ def test_an_upsert_with_another_unique_index_updates_and_inserts_by_the_key(db: 
     db.create_table(t, "id int PRIMARY KEY, email varchar(40) NOT NULL, name varchar(40)")
     db.execute(f"CREATE UNIQUE INDEX {t}_email ON {db.q(t)} (email)")
     db.execute(f"INSERT INTO {db.q(t)} VALUES (1, 'alice@x', 'Alice'), (3, 'carol@x', 'Carol')")
-    extra = {} if db.kind == POSTGRESQL else {"localInfile": infile}
+    extra: dict[str, Any] = {} if db.kind == POSTGRESQL else {"localInfile": infile}
     parts = [
         [users([(1, "alice@y", "Alice 2"), (4, "dave@x", "Dave")]), users([(1, "alice@z", "Alice 3")])],
         users([(5, "eve@x", "Eve"), (3, "carol@x", "Carol 2")]),
@@ -720,7 +720,7 @@ def test_an_upsert_that_changes_no_row_still_commits(db: Target, infile: str) ->
     t = db.new_table()
     db.create_table(t, "code varchar(20) NOT NULL UNIQUE, email varchar(40) NOT NULL UNIQUE")
     db.execute(f"INSERT INTO {db.q(t)} VALUES ('a', 'a@x'), ('b', 'b@x')")
-    extra = {} if db.kind == POSTGRESQL else {"localInfile": infile}
+    extra: dict[str, Any] = {} if db.kind == POSTGRESQL else {"localInfile": infile}
     same = pa.RecordBatch.from_arrays([pa.array(["a", "b"]), pa.array(["a@x", "b@x"])], ["code", "email"])
     result = write_direct(db.url, t, [same], keys="code", **extra)
     assert (result.rows, result.skipped) == (2, False)
@@ -760,7 +760,8 @@ def test_a_prefix_unique_index_never_merges_two_keys(db: Target, infile: str) ->
     assert f"{t}_code4" in text, text
     assert db.rows(t) == before
     same = pa.RecordBatch.from_arrays([pa.array(["ABCD-001", "EFGH-001"]), pa.array(["again", "e"])], ["code", "name"])
-    write_direct(db.url, t, [same], keys="code", **({} if db.kind == POSTGRESQL else {"localInfile": infile}))
+    extra: dict[str, Any] = {} if db.kind == POSTGRESQL else {"localInfile": infile}
+    write_direct(db.url, t, [same], keys="code", **extra)
     assert db.rows(t) == [("ABCD-001", "again"), ("EFGH-001", "e"), ("WXYZ-001", "w")]
 
 
@@ -829,7 +830,7 @@ def test_equal_keys_in_two_partitions_still_fail_clearly_beside_another_unique_i
     db.create_table(t, "id int PRIMARY KEY, email varchar(40) NOT NULL, name varchar(40)")
     db.execute(f"CREATE UNIQUE INDEX {t}_email ON {db.q(t)} (email)")
     db.execute(f"INSERT INTO {db.q(t)} VALUES (1, 'alice@x', 'Alice')")
-    extra = {} if db.kind == POSTGRESQL else {"localInfile": infile}
+    extra: dict[str, Any] = {} if db.kind == POSTGRESQL else {"localInfile": infile}
     for shared in (1, 9):  # a key in the table (updated by both) and a new one (inserted by both)
         parts = [
             users([(shared, "p0@x", "p0"), (20, "q0@x", "q0")]),
@@ -849,7 +850,7 @@ def test_an_upsert_into_a_table_with_percent_signs_in_its_names(db: Target, infi
     key, name = "id%s", "na%(me)s"
     db.create_table(t, f"{db.q(key)} int PRIMARY KEY, {db.q(name)} varchar(20)")
     db.execute(f"INSERT INTO {db.q(t)} VALUES (1, 'a'), (2, 'b')")
-    extra = {} if db.kind == POSTGRESQL else {"localInfile": infile}
+    extra: dict[str, Any] = {} if db.kind == POSTGRESQL else {"localInfile": infile}
     part = pa.RecordBatch.from_arrays([pa.array([1, 5], pa.int32()), pa.array(["a2", "e"])], names=[key, name])
     result = write_direct(db.url, db.q(t), [part], keys=key, **extra)
     assert result.rows == 2

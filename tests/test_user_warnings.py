@@ -159,7 +159,7 @@ def test_workers_running_a_python_without_xasink_are_told_to_set_pyspark_python(
     code = run_until_exit([sys.executable, str(BARE_DRIVER), pg.url, table, str(bare / "bin" / "python")], env, out)
     text = out.read_text(errors="replace")
     raised = [json.loads(line.removeprefix("RAISED ")) for line in text.splitlines() if line.startswith("RAISED ")]
-    assert code == 0 and [r[0] for r in raised] == ["write", "format"], tail(text)
+    assert code == 0 and [r[0] for r in raised] == ["write", "format"], tail(out)
     for how, name, message in raised:
         assert name == "PreflightError" and "PYSPARK_PYTHON" in message and "No module named" in message, (how, message)
     assert not pg.table_exists(table) or pg.rows(table) == []

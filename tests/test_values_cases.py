@@ -47,7 +47,7 @@ def doubles(*values: float | None) -> pa.Array:
     return pa.array(values, pa.float64())
 
 
-SENSITIVE = {"spark.sql.caseSensitive": "true"}
+SENSITIVE: dict[str, str | None] = {"spark.sql.caseSensitive": "true"}
 CASES: dict[str, Case] = {
     # 1. a DateType into timestamptz is midnight in the session zone (2024-01-15 05:00+00 in New York)
     "pg-date-into-timestamptz": Case(

@@ -11,6 +11,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from sqlalchemy.dialects import postgresql
+from sqlalchemy.engine import make_url
 
 from tests.targets import MARIADB, POSTGRESQL, Target
 from tests.test_values_cases import Case, check_case, doubles, frame, ints
@@ -483,9 +484,15 @@ def test_dropin_case_jdbc_writes_and_xasink_refuses(
 def test_created_array_columns_are_the_types_spark_jdbc_creates() -> None:
     """createTable: an array column of its element's type, as Spark's JDBC writer's PostgreSQL dialect creates it
     (compared once by hand: format_type of both writers' created tables, the frame's columns NOT NULL alike)."""
-    types = PostgresDialect("postgresql://u@h/d")
+    types = PostgresDialect(make_url("postgresql://u@h/d"))
+
+    def created_type(t: pa.DataType) -> str:
+        sql_type = types.sql_type(pa.list_(t))
+        assert sql_type is not None, t
+        return str(sql_type.compile(dialect=postgresql.dialect()))
+
     created = {
-        str(t): str(types.sql_type(pa.list_(t)).compile(dialect=postgresql.dialect()))  # type: ignore[union-attr]
+        str(t): created_type(t)
         for t in (pa.int8(), pa.int32(), pa.int64(), pa.float32(), pa.float64(), pa.decimal128(7, 2), pa.string())
     }
     assert created == {

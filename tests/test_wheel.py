@@ -71,7 +71,8 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
     python = venv / "bin" / "python"
     # this interpreter's pip installs into the new venv; no PYTHONPATH and another cwd, so pip never mistakes a
     # source tree's xasink.egg-info for an installed xasink
-    pip = [sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "--no-index", "--force-reinstall"]
+    pip: list[str | Path] = [sys.executable, "-m", "pip", "--python", python]
+    pip += ["install", "--no-deps", "--no-index", "--force-reinstall"]
     _run([*pip, "-q", wheel], env=env, cwd=tmp)
     site = Path(_run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip())
     # the dependencies (pyspark, sqlalchemy, ...) from this interpreter's site-packages, appended after the

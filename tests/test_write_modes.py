@@ -390,7 +390,13 @@ def test_a_database_error_while_checking_before_the_write_is_told_as_such(db: Ta
             assert "nothing of this batch was written" not in message, message
         for batch in (0, 2) if HAS_DATA_SOURCE else ():  # format("xasink"): its planning's checks or log steps
             with pytest.raises(BatchAbortedError) as info, xasink.spark_errors():
-                options = {"url": db.url, "dbtable": table, "sinkId": s, "batchId": str(batch), "controlLockTimeout": 1}
+                options: dict[str, str | int] = {
+                    "url": db.url,
+                    "dbtable": table,
+                    "sinkId": s,
+                    "batchId": str(batch),
+                    "controlLockTimeout": 1,
+                }
                 df.write.format("xasink").options(**options).mode("append").save()
             message = str(info.value)
             assert f"batch {batch}: " in message and "same sinkId and batchId" in message, message
@@ -562,7 +568,7 @@ def test_an_apply_reads_only_its_decided_branches_and_never_waits_on_another_run
     fill(db, table, expected(range(10), tag="o"))
     monkeypatch.setenv("XASINK_FAULT", "driver.after_commits:sleep=3")
     s = sink()
-    opts = {"controlLockTimeout": 2, "commitTimeout": 8}  # a wait on the stray's rows fails the write
+    opts: dict[str, Any] = {"controlLockTimeout": 2, "commitTimeout": 8}  # a wait on the stray's rows fails the write
     with ThreadPoolExecutor(1) as pool:
         job = pool.submit(overwrite_direct, db.url, table, s, 0, split(100, 20, 2), **opts)
         deadline = time.monotonic() + 60
@@ -775,7 +781,7 @@ def test_a_change_never_overwrites_the_row_of_another_key(db: Target, spark: Spa
     db.execute(f"CREATE UNIQUE INDEX {table}_email ON {db.q(table)} (email)")
     db.execute(f"INSERT INTO {db.q(table)} VALUES (1, 'alice@x', 1), (3, 'carol@x', 1)")
     schema = "id int, email string, seq long, deleted boolean"
-    opts = {"upsertKeyColumns": "id", "deleteFlagColumn": "deleted", "sequenceColumn": "seq"}
+    opts: dict[str, Any] = {"upsertKeyColumns": "id", "deleteFlagColumn": "deleted", "sequenceColumn": "seq"}
     clash = spark.createDataFrame([(3, "carol@y", 2, False), (2, "alice@x", 2, False)], schema)
     with pytest.raises(ApplyError) as info:
         xasink.write(clash, db.url, table, sink_id=sink(), batch_id=0, **opts)
@@ -791,7 +797,7 @@ def test_a_late_change_does_not_bring_back_a_deleted_key(db: Target, spark: Spar
     db.create_table(table, "id int PRIMARY KEY, name varchar(20), seq bigint")
     s = sink()
     schema = "id int, name string, seq long, deleted boolean"
-    opts = {"upsertKeyColumns": "id", "deleteFlagColumn": "deleted", "sequenceColumn": "seq"}
+    opts: dict[str, Any] = {"upsertKeyColumns": "id", "deleteFlagColumn": "deleted", "sequenceColumn": "seq"}
     first = spark.createDataFrame([(1, "a", 1, False), (2, "b", 1, False), (3, "c", 1, False)], schema)
     xasink.write(first, db.url, table, sink_id=s, batch_id=0, **opts)
     deletes = spark.createDataFrame([(1, None, 9, True), (2, None, 9, True)], schema)
@@ -819,7 +825,7 @@ def test_two_change_data_applies_of_one_sink_at_once_equal_one_after_the_other(
     db.create_table(table, "id int PRIMARY KEY, name varchar(20), seq bigint")
     s = sink()
     columns = {"id": "int", "name": "string", "seq": "long", "deleted": "boolean"}
-    opts = {"upsertKeyColumns": "id", "deleteFlagColumn": "deleted", "sequenceColumn": "seq"}
+    opts: dict[str, Any] = {"upsertKeyColumns": "id", "deleteFlagColumn": "deleted", "sequenceColumn": "seq"}
     batch_direct(db.url, table, s, 6, columns, [[(1, "a", 1, False), (2, "b", 1, False)]], "append", **opts)
     monkeypatch.setenv("XASINK_FAULT", "driver.apply_statements:b=7:sleep=10")
     with ThreadPoolExecutor(1) as pool:
@@ -1145,7 +1151,7 @@ def test_an_overwrite_whose_tables_apply_lock_stays_held_is_aborted_through_writ
     db.keyed_table(table)
     old, new = expected(range(10), tag="o"), expected(range(100, 110))
     fill(db, table, old)
-    opts = {"controlLockTimeout": "1", "commitTimeout": "4"}
+    opts: dict[str, Any] = {"controlLockTimeout": "1", "commitTimeout": "4"}
     with apply_lock_held(db, table), pytest.raises(BatchAbortedError, match="apply lock was not granted") as err:
         xasink.write(rows_frame(spark, new), db.url, table, sink_id=s, batch_id=1, mode="overwrite", **opts)
     assert "nothing of it is visible" in str(err.value), err.value

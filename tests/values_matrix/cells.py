@@ -30,8 +30,10 @@ ZONES: dict[str, dict[str, str | None]] = {
 DBS = {"pg": POSTGRESQL, "mariadb": MARIADB}
 
 
-def _ts(*args: int) -> datetime:
-    return datetime(*args, tzinfo=UTC)  # type: ignore[misc]
+def _ts(
+    year: int, month: int, day: int, hour: int = 0, minute: int = 0, second: int = 0, microsecond: int = 0
+) -> datetime:
+    return datetime(year, month, day, hour, minute, second, microsecond, tzinfo=UTC)
 
 
 _INSTANTS = {
@@ -69,7 +71,13 @@ def _ints(bits: int) -> dict[str, Any]:
     return {"min": -(2 ** (bits - 1)), "max": 2 ** (bits - 1) - 1, "zero": 0, "one": 1, "null": None}
 
 
-_FLOATS = {"zero": 0.0, "neg-zero": -0.0, "tenth": 0.1, "nan": float("nan"), "inf": float("inf")}
+_FLOATS: dict[str, float | None] = {
+    "zero": 0.0,
+    "neg-zero": -0.0,
+    "tenth": 0.1,
+    "nan": float("nan"),
+    "inf": float("inf"),
+}
 _FLOATS |= {"-inf": float("-inf"), "null": None}
 SPARK: dict[str, SparkType] = {
     "bool": SparkType(pa.bool_(), {"true": True, "false": False, "null": None}),
