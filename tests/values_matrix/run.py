@@ -110,10 +110,10 @@ class Matrix:
         """A cell of a pair xasink refuses by type (its ``PreflightError``, before any branch opens: nothing can be
         left) whose refusal listed.py names: listed whatever JDBC does, so no write can fail it."""
         said = self.by_type.get((cell.spark, cell.column))
-        entry = match(cell, "xasink-refuses") if said is not None else None
-        if entry is None:
+        if said is None:
             return None
-        return Outcome(cell, "xasink-refuses", f"by type, not written: {said[:300]}", entry)
+        entry = match(cell, "xasink-refuses")
+        return None if entry is None else Outcome(cell, "xasink-refuses", f"by type, not written: {said[:300]}", entry)
 
     def _emit(self, outcomes: list[Outcome]) -> list[Outcome]:
         if self.report:
