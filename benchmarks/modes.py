@@ -198,6 +198,25 @@ def cases(spark: Any, db: benv.Database, shape: Shape, sections: list[str], seed
                 expect(db, ow_e, n, n),
             ),
         ]
+        if db.kind == "postgresql":  # a view binds the table by OID: the overwrite is applied in place, no swap
+            ow_v = f"ow_xv_{tag}"
+
+            def in_place_prepare(run: int) -> None:
+                db.execute(f"DROP VIEW IF EXISTS {db.quote(ow_v + '_view')}")
+                reset_target(db, ow_v, seed)
+                db.execute(f"CREATE VIEW {db.quote(ow_v + '_view')} AS SELECT id FROM {db.quote(ow_v)}")
+
+            out.append(
+                Case(
+                    "overwrite",
+                    "xasink-in-place",
+                    'xasink mode("overwrite"), a view on the table (no swap: DELETE + INSERT … SELECT)',
+                    "yes",
+                    in_place_prepare,
+                    lambda run: xasink_writer(df, db, ow_v, f"b-ov-{tag}", run).mode("overwrite").save(),
+                    expect(db, ow_v, n, n),
+                )
+            )
         if db.kind == "postgresql":  # truncate=true changes nothing on MariaDB
             ow_t = f"ow_xt_{tag}"
             out.append(
@@ -364,9 +383,12 @@ def timed_sections(
                     "parts_s": median_parts(c.parts),  # xasink's phases, the other's steps
                 }
             )
+    if db.kind == "postgresql":
+        db.execute(f"DROP VIEW IF EXISTS {db.quote('ow_xv_' + db.kind[:2] + '_view')}")
     for table in (
         "ow_xa",
         "ow_xt",
+        "ow_xv",
         "ow_jdbc",
         "ow_hand",
         "ow_stage",
