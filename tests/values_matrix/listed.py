@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tests.values_matrix.cells import Cell
+from tests.values_matrix.cells import COLUMNS, Cell
 
 ANY = ("*",)
 
@@ -92,12 +92,13 @@ LISTED: list[Listed] = [
         "string-into-other-types",
         ("pg",),
         ("string",),
-        ("jsonb", "uuid", "inet", "enum", "int[]", "text[]"),
+        tuple(c for c in COLUMNS["pg"] if c not in ("text", "varchar10", "char5")),
         kind=("jdbc-refuses",),
         docs=(
             "StringType",
-            "PostgreSQL jsonb, uuid, inet, an enum, an array (a URL without `stringtype=unspecified`)",
-            'refuses ("column is of type jsonb but expression is of type character varying")',
+            "PostgreSQL columns of every type but text, varchar and char: numbers, boolean, bytea, dates, jsonb, "
+            "uuid, inet, an enum, an array (a URL without `stringtype=unspecified`)",
+            'refuses ("column is of type jsonb but expression is of type character varying"), its NULLs too',
             "the server's reading of the string: xasink takes `stringtype=unspecified` in the URL and needs it not",
         ),
     ),
@@ -227,11 +228,11 @@ LISTED: list[Listed] = [
         "fraction-into-int",
         ("pg", "mariadb"),
         ("float", "double", "dec10_2", "dec38_18"),
-        ("smallint", "integer", "bigint", "tinyint", "tinyint-u", "smallint-u", "int", "int-u", "bigint-u"),
+        ("smallint", "integer", "bigint", "tinyint", "tinyint-u", "smallint-u", "int", "int-u", "bigint-u", "year"),
         kind=("xasink-refuses",),
         docs=(
             "DoubleType, FloatType, DecimalType with a fraction",
-            "an integer column",
+            "an integer column, MariaDB YEAR",
             "the number rounded by the server (2.5 is 2 on PostgreSQL, 3 on MariaDB; 5.50 is 6)",
             "refuses it, naming the value: the rounding loses the fraction and differs between the databases. "
             "Round it in Spark first",
