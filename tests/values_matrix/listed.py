@@ -67,12 +67,12 @@ LISTED: list[Listed] = [
         "ntz-maria",
         ("mariadb",),
         ("ntz",),
-        ("datetime", "datetime3", "datetime6", "timestamp", "timestamp6"),
+        ("date", "datetime", "datetime3", "datetime6", "timestamp", "timestamp6"),
         docs=(
             "TimestampNTZType",
-            "MariaDB DATETIME(6), TIMESTAMP(6)",
-            "the wall time shifted by the session's UTC offset",
-            "the wall time",
+            "MariaDB DATETIME(6), TIMESTAMP(6), DATE",
+            "the wall time shifted by the session's UTC offset (in a DATE, midnight west of UTC is the day before)",
+            "the wall time (its date)",
         ),
     ),
     Listed(
