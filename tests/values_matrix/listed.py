@@ -48,7 +48,22 @@ NTZ_GAP = (
     "the wall time",
 )
 LISTED: list[Listed] = [
-    Listed("ntz-gap", ("pg",), ("ntz",), ("timestamp",), edge=("dst-gap",), zone=("same",), docs=NTZ_GAP),
+    Listed("ntz-gap", ("pg",), ("ntz",), ("timestamp",), edge=("dst-gap",), docs=NTZ_GAP),
+    Listed(
+        "ntz-gap-other-zone",
+        ("pg",),
+        ("ntz",),
+        ("timestamptz",),
+        edge=("dst-gap",),
+        zone=("other",),
+        docs=(
+            "TimestampNTZType",
+            "PostgreSQL timestamptz, the Spark session's zone set other than the JVM's",
+            "a wall time in the JVM zone's DST gap as that zone's instant an hour later (02:30 → 03:30 New York), "
+            "though the session's zone has no gap there",
+            "the wall time's instant in the session's zone, as Spark's cast to TimestampType",
+        ),
+    ),
     Listed(
         "ntz-overlap",
         ("pg",),
