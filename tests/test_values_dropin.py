@@ -86,6 +86,27 @@ CASES: dict[str, Case] = {
         refused="-32768 to 32767",
     ),
     # MariaDB has no array type: both refuse
+    # LongType past 2**53 into floating columns: rounded, as the server rounds the integer JDBC sends
+    "pg-long-into-floats": Case(
+        POSTGRESQL,
+        "id int PRIMARY KEY, d double precision, r real",
+        {
+            "id": ints(0, 1, 2),
+            "d": pa.array([2**63 - 1, -(2**63), 2**53 + 1], pa.int64()),
+            "r": pa.array([2**63 - 1, -(2**63), 2**24 + 1], pa.int64()),
+        },
+        paths=ALL_PATHS,
+    ),
+    "maria-long-into-floats": Case(
+        MARIADB,
+        "id int PRIMARY KEY, d double, f float",
+        {
+            "id": ints(0, 1, 2),
+            "d": pa.array([2**63 - 1, -(2**63), 2**53 + 1], pa.int64()),
+            "f": pa.array([2**63 - 1, -(2**63), 2**24 + 1], pa.int64()),
+        },
+        paths=ALL_PATHS,
+    ),
     "maria-array": Case(
         MARIADB, "id int PRIMARY KEY, a text", {"id": ints(0), "a": lists([[1]], pa.int32())}, refused="array"
     ),

@@ -104,6 +104,22 @@ LISTED: list[Listed] = [
         ),
     ),
     Listed(
+        "ts-other-zone-range",
+        ("mariadb",),
+        ("ts",),
+        ("datetime", "datetime3", "datetime6", "timestamp", "timestamp6"),
+        kind=("xasink-refuses",),
+        edge=("far-max", "far-min"),
+        zone=("other",),
+        docs=(
+            "TimestampType at the ends of the column's range",
+            "MariaDB DATETIME, TIMESTAMP, with the Spark session's zone set other than the JVM's",
+            "its wall time in the JVM's zone, within the range",
+            "refuses it where its wall time in the session zone is past the column's range (year 10000), naming "
+            "the range",
+        ),
+    ),
+    Listed(
         "string-into-other-types",
         ("pg",),
         ("string",),

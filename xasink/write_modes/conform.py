@@ -52,6 +52,9 @@ def _conform_column(arr: pa.Array, target: pa.DataType, time_zone: str = "UTC") 
         src = arr.type
     if pa.types.is_integer(src) and (pa.types.is_integer(target) or pa.types.is_decimal(target)):
         return _integers_into(arr, target)
+    if pa.types.is_integer(src) and pa.types.is_floating(target):
+        # past 2**53 rounded to the nearest double, as the server rounds the integer Spark's JDBC writer sends
+        return arr.cast(target, safe=False)
     return arr.cast(target, safe=True)
 
 
@@ -149,7 +152,10 @@ def _integers_into(arr: pa.Array, target: pa.DataType) -> pa.Array:
 def _in_real_range(arr: pa.Array) -> pa.Array:
     """A number as a 4-byte float, refused where it overflows to infinity or underflows to zero, as PostgreSQL's
     cast of the double Spark's JDBC writer sends ("value out of range"); Arrow's own cast checks no range."""
-    wide = arr.cast(pa.string()).cast(pa.float64()) if pa.types.is_decimal(arr.type) else arr.cast(pa.float64())
+    if pa.types.is_decimal(arr.type):
+        wide = arr.cast(pa.string()).cast(pa.float64())
+    else:  # an integer past 2**53 rounded, as the server rounds the integer Spark's JDBC writer sends
+        wide = arr.cast(pa.float64(), safe=not pa.types.is_integer(arr.type))
     out = wide.cast(pa.float32(), safe=False)
     overflow = pc.and_(pc.is_inf(out), pc.invert(pc.is_inf(wide)))
     underflow = pc.and_(pc.equal(out, 0), pc.not_equal(wide, 0))
