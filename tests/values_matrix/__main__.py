@@ -3,6 +3,7 @@
 python -m tests.values_matrix              # the CI sample, both databases (XASINK_MATRIX_CELLS: those cells)
 python -m tests.values_matrix --full       # every cell of both databases (a soak test: hours)
 python -m tests.values_matrix --count      # the number of cells per database
+python -m tests.values_matrix --shards     # how far the full matrix in shards is (XASINK_MATRIX_SHARD=i/24)
 python -m tests.values_matrix --docs       # write docs/types.md's differences table from listed.py
 python -m tests.values_matrix --refused    # the cells of the pairs xasink refuses by type, unnamed (refused.py)
 """
@@ -79,6 +80,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.values_matrix")
     parser.add_argument("--full", action="store_true", help="every cell (soak)")
     parser.add_argument("--count", action="store_true", help="print the number of cells per database")
+    parser.add_argument("--shards", action="store_true", help="print the full matrix's shards run and to run")
     parser.add_argument("--docs", action="store_true", help="write docs/types.md's differences table")
     parser.add_argument("--tally", metavar="REPORT", help="count a report's (XASINK_MATRIX_REPORT) cells")
     parser.add_argument("--refused", action="store_true", help="print the unnamed cells xasink refuses by type")
@@ -87,6 +89,11 @@ def main() -> int:
         return tally_report(args.tally)
     if args.refused:
         return print_refused()
+    if args.shards:
+        from tests.values_matrix.shards import progress
+
+        print(progress())
+        return 0
     if args.count:
         for db in ("pg", "mariadb"):
             print(db, len(product(db)))

@@ -10,6 +10,7 @@ alone; a seed picks a sample of the product and its order, deterministically.
 from __future__ import annotations
 
 import random
+import zlib
 from dataclasses import dataclass
 from datetime import date, datetime, timezone
 from decimal import Decimal
@@ -327,3 +328,12 @@ def sample(db: str, seed: int, size: int | None) -> list[Cell]:
         rng.shuffle(cells)
         return cells
     return rng.sample(cells, size)
+
+
+def shard(db: str, index: int, count: int) -> list[Cell]:
+    """Shard ``index`` of ``count`` of :func:`product`: every cell of the pairs (Spark type, column type) whose
+    stable hash falls in it, so that a shard writes a pair's edges, paths and zones in the dense batches of
+    :class:`tests.values_matrix.run.Matrix` (a random sample of the same size takes several times the writes).
+    The ``count`` shards together are the whole product, each cell in one."""
+    assert 0 <= index < count, f"no shard {index} of {count}"  # noqa: B101 - a typo in XASINK_MATRIX_SHARD
+    return [c for c in product(db) if zlib.crc32(f"{c.spark}|{c.column}".encode()) % count == index]
