@@ -73,6 +73,9 @@ class TargetPlan:
     # index) and inserts the rest plainly, so any other unique conflict fails the batch
     upsert_by_update: bool = False
     upsert_index: str | None = None
+    # MySQL family, that merge: the written AUTO_INCREMENT column, (name, its COLUMN_TYPE), which the staging table
+    # declares NULL-able so that a NULL reaches the target's INSERT, which numbers it as it does JDBC's INSERT
+    numbered: tuple[str, str] | None = None
     # the shadow table of an overwrite / replaceWhere / change-data write (xasink.write_modes.statements):
     # this column of each row is the batch id, filled in by the task
     batch_column: str | None = None

@@ -189,9 +189,12 @@ class MySQLBranch(BranchSession):
             stage_name += "_"
         stage = ".".join(quote_ident(p) for p in (self.plan.schema, stage_name) if p)  # beside the target
         target = table_name(self.plan)
+        defined = [f"UNIQUE KEY ({', '.join(quote_ident(k) for k in keys)})"]
+        if self.plan.numbered is not None:  # NULL-able here: the INSERT into the target numbers its NULLs
+            name, type_ = self.plan.numbered
+            defined.insert(0, f"{quote_ident(name)} {type_} NULL")
         self.cursor.execute(
-            f"CREATE TEMPORARY TABLE {stage} (UNIQUE KEY ({', '.join(quote_ident(k) for k in keys)})) "
-            f"ENGINE=InnoDB SELECT {cols} FROM {target} LIMIT 0"
+            f"CREATE TEMPORARY TABLE {stage} ({', '.join(defined)}) ENGINE=InnoDB SELECT {cols} FROM {target} LIMIT 0"
         )
         if self.use_load_data:
             total = self._load_data(self._checked_keys(batches), stage, replace=True)

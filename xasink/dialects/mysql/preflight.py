@@ -224,7 +224,28 @@ def upsert_plan(conn: Connection, plan: TargetPlan, target: str) -> TargetPlan:
             target,
             "; ".join(ix.show() for ix in others),
         )
+        plan = dataclasses.replace(plan, numbered=numbered_column(conn, plan))
     return plan
+
+
+_NUMBER_TYPE = re.compile(r"[a-z]+(\(\d+(,\d+)?\))?( unsigned)?( zerofill)?", re.I)
+
+
+def numbered_column(conn: Connection, plan: TargetPlan) -> tuple[str, str] | None:
+    """The written AUTO_INCREMENT column and its type, if any: the server makes it NOT NULL, and a staging table
+    made from it by CREATE .. SELECT would refuse the NULLs an INSERT numbers."""
+    found = conn.execute(
+        sa.text(
+            "SELECT COLUMN_NAME, COLUMN_TYPE FROM information_schema.COLUMNS WHERE "
+            "TABLE_SCHEMA = COALESCE(:schema, DATABASE()) AND TABLE_NAME = :table AND EXTRA LIKE '%auto_increment%'"
+        ),
+        {"schema": plan.schema, "table": plan.table},
+    ).first()
+    conn.rollback()
+    written = {n.lower(): n for n in plan.arrow_schema.names}
+    if found is None or str(found[0]).lower() not in written or not _NUMBER_TYPE.fullmatch(str(found[1])):
+        return None  # (an AUTO_INCREMENT column is a number's; any other text is not put into a statement)
+    return written[str(found[0]).lower()], str(found[1])
 
 
 def replace_is_upsert(conn: Connection, plan: TargetPlan) -> bool:
