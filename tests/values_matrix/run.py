@@ -5,6 +5,10 @@ type), a row per edge value (NULL below the pair's last one).  When both writers
 judged by the stored text (tests/values_matrix/cells.py ``Column.read``).  When either refuses, the batch
 is split in two and each half written again, down to single cells: a cell both refuse is judged by what
 xasink left (nothing visible, nothing prepared).  Feature and NullType cells run alone.
+
+A long run that knows the pairs xasink refuses by type (``by_type``) writes each such pair in batches of its
+own (xasink refuses any batch it is in), goes to single cells at once when JDBC refuses one of its values, and
+judges a pair's non-NULL cells without a write once JDBC refused the pair by type in any write.
 """
 
 from __future__ import annotations
@@ -58,6 +62,10 @@ def reason(error: str) -> str:
     return (lines[-1] if lines else error.strip().splitlines()[0] if error.strip() else "")[:300]
 
 
+def answer_of(twin: Twin, key: str) -> str:
+    return str(twin.answer.get(key) or "")
+
+
 def _differ(cell: Cell, kind: str, detail: str) -> Outcome:
     return Outcome(cell, kind, detail[:600], match(cell, kind))
 
@@ -79,13 +87,18 @@ class Matrix:
         # the pairs xasink refuses by type (refused.py), for judging without a write the cells listed.py accepts
         # either way: refused by both, or refused by xasink alone as a listed difference (a long run's shortcut)
         self.by_type = by_type or {}
+        # pairs xasink refuses by type that Spark's JDBC writer refused by type in some write, so that their other
+        # cells are judged without a write: PostgreSQL's "column is of type date but expression is of type
+        # numeric" (its parameter's type, set by the Spark type, whatever the value, path or zone: non-NULL
+        # cells), Spark's "Can't get JDBC type for array<int>" (the frame's schema, before any row: every cell)
+        self.jdbc_refuses: dict[tuple[str, str], tuple[str, bool]] = {}  # pair: (what JDBC said, NULLs too)
         self.jobs = 0
         for statement in SETUP[dbkey]:
             db.execute(statement)
 
     def run(self, cells: Iterable[Cell]) -> list[Outcome]:
         """Every cell's outcome, batched by path and zone."""
-        groups: dict[tuple[str, str], list[Cell]] = {}
+        groups: dict[tuple[str, ...], list[Cell]] = {}
         alone: list[Cell] = []
         out: list[Outcome] = []
         for cell in cells:
@@ -94,6 +107,8 @@ class Matrix:
                 out += self._emit([judged])
             elif cell.spark == "feature" or SPARK[cell.spark].null_type:
                 alone.append(cell)
+            elif (cell.spark, cell.column) in self.by_type:  # xasink refuses every batch it is in: a batch of its own
+                groups.setdefault((cell.path, cell.zone, cell.spark, cell.column), []).append(cell)
             else:
                 groups.setdefault((cell.path, cell.zone), []).append(cell)
         for group in groups.values():
@@ -132,6 +147,16 @@ class Matrix:
 
     # -- value cells -------------------------------------------------------------------------------
     def _batch(self, cells: list[Cell]) -> list[Outcome]:
+        refuses = self.jdbc_refuses
+        known = [
+            c
+            for c in cells
+            if (c.spark, c.column) in refuses and (c.value is not None or refuses[c.spark, c.column][1])
+        ]
+        if known:
+            judged = [Outcome(c, "refused", "seen by type: " + refuses[(c.spark, c.column)][0]) for c in known]
+            rest = [c for c in cells if c not in known]
+            return judged + (self._batch(rest) if rest else [])
         pairs = sorted({(c.spark, c.column) for c in cells})
         names = {pair: f"c{i}" for i, pair in enumerate(pairs)}
         rows: dict[tuple[str, str], list[Cell]] = {pair: [] for pair in pairs}
@@ -154,6 +179,19 @@ class Matrix:
         judged, rest = self._by_type(twin, cells, names)
         if judged:
             return judged + (self._batch(rest) if rest else [])
+        if (
+            len(pairs) == 1
+            and pairs[0] in self.by_type
+            and "Can't get JDBC type for" in answer_of(twin, "error")
+            and "PreflightError" in answer_of(twin, "xasink_error")
+            and not self._left(twin)
+        ):
+            self.jdbc_refuses[pairs[0]] = (f"jdbc: {reason(twin.answer['error'])}", True)
+            return self._batch(cells)
+        if len(pairs) == 1 and pairs[0] in self.by_type:
+            # xasink refuses the pair whatever the values and JDBC refused one of them: JDBC's answer per value is
+            # what is left to learn, and it mostly refuses them all (halving would take twice the writes)
+            return [o for c in cells for o in self._batch([c])]
         if len(pairs) > 1:
             half = self._named(twin.answer, pairs, names) or set(pairs[: len(pairs) // 2])
             parts = [
@@ -172,7 +210,7 @@ class Matrix:
         refused alike (JDBC types a NULL otherwise: those cells run on)."""
         answer = twin.answer
         ours = re.search(r"PreflightError: column '(c\d+)'", answer.get("xasink_error") or answer.get("error", ""))
-        if ours is None or [r for r in self.db.rows(twin.xasink, "id") if r[0] != -1] or self.db.prepared():
+        if ours is None or self._left(twin):
             return [], cells  # not refused by type, or xasink left something: single cells tell
         pair = next((p for p, name in names.items() if name == ours.group(1)), None)
         if answer["writer"] == "xasink":
@@ -187,9 +225,15 @@ class Matrix:
             if ours.group(1) not in theirs:
                 return [], cells
             said = f"by type: jdbc: {reason(answer['error'])} | xasink: {reason(answer['xasink_error'])}"
+            if pair in self.by_type:
+                self.jdbc_refuses[pair] = (said, False)
             judged = [Outcome(c, "refused", said) for c in cells if (c.spark, c.column) == pair and c.value is not None]
         taken = {c.id for c in (o.cell for o in judged)}
         return judged, [c for c in cells if c.id not in taken]
+
+    def _left(self, twin: Twin) -> bool:
+        """Did xasink's refused write leave a row (but the overwrite path's own -1) or a prepared branch?"""
+        return bool([r for r in self.db.rows(twin.xasink, "id") if r[0] != -1] or self.db.prepared())
 
     @staticmethod
     def _named(answer: dict[str, Any], pairs: list[tuple[str, str]], names: dict[tuple[str, str], str]) -> set:
