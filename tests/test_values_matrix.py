@@ -54,7 +54,7 @@ def _run(
     if os.environ.get("XASINK_MATRIX_BY_TYPE", "1" if whole else "0") == "1":
         by_type = refused_pairs(dbkey, request.getfixturevalue("pg_url" if dbkey == "pg" else "mariadb_url"))
     matrix = Matrix(values_driver, db, dbkey, tmp_path, os.environ.get("XASINK_MATRIX_REPORT", ""), by_type)
-    started = time.monotonic()
+    started, at = time.monotonic(), shards.commit()
     outcomes = matrix.run(cells)
     counts = tally(outcomes)
     part = os.environ.get("XASINK_MATRIX_SHARD", "")
@@ -63,7 +63,7 @@ def _run(
     unlisted = [o.line() for o in outcomes if o.verdict == "unlisted"]
     assert not unlisted, f"{len(unlisted)} unlisted difference(s) of {len(outcomes)} cells:\n" + "\n".join(unlisted)
     if part:
-        shards.record(dbkey, part, counts, matrix.jobs, time.monotonic() - started)
+        shards.record(dbkey, part, counts, matrix.jobs, time.monotonic() - started, at)
 
 
 @pytest.mark.parametrize("dbkey", DBS)

@@ -26,16 +26,17 @@ def parse(text: str) -> tuple[int, int]:
     return int(index), int(count)
 
 
-def _commit() -> str:
+def commit() -> str:
+    """The checkout's commit (read when a shard starts: its code is that commit's, plus any uncommitted change)."""
     got = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=RECORDS.parent)
     return got.stdout.strip() or "unknown"
 
 
-def record(db: str, part: str, counts: dict[str, int], writes: int, seconds: float) -> None:
+def record(db: str, part: str, counts: dict[str, int], writes: int, seconds: float, at: str) -> None:
     """Keep a finished shard's result (replacing an earlier run of the same shard)."""
     index, count = parse(part)
     entry = {"db": db, "shard": index, "of": count, **counts, "writes": writes, "seconds": round(seconds)}
-    entry["commit"] = _commit()
+    entry["commit"] = at
     with open(RECORDS, "a+", encoding="utf-8") as file:
         fcntl.flock(file, fcntl.LOCK_EX)  # the two databases' runs end at any time
         file.seek(0)
