@@ -9,6 +9,7 @@ alone; a seed picks a sample of the product and its order, deterministically.
 
 from __future__ import annotations
 
+import functools
 import random
 import zlib
 from dataclasses import dataclass
@@ -288,7 +289,7 @@ class Cell:
     def parse(cls, cell_id: str) -> Cell:
         db, spark, column, edge, path, zone = cell_id.split(":")
         cell = cls(db, spark, column, edge, path, zone)
-        assert cell in set(product(db)), f"no such cell: {cell_id}"  # noqa: B101 - a typo in a replay line
+        assert cell in _cells_of(db), f"no such cell: {cell_id}"  # noqa: B101 - a typo in a replay line
         return cell
 
     @property
@@ -328,6 +329,11 @@ def sample(db: str, seed: int, size: int | None) -> list[Cell]:
         rng.shuffle(cells)
         return cells
     return rng.sample(cells, size)
+
+
+@functools.cache
+def _cells_of(db: str) -> frozenset[Cell]:
+    return frozenset(product(db))
 
 
 def shard(db: str, index: int, count: int) -> list[Cell]:

@@ -296,6 +296,33 @@ LISTED: list[Listed] = [
             "not the value's; format it in Spark (`format_number`, a cast to string)",
         ),
     ),
+    Listed(
+        "float-max-maria",
+        ("mariadb",),
+        ("float",),
+        ANY,
+        kind=("value", "jdbc-refuses"),
+        edge=("max",),
+        docs=(
+            "FloatType, the largest float (3.4028235E38)",
+            "MariaDB FLOAT, DOUBLE",
+            "the double nearest Java's text of it, 3.4028235e38; a FLOAT column refuses that text (out of range)",
+            "the float's exact value, 3.4028234663852886e38, as Spark casts it to double (a FLOAT column stores it)",
+        ),
+    ),
+    Listed(
+        "float-subnormal-maria",
+        ("mariadb",),
+        ("float",),
+        ANY,
+        edge=("subnormal",),
+        docs=(
+            "FloatType, the smallest subnormal float",
+            "MariaDB DOUBLE",
+            "1.4e-45, the double nearest Java 17's text of it (`1.4E-45`)",
+            "1e-45, the double nearest its shortest text (both are the same float in a FLOAT column)",
+        ),
+    ),
     # arrays: no cell of the matrix yet (its array cells are ints and strings into int[] and text[]);
     # tests/test_values_dropin.py writes each
     Listed(
