@@ -489,6 +489,22 @@ def test_bad_rows_fail_the_branch_and_leave_nothing(
     assert mariadb_prepared_gids(mariadb_url, [opts.sink_id]) == []
 
 
+@pytest.mark.parametrize("local_infile", [True, False], ids=["load-data", "insert"])
+def test_a_timestamp_past_2038_is_told_the_timestamp_range(mariadb_url: str, table: str, local_infile: bool) -> None:
+    """A TIMESTAMP column ends in 2038: the error names that range and DATETIME, not "a number is out of range"
+    (what the server's code 1264 alone would say; found by the values matrix)."""
+    sql(mariadb_url, f"CREATE TABLE `{table}` (id BIGINT PRIMARY KEY, ts TIMESTAMP(6) NULL) ENGINE=InnoDB")
+    schema = pa.schema([("id", pa.int64()), ("ts", pa.timestamp("us", "UTC"))])
+    late = dt.datetime(2040, 1, 1, tzinfo=dt.timezone.utc)
+    batch = pa.RecordBatch.from_pydict({"id": [1, 2], "ts": [None, late]}, schema=schema)
+    opts = options(mariadb_url, table, localInfile=str(local_infile).lower())
+    with pytest.raises(BranchError, match="TIMESTAMP column holds 1970-01-01 00:00:01 to 2038") as err:
+        write_parts(opts, plan_for(opts, schema), [[batch]])
+    assert "nothing of this batch is visible" in str(err.value) and "a number is" not in str(err.value)
+    assert mariadb_rows(mariadb_url, table) == []
+    assert mariadb_prepared_gids(mariadb_url, [opts.sink_id]) == []
+
+
 F32_MAX = float(np.finfo(np.float32).max)
 FLOATS = [F32_MAX, -F32_MAX, float(np.finfo(np.float32).tiny), 1.401298464324817e-45, 0.10000000149011612, -1.5, None]
 

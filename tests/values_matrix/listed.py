@@ -108,15 +108,16 @@ LISTED: list[Listed] = [
         ("mariadb",),
         ("ts",),
         ("datetime", "datetime3", "datetime6", "timestamp", "timestamp6"),
-        kind=("xasink-refuses",),
-        edge=("far-max", "far-min"),
+        kind=("xasink-refuses", "jdbc-refuses"),
+        edge=("far-max", "far-min", "epoch", "y2038"),
         zone=("other",),
         docs=(
             "TimestampType at the ends of the column's range",
             "MariaDB DATETIME, TIMESTAMP, with the Spark session's zone set other than the JVM's",
-            "its wall time in the JVM's zone, within the range",
-            "refuses it where its wall time in the session zone is past the column's range (year 10000), naming "
-            "the range",
+            "its wall time in the JVM's zone, refused where that is past the range (the epoch in New York is "
+            "before a TIMESTAMP's first second)",
+            "its wall time in the session zone, refused where that is past the range (DATETIME: year 10000; "
+            "TIMESTAMP: 2038-01-19 03:14:07 read in the server's zone), naming the range",
         ),
     ),
     Listed(

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
+import pyarrow as pa
 import pymysql
 import sqlalchemy as sa
 
@@ -118,8 +120,29 @@ def classify(exc: BaseException) -> ErrorKind:
     return ErrorKind.FATAL
 
 
+TIME_RANGE_HINT = (
+    "a date or time is out of its column's range: a TIMESTAMP column holds 1970-01-01 00:00:01 to 2038-01-19 "
+    "03:14:07 UTC (the value read in the server's time_zone), a DATETIME or DATE the years 1000 to 9999; use "
+    "DATETIME(6) for instants past 2038, or filter the rows first"
+)
+_COLUMN = re.compile(r"for column (?:'([^']+)'|(?:`[^`]*`\.)*`([^`]+)`)")
+
+
+def _temporal_column(text: str, plan: TargetPlan) -> bool:
+    """Does the server's message name a column the DataFrame fills with dates or timestamps?"""
+    found = _COLUMN.search(text)
+    name = (found.group(1) or found.group(2)) if found else None
+    schema = plan.arrow_schema
+    if name is None or schema.get_field_index(name) < 0:
+        return False
+    type_ = schema.field(name).type
+    return bool(pa.types.is_timestamp(type_) or pa.types.is_date(type_))
+
+
 def branch_error_for(code: int | None, text: str, xid: Xid, plan: TargetPlan) -> BranchError:
     hint = BRANCH_HINTS.get(code or 0)
+    if code in (1264, 1292) and _temporal_column(text, plan):  # "a number is out of range" would mislead
+        hint = TIME_RANGE_HINT
     if plan.upsert_keys and code in (1205, 1213):
         hint = UPSERT_LOCK_HINT.format(keys=", ".join(plan.upsert_keys))
     if plan.upsert_keys and code == 1062:
