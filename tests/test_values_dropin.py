@@ -107,6 +107,15 @@ CASES: dict[str, Case] = {
         },
         paths=ALL_PATHS,
     ),
+    # a value for a GENERATED ALWAYS identity column: refused by both (COPY stored it, found by the full matrix's
+    # shard 14: pg:feature:identity-always on the bulk and overwrite paths)
+    "pg-value-for-identity-always": Case(
+        POSTGRESQL,
+        "id int PRIMARY KEY, v int, n int GENERATED ALWAYS AS IDENTITY",
+        {"id": ints(0), "v": ints(5), "n": ints(9)},
+        paths=ALL_PATHS,
+        refused="GENERATED ALWAYS AS IDENTITY",
+    ),
     # a NULL into an AUTO_INCREMENT column is numbered, also by an upsert through a staging table (a table with a
     # unique index besides the key's), whose copy of the column was NOT NULL (found by the full matrix's shard 13)
     "maria-null-into-auto-increment": Case(
