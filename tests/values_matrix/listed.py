@@ -364,12 +364,13 @@ LISTED: list[Listed] = [
     ),
     Listed(
         "string-arrays-into-other-types",
-        (),
-        ANY,
-        ANY,
+        ("pg",),
+        ("strings",),
+        ("int[]",),
+        kind=("jdbc-refuses",),
         docs=(
             "ArrayType of StringType",
-            "PostgreSQL arrays of jsonb, uuid, inet, an enum...",
+            "PostgreSQL arrays of numbers, jsonb, uuid, inet, an enum...",
             'refuses ("column is of type uuid[] but expression is of type text[]"), with `stringtype=unspecified` too',
             "the server's reading of each string, as for a string into such a column",
         ),
