@@ -108,7 +108,7 @@ CASES: dict[str, Case] = {
         paths=ALL_PATHS,
     ),
     # a value for a GENERATED ALWAYS identity column: refused by both (COPY stored it, found by the full matrix's
-    # shard 14: pg:feature:identity-always on the bulk and overwrite paths)
+    # shard 16: pg:feature:identity-always on the bulk and overwrite paths)
     "pg-value-for-identity-always": Case(
         POSTGRESQL,
         "id int PRIMARY KEY, v int, n int GENERATED ALWAYS AS IDENTITY",
