@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 from typing import Any
 
-import pyarrow as pa
 import pymysql
 import sqlalchemy as sa
 
@@ -130,6 +129,8 @@ _COLUMN = re.compile(r"for column (?:'([^']+)'|(?:`[^`]*`\.)*`([^`]+)`)")
 
 def _temporal_column(text: str, plan: TargetPlan) -> bool:
     """Does the server's message name a column the DataFrame fills with dates or timestamps?"""
+    import pyarrow as pa  # (the row side: never imported by the commit path, which reads these codes too)
+
     found = _COLUMN.search(text)
     name = (found.group(1) or found.group(2)) if found else None
     schema = plan.arrow_schema
