@@ -104,6 +104,19 @@ LISTED: list[Listed] = [
         ),
     ),
     Listed(
+        "date-other-zone",
+        ("pg",),
+        ("date",),
+        ("timestamptz",),
+        zone=("other",),
+        docs=(
+            "DateType",
+            "PostgreSQL timestamptz, the Spark session's zone set other than the JVM's",
+            "midnight in the JVM's default zone",
+            "midnight in the session zone, as Spark's cast to TimestampType",
+        ),
+    ),
+    Listed(
         "ts-other-zone-range",
         ("mariadb",),
         ("ts",),
