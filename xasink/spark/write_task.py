@@ -17,6 +17,7 @@ from xasink.spark.streams import task_query
 from xasink.spark.txwrite import TxWrite
 from xasink.spark.versions import WriterCommitMessage
 from xasink.support import faults, notices
+from xasink.support.zones import iso_zone
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -44,8 +45,10 @@ def session_time_zone(ctx: TaskContext) -> str | None:
     """The session time zone of the write, as Spark hands its SQL settings to tasks (a local property).
 
     xasink's entry points set it where the session never did (:func:`pin_time_zone`); None where it is unset
-    all the same (xasink.write_modes.conform then takes the zone of the batch's TimestampType columns, or UTC)."""
-    return ctx.getLocalProperty(SESSION_TIME_ZONE) or None
+    all the same (xasink.write_modes.conform then takes the zone of the batch's TimestampType columns, or UTC).
+    A fixed offset comes as ISO 8601 writes it (:func:`iso_zone`: ``GMT+08:00`` is ``+08:00``)."""
+    zone = ctx.getLocalProperty(SESSION_TIME_ZONE)
+    return iso_zone(zone) if zone else None
 
 
 def pin_time_zone(spark: SparkSession) -> None:

@@ -9,6 +9,7 @@ import pyarrow.compute as pc
 
 from xasink.dialects.values import TargetPlan
 from xasink.errors import BranchError
+from xasink.support.zones import iso_zone
 
 
 def wall_time_in_zone(arr: pa.Array, zone: str) -> pa.Array:
@@ -25,6 +26,11 @@ def wall_time_in_zone(arr: pa.Array, zone: str) -> pa.Array:
 
 def _conform_column(arr: pa.Array, target: pa.DataType, time_zone: str = "UTC") -> pa.Array:
     src = arr.type
+    if pa.types.is_timestamp(src) and src.tz is not None and iso_zone(src.tz) != src.tz:
+        # Spark labels a TimestampType with the session's zone id as Java spells it (GMT+08:00), which Arrow
+        # cannot read: the same instants, labelled with the offset as Arrow reads it
+        arr = arr.cast(pa.timestamp(src.unit, iso_zone(src.tz)))
+        src = arr.type
     if pa.types.is_list(src) and pa.types.is_list(target):
         return _conform_elements(arr, target, time_zone)
     if pa.types.is_fixed_size_binary(target) and not pa.types.is_fixed_size_binary(src):
@@ -170,7 +176,7 @@ def _labelled_zone(schema: pa.Schema) -> str:
     """The zone Spark's Arrow batches label a TimestampType with (the session's), or UTC without one."""
     for f in schema:
         if pa.types.is_timestamp(f.type) and f.type.tz is not None:
-            return str(f.type.tz)
+            return iso_zone(str(f.type.tz))
     return "UTC"
 
 
