@@ -401,7 +401,7 @@ def test_a_session_zone_spelled_as_a_java_offset_converts_as_the_region_of_that_
         else "CAST(ts AS CHAR), CAST(UNIX_TIMESTAMP(ntz) AS CHAR), CAST(UNIX_TIMESTAMP(d) AS CHAR)"
     )
     stored = {}
-    before = spark.conf.get("spark.sql.session.timeZone")
+    before = str(spark.conf.get("spark.sql.session.timeZone"))
     try:
         for zone in ("Asia/Kolkata", spelling):
             spark.conf.set("spark.sql.session.timeZone", zone)
@@ -410,7 +410,8 @@ def test_a_session_zone_spelled_as_a_java_offset_converts_as_the_region_of_that_
             df = spark.createDataFrame(rows, schema)
             save(spark, df, db.url, table, createTable="false")
             stored[zone] = db.execute(f"SELECT id, {text} FROM {db.q(table)} ORDER BY id")
-            wall_time = df.where("id = 0").selectExpr("date_format(ts, 'yyyy-MM-dd HH:mm:ss.SSSSSS')").first()[0]
+            first = df.where("id = 0").selectExpr("date_format(ts, 'yyyy-MM-dd HH:mm:ss.SSSSSS')").first()
+            wall_time = first[0] if first is not None else None
             assert str(stored[zone][0][1]) == wall_time == "2024-01-15 07:30:00.123456", (zone, stored[zone])
     finally:
         spark.conf.set("spark.sql.session.timeZone", before)
