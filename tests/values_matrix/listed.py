@@ -50,17 +50,16 @@ NTZ_GAP = (
 LISTED: list[Listed] = [
     Listed("ntz-gap", ("pg",), ("ntz",), ("timestamp",), edge=("dst-gap",), docs=NTZ_GAP),
     Listed(
-        "ntz-gap-other-zone",
+        "ntz-other-zone",
         ("pg",),
         ("ntz",),
         ("timestamptz",),
-        edge=("dst-gap",),
         zone=("other",),
         docs=(
             "TimestampNTZType",
             "PostgreSQL timestamptz, the Spark session's zone set other than the JVM's",
-            "a wall time in the JVM zone's DST gap as that zone's instant an hour later (02:30 → 03:30 New York), "
-            "though the session's zone has no gap there",
+            "the wall time as the JVM zone's instant (in that zone's DST gap, an hour later: 02:30 → 03:30 New "
+            "York, though the session's zone has no gap there)",
             "the wall time's instant in the session's zone, as Spark's cast to TimestampType",
         ),
     ),
@@ -101,6 +100,32 @@ LISTED: list[Listed] = [
             "PostgreSQL timestamp, MariaDB DATETIME(6), TIMESTAMP(6)",
             "the instant's wall time in the JVM's default zone",
             "its wall time in the session zone",
+        ),
+    ),
+    Listed(
+        "ts-date-other-zone",
+        ("pg", "mariadb"),
+        ("ts",),
+        ("date",),
+        zone=("other",),
+        docs=(
+            "TimestampType at midnight in the session zone",
+            "PostgreSQL date, MariaDB DATE, the Spark session's zone set other than the JVM's",
+            "the instant's date in the JVM's default zone (its time of day dropped)",
+            "its date in the session zone (a time of day there is refused)",
+        ),
+    ),
+    Listed(
+        "string-other-zone",
+        ("pg",),
+        ("string",),
+        ("timestamptz",),
+        zone=("other",),
+        docs=(
+            "StringType without an offset (`2024-01-15 10:00:00`), with `stringtype=unspecified` in the URL",
+            "PostgreSQL timestamptz, the Spark session's zone set other than the JVM's",
+            "the server's reading of it in the JVM's zone (the session's `TimeZone`)",
+            "the server's reading of it in the Spark session's zone (the branch session's `TimeZone`)",
         ),
     ),
     Listed(
