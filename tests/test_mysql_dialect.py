@@ -472,8 +472,11 @@ def test_a_bad_later_batch_fails_the_streamed_branch_and_leaves_nothing(mariadb_
         ([(1, "a"), (1, "b")], "id BIGINT PRIMARY KEY, val VARCHAR(20)", "duplicate key"),
         ([(1, None)], "id BIGINT PRIMARY KEY, val VARCHAR(20) NOT NULL", "NOT NULL column"),
         ([(1, "far too long")], "id BIGINT PRIMARY KEY, val VARCHAR(5)", "longer than its column"),
+        ([(1, "ok🎉")], "id BIGINT PRIMARY KEY, val VARCHAR(20) CHARACTER SET utf8mb3", "make the column utf8mb4"),
+        ([(1, "forty-two")], "id BIGINT PRIMARY KEY, val INT", "a string the column's type cannot read"),
+        ([(1, "not a date")], "id BIGINT PRIMARY KEY, val DATETIME", "cannot read|not a valid date or time"),
     ],
-    ids=["duplicate", "not-null", "too-long"],
+    ids=["duplicate", "not-null", "too-long", "4-byte-into-utf8mb3", "word-into-int", "word-into-datetime"],
 )
 def test_bad_rows_fail_the_branch_and_leave_nothing(
     mariadb_url: str, table: str, local_infile: bool, rows: list[tuple[int, str | None]], ddl: str, message: str
@@ -489,18 +492,31 @@ def test_bad_rows_fail_the_branch_and_leave_nothing(
     assert mariadb_prepared_gids(mariadb_url, [opts.sink_id]) == []
 
 
+YEAR_10000_US = 253402300800 * 10**6  # 10000-01-01 00:00 UTC, past Python's datetime
+
+
 @pytest.mark.parametrize("local_infile", [True, False], ids=["load-data", "insert"])
-def test_a_timestamp_past_2038_is_told_the_timestamp_range(mariadb_url: str, table: str, local_infile: bool) -> None:
-    """A TIMESTAMP column ends in 2038: the error names that range and DATETIME, not "a number is out of range"
-    (what the server's code 1264 alone would say; found by the values matrix)."""
-    sql(mariadb_url, f"CREATE TABLE `{table}` (id BIGINT PRIMARY KEY, ts TIMESTAMP(6) NULL) ENGINE=InnoDB")
+@pytest.mark.parametrize(
+    ("column", "late"),
+    [("TIMESTAMP(6) NULL", 2208988800 * 10**6), ("DATETIME(6)", YEAR_10000_US)],
+    ids=["timestamp-2040", "datetime-10000"],
+)
+def test_a_timestamp_past_the_columns_range_is_told_the_range(
+    mariadb_url: str, table: str, local_infile: bool, column: str, late: int
+) -> None:
+    """A TIMESTAMP column ends in 2038, a DATETIME in 9999: the error names the ranges and DATETIME, not "a number
+    is out of range" or "widen the column type" (what the server's codes 1264 and 1265 alone would say; found by
+    the values matrix and a new user's review)."""
+    sql(mariadb_url, f"CREATE TABLE `{table}` (id BIGINT PRIMARY KEY, ts {column}) ENGINE=InnoDB")
     schema = pa.schema([("id", pa.int64()), ("ts", pa.timestamp("us", "UTC"))])
-    late = dt.datetime(2040, 1, 1, tzinfo=dt.timezone.utc)
-    batch = pa.RecordBatch.from_pydict({"id": [1, 2], "ts": [None, late]}, schema=schema)
+    batch = pa.RecordBatch.from_arrays(
+        [pa.array([1, 2]), pa.array([None, late], pa.timestamp("us", "UTC"))], schema=schema
+    )
     opts = options(mariadb_url, table, localInfile=str(local_infile).lower())
     with pytest.raises(BranchError, match="TIMESTAMP column holds 1970-01-01 00:00:01 to 2038") as err:
         write_parts(opts, plan_for(opts, schema), [[batch]])
-    assert "nothing of this batch is visible" in str(err.value) and "a number is" not in str(err.value)
+    said = str(err.value).lower()
+    assert "nothing of this batch is visible" in said and "a number is" not in said and "widen" not in said
     assert mariadb_rows(mariadb_url, table) == []
     assert mariadb_prepared_gids(mariadb_url, [opts.sink_id]) == []
 

@@ -18,6 +18,7 @@ import pyarrow.csv as pacsv
 
 from xasink.dialects.decimal_text import decimal_text, may_have_exponent
 from xasink.dialects.hex_text import hex_text
+from xasink.dialects.mysql.errors import TIME_RANGE_HINT
 from xasink.errors import BranchError
 
 _NULL = "\\N"
@@ -52,8 +53,8 @@ def _check_finite(arr: pa.Array, name: str) -> None:
         bad = pc.sum(pc.or_(pc.is_nan(arr), pc.is_inf(arr))).as_py()
         if bad:
             raise BranchError(
-                f"column '{name}' holds {bad} NaN or infinite value(s), which MySQL cannot store: "
-                "replace them (e.g. with NULL) first. Nothing of this batch is visible."
+                f"column '{name}' holds NaN or infinite values ({bad} in this task's rows), which MySQL and MariaDB "
+                "cannot store: replace them (e.g. with NULL) first. Nothing of this batch is visible."
             )
 
 
@@ -132,6 +133,18 @@ def encode_tsv(batch: pa.RecordBatch) -> pa.Buffer:
     return line.buffers()[2].slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
 
 
+def _check_years(arr: pa.Array, name: str) -> None:
+    """A date or time past the year 9999 (Spark's TimestampType reaches far beyond) is past every MySQL and
+    MariaDB column's range, and past Python's too: told so, not as Python's "date value out of range"."""
+    if (pa.types.is_timestamp(arr.type) or pa.types.is_date(arr.type)) and len(arr):
+        years = pc.year(arr)
+        if pc.any(pc.or_(pc.greater(years, 9999), pc.less(years, 1))).as_py():
+            raise BranchError(
+                f"column '{name}' holds a date or time past the year 9999 or before the year 1: {TIME_RANGE_HINT}. "
+                "Nothing of this batch is visible."
+            )
+
+
 def python_rows(batch: pa.RecordBatch) -> list[tuple[Any, ...]]:
     """The batch as Python tuples for pymysql's multi-row INSERT (timestamps: the plan's wall times)."""
     columns = []
@@ -139,6 +152,7 @@ def python_rows(batch: pa.RecordBatch) -> list[tuple[Any, ...]]:
         _check_finite(col, name)
         if pa.types.is_timestamp(col.type) and col.type.tz is not None:
             col = col.cast(pa.timestamp(col.type.unit))
+        _check_years(col, name)
         if pa.types.is_float32(col.type):  # its shortest text, as a decimal literal (see float32_text)
             columns.append([None if v is None else Decimal(v) for v in float32_text(col).to_pylist()])
             continue

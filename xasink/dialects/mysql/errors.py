@@ -57,10 +57,12 @@ BRANCH_HINTS = {
     1364: "a NOT NULL column without a default is missing from the DataFrame: add the column",
     1406: "a string or binary value is longer than its column allows: widen the column or truncate the data",
     1264: "a number is out of range for its column: widen the column type",
-    1366: "a value does not fit the column's type: cast it in Spark first",
-    1265: "a value does not fit its column (a string longer than its column allows, or a number with too many "
-    "digits): widen the column type or fix the data",
-    1292: "a date or time value is out of the column's range (MySQL DATETIME: years 1000-9999)",
+    1366: "a string the column's type cannot read (not a number, date or member of it): cast or fix it in Spark first",
+    1265: "a value does not fit its column: a string the column's type cannot read (not a number, date or member "
+    "of it), a string longer than its column allows, or a number with too many digits: fix the data in Spark or "
+    "widen the column type",
+    1292: "a date or time the column cannot hold: not a valid date or time, or out of its range (DATETIME and "
+    "DATE: the years 1000 to 9999; TIMESTAMP: 1970-01-01 00:00:01 to 2038-01-19 03:14:07 UTC)",
     1146: "the table does not exist (dropped or renamed after the write was planned)",
     1045: "access denied: check the 'user' and 'password' options",
     1142: "permission denied: grant INSERT (and UPDATE for upserts) on the table to the writing user",
@@ -119,6 +121,10 @@ def classify(exc: BaseException) -> ErrorKind:
     return ErrorKind.FATAL
 
 
+CHARSET_HINT = (
+    "a character the column's character set cannot hold (4-byte UTF-8, such as an emoji, in a utf8mb3 or latin1 "
+    "column): make the column utf8mb4, or remove those characters in Spark first"
+)
 TIME_RANGE_HINT = (
     "a date or time is out of its column's range: a TIMESTAMP column holds 1970-01-01 00:00:01 to 2038-01-19 "
     "03:14:07 UTC (the value read in the server's time_zone), a DATETIME or DATE the years 1000 to 9999; use "
@@ -142,8 +148,10 @@ def _temporal_column(text: str, plan: TargetPlan) -> bool:
 
 def branch_error_for(code: int | None, text: str, xid: Xid, plan: TargetPlan) -> BranchError:
     hint = BRANCH_HINTS.get(code or 0)
-    if code in (1264, 1292) and _temporal_column(text, plan):  # "a number is out of range" would mislead
+    if code in (1264, 1265, 1292) and _temporal_column(text, plan):  # "a number is out of range" would mislead
         hint = TIME_RANGE_HINT
+    if code == 1366 and "Incorrect string value" in text:
+        hint = CHARSET_HINT
     if plan.upsert_keys and code in (1205, 1213):
         hint = UPSERT_LOCK_HINT.format(keys=", ".join(plan.upsert_keys))
     if plan.upsert_keys and code == 1062:
