@@ -378,15 +378,18 @@ class Dialect(ABC):
         return max(conn.execute(self.upsert_from_select(merge)).rowcount or 0, 0)
 
     def server_cast(self, column: Any, source: pa.DataType, target: pa.DataType) -> str | None:
-        """The SQL type to cast to on the server when values of ``target`` go into the reflected column, or None.
-
-        Where the server's cast of what Spark's JDBC writer sends differs from any the client can make (its
-        rounding, its display scale), the branch sends the value and lets the server cast it."""
+        """The SQL type to cast ``target``'s values to on the server, or None: where the server's cast of what
+        Spark's JDBC writer sends differs from any the client can make (rounding, display scale)."""
         return None
 
     def reflected_name(self, name: str) -> str:
         """A column name from SQLAlchemy's reflection as the server spells it."""
         return name
+
+    def name_unknown_types(  # noqa: B027 - optional hook
+        self, conn: Connection, schema: str | None, table: str, columns: dict[str, Any]
+    ) -> None:
+        """Give the reflected ``columns`` whose type SQLAlchemy does not know (NullType) the server's type."""
 
     def check_table(self, conn: Connection, plan: TargetPlan) -> TargetPlan:
         """Dialect-specific checks of the target table (e.g. storage engine); the plan, refined if need be."""

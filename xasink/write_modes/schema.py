@@ -195,6 +195,7 @@ def plan_target(dialect: Dialect, conn: Connection, options: WriteOptions, sourc
         create_table(dialect, conn, options, source)
         insp = sa.inspect(conn)
     columns = {dialect.reflected_name(c["name"]): c for c in insp.get_columns(table, schema=schema)}
+    dialect.name_unknown_types(conn, schema, table, columns)
     conn.rollback()
     by_lower: dict[str, list[str]] = {}
     for column_name in columns:

@@ -87,7 +87,9 @@ def ensure_shadow(dialect: Dialect, conn: Connection, spec: ApplySpec) -> None:
     change-data sink with deletes and a sequence."""
     dialect.check_apply(conn)  # first: the apply itself could not run (nothing is made or decided then)
     target = sa.Table(spec.table, sa.MetaData(schema=spec.schema), autoload_with=conn)
-    types = {c.name: c.type for c in target.c}
+    columns: dict[str, Any] = {c.name: {"type": c.type} for c in target.c}
+    dialect.name_unknown_types(conn, spec.schema, spec.table, columns)  # (point, xml: not NullType in the shadow)
+    types = {name: column["type"] for name, column in columns.items()}
     want = shadow_table(spec, types, dialect.keyed_shadow)
     collations = dialect.column_collations(conn, spec.schema, spec.table)  # the target's, read once
     insp = sa.inspect(conn)

@@ -15,8 +15,37 @@ if TYPE_CHECKING:  # rows and types only: the driver's commit path never loads p
     import pyarrow as pa
 
 
+class ServerType(sa.types.UserDefinedType):  # type: ignore[type-arg]
+    """A column type SQLAlchemy does not reflect (point, xml, pg_lsn, an extension's), by the name the server's
+    ``format_type`` gives it (quoted and qualified where it must be): a string is cast to it on the server."""
+
+    cache_ok = True
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def get_col_spec(self, **kw: Any) -> str:
+        return self.name
+
+
 class PostgresTypes:
     """The dialect's type mapping (a base of :class:`PostgresDialect`); pyarrow is imported on first use."""
+
+    def name_unknown_types(self, conn: Any, schema: str | None, table: str, columns: dict[str, Any]) -> None:
+        unknown = {name for name, col in columns.items() if isinstance(col["type"], sa.types.NullType)}
+        if not unknown:
+            return
+        relation = conn.dialect.identifier_preparer.format_table(sa.table(table, schema=schema))
+        found = conn.execute(
+            sa.text(
+                "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
+                "WHERE attrelid = CAST(:relation AS regclass) AND attnum > 0 AND NOT attisdropped"
+            ),
+            {"relation": relation},
+        )
+        for name, type_name in found:
+            if name in unknown:
+                columns[name] = {**columns[name], "type": ServerType(type_name)}
 
     def arrow_type(self, column: Any, source: pa.DataType) -> pa.DataType | None:
         import pyarrow as pa
