@@ -116,6 +116,14 @@ CASES: dict[str, Case] = {
         paths=ALL_PATHS,
         refused="GENERATED ALWAYS AS IDENTITY",
     ),
+    # a value for a stored generated column: refused before anything is written (it was COPY's bare error)
+    "pg-value-for-generated-column": Case(
+        POSTGRESQL,
+        "id int PRIMARY KEY, v int, g int GENERATED ALWAYS AS (v * 2) STORED",
+        {"id": ints(0), "v": ints(5), "g": ints(10)},
+        paths=ALL_PATHS,
+        refused="GENERATED ALWAYS AS (an expression) STORED",
+    ),
     # a NULL into an AUTO_INCREMENT column is numbered, also by an upsert through a staging table (a table with a
     # unique index besides the key's), whose copy of the column was NOT NULL (found by the full matrix's shard 13)
     "maria-null-into-auto-increment": Case(

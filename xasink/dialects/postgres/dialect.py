@@ -298,7 +298,7 @@ class PostgresDialect(PostgresTypes, Dialect):
     def check_table(self, conn: Connection, plan: TargetPlan) -> TargetPlan:
         from xasink.dialects.postgres import preflight
 
-        preflight.refuse_identity_always(conn, plan)
+        preflight.refuse_generated_values(conn, plan)
         return plan
 
     def referencing_tables(self, conn: Connection, schema: str | None, table: str) -> list[str]:
