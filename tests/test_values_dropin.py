@@ -186,6 +186,25 @@ CASES: dict[str, Case] = {
         url_query="stringtype=unspecified",
         paths=ALL_PATHS,
     ),
+    # BinaryType into MariaDB text columns: the bytes, read by the server in the column's character set, as
+    # Spark's JDBC writer sends them (they were refused; a new user's review); bytes that are no text in it are
+    # refused by the server, for both writers
+    "maria-binary-into-text": Case(
+        MARIADB,
+        "id int PRIMARY KEY, seq int, t text, v varchar(10), c char(5), l varchar(10) CHARACTER SET latin1",
+        {
+            "id": ints(0, 1, 2),
+            "seq": ints(0, 0, 0),
+            "t": pa.array([b"\xc3\xa9\xf0\x9f\x8e\x89", b"", None]),
+            "v": pa.array([b"abc", b"x\ty", None]),
+            "c": pa.array([b"ab", None, b"z "]),
+            "l": pa.array([b"\xe9", b"a", None]),
+        },
+        paths=ALL_PATHS,
+    ),
+    "maria-invalid-utf8-into-text": Case(
+        MARIADB, "id int PRIMARY KEY, t text", {"id": ints(0), "t": pa.array([b"\xff\xfe"])}, refused="for column"
+    ),
     # a TIMESTAMP column ends in 2038: xasink names that range and DATETIME(6), not "a number is out of range"
     # (the server's code 1264 alone; found by the values matrix)
     "maria-timestamp-past-2038": Case(

@@ -57,6 +57,8 @@ def arrow_type(column: Any, source: pa.DataType) -> pa.DataType | None:
     if isinstance(t, sa.String) and not isinstance(t, (sa.Enum, mysql.SET)):
         if pa.types.is_integer(source) or pa.types.is_decimal(source) or pa.types.is_boolean(source):
             return source  # its text, as the server stores the literal Spark's JDBC writer sends (true is 1)
+        if pa.types.is_binary(source) or pa.types.is_large_binary(source):
+            return pa.binary()  # the bytes, which the server reads in the column's character set, as JDBC's
     if isinstance(t, (sa.String, sa.JSON)):  # CHAR, VARCHAR, *TEXT, ENUM, SET, JSON
         return pa.string()
     if isinstance(t, sa.types._Binary):  # BINARY, VARBINARY, *BLOB
