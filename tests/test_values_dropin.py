@@ -205,6 +205,14 @@ CASES: dict[str, Case] = {
     "maria-invalid-utf8-into-text": Case(
         MARIADB, "id int PRIMARY KEY, t text", {"id": ints(0), "t": pa.array([b"\xff\xfe"])}, refused="for column"
     ),
+    # PostgreSQL text holds no NUL: both refuse, xasink saying so and what to do (a new user's review)
+    "pg-nul-in-text": Case(
+        POSTGRESQL,
+        "id int PRIMARY KEY, t text",
+        {"id": ints(0, 1), "t": pa.array(["ok", "a\x00b"])},
+        refused="NUL character",
+        paths=("bulk", "upsert"),
+    ),
     # a TIMESTAMP column ends in 2038: xasink names that range and DATETIME(6), not "a number is out of range"
     # (the server's code 1264 alone; found by the values matrix)
     "maria-timestamp-past-2038": Case(
