@@ -182,7 +182,8 @@ LISTED: list[Listed] = [
         docs=(
             "a type xasink does not write into the column (a timestamp into an integer)",
             "any",
-            "NULLs, where the server takes a NULL of the setter's type (it refuses values, not types)",
+            "NULLs, where the server takes a NULL of the setter's type (it refuses values, not types); values "
+            "where a row of this table names the pair",
             "refuses the column before anything is written, whatever its values",
         ),
     ),
@@ -517,16 +518,29 @@ LISTED += [
     ),
     Listed(
         "timestamp-into-time",
-        ("mariadb",),
+        ("mariadb", "pg"),
         ("ts", "ntz"),
-        ("time",),
+        ("time", "timetz"),
         kind=("xasink-refuses",),
         docs=(
             "TimestampType, TimestampNTZType",
-            "MariaDB TIME",
+            "MariaDB TIME; PostgreSQL time, timetz (no matrix column: a new user's review)",
             "its time of day (the date dropped)",
             "refuses the column: the date would be lost. Format it in Spark first "
             "(`date_format(col, 'HH:mm:ss.SSSSSS')`)",
+        ),
+    ),
+    Listed(
+        "numbers-into-money",
+        ("pg",),
+        NUMBERS[1:],
+        ("money",),
+        kind=("xasink-refuses",),
+        docs=(
+            "the integer, floating and decimal types",
+            "PostgreSQL money (no matrix column: a new user's review)",
+            "the amount, rounded to the server's `lc_monetary` fraction digits",
+            "refuses the column: money's scale and text follow the server's locale; write a numeric column",
         ),
     ),
 ]
