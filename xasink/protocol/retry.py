@@ -90,9 +90,13 @@ class RetryPolicy:
         return isinstance(exc, ConnectError) or self.dialect.classify(exc) == ErrorKind.TRANSIENT
 
     def describe(self, exc: BaseException) -> str:
-        """An exception in one short line for a log or message, without the password."""
-        text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        return redact(f"{type(exc).__name__}: {text}"[:300], self._secrets)
+        """An exception in one short line for a log or message, without the password: its first line, and the
+        server's DETAIL where it gave one (PostgreSQL's: the key a unique index found twice)."""
+        lines = str(exc).strip().splitlines()
+        text = lines[0] if lines else ""
+        detail = next((line.strip() for line in lines[1:] if line.startswith("DETAIL:")), "")
+        text = f"{text[:300]} ({detail[:200]})" if detail else text[:300]
+        return redact(f"{type(exc).__name__}: {text}", self._secrets)
 
     @contextmanager
     def never_raw(self, told: Callable[[str], str], lasting: type[XasinkError] | None = None) -> Iterator[None]:
