@@ -69,7 +69,7 @@ LISTED: list[Listed] = [
         ("ntz",),
         ("timestamptz",),
         edge=("dst-overlap",),
-        zone=("same",),
+        zone=("same", "unset"),  # (a session that never set its zone runs in the JVM's)
         docs=(
             "TimestampNTZType",
             "PostgreSQL timestamptz",
