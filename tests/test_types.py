@@ -417,3 +417,15 @@ def test_a_session_zone_spelled_as_a_java_offset_converts_as_the_region_of_that_
         spark.conf.set("spark.sql.session.timeZone", before)
     assert stored[spelling] == stored["Asia/Kolkata"]
     assert db.prepared() == []
+
+
+def test_a_refused_column_is_named_by_its_server_type(spark: SparkSession, pg: Target) -> None:
+    """A timestamp into timetz is refused (JDBC keeps the time of day, dropping the date: docs/types.md), naming
+    the column's type as the server does, not SQLAlchemy's generic TIME (a new user's review)."""
+    table = pg.new_table()
+    pg.create_table(table, "id int, t timetz")
+    df = spark.createDataFrame([(1, datetime(2024, 1, 15, 10, 0, tzinfo=UTC))], "id int, t timestamp")
+    with pytest.raises(Exception, match="has type TIME WITH TIME ZONE") as info:
+        save(spark, df, pg.url, table, createTable="false")
+    assert "date_format" in str(info.value)
+    assert pg.rows(table) == [] and pg.prepared() == []

@@ -94,6 +94,14 @@ def _what_to_do(source: pa.DataType, target: pa.DataType) -> str:
     return "cast it in Spark first"
 
 
+def _type_text(conn: Connection, column_type: Any) -> str:
+    """A reflected type as the server names it (TIME WITH TIME ZONE, not SQLAlchemy's generic TIME)."""
+    try:
+        return str(column_type.compile(dialect=conn.dialect))
+    except sa.exc.SQLAlchemyError:  # (NullType: a type SQLAlchemy does not know)
+        return str(column_type)
+
+
 def _what_to_do_unwritable(column_type: Any, source: pa.DataType) -> str:
     """The advice for a column type that takes nothing of the DataFrame's type."""
     if isinstance(column_type, sa.Time) and _kind(source) == "timestamp":
@@ -210,23 +218,24 @@ def plan_target(dialect: Dialect, conn: Connection, options: WriteOptions, sourc
         if name != f.name:
             folded.append((f.name, name))
         col = columns[name]
+        shown = _type_text(conn, col["type"])  # (for the messages below)
         target = dialect.arrow_type(col, f.type)
         if target is None and _kind(f.type) == "array":
             raise PreflightError(
                 f"column '{f.name}': the DataFrame's {f.type} cannot be written to column '{name}' of type "
-                f"{col['type']} in {_qualified(options)}: xasink writes an array only into a PostgreSQL array column "
+                f"{shown} in {_qualified(options)}: xasink writes an array only into a PostgreSQL array column "
                 "(one dimension) whose elements take the array's; convert it first, e.g. with to_json()"
             )
         if target is None:
             raise PreflightError(
-                f"column '{name}' of {_qualified(options)} has type {col['type']}, into which xasink does not write "
+                f"column '{name}' of {_qualified(options)} has type {shown}, into which xasink does not write "
                 f"the DataFrame's {f.type} (docs/types.md lists what each column type takes): "
                 f"{_what_to_do_unwritable(col['type'], f.type)}"
             )
         if not _compatible(f.type, target):
             raise PreflightError(
                 f"column '{f.name}': the DataFrame's {f.type} cannot be written to column '{name}' "
-                f"of type {col['type']} in {_qualified(options)}; {_what_to_do(f.type, target)}"
+                f"of type {shown} in {_qualified(options)}; {_what_to_do(f.type, target)}"
             )
         fields.append(pa.field(name, target, nullable=True))
         cast = dialect.server_cast(col, f.type, target)
