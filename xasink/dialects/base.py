@@ -211,8 +211,7 @@ class Dialect(ABC):
         """A ``createTableColumnTypes`` entry as a SQLAlchemy type of this dialect."""
 
     def utc_now(self) -> sa.sql.ColumnElement[Any]:
-        """The server's clock in UTC (naive), as SQL: every time the decision log stamps, so ages need no client
-        clock and no time zone or daylight-saving rule."""
+        """The server's clock in UTC (naive), as SQL: every time the log stamps (ages need no client clock or zone)."""
         return sa.func.utc_timestamp()
 
     def server_now(self, conn: Connection) -> Any:
@@ -239,12 +238,10 @@ class Dialect(ABC):
 
     @classmethod
     def table_schema(cls, conn: Connection, table: str) -> str | None:
-        """The schema an unqualified ``table`` is found in by this session, None when it finds none there.
-
-        The default schema is where a table is created, not always where one is found (PostgreSQL searches
-        search_path): the decision log records, and the apply names, the table the writer's session found, so
-        a run of another search_path (``xasink recover``, another sink naming it ``schema.table``) is one
-        target with it."""
+        """The schema an unqualified ``table`` is found in by this session (None: none there), not always the
+        default one where a table is created (PostgreSQL searches search_path): the decision log records the
+        table the writer found, so a run of another search_path (``xasink recover``, a sink naming it
+        ``schema.table``) is one target with it."""
         return None
 
     def ping(self, conn: Connection) -> None:
