@@ -370,11 +370,49 @@ CASES: dict[str, Case] = {
         },
         paths=ALL_PATHS,
     ),
+    # a word is no number or date: the message says the type cannot read it, not "widen the column" (a new
+    # user's review), on the LOAD DATA and the INSERT paths
     "maria-string-not-a-number": Case(
-        MARIADB, "id int PRIMARY KEY, i int", {"id": ints(0), "i": pa.array(["forty-two"])}, refused="for column"
+        MARIADB,
+        "id int PRIMARY KEY, i int",
+        {"id": ints(0), "i": pa.array(["forty-two"])},
+        refused="type cannot read",
+        not_said="widen the column",
+        paths=("bulk", "upsert"),
     ),
     "maria-string-not-a-date": Case(
-        MARIADB, "id int PRIMARY KEY, d date", {"id": ints(0), "d": pa.array(["not a date"])}, refused="for column"
+        MARIADB,
+        "id int PRIMARY KEY, d datetime",
+        {"id": ints(0), "d": pa.array(["not a date"])},
+        refused="type cannot read",
+        not_said="out of range",
+        paths=("bulk", "upsert"),
+    ),
+    # a 4-byte character into a utf8mb3 column: the message names utf8mb4 (a new user's review)
+    "maria-four-byte-character-into-utf8mb3": Case(
+        MARIADB,
+        "id int PRIMARY KEY, t varchar(10) CHARACTER SET utf8mb3",
+        {"id": ints(0, 1), "t": pa.array(["é", "party 🎉"])},
+        refused="utf8mb4",
+        paths=("bulk", "upsert"),
+    ),
+    # NaN: the message counts this task's and names both servers (a new user's review)
+    "maria-nan-into-double": Case(
+        MARIADB,
+        "id int PRIMARY KEY, d double",
+        {"id": ints(0, 1), "d": doubles(1.5, float("nan"))},
+        refused="(1 in this task's rows), which MySQL and MariaDB",
+        paths=("bulk", "upsert"),
+    ),
+    # a date past the year 9999 (Spark's TimestampType reaches far beyond): the message names the ranges on both
+    # load paths, not Python's "date value out of range" (a new user's review)
+    "maria-timestamp-past-9999": Case(
+        MARIADB,
+        "id int PRIMARY KEY, ts datetime(6)",
+        {"id": ints(0, 1), "ts": pa.array([1_704_067_200_000_000, 253_402_387_200_000_000], NTZ)},  # 10000-01-02
+        refused="the years 1000 to 9999",
+        not_said="date value out of range",
+        paths=("bulk", "upsert"),
     ),
     "maria-string-too-long-for-varbinary": Case(
         MARIADB,

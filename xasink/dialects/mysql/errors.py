@@ -61,8 +61,8 @@ BRANCH_HINTS = {
     1265: "a value does not fit its column: a string the column's type cannot read (not a number, date or member "
     "of it), a string longer than its column allows, or a number with too many digits: fix the data in Spark or "
     "widen the column type",
-    1292: "a date or time the column cannot hold: not a valid date or time, or out of its range (DATETIME and "
-    "DATE: the years 1000 to 9999; TIMESTAMP: 1970-01-01 00:00:01 to 2038-01-19 03:14:07 UTC)",
+    1292: "a date or time the column cannot hold: a string its type cannot read as one, or out of its range "
+    "(DATETIME and DATE: the years 1000 to 9999; TIMESTAMP: 1970-01-01 00:00:01 to 2038-01-19 03:14:07 UTC)",
     1146: "the table does not exist (dropped or renamed after the write was planned)",
     1045: "access denied: check the 'user' and 'password' options",
     1142: "permission denied: grant INSERT (and UPDATE for upserts) on the table to the writing user",

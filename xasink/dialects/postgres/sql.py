@@ -58,6 +58,10 @@ SLOT_MARKS = (
 )
 SLOT_CAPACITY = "SELECT current_setting('max_prepared_transactions')::int, (SELECT count(*) FROM pg_prepared_xacts)"
 
+NUL_HINT = (
+    "a string holds a NUL character (U+0000), which PostgreSQL text cannot store: remove it in Spark "
+    "first, e.g. regexp_replace(col, '\\\\x00', '')"
+)
 # SQLSTATEs a branch can fail with, and what the user should do about them
 BRANCH_HINTS = {
     "23505": "duplicate key: the rows collide with rows already in the table (or in this batch); "
@@ -67,10 +71,8 @@ BRANCH_HINTS = {
     "23514": "check constraint violation",
     "22001": "a string is longer than its column allows: widen the column or truncate the data",
     "22003": "a number is out of range for its column: widen the column type",
-    "22021": "a string holds a NUL character (U+0000), which PostgreSQL text cannot store: remove it in Spark "
-    "first, e.g. regexp_replace(col, '\\\\x00', '')",
-    "22P05": "a string holds a NUL character (U+0000), which PostgreSQL text cannot store: remove it in Spark "
-    "first, e.g. regexp_replace(col, '\\\\x00', '')",
+    "22021": NUL_HINT,  # COPY's "invalid byte sequence for encoding UTF8: 0x00"
+    "22P05": NUL_HINT,  # "unsupported Unicode escape sequence" (a NUL in a json value)
     # PostgreSQL reports "maximum number of prepared transactions reached" as 53200 (out of memory)
     "53200": "the server has no free prepared-transaction slot: raise max_prepared_transactions "
     "(at least the number of partitions) or coalesce the DataFrame to fewer partitions",
