@@ -155,10 +155,9 @@ def _execute(conn: Connection, statement: str) -> None:
     conn.exec_driver_sql(driver_sql(statement))
 
 
-# SQLSTATE classes of an error in the swap's own statements, neither the rows' (22, 23: the in-place apply would
-# meet them too, and classifies them) nor the connection's or the server's (08, 40, 53, 57, XX: passed on, as any
-# apply's): a privilege the swap needs that the checks did not foresee (42501: CREATE on a tablespace), an object
-# still depending on the old table (2BP01), a feature or a state (0A, 55; not 55P03, a lock timeout)
+# SQLSTATE classes of an error in the swap's own statements, not a value's (22) nor the connection's or server's
+# (08, 40, 53, 57, XX: passed on, as any apply's): a privilege the checks did not foresee (42501: CREATE on a
+# tablespace), an object still depending on the old table (2BP01), a feature or a state (0A, 55; not 55P03)
 _DEFINITION_CLASSES = ("42", "2B", "0A", "55", "3F")
 
 
@@ -167,15 +166,17 @@ def swap(conn: Connection, reader: Connection, target: SwapTarget, patience_s: f
     own: the new table must be made in the subtransaction that copies FREEZE into it); the rows loaded.
 
     An error of the swap's own statements is :class:`SwapRefused` (the savepoint rolled back, the batch applied in
-    place), never the apply's: a decided batch must not be kept from its table by a way of applying it."""
+    place), never the apply's: a decided batch must not be kept from its table by a way of applying it.  So are rows
+    breaking a constraint (23): the in-place apply's error names the table's own, not the new table's index."""
     try:
         return _swap(conn, reader, target, patience_s)
     except sa.exc.DBAPIError as exc:
         state = sqlstate_of(exc)
-        if state is None or state[:2] not in _DEFINITION_CLASSES or state == "55P03":
+        if state is None or state[:2] not in (*_DEFINITION_CLASSES, "23") or state == "55P03":
             raise
         first = (str(getattr(exc, "orig", exc)).strip().splitlines() or [type(exc).__name__])[0]
-        raise SwapRefused(f"a statement of the swap failed ({state}: {first})") from None
+        what = "the rows break a constraint" if state[:2] == "23" else "a statement of the swap failed"
+        raise SwapRefused(f"{what} ({state}: {first})") from None
 
 
 def _swap(conn: Connection, reader: Connection, target: SwapTarget, patience_s: float) -> int:
