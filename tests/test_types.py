@@ -371,19 +371,29 @@ def test_columns_of_user_defined_domain_types_load_as_their_base_types(
         pg.execute(f"DROP DOMAIN {code}, {amount}")
 
 
-# the zone ids Java reads as UTC+05:30 (Spark takes each as spark.sql.session.timeZone); Arrow reads none of the
-# prefixed ones, and PostgreSQL reads GMT+05:30 POSIX's way, as UTC-05:30
-OFFSET_SPELLINGS = ["+05:30", "GMT+05:30", "UTC+5:30", "UT+05:30"]
+# zone ids Spark takes as spark.sql.session.timeZone (Java's, with ZoneId.SHORT_IDS): those it reads as
+# Asia/Kolkata's UTC+05:30, of which Arrow reads none of the prefixed ones and PostgreSQL reads GMT+05:30 POSIX's
+# way, as UTC-05:30; and short ids, which Arrow and PostgreSQL do not know (PST: Los Angeles, in its summer time)
+KOLKATA = ("Asia/Kolkata", datetime(2024, 1, 15, 2, 0, 0, 123456, tzinfo=timezone.utc), "2024-01-15 07:30:00.123456")
+LOS_ANGELES = (
+    "America/Los_Angeles",
+    datetime(2024, 7, 15, 2, 0, 0, 123456, tzinfo=timezone.utc),
+    "2024-07-14 19:00:00.123456",
+)
+ZONE_SPELLINGS = {
+    **{s: KOLKATA for s in ("+05:30", "GMT+05:30", "UTC+5:30", "UT+05:30", "IST")},
+    "PST": LOS_ANGELES,
+}
 
 
-@pytest.mark.parametrize("spelling", OFFSET_SPELLINGS)
+@pytest.mark.parametrize("spelling", list(ZONE_SPELLINGS))
 def test_a_session_zone_spelled_as_a_java_offset_converts_as_the_region_of_that_offset(
     spark: SparkSession, db: Target, spelling: str
 ) -> None:
     """A session zone of the offset form (GMT+05:30) stores what Asia/Kolkata (the same offset, no DST) stores,
     and a TimestampType's wall time is Spark's own in that zone; it was refused ("Cannot locate or parse
-    timezone 'GMT+05:30'"), found by a new user's review of docs/types.md."""
-    ts = datetime(2024, 1, 15, 2, 0, 0, 123456, tzinfo=timezone.utc)
+    timezone 'GMT+05:30'"), found by a new user's review of docs/types.md.  So do Java's short ids (IST, PST)."""
+    region, ts, expected_wall = ZONE_SPELLINGS[spelling]
     schema = StructType(
         [
             StructField("id", IntegerType()),
@@ -403,7 +413,7 @@ def test_a_session_zone_spelled_as_a_java_offset_converts_as_the_region_of_that_
     stored = {}
     before = str(spark.conf.get("spark.sql.session.timeZone"))
     try:
-        for zone in ("Asia/Kolkata", spelling):
+        for zone in (region, spelling):
             spark.conf.set("spark.sql.session.timeZone", zone)
             table = db.new_table()
             db.create_table(table, columns)
@@ -412,10 +422,10 @@ def test_a_session_zone_spelled_as_a_java_offset_converts_as_the_region_of_that_
             stored[zone] = db.execute(f"SELECT id, {text} FROM {db.q(table)} ORDER BY id")
             first = df.where("id = 0").selectExpr("date_format(ts, 'yyyy-MM-dd HH:mm:ss.SSSSSS')").first()
             wall_time = first[0] if first is not None else None
-            assert str(stored[zone][0][1]) == wall_time == "2024-01-15 07:30:00.123456", (zone, stored[zone])
+            assert str(stored[zone][0][1]) == wall_time == expected_wall, (zone, stored[zone])
     finally:
         spark.conf.set("spark.sql.session.timeZone", before)
-    assert stored[spelling] == stored["Asia/Kolkata"]
+    assert stored[spelling] == stored[region]
     assert db.prepared() == []
 
 
