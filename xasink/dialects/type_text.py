@@ -1,4 +1,5 @@
-"""createTableColumnTypes entries, read alike for every database: a type name, up to two numbers, UNSIGNED."""
+"""Column types as text: createTableColumnTypes entries, read alike for every database (a type name, up to two
+numbers, UNSIGNED), and a type SQLAlchemy does not reflect, by the server's own name for it."""
 
 from __future__ import annotations
 
@@ -16,6 +17,19 @@ _UNSIGNED = re.compile(_TYPE + r"(unsigned)?\s*", re.I)
 
 # a type's class, its name (aliases resolved), its numbers and whether UNSIGNED was asked: the type
 Build = Callable[[Any, str, list[int], bool], "sa.types.TypeEngine[Any]"]
+
+
+class ServerType(sa.types.UserDefinedType):  # type: ignore[type-arg]
+    """A column type SQLAlchemy does not reflect (PostgreSQL's point, xml, an extension's; MariaDB's inet6,
+    inet4, uuid), by the name the server gives it: a shadow's column is made of it, a string cast to it."""
+
+    cache_ok = True
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def get_col_spec(self, **kw: Any) -> str:
+        return self.name
 
 
 def parse_type_text(

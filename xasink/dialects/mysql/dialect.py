@@ -14,7 +14,7 @@ from sqlalchemy.engine import Connection
 
 from xasink.dialects.base import BranchSession, Dialect
 from xasink.dialects.keepalive import set_keepalive
-from xasink.dialects.mysql import errors, health, preflight
+from xasink.dialects.mysql import catalog, errors, health, preflight
 from xasink.dialects.mysql import merge as merge_sql
 from xasink.dialects.mysql.errors import BranchBusyError, LockBusyError
 from xasink.dialects.mysql.owner import DETACH_TIMEOUT_S, OWNER_WAIT_S, Owner, OwnerWatch
@@ -242,32 +242,13 @@ class MySQLDialect(Dialect):
         conn.execute(sa.text("SELECT RELEASE_LOCK(:n)"), {"n": name})
 
     def referencing_tables(self, conn: Connection, schema: str | None, table: str) -> list[str]:
-        # MariaDB answers this by opening every table of the server (a referencing table can be in any
-        # database): seconds on a busy server with many tables, which a session's max_statement_time set for
-        # the user's statements must not cut.  A table under concurrent DDL holds it up to lock_wait_timeout
-        # (controlLockTimeout), as any statement on that table.
-        unbounded = "SET STATEMENT max_statement_time = 0 FOR " if getattr(conn.dialect, "is_mariadb", False) else ""
-        rows = conn.execute(
-            sa.text(
-                f"{unbounded}SELECT DISTINCT TABLE_SCHEMA, TABLE_NAME FROM information_schema.KEY_COLUMN_USAGE "
-                "WHERE REFERENCED_TABLE_SCHEMA = COALESCE(:s, DATABASE()) AND REFERENCED_TABLE_NAME = :t "
-                "AND NOT (TABLE_SCHEMA = REFERENCED_TABLE_SCHEMA AND TABLE_NAME = REFERENCED_TABLE_NAME) "
-                "ORDER BY 1, 2"
-            ),
-            {"s": schema, "t": table},
-        ).fetchall()
-        here = conn.execute(sa.text("SELECT DATABASE()")).scalar()
-        return [str(r[1]) if r[0] == here else f"{r[0]}.{r[1]}" for r in rows]
+        return catalog.referencing_tables(conn, schema, table)
 
     def column_collations(self, conn: Connection, schema: str | None, table: str) -> dict[str, str]:
-        rows = conn.execute(
-            sa.text(
-                "SELECT COLUMN_NAME, COLLATION_NAME FROM information_schema.COLUMNS "
-                "WHERE TABLE_SCHEMA = COALESCE(:s, DATABASE()) AND TABLE_NAME = :t AND COLLATION_NAME IS NOT NULL"
-            ),
-            {"s": schema, "t": table},
-        ).all()
-        return {str(name): str(collation) for name, collation in rows}
+        return catalog.column_collations(conn, schema, table)
+
+    def name_unknown_types(self, conn: Connection, schema: str | None, table: str, columns: dict[str, Any]) -> None:
+        catalog.name_unknown_types(conn, schema, table, columns)
 
     def modify_columns(self, conn: Connection, table: sa.Table, collations: dict[str, str]) -> None:
         changes = []

@@ -9,23 +9,10 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 
 from xasink.dialects.postgres.sql import SA_DIALECT
-from xasink.dialects.type_text import parse_type_text
+from xasink.dialects.type_text import ServerType, parse_type_text
 
 if TYPE_CHECKING:  # rows and types only: the driver's commit path never loads pyarrow
     import pyarrow as pa
-
-
-class ServerType(sa.types.UserDefinedType):  # type: ignore[type-arg]
-    """A column type SQLAlchemy does not reflect (point, xml, pg_lsn, an extension's), by the name the server's
-    ``format_type`` gives it (quoted and qualified where it must be): a string is cast to it on the server."""
-
-    cache_ok = True
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def get_col_spec(self, **kw: Any) -> str:
-        return self.name
 
 
 class PostgresTypes:
