@@ -439,3 +439,41 @@ def test_a_refused_column_is_named_by_its_server_type(spark: SparkSession, pg: T
         save(spark, df, pg.url, table, createTable="false")
     assert "date_format" in str(info.value)
     assert pg.rows(table) == [] and pg.prepared() == []
+
+
+@pytest.mark.parametrize("year", [2024, 2040, 2100])
+def test_summer_times_after_2037_convert_by_the_zones_rule(spark: SparkSession, db: Target, year: int) -> None:
+    """In a zone with daylight saving time, a summer's wall time (and on PostgreSQL, the instant of a
+    TimestampNTZType or DateType) is Spark's own in every year.  Arrow reads the system's zone files without the
+    rule for the years after 2037 (the TZif footer) and kept standard time all year: 2040-07-01 12:00 New York
+    was stored as 11:00 (found by an adversary's review).  (MariaDB's TIMESTAMP takes a wall time in the
+    server's zone from both writers: docs/types.md.)"""
+    ts = datetime(year, 7, 1, 16, 0, 0, 123456, tzinfo=timezone.utc)  # 12:00 EDT
+    fields = [StructField("id", IntegerType()), StructField("ts", TimestampType())]
+    row: tuple[Any, ...] = (0, ts)
+    columns, read = "id int PRIMARY KEY, ts datetime(6)", "CAST(ts AS CHAR(26))"
+    if db.kind == POSTGRESQL:
+        fields += [StructField("ntz", TimestampNTZType()), StructField("d", DateType())]
+        row += (datetime(year, 7, 1, 12, 0), date(year, 7, 1))
+        columns = "id int PRIMARY KEY, ts timestamp, ntz timestamptz, d timestamptz"
+        read = "ts::text, extract(epoch FROM ntz)::bigint, extract(epoch FROM d)::bigint"
+    before = str(spark.conf.get("spark.sql.session.timeZone"))
+    try:
+        spark.conf.set("spark.sql.session.timeZone", "America/New_York")
+        table = db.new_table()
+        db.create_table(table, columns)
+        df = spark.createDataFrame([row, (1,) + (None,) * (len(row) - 1)], StructType(fields))
+        save(spark, df, db.url, table, createTable="false")
+        stored = db.execute(f"SELECT {read} FROM {db.q(table)} WHERE id = 0")
+        own = ["date_format(ts, 'yyyy-MM-dd HH:mm:ss.SSSSSS')"]
+        if db.kind == POSTGRESQL:
+            own += ["unix_seconds(CAST(ntz AS TIMESTAMP))", "unix_seconds(CAST(d AS TIMESTAMP))"]
+        first = df.where("id = 0").selectExpr(*own).first()
+        assert first is not None
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", before)
+    assert first[0] == f"{year}-07-01 12:00:00.123456"
+    assert [tuple(str(v) for v in r) for r in stored] == [tuple(str(v) for v in first)]
+    if db.kind == POSTGRESQL:
+        assert int(first[1]) - int(first[2]) == 12 * 3600  # (Spark's: noon and midnight of one EDT day)
+    assert db.prepared() == []

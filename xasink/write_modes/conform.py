@@ -3,6 +3,10 @@ has a choice (zones, ranges), the server's refusals before the server sees the r
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -10,6 +14,53 @@ import pyarrow.compute as pc
 from xasink.dialects.values import TargetPlan
 from xasink.errors import BranchError
 from xasink.support.zones import iso_zone
+
+# Arrow reads the system's zone files without the rule they give for the years after their last listed
+# transition (the TZif footer): from 2038 on it keeps standard time all year, where Java (Spark, its JDBC writer)
+# and PostgreSQL apply the rule, an hour off in every summer.  Values from this instant (2037-01-01 UTC) on are
+# converted again by Python's zoneinfo, which reads the rule (found by an adversary's review).
+FAR_US = 2_114_380_800_000_000
+_EPOCH = datetime(1970, 1, 1)
+_MICRO = timedelta(microseconds=1)
+
+
+def _region(zone: str | None) -> ZoneInfo | None:
+    """The zone's rules, where it is a region (an offset has no rules to miss)."""
+    try:
+        return ZoneInfo(zone) if zone and zone[0] not in "+-" and zone != "UTC" else None
+    except (ValueError, ZoneInfoNotFoundError):
+        return None
+
+
+def _far_again(micros: pa.Array, done: pa.Array, convert: Callable[[datetime], datetime | None]) -> pa.Array:
+    """``done`` (timestamps, us) with its values at or past FAR_US (by ``micros``) converted again by ``convert``."""
+    far = pc.fill_null(pc.greater_equal(micros, FAR_US), False)
+    if not pc.any(far).as_py():
+        return done
+    values = pc.fill_null(micros, 0).to_numpy(zero_copy_only=False)
+    out = pc.fill_null(done.cast(pa.int64()), 0).to_numpy(zero_copy_only=False).copy()
+    for i in np.flatnonzero(far.to_numpy(zero_copy_only=False)):
+        try:
+            got = convert(_EPOCH + timedelta(microseconds=int(values[i])))
+        except (OverflowError, ValueError):  # past Python's year 9999: Arrow's stands
+            continue
+        if got is not None:
+            out[i] = (got - _EPOCH) // _MICRO
+    return pa.array(out, pa.int64(), mask=done.is_null().to_numpy(zero_copy_only=False)).cast(done.type)
+
+
+def local_wall(arr: pa.Array) -> pa.Array:
+    """Instants (a zone's timestamps) as wall times in that zone, with the zone's rules in every year."""
+    wall = pc.local_timestamp(arr).cast(pa.timestamp("us"))
+    region = _region(arr.type.tz)
+    if region is None or not len(arr):
+        return wall
+    micros = arr.cast(pa.timestamp("us", arr.type.tz)).cast(pa.int64())
+
+    def to_wall(utc: datetime) -> datetime:
+        return utc.replace(tzinfo=timezone.utc).astimezone(region).replace(tzinfo=None)
+
+    return _far_again(micros, wall, to_wall)
 
 
 def wall_time_in_zone(arr: pa.Array, zone: str) -> pa.Array:
@@ -21,7 +72,16 @@ def wall_time_in_zone(arr: pa.Array, zone: str) -> pa.Array:
     that offset in both cases."""
     earliest = pc.assume_timezone(arr, zone, ambiguous="earliest", nonexistent="earliest")
     offset = pc.subtract(pc.local_timestamp(earliest), earliest.cast(arr.type))
-    return pc.subtract(arr, offset).cast(pa.timestamp(arr.type.unit, tz="UTC"))
+    instants = pc.subtract(arr, offset).cast(pa.timestamp("us"))
+    region = _region(zone)
+    if region is not None and len(arr):
+        # the offset in force before a transition: PEP 495's fold=0 (a gap's wall time forward, an overlap's earlier)
+        def to_instant(wall: datetime) -> datetime | None:
+            offset = wall.replace(tzinfo=region).utcoffset()
+            return None if offset is None else wall - offset
+
+        instants = _far_again(arr.cast(pa.timestamp("us")).cast(pa.int64()), instants, to_instant)
+    return instants.cast(pa.timestamp(arr.type.unit, tz="UTC"))
 
 
 def _conform_column(arr: pa.Array, target: pa.DataType, time_zone: str = "UTC") -> pa.Array:
@@ -37,7 +97,7 @@ def _conform_column(arr: pa.Array, target: pa.DataType, time_zone: str = "UTC") 
         return _bits(arr, target.byte_width)
     if pa.types.is_timestamp(src) and pa.types.is_timestamp(target):
         if src.tz is not None and target.tz is None:  # as Spark's JDBC writer: wall time in the session zone
-            arr = pc.local_timestamp(arr)
+            arr = local_wall(arr).cast(pa.timestamp(src.unit))
         elif src.tz is None and target.tz is not None:  # as Spark's cast: the wall time in the session zone
             arr = wall_time_in_zone(arr, time_zone)
     if pa.types.is_timestamp(src) and pa.types.is_date(target):
@@ -95,7 +155,7 @@ def _whole_numbers(arr: pa.Array) -> pa.Array:
 def _whole_days(arr: pa.Array) -> pa.Array:
     """A timestamp into a date column: its date (a TimestampType's in its zone, the session's), refused where it
     has a time of day, which Spark's JDBC writer drops (docs/types.md)."""
-    wall = pc.local_timestamp(arr) if arr.type.tz is not None else arr
+    wall = local_wall(arr).cast(pa.timestamp(arr.type.unit)) if arr.type.tz is not None else arr
     days = wall.cast(pa.date32())
     bad = pc.fill_null(pc.not_equal(days.cast(wall.type), wall), False)
     if pc.any(bad).as_py():
