@@ -186,6 +186,22 @@ CASES: dict[str, Case] = {
         url_query="stringtype=unspecified",
         paths=ALL_PATHS,
     ),
+    # a session told to read otherwise (client_encoding LATIN1, doubles' short text) by the URL's options, as by a
+    # database's or role's settings: Spark's JDBC writer's startup parameters win, and xasink's branches now take
+    # the same (text was garbled, 0.1 + 0.2 stored as 0.3: an adversary's review)
+    "pg-session-settings-of-the-url": Case(
+        POSTGRESQL,
+        "id int PRIMARY KEY, seq int, t text, f text, r varchar(20)",
+        {
+            "id": ints(0, 1),
+            "seq": ints(0, 0),
+            "t": pa.array(["café über", None]),
+            "f": doubles(0.1 + 0.2, None),
+            "r": pa.array([1.0000001, None], pa.float32()),
+        },
+        url_query="options=-c%20client_encoding%3DLATIN1%20-c%20extra_float_digits%3D0",
+        paths=ALL_PATHS,
+    ),
     # MariaDB's types SQLAlchemy does not reflect (inet6, inet4, uuid, a geometry): the server reads the strings;
     # an overwrite's or change-data's shadow was refused ("Can't generate DDL for NullType")
     "maria-strings-into-unreflected-types": Case(

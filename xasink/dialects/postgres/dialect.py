@@ -17,6 +17,7 @@ from xasink.dialects.postgres import health as pg_health
 from xasink.dialects.postgres.sql import (
     ADBC_DB_OPTIONS,
     BRANCH_HINTS,
+    JDBC_SESSION,
     KEEPALIVES,
     LOCK_NOT_AVAILABLE,
     ROWS_CLASSES,
@@ -128,6 +129,8 @@ class PostgresDialect(PostgresTypes, Dialect):
     def libpq_uri(self) -> str:
         """A libpq URI for ADBC; it carries the password, so it is never logged."""
         query = {"application_name": "xasink", **{k: str(v) for k, v in KEEPALIVES.items()}, **dict(self.url.query)}
+        user = query.get("options")  # the branch reads values as Spark's JDBC writer's sessions do: after the URL's
+        query["options"] = f"{user} {JDBC_SESSION}" if isinstance(user, str) and user else JDBC_SESSION
         if self.url.password is not None and not self.url.username:  # a URL renders no password without a user
             query["password"] = self.url.password
         base = self.url.set(drivername="postgresql", query={}).render_as_string(hide_password=False)

@@ -62,6 +62,10 @@ NUL_HINT = (
     "a string holds a NUL character (U+0000), which PostgreSQL text cannot store: remove it in Spark "
     "first, e.g. regexp_replace(col, '\\\\x00', '')"
 )
+# pgjdbc's startup parameters, which win over the database's, the role's and the URL's options: a branch reads
+# strings as Spark's JDBC writer's sessions do (UTF-8 text, month-first dates, doubles' shortest exact text), not
+# as a database set to LATIN1, 'SQL, DMY' or extra_float_digits = 0 would (found by an adversary's review)
+JDBC_SESSION = "-c client_encoding=UTF8 -c DateStyle=ISO -c extra_float_digits=3"
 # SQLSTATEs a branch can fail with, and what the user should do about them
 BRANCH_HINTS = {
     "23505": "duplicate key: the rows collide with rows already in the table (or in this batch); "
