@@ -108,7 +108,8 @@ def test_libpq_uri_keeps_query_parameters_exactly() -> None:
         "host": "h",
         "port": "5433",
         "dbname": "d",
-        "options": "-c lock_timeout=5s",
+        # the URL's options, then the startup settings of Spark's JDBC writer's sessions, which win over them
+        "options": "-c lock_timeout=5s -c client_encoding=UTF8 -c DateStyle=ISO -c extra_float_digits=3",
         "sslmode": "require",
         "application_name": "xasink",
         # TCP keepalives on branch connections too (issue 15 item 11); the URL's own keepalives* would win
