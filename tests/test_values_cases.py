@@ -36,6 +36,7 @@ class Case:
     conf: dict[str, str | None] = field(default_factory=dict)
     url_query: str = ""  # both writers' URL parameters
     setup: str = ""  # a statement run before the tables are made (a type they use)
+    options: dict[str, str] = field(default_factory=dict)  # xasink's own options (localInfile)
     xfail: str = ""  # a difference found and not fixed yet: a strict xfail saying what
 
 
@@ -251,11 +252,29 @@ def check_case(
     values_driver: ValuesDriver, request: pytest.FixtureRequest, tmp_path: Path, case: Case, path: str
 ) -> None:
     """Write the case's frame by both writers (xasink by ``path``): stored alike, or refused by both."""
-    db: Target = request.getfixturevalue("pg" if case.kind == POSTGRESQL else "maria")
+    check_case_on(
+        values_driver, request.getfixturevalue("pg" if case.kind == POSTGRESQL else "maria"), tmp_path, case, path
+    )
+
+
+def check_case_on(values_driver: ValuesDriver, db: Target, tmp_path: Path, case: Case, path: str) -> None:
+    """:func:`check_case` on ``db`` (a server of the test's own)."""
     data = frame(case)
     if case.setup:
         db.execute(case.setup)
-    twin = write_both(values_driver, db, case.columns, data, tmp_path, path, case.select, case.conf, case.url_query)
+    twin = write_both(
+        values_driver,
+        db,
+        case.columns,
+        data,
+        tmp_path,
+        path,
+        case.select,
+        case.conf,
+        case.url_query,
+        None,
+        case.options,
+    )
     answer, jdbc_table, xasink_table = twin.answer, twin.jdbc, twin.xasink
     if case.refused is None:
         assert answer["ok"], answer

@@ -108,6 +108,7 @@ def write_both(
     conf: dict[str, str | None] | None = None,
     url_query: str = "",
     after_create: list[str] | None = None,
+    options: dict[str, str] | None = None,
 ) -> Twin:
     """Write data (an ``id`` column first) through JDBC and xasink into twin tables of ``columns``.
 
@@ -117,7 +118,7 @@ def write_both(
     the frame, which JDBC leaves out).  ``select``: SQL expressions the driver selects from the frame first (a
     NullType: ``NULL AS n``); ``conf``: Spark SQL settings for this write only; ``url_query``: URL parameters
     of both writers (``stringtype=unspecified``); ``after_create``: statements run on each table once made
-    (``{table}``: its quoted name, ``{trigger}`` a trigger name of its own)."""
+    (``{table}``: its quoted name, ``{trigger}`` a trigger name of its own); ``options``: xasink's own, more."""
     assert path in PATHS, path
     if path == "changes":
         if "seq" not in data.column_names:  # (a case may bring its own sequence column)
@@ -143,7 +144,10 @@ def write_both(
         "xasink_url": url,
         "xasink_table": xasink_table,
         "mode": "overwrite" if path == "overwrite" else "append",
-        "xasink_options": {"upsert": {"upsertKeyColumns": "id"}, "changes": CHANGES}.get(path, {}),
+        "xasink_options": {
+            **{"upsert": {"upsertKeyColumns": "id"}, "changes": CHANGES}.get(path, {}),
+            **(options or {}),
+        },
         "jdbc_drop": ["deleted"] if path == "changes" else [],
         "select": select or [],
         "conf": conf or {},

@@ -80,7 +80,7 @@ class Dialect(ABC):
         engine = sa.create_engine(self.url, connect_args=self.connect_args(), **pooling, **options)
         if self.pool_size > 0:  # a server restart leaves no dead connection in use (see .pooling)
             watch_checkouts(engine, self.socket_fd)
-        sa.event.listen(engine, "connect", self.on_connect)
+        sa.event.listen(engine, "connect", self.on_connect, insert=True)  # before SQLAlchemy reads sql_mode
         if phases.enabled():  # the benchmark's breakdown: what a control connection's set-up costs
             sa.event.listen(engine, "do_connect", phases.stamp_connect)
             sa.event.listen(engine, "connect", phases.record_connect)

@@ -14,9 +14,17 @@ import pyarrow as pa
 import pymysql
 
 from xasink.dialects.branch_session import BranchSession
-from xasink.dialects.mysql.encoding import encode_tsv, python_rows
+from xasink.dialects.mysql.encoding import encode_tsv, is_binary, is_text, python_rows
 from xasink.dialects.mysql.errors import PRIVILEGE_CODES, STATEMENT_WARNINGS
-from xasink.dialects.mysql.sql import BRANCH_SQL_MODE, MAX_LOCK_WAIT, errno_of, quote_ident, table_name
+from xasink.dialects.mysql.sql import (
+    BRANCH_SQL_MODE,
+    MAX_LOCK_WAIT,
+    VALUE_MODES,
+    errno_of,
+    quote_ident,
+    session_mode,
+    table_name,
+)
 from xasink.dialects.mysql.stream import FileLoad, StreamedLoad, open_load
 from xasink.dialects.mysql.xa import owner_lock, parse_recover_row, recover_statement, xid_literal
 from xasink.dialects.values import SHADOW_TAG_COLUMN, BranchSettings, TargetPlan, branch_tag, check_upsert_keys
@@ -82,7 +90,7 @@ class MySQLBranch(BranchSession):
             # the owner lock names this session as the branch's owner until it has disconnected (see owner_lock)
             self.cursor.execute(
                 "SELECT CONNECTION_ID(), @@local_infile, @@max_allowed_packet, GET_LOCK(%s, 0), @@log_bin, "
-                "@@binlog_format",
+                "@@binlog_format, @@SESSION.sql_mode",
                 (owner_lock(xid),),
             )
             row = self.cursor.fetchone()
@@ -90,6 +98,8 @@ class MySQLBranch(BranchSession):
             self.connection_id, server_infile, max_packet = int(row[0]), int(row[1] or 0), int(row[2])
             # InnoDB refuses to log a READ COMMITTED write as a statement
             statement_log = int(row[4] or 0) == 1 and str(row[5]).upper() == "STATEMENT"
+            # the server's modes this session keeps (VALUE_MODES), as JDBC's does; two need LOAD DATA's help
+            self.modes = frozenset(VALUE_MODES) & set(str(row[6] or "").upper().split(","))
             lock_wait = int(dialect.settings.lock_timeout) or MAX_LOCK_WAIT
             self.cursor.execute(
                 # the server's own time zone, as Spark's JDBC writer's session has: a TIMESTAMP column reads
@@ -97,7 +107,8 @@ class MySQLBranch(BranchSession):
                 # LOAD DATA stays open while the task computes its next batch (see .stream): the server may
                 # wait on it as long as on an idle session between statements (wait_timeout, not
                 # net_read_timeout's 30 s), and MariaDB's max_statement_time must not cut it
-                "SET SESSION sql_mode = %s, time_zone = @@GLOBAL.time_zone, innodb_lock_wait_timeout = %s, "
+                f"SET SESSION sql_mode = {session_mode(VALUE_MODES)}, time_zone = @@GLOBAL.time_zone, "
+                "innodb_lock_wait_timeout = %s, "
                 "net_read_timeout = GREATEST(@@SESSION.net_read_timeout, @@SESSION.wait_timeout), "
                 f"{'max_statement_time = 0, ' if self.is_mariadb else ''}"
                 f"{ROW_COUNTER} = 0",  # (a shadow's rows are numbered by it: see load_data_sql)
@@ -144,21 +155,33 @@ class MySQLBranch(BranchSession):
             raise self.dialect.branch_error(exc, self.xid, self.plan) from None
 
     def load_data_sql(self, path: str, into: str, replace: bool = False) -> str:
-        cols, sets = [], []
+        fields: list[tuple[str, str | None]] = []  # (column, what its field is loaded through, if not as it is)
+        sets: list[str] = []
         casts = dict(self.plan.server_casts)
         for i, field in enumerate(self.plan.arrow_schema):
-            t = field.type
-            if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
-                cols.append(f"@xasink_v{i}")
-                sets.append(f"{quote_ident(field.name)} = UNHEX(@xasink_v{i})")
+            t, name = field.type, quote_ident(field.name)
+            if is_binary(t):
+                fields.append((name, f"UNHEX({self._field(i, t)})"))
             elif field.name in casts:  # (a type name of the dialect's own server_cast, never the user's text)
-                cols.append(f"@xasink_v{i}")
-                sets.append(f"{quote_ident(field.name)} = CAST(@xasink_v{i} AS {casts[field.name]})")
+                fields.append((name, f"CAST({self._field(i, t)} AS {casts[field.name]})"))
+            elif "EMPTY_STRING_IS_NULL" in self.modes and is_text(t):
+                fields.append((name, self._field(i, t)))
             else:
-                cols.append(quote_ident(field.name))
+                fields.append((name, None))
         if self.plan.row_column:  # a keyed shadow: the branch's tag, its rows numbered in load order
             sets.append(f"{quote_ident(SHADOW_TAG_COLUMN)} = {self.tag}")
             sets.append(f"{quote_ident(self.plan.row_column)} = ({ROW_COUNTER} := {ROW_COUNTER} + 1)")
+        # MariaDB drops NO_AUTO_VALUE_ON_ZERO for a column loaded as a field when the statement has a SET
+        # clause (a 0 then takes a generated value), but keeps it for a column SET from a variable
+        every = "NO_AUTO_VALUE_ON_ZERO" in self.modes and (sets or any(e is not None for _, e in fields))
+        cols, assigned = [], []
+        for i, (name, expr) in enumerate(fields):
+            if expr is None and not every:
+                cols.append(name)
+            else:
+                cols.append(f"@xasink_v{i}")
+                assigned.append(f"{name} = {expr or f'@xasink_v{i}'}")
+        sets = assigned + sets
         stmt = (
             f"LOAD DATA LOCAL INFILE {self.conn.escape(path)}{' REPLACE' if replace else ''} INTO TABLE {into} "
             "CHARACTER SET utf8mb4 "
@@ -166,6 +189,14 @@ class MySQLBranch(BranchSession):
             f"({', '.join(cols)})"
         )
         return stmt + (f" SET {', '.join(sets)}" if sets else "")
+
+    def _field(self, i: int, t: pa.DataType) -> str:
+        """A loaded field's variable; NULL for an empty string or binary (its hex: empty too) under the
+        server's EMPTY_STRING_IS_NULL, which makes NULL of a '' in a statement (JDBC's ``''`` and ``_binary''``)
+        but not of a LOAD DATA field (and of this statement's own '': no such literal here)."""
+        if "EMPTY_STRING_IS_NULL" in self.modes and (is_text(t) or is_binary(t)):
+            return f"IF(LENGTH(@xasink_v{i}) = 0, NULL, @xasink_v{i})"
+        return f"@xasink_v{i}"
 
     def _staged_upsert(self, batches: Iterator[pa.RecordBatch]) -> int:
         """Load into a staging table, then UPDATE the rows whose key matches and INSERT the others.
@@ -314,7 +345,7 @@ class MySQLBranch(BranchSession):
                 check_upsert_keys(batch, self.plan, keys, self.xid.partition)
             for start in range(0, batch.num_rows, step):
                 chunk = batch.slice(start, step)
-                rows = python_rows(chunk)
+                rows = python_rows(chunk, "EMPTY_STRING_IS_NULL" in self.modes)
                 if self.plan.row_column:  # a keyed shadow: numbered as LOAD DATA numbers them
                     rows = [(*r, self.tag, total + i + 1) for i, r in enumerate(rows)]
                 self.cursor.executemany(stmt, rows)

@@ -18,7 +18,7 @@ from xasink.dialects.mysql import catalog, errors, health, preflight
 from xasink.dialects.mysql import merge as merge_sql
 from xasink.dialects.mysql.errors import BranchBusyError, LockBusyError
 from xasink.dialects.mysql.owner import DETACH_TIMEOUT_S, OWNER_WAIT_S, Owner, OwnerWatch
-from xasink.dialects.mysql.sql import BRANCH_SQL_MODE, SA_DIALECT, errno_of
+from xasink.dialects.mysql.sql import APPLY_VALUE_MODES, BRANCH_SQL_MODE, SA_DIALECT, errno_of, session_mode
 from xasink.dialects.mysql.xa import ER_XAER_NOTA, foreign_gid, parse_foreign_gid, recovered, xa_literal, xid_literal
 from xasink.dialects.rendering import statement_text
 from xasink.dialects.values import (
@@ -71,18 +71,20 @@ class MySQLDialect(Dialect):
     def on_connect(self, dbapi_conn: Any, record: Any) -> None:
         """A control connection: TCP keepalives; the sql_mode the decision log and the apply step rely on,
         whatever the server's or the URL's (a value too long for its column fails instead of being stored
-        truncated: a decision recovery could not read); lock waits bounded by controlLockTimeout (error 1205,
-        transient: the step is retried) for row locks (InnoDB) and table metadata locks alike."""
+        truncated: a decision recovery could not read), keeping the server's NO_AUTO_VALUE_ON_ZERO (sql.py);
+        lock waits bounded by controlLockTimeout (error 1205, transient: the step is retried) for row locks
+        (InnoDB) and table metadata locks alike."""
         set_keepalive(getattr(dbapi_conn, "_sock", None))
         timeout = int(self.settings.control_lock_timeout)
+        mode = session_mode(APPLY_VALUE_MODES)
         with dbapi_conn.cursor() as cur:
             if timeout:
                 cur.execute(
-                    "SET SESSION sql_mode = %s, innodb_lock_wait_timeout = %s, lock_wait_timeout = %s",
+                    f"SET SESSION sql_mode = {mode}, innodb_lock_wait_timeout = %s, lock_wait_timeout = %s",
                     (BRANCH_SQL_MODE, timeout, timeout),
                 )
             else:
-                cur.execute("SET SESSION sql_mode = %s", (BRANCH_SQL_MODE,))
+                cur.execute(f"SET SESSION sql_mode = {mode}", (BRANCH_SQL_MODE,))
 
     def socket_fd(self, dbapi_conn: Any) -> int | None:
         sock = getattr(dbapi_conn, "_sock", None)

@@ -75,7 +75,7 @@ def float32_text(arr: pa.Array) -> pa.Array:
 def text_column(arr: pa.Array) -> pa.Array:
     """One column as LOAD DATA text (large_string, no nulls); binary columns go through :func:`hex_column`."""
     t = arr.type
-    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
+    if is_binary(t):
         return hex_column(arr)
     if pa.types.is_string(t) or pa.types.is_large_string(t):
         out = arr.cast(pa.large_string())
@@ -145,8 +145,19 @@ def _check_years(arr: pa.Array, name: str) -> None:
             )
 
 
-def python_rows(batch: pa.RecordBatch) -> list[tuple[Any, ...]]:
-    """The batch as Python tuples for pymysql's multi-row INSERT (timestamps: the plan's wall times)."""
+def is_text(t: pa.DataType) -> bool:
+    return bool(pa.types.is_string(t) or pa.types.is_large_string(t))
+
+
+def is_binary(t: pa.DataType) -> bool:
+    return bool(pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t))
+
+
+def python_rows(batch: pa.RecordBatch, empty_binary_null: bool = False) -> list[tuple[Any, ...]]:
+    """The batch as Python tuples for pymysql's multi-row INSERT (timestamps: the plan's wall times).
+
+    ``empty_binary_null``: an empty binary value as NULL, as the server's EMPTY_STRING_IS_NULL stores JDBC's
+    ``_binary''`` (pymysql sends bytes as ``X''``, which that mode keeps; a str's ``''`` it makes NULL itself)."""
     columns = []
     for name, col in zip(batch.schema.names, batch.columns, strict=True):
         _check_finite(col, name)
@@ -156,5 +167,8 @@ def python_rows(batch: pa.RecordBatch) -> list[tuple[Any, ...]]:
         if pa.types.is_float32(col.type):  # its shortest text, as a decimal literal (see float32_text)
             columns.append([None if v is None else Decimal(v) for v in float32_text(col).to_pylist()])
             continue
-        columns.append(col.to_pylist())
+        values = col.to_pylist()
+        if empty_binary_null and is_binary(col.type):
+            values = [None if v == b"" else v for v in values]
+        columns.append(values)
     return list(zip(*columns, strict=True))

@@ -43,11 +43,35 @@ SA_DIALECT = sa_pymysql.dialect()
 # (a dialect whose paramstyle is not printf-like quotes without doubling)
 _PREPARER = sa_pymysql.dialect(paramstyle="named").identifier_preparer
 
-# the sql_mode of every session xasink writes with (branches, and control sessions: the decision log, the
-# apply step): bad or too long values fail instead of being truncated; no ANSI_QUOTES / NO_BACKSLASH_ESCAPES,
-# which would change how our statements parse; and no NO_AUTO_VALUE_ON_ZERO: a 0 written to an AUTO_INCREMENT
-# column takes a generated value, as in Spark's JDBC writer's session (docs/types.md)
+# the sql_mode every session xasink writes with starts from (branches, and control sessions: the decision log,
+# the apply step): bad or too long values fail instead of being truncated; no ANSI_QUOTES / NO_BACKSLASH_ESCAPES,
+# which would change how our statements parse
 BRANCH_SQL_MODE = "STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION"
+# the server's modes that change what a written value becomes, which Spark's JDBC writer's session keeps (it
+# starts from the server's mode): a branch keeps them too (docs/types.md).  A 0 into an AUTO_INCREMENT column
+# takes a generated value unless NO_AUTO_VALUE_ON_ZERO; TIME_ROUND_FRACTIONAL rounds extra fractional digits
+# where the default truncates; EMPTY_STRING_IS_NULL stores NULL for ''; the date modes refuse or admit dates
+VALUE_MODES = (
+    "NO_AUTO_VALUE_ON_ZERO",
+    "TIME_ROUND_FRACTIONAL",
+    "EMPTY_STRING_IS_NULL",
+    "NO_ZERO_DATE",
+    "NO_ZERO_IN_DATE",
+    "ALLOW_INVALID_DATES",
+)
+# of those, what a control session keeps: the apply step copies an overwrite's rows from the shadow (where the
+# branches stored them, the other modes applied) into the table, which generates a value for a 0 again
+APPLY_VALUE_MODES = ("NO_AUTO_VALUE_ON_ZERO",)
+
+
+def session_mode(kept: tuple[str, ...]) -> str:
+    """The SQL expression of a session's new sql_mode: :data:`BRANCH_SQL_MODE` (a parameter, ``%s``) and those
+    of ``kept`` (mode names of this module, never user text) that the session's present mode has, the server's
+    one (each a non-empty literal: EMPTY_STRING_IS_NULL, if on, parses this statement too)."""
+    picks = "".join(f", IF(FIND_IN_SET('{m}', @@SESSION.sql_mode), '{m}', NULL)" for m in kept)
+    return f"CONCAT_WS(',', %s{picks})"
+
+
 MAX_LOCK_WAIT = 1_073_741_824  # innodb_lock_wait_timeout's maximum: "no limit"
 
 

@@ -1,0 +1,94 @@
+"""A MariaDB server whose ``sql_mode`` changes values (issue 38): Spark's JDBC writer's session starts from the
+server's mode, and xasink's branches keep its modes that change a written value (``VALUE_MODES``,
+xasink/dialects/mysql/sql.py), on every path, and none that would change how xasink's own statements parse.
+
+Before, the branches ran a fixed mode: a 0 into an AUTO_INCREMENT column took a generated value where JDBC
+kept it (NO_AUTO_VALUE_ON_ZERO), ``''`` stayed ``''`` where JDBC stored NULL (EMPTY_STRING_IS_NULL), extra
+fractional digits were truncated where JDBC's were rounded (TIME_ROUND_FRACTIONAL), and an invalid date was
+refused or a zero date stored where JDBC did the opposite (ALLOW_INVALID_DATES, NO_ZERO_DATE).  The server is
+a private one (tests/harness.py ``private_mariadb``): the shared server's global mode is every test's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from tests.harness import private_mariadb
+from tests.targets import MARIADB, Target, make_target
+from tests.test_values_cases import Case, check_case_on, ints
+from tests.values_harness import PATHS, ValuesDriver
+
+pytestmark = [pytest.mark.spark, pytest.mark.mariadb]
+
+# the value-changing modes, and ANSI_QUOTES and NO_BACKSLASH_ESCAPES, which xasink's sessions must drop (its
+# statements quote with backticks and escape with backslashes)
+MODES = (
+    "STRICT_TRANS_TABLES,ERROR_FOR_DIVISION_BY_ZERO,NO_AUTO_VALUE_ON_ZERO,TIME_ROUND_FRACTIONAL,"
+    "EMPTY_STRING_IS_NULL,NO_ZERO_DATE,NO_ZERO_IN_DATE,ALLOW_INVALID_DATES,ANSI_QUOTES,NO_BACKSLASH_ESCAPES,"
+    "NO_ENGINE_SUBSTITUTION"
+)
+
+CHANGED = Case(
+    MARIADB,
+    "id int PRIMARY KEY, seq int, n int AUTO_INCREMENT UNIQUE KEY, t text, v varchar(5), b varbinary(5), "
+    "dt datetime, w datetime, tm time, d date, q varchar(9)",
+    {
+        "id": ints(0, 1, 2),
+        "seq": ints(0, 0, 0),
+        "n": ints(0, 5, None),  # 0 kept, not numbered
+        "t": pa.array(["", "x", None]),  # '' stored as NULL
+        "v": pa.array(["", "", "y"]),
+        "b": pa.array([b"", b"x", None]),
+        "dt": pa.array(["2024-01-15 10:00:00.999999", "2024-01-15 10:00:00.4", None]),  # rounded
+        "w": pa.array([datetime(2024, 1, 15, 10, 0, 0, 999999), None, None], pa.timestamp("us", "UTC")),
+        "tm": pa.array(["10:00:00.7", None, "23:59:59.5"]),
+        "d": pa.array(["2024-02-30", None, "2023-11-31"]),  # an invalid date, admitted
+        "q": pa.array(["a\\b'c\"", "", None]),  # backslashes and quotes read as the default mode reads them
+    },
+    paths=PATHS,
+)
+CASES = {
+    "values-the-modes-change": CHANGED,
+    # the multi-row INSERT path (no LOAD DATA), which the server reads as it reads JDBC's statements
+    "values-the-modes-change-by-insert": dataclasses.replace(CHANGED, options={"localInfile": "false"}),
+    "maria-a-zero-date": Case(
+        MARIADB,
+        "id int PRIMARY KEY, seq int, d date",
+        {"id": ints(0, 1), "seq": ints(0, 0), "d": pa.array(["2024-01-15", "0000-00-00"])},
+        refused="sql_mode refuses (NO_ZERO_DATE, NO_ZERO_IN_DATE",
+        paths=PATHS,
+    ),
+    "maria-a-zero-in-a-date": Case(
+        MARIADB,
+        "id int PRIMARY KEY, seq int, d date",
+        {"id": ints(0, 1), "seq": ints(0, 0), "d": pa.array(["2024-01-15", "2024-00-10"])},
+        refused="sql_mode refuses (NO_ZERO_DATE, NO_ZERO_IN_DATE",
+        paths=("bulk",),
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def modal() -> Iterator[Target]:
+    """A database on a private MariaDB whose global sql_mode is :data:`MODES`."""
+    with private_mariadb(f"xasink_modes_{uuid.uuid4().hex[:8]}", {"sql-mode": MODES}) as (_, url):
+        db = make_target(MARIADB, url)
+        assert set(db.execute("SELECT @@GLOBAL.sql_mode")[0][0].split(",")) == set(MODES.split(","))
+        yield db
+
+
+@pytest.mark.parametrize(
+    ("name", "path"), [pytest.param(n, p, id=f"{n}-{p}") for n, case in CASES.items() for p in case.paths]
+)
+def test_the_servers_value_modes_apply_as_in_spark_jdbc(
+    values_driver: ValuesDriver, modal: Target, tmp_path: Path, name: str, path: str
+) -> None:
+    check_case_on(values_driver, modal, tmp_path, CASES[name], path)
+    assert modal.prepared() == []
