@@ -109,7 +109,8 @@ def test_libpq_uri_keeps_query_parameters_exactly() -> None:
         "port": "5433",
         "dbname": "d",
         # the URL's options, then the startup settings of Spark's JDBC writer's sessions, which win over them
-        "options": "-c lock_timeout=5s -c client_encoding=UTF8 -c DateStyle=ISO -c extra_float_digits=3",
+        "options": "-c lock_timeout=5s -c client_encoding=UTF8 -c DateStyle=ISO -c extra_float_digits=3 "
+        "-c array_nulls=on",
         "sslmode": "require",
         "application_name": "xasink",
         # TCP keepalives on branch connections too (issue 15 item 11); the URL's own keepalives* would win
@@ -122,17 +123,17 @@ def test_libpq_uri_keeps_query_parameters_exactly() -> None:
 
 def test_control_connection_options_put_the_urls_own_last() -> None:
     """The control connection's synchronous_commit and lock_timeout come first in libpq's options: the URL's
-    own settings win."""
+    own settings win; but for array_nulls, last (an overwrite's apply copies arrays as text)."""
     o = parse_options({"url": "postgresql://etl@h/d?options=-c%20lock_timeout%3D5s", "dbtable": "t"})
     args = PostgresDialect(o.url, o.branch_settings).connect_args()
     assert args["options"] == (
         "-c synchronous_commit=on -c default_transaction_isolation=read\\ committed"
-        " -c lock_timeout=60000 -c lock_timeout=5s"
+        " -c lock_timeout=60000 -c lock_timeout=5s -c array_nulls=on"
     )
     assert (args["keepalives"], args["keepalives_idle"]) == (1, 30)
     o = parse_options({"url": "postgresql://etl@h/d", "dbtable": "t", "controlLockTimeout": "0"})
     assert PostgresDialect(o.url, o.branch_settings).connect_args()["options"] == (
-        "-c synchronous_commit=on -c default_transaction_isolation=read\\ committed"
+        "-c synchronous_commit=on -c default_transaction_isolation=read\\ committed -c array_nulls=on"
     )
 
 

@@ -552,6 +552,27 @@ def _bytes(value: object) -> object:
     return bytes(value) if isinstance(value, memoryview) else value
 
 
+@pytest.mark.parametrize("path", ALL_PATHS)
+def test_a_null_array_element_stays_null_whatever_array_nulls_says(
+    values_driver: ValuesDriver, pg: Target, tmp_path: Path, path: str
+) -> None:
+    """A database, role or URL with ``array_nulls = off`` makes the text of a NULL element read as the string
+    ``NULL``: JDBC's arrays keep their NULLs; xasink's upsert stored the string into a text[] and was refused by an
+    int[], and so was an overwrite's apply (an adversary's review).  Its sessions now set it on."""
+    data = pa.table(
+        {
+            "id": ints(0),
+            "seq": ints(0),
+            "t": lists([["x", None]], pa.string()),
+            "n": lists([[1, None]], pa.int32()),
+        }
+    )
+    columns = "id int PRIMARY KEY, seq int, t text[], n int[]"
+    twin = write_both(values_driver, pg, columns, data, tmp_path, path, url_query="options=-c%20array_nulls%3Doff")
+    assert twin.answer["ok"], twin.answer
+    assert pg.rows(twin.jdbc, "id") == pg.rows(twin.xasink, "id") == [(0, 0, ["x", None], [1, None])]
+
+
 def test_a_nested_array_is_refused_where_jdbc_writes_it(
     values_driver: ValuesDriver, pg: Target, tmp_path: Path
 ) -> None:

@@ -16,6 +16,7 @@ from xasink.dialects.base import BranchSession, Dialect
 from xasink.dialects.postgres import health as pg_health
 from xasink.dialects.postgres.sql import (
     ADBC_DB_OPTIONS,
+    ARRAY_NULLS,
     BRANCH_HINTS,
     JDBC_SESSION,
     KEEPALIVES,
@@ -94,8 +95,8 @@ class PostgresDialect(PostgresTypes, Dialect):
         timeout_ms = int(self.settings.control_lock_timeout) * 1000
         if timeout_ms:  # a lock wait ends in SQLSTATE 55P03, transient: the step is retried, never hangs
             ours += f" -c lock_timeout={timeout_ms}"
-        user = self.url.query.get("options")  # the URL's own options come after ours, so they win
-        args["options"] = f"{ours} {user}" if isinstance(user, str) and user else ours
+        user = self.url.query.get("options")  # the URL's own options come after ours, so they win (not on arrays)
+        args["options"] = f"{ours} {user} {ARRAY_NULLS}" if isinstance(user, str) and user else f"{ours} {ARRAY_NULLS}"
         return args
 
     def on_connect(self, dbapi_conn: Any, record: Any) -> None:

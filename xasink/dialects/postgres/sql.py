@@ -65,7 +65,10 @@ NUL_HINT = (
 # pgjdbc's startup parameters, which win over the database's, the role's and the URL's options: a branch reads
 # strings as Spark's JDBC writer's sessions do (UTF-8 text, month-first dates, doubles' shortest exact text), not
 # as a database set to LATIN1, 'SQL, DMY' or extra_float_digits = 0 would (found by an adversary's review)
-JDBC_SESSION = "-c client_encoding=UTF8 -c DateStyle=ISO -c extra_float_digits=3"
+# and array_nulls on: JDBC's arrays keep their NULL elements under a database's or role's array_nulls = off,
+# where an array's text (a branch's upsert, the apply's copy from the shadow) would read NULL as a string
+ARRAY_NULLS = "-c array_nulls=on"
+JDBC_SESSION = f"-c client_encoding=UTF8 -c DateStyle=ISO -c extra_float_digits=3 {ARRAY_NULLS}"
 # SQLSTATEs a branch can fail with, and what the user should do about them
 BRANCH_HINTS = {
     "23505": "duplicate key: the rows collide with rows already in the table (or in this batch); "
