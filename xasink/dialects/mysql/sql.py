@@ -50,10 +50,13 @@ BRANCH_SQL_MODE = "STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION"
 # the server's modes that change what a written value becomes, which Spark's JDBC writer's session keeps (it
 # starts from the server's mode): a branch keeps them too (docs/types.md).  A 0 into an AUTO_INCREMENT column
 # takes a generated value unless NO_AUTO_VALUE_ON_ZERO; TIME_ROUND_FRACTIONAL rounds extra fractional digits
-# where the default truncates; EMPTY_STRING_IS_NULL stores NULL for ''; the date modes refuse or admit dates
+# where MariaDB's default truncates (MySQL 8's default rounds, and TIME_TRUNCATE_FRACTIONAL truncates: kept
+# too, untested here); EMPTY_STRING_IS_NULL stores NULL for ''; the date modes refuse or admit dates.  Only
+# modes the session has are set again, so a server that does not know one never sees it
 VALUE_MODES = (
     "NO_AUTO_VALUE_ON_ZERO",
     "TIME_ROUND_FRACTIONAL",
+    "TIME_TRUNCATE_FRACTIONAL",
     "EMPTY_STRING_IS_NULL",
     "NO_ZERO_DATE",
     "NO_ZERO_IN_DATE",
