@@ -4,7 +4,9 @@ numbers, UNSIGNED), and a type SQLAlchemy does not reflect, by the server's own 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import sqlalchemy as sa
@@ -17,6 +19,26 @@ _UNSIGNED = re.compile(_TYPE + r"(unsigned)?\s*", re.I)
 
 # a type's class, its name (aliases resolved), its numbers and whether UNSIGNED was asked: the type
 Build = Callable[[Any, str, list[int], bool], "sa.types.TypeEngine[Any]"]
+
+
+@contextmanager
+def reflecting() -> Iterator[None]:
+    """SQLAlchemy's reflection without its warning for a column type it does not know ("Did not recognize type
+    'inet6'"): the dialect names each such column by the server's type (``name_unknown_types``), and the user
+    saw the warning for every batch, with nothing to do about it."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Did not recognize type", category=sa.exc.SAWarning)
+        yield
+
+
+def reflected_columns(insp: sa.Inspector, table: str, schema: str | None) -> list[Any]:
+    with reflecting():
+        return list(insp.get_columns(table, schema=schema))
+
+
+def reflected_table(conn: sa.Connection, table: str, schema: str | None) -> sa.Table:
+    with reflecting():
+        return sa.Table(table, sa.MetaData(schema=schema), autoload_with=conn)
 
 
 class ServerType(sa.types.UserDefinedType):  # type: ignore[type-arg]

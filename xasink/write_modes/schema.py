@@ -14,6 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from xasink.dialects.base import Dialect
+from xasink.dialects.type_text import reflected_columns
 from xasink.dialects.values import TargetPlan
 from xasink.errors import PreflightError
 from xasink.options import WriteOptions
@@ -202,7 +203,7 @@ def plan_target(dialect: Dialect, conn: Connection, options: WriteOptions, sourc
         conn.rollback()
         create_table(dialect, conn, options, source)
         insp = sa.inspect(conn)
-    columns = {dialect.reflected_name(c["name"]): c for c in insp.get_columns(table, schema=schema)}
+    columns = {dialect.reflected_name(c["name"]): c for c in reflected_columns(insp, table, schema)}
     dialect.name_unknown_types(conn, schema, table, columns)
     conn.rollback()
     by_lower: dict[str, list[str]] = {}

@@ -6,8 +6,7 @@ the insert).  So the branches of such a write load the batch into a *shadow tabl
 no constraints, each row tagged with its batch id), and after the decision, once the branches are committed
 into it, one local transaction on the target's database
 
-1. marks the batch committed in the decision log (first, so a second applier waits on that row and then finds
-   nothing to do),
+1. marks the batch committed in the decision log (first: a second applier waits on that row, finds nothing),
 2. replaces the target's rows from the shadow (DELETE + INSERT .. SELECT, or the change-data statements),
 3. deletes the batch's rows from the shadow.
 
@@ -27,6 +26,7 @@ from sqlalchemy.engine import Connection
 
 from xasink.dialects.base import Dialect
 from xasink.dialects.rendering import insert_selected
+from xasink.dialects.type_text import reflected_columns, reflected_table
 from xasink.dialects.values import SHADOW_ROW_COLUMN, SHADOW_TAG_COLUMN, TargetPlan
 from xasink.errors import ApplyError, PreflightError
 from xasink.options import TableName
@@ -86,7 +86,7 @@ def ensure_shadow(dialect: Dialect, conn: Connection, spec: ApplySpec) -> None:
     matches: only between batches, when recovery has applied what it held.  Also the tombstone table of a
     change-data sink with deletes and a sequence."""
     dialect.check_apply(conn)  # first: the apply itself could not run (nothing is made or decided then)
-    target = sa.Table(spec.table, sa.MetaData(schema=spec.schema), autoload_with=conn)
+    target = reflected_table(conn, spec.table, spec.schema)
     columns: dict[str, Any] = {c.name: {"type": c.type} for c in target.c}
     dialect.name_unknown_types(conn, spec.schema, spec.table, columns)  # (point, xml: not NullType in the shadow)
     types = {name: column["type"] for name, column in columns.items()}
@@ -94,7 +94,7 @@ def ensure_shadow(dialect: Dialect, conn: Connection, spec: ApplySpec) -> None:
     collations = dialect.column_collations(conn, spec.schema, spec.table)  # the target's, read once
     insp = sa.inspect(conn)
     if insp.has_table(spec.shadow, schema=spec.schema):
-        have = [c["name"] for c in insp.get_columns(spec.shadow, schema=spec.schema)]
+        have = [c["name"] for c in reflected_columns(insp, spec.shadow, spec.schema)]
         drift = collation_drift(dialect, conn, spec, spec.shadow, collations)
         conn.rollback()
         if have == [c.name for c in want.c] and drift:  # made by an earlier xasink: mend it in place
