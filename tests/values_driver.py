@@ -45,6 +45,8 @@ def jdbc_target(url: str) -> tuple[str, dict[str, str]]:
         options["password"] = unquote(password)
     if "stringtype" in query:  # pgjdbc's: strings sent untyped, for the server to convert (jsonb, uuid)
         options["stringtype"] = query["stringtype"]
+    if "options" in query:  # libpq's and pgjdbc's: the session's settings (-c name=value), both writers'
+        options["options"] = unquote(query["options"])
     host = parts.hostname or "127.0.0.1"
     port = parts.port or (5432 if kind == "postgresql" else 3306)
     # Spark picks its MySQL dialect (backquoted names) for jdbc:mysql only; the MariaDB driver takes that too
