@@ -191,15 +191,17 @@ CASES: dict[str, Case] = {
     # the same (text was garbled, 0.1 + 0.2 stored as 0.3: an adversary's review)
     "pg-session-settings-of-the-url": Case(
         POSTGRESQL,
-        "id int PRIMARY KEY, seq int, t text, f text, r varchar(20)",
+        "id int PRIMARY KEY, seq int, t text, f text, r varchar(20), d date",
         {
             "id": ints(0, 1),
             "seq": ints(0, 0),
             "t": pa.array(["café über", None]),
             "f": doubles(0.1 + 0.2, None),
             "r": pa.array([1.0000001, None], pa.float32()),
+            "d": pa.array(["01/02/2024", None]),  # read alike by both writers, whatever the DateStyle asks
         },
-        url_query="options=-c%20client_encoding%3DLATIN1%20-c%20extra_float_digits%3D0",
+        url_query="stringtype=unspecified&options=-c%20client_encoding%3DLATIN1%20-c%20extra_float_digits%3D0"
+        "%20-c%20DateStyle%3DSQL%2CDMY",
         paths=ALL_PATHS,
     ),
     # settings a session may carry (the URL's options here, a database's or role's alike) that change how text
