@@ -23,7 +23,7 @@ import pytest
 from tests.harness import private_mariadb
 from tests.targets import MARIADB, Target, make_target
 from tests.test_values_cases import Case, check_case_on, ints
-from tests.values_harness import PATHS, ValuesDriver
+from tests.values_harness import PATHS, ValuesDriver, write_both
 
 pytestmark = [pytest.mark.spark, pytest.mark.mariadb]
 
@@ -58,6 +58,22 @@ CASES = {
     "values-the-modes-change": CHANGED,
     # the multi-row INSERT path (no LOAD DATA), which the server reads as it reads JDBC's statements
     "values-the-modes-change-by-insert": dataclasses.replace(CHANGED, options={"localInfile": "false"}),
+    # a stored generated column is computed again by an overwrite's or change-data's apply, from the shadow's
+    # rows, in a control session: under the server's date modes too (an adversary's review: the apply refused
+    # an invalid date JDBC stores, and stored a zero date JDBC refuses)
+    "a-generated-date-from-an-invalid-date": Case(
+        MARIADB,
+        "id int PRIMARY KEY, seq int, s varchar(20), g date AS (s) STORED",
+        {"id": ints(0, 1), "seq": ints(0, 0), "s": pa.array(["2024-02-30", None])},
+        paths=PATHS,
+    ),
+    "a-generated-date-from-a-zero-date": Case(
+        MARIADB,
+        "id int PRIMARY KEY, seq int, s varchar(20), g date AS (s) STORED",
+        {"id": ints(0, 1), "seq": ints(0, 0), "s": pa.array(["2024-01-15", "0000-00-00"])},
+        refused="0000-00-00",
+        paths=PATHS,
+    ),
     "maria-a-zero-date": Case(
         MARIADB,
         "id int PRIMARY KEY, seq int, d date",
@@ -92,3 +108,19 @@ def test_the_servers_value_modes_apply_as_in_spark_jdbc(
 ) -> None:
     check_case_on(values_driver, modal, tmp_path, CASES[name], path)
     assert modal.prepared() == []
+
+
+@pytest.mark.parametrize("path", ["upsert", "changes"])
+def test_an_empty_key_is_a_null_key_under_empty_string_is_null(
+    values_driver: ValuesDriver, modal: Target, tmp_path: Path, path: str
+) -> None:
+    """The server stores an empty string as NULL, so an empty upsert or change-data key is refused as a NULL key
+    is, before the branch prepares: a change-data apply failed after the decision ("Column 'id' cannot be
+    null"), an upsert stored a NULL key (an adversary's review).  JDBC, which the harness makes append there,
+    stores the NULL."""
+    data = pa.table({"id": pa.array(["a", ""]), "seq": ints(0, 1), "v": ints(1, 2)})
+    twin = write_both(values_driver, modal, "id varchar(5), seq int, v int, UNIQUE KEY (id)", data, tmp_path, path)
+    assert twin.answer["writer"] == "xasink", twin.answer
+    assert "key column 'id' is an empty string in some rows" in twin.answer["error"]
+    assert "EMPTY_STRING_IS_NULL" in twin.answer["error"]
+    assert modal.rows(twin.xasink) == [] and modal.prepared() == []

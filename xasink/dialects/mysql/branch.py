@@ -14,7 +14,7 @@ import pyarrow as pa
 import pymysql
 
 from xasink.dialects.branch_session import BranchSession
-from xasink.dialects.mysql.encoding import encode_tsv, is_binary, is_text, python_rows
+from xasink.dialects.mysql.encoding import check_empty_keys, encode_tsv, is_binary, is_text, python_rows
 from xasink.dialects.mysql.errors import PRIVILEGE_CODES, STATEMENT_WARNINGS
 from xasink.dialects.mysql.sql import (
     BRANCH_SQL_MODE,
@@ -141,6 +141,8 @@ class MySQLBranch(BranchSession):
 
     # -- loading --------------------------------------------------------------------------
     def load(self, batches: Iterator[pa.RecordBatch]) -> int:
+        if "EMPTY_STRING_IS_NULL" in self.modes and (self.plan.upsert_keys or self.plan.required):
+            batches = self._keys_not_empty(batches)
         try:
             if self.use_load_data and self.plan.upsert_by_replace:
                 return self._load_data(self._checked_keys(batches), table_name(self.plan), replace=True)
@@ -153,6 +155,11 @@ class MySQLBranch(BranchSession):
             raise
         except Exception as exc:
             raise self.dialect.branch_error(exc, self.xid, self.plan) from None
+
+    def _keys_not_empty(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            check_empty_keys(batch, self.plan, self.xid.partition)
+            yield batch
 
     def load_data_sql(self, path: str, into: str, replace: bool = False) -> str:
         fields: list[tuple[str, str | None]] = []  # (column, what its field is loaded through, if not as it is)

@@ -71,7 +71,7 @@ class MySQLDialect(Dialect):
     def on_connect(self, dbapi_conn: Any, record: Any) -> None:
         """A control connection: TCP keepalives; the sql_mode the decision log and the apply step rely on,
         whatever the server's or the URL's (a value too long for its column fails instead of being stored
-        truncated: a decision recovery could not read), keeping the server's NO_AUTO_VALUE_ON_ZERO (sql.py);
+        truncated: a decision recovery could not read), keeping the server's value modes but one (sql.py);
         lock waits bounded by controlLockTimeout (error 1205, transient: the step is retried) for row locks
         (InnoDB) and table metadata locks alike."""
         set_keepalive(getattr(dbapi_conn, "_sock", None))

@@ -19,6 +19,7 @@ import pyarrow.csv as pacsv
 from xasink.dialects.decimal_text import decimal_text, may_have_exponent
 from xasink.dialects.hex_text import hex_text
 from xasink.dialects.mysql.errors import TIME_RANGE_HINT
+from xasink.dialects.values import TargetPlan
 from xasink.errors import BranchError
 
 _NULL = "\\N"
@@ -151,6 +152,20 @@ def is_text(t: pa.DataType) -> bool:
 
 def is_binary(t: pa.DataType) -> bool:
     return bool(pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t))
+
+
+def check_empty_keys(batch: pa.RecordBatch, plan: TargetPlan, partition: int) -> None:
+    """Under the server's EMPTY_STRING_IS_NULL an empty string is stored as NULL: an empty upsert or
+    change-data key (or sequence) is a NULL one, refused as such before the branch prepares (a change-data
+    apply failed after the decision, "Column 'id' cannot be null"; an upsert stored a NULL key)."""
+    for name in dict.fromkeys((*plan.upsert_keys, *plan.required)):
+        column = batch.column(plan.arrow_schema.get_field_index(name))
+        if is_text(column.type) and pc.any(pc.equal(pc.binary_length(column), 0)).as_py():
+            raise BranchError(
+                f"partition {partition}: key column '{name}' is an empty string in some rows, which the server "
+                "stores as NULL (its sql_mode has EMPTY_STRING_IS_NULL), and a row without a key cannot be merged "
+                "or applied. Filter or fill those rows first. Nothing of this batch is visible."
+            )
 
 
 def python_rows(batch: pa.RecordBatch, empty_binary_null: bool = False) -> list[tuple[Any, ...]]:

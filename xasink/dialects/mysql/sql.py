@@ -63,8 +63,10 @@ VALUE_MODES = (
     "ALLOW_INVALID_DATES",
 )
 # of those, what a control session keeps: the apply step copies an overwrite's rows from the shadow (where the
-# branches stored them, the other modes applied) into the table, which generates a value for a 0 again
-APPLY_VALUE_MODES = ("NO_AUTO_VALUE_ON_ZERO",)
+# branches stored them, the modes applied) into the table, which generates a value for a 0 again and computes
+# its stored generated columns and defaults again (a date one: the date modes); but not EMPTY_STRING_IS_NULL,
+# which would make NULL of the decision log's own empty strings (its values are no literal of a copy)
+APPLY_VALUE_MODES = tuple(m for m in VALUE_MODES if m != "EMPTY_STRING_IS_NULL")
 
 
 def session_mode(kept: tuple[str, ...]) -> str:
