@@ -469,6 +469,21 @@ LISTED += [
             "member's name as a string",
         ),
     ),
+    Listed(  # shard 2 of stop 60: the matrix's binary edges are no member's name but the empty bytes, the empty set
+        "binary-into-maria-enum-set",
+        ("mariadb",),
+        ("binary",),
+        ("enum", "set"),
+        kind=("xasink-refuses",),
+        docs=(
+            "BinaryType",
+            "MariaDB ENUM, SET",
+            "the member named by the bytes read as text (empty bytes into a SET: the empty set); other bytes are "
+            "refused by the server",
+            "refuses the column (\"encode it in Spark first\": `decode(col, 'UTF-8')` for bytes that are a member's "
+            "name)",
+        ),
+    ),
     Listed(
         "other-into-maria-bit",
         ("mariadb",),
