@@ -442,3 +442,25 @@ def test_keyword_options_and_options_go_together_and_an_option_twice_is_refused(
         xasink.write(None, "postgresql://h/db", "t", numparts=2)  # type: ignore[arg-type]
     with pytest.raises(OptionError, match="'batchsize'"):
         xasink.foreach_batch("postgresql://h/db", "t", "s", batchsize=0)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "jdbc:mysql://h:3306/d?sessionVariables=sql_mode%3D'ANSI%2CNO_AUTO_VALUE_ON_ZERO'%2Ctime_zone%3D'%2B00:00'"
+        "%2Cwait_timeout%3D5&user=u",
+        "mysql://u@h:3306/d?sessionVariables=sql_mode%3D'ANSI%2CNO_AUTO_VALUE_ON_ZERO'%2Ctime_zone%3D'%2B00:00'"
+        "%2Cwait_timeout%3D5",
+    ],
+    ids=["jdbc", "sqlalchemy"],
+)
+def test_mysql_session_variables_reach_the_sessions_not_the_driver(url: str) -> None:
+    """Connector/J's sessionVariables: sql_mode and time_zone are set on xasink's sessions, as on JDBC's; the
+    rest are not, and pymysql, which knows no such parameter, never sees it."""
+    from xasink.dialects.mysql import MySQLDialect
+
+    o = parse_options({"url": url, "dbtable": "t"})
+    dialect = MySQLDialect(o.url, o.branch_settings)
+    assert dialect.session == {"sql_mode": "ANSI,NO_AUTO_VALUE_ON_ZERO", "time_zone": "+00:00"}
+    assert dict(dialect.url.query) == {}
+    assert (dialect.url.host, dialect.url.database, dialect.url.username) == ("h", "d", "u")

@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
+from urllib.parse import quote
 
 import pyarrow as pa
 import pytest
@@ -124,3 +125,24 @@ def test_an_empty_key_is_a_null_key_under_empty_string_is_null(
     assert "key column 'id' is an empty string in some rows" in twin.answer["error"]
     assert "EMPTY_STRING_IS_NULL" in twin.answer["error"]
     assert modal.rows(twin.xasink) == [] and modal.prepared() == []
+
+
+# the same modes (and a session zone) from the URL's sessionVariables, on the shared server (its own mode the
+# default): Connector/J sets them on JDBC's session after connecting, and xasink's sessions take sql_mode and
+# time_zone from them (they were dropped)
+URL_VARIABLES = "sql_mode='STRICT_TRANS_TABLES,NO_AUTO_VALUE_ON_ZERO,TIME_ROUND_FRACTIONAL,EMPTY_STRING_IS_NULL," + (
+    "ALLOW_INVALID_DATES',time_zone='+05:30'"
+)
+OF_THE_URL = dataclasses.replace(
+    CHANGED,
+    columns=CHANGED.columns + ", z timestamp(6) NULL",
+    data={**CHANGED.data, "z": pa.array([datetime(2024, 7, 1, 12, 0), None, None], pa.timestamp("us", "UTC"))},
+    url_query="sessionVariables=" + quote(URL_VARIABLES, safe=""),
+)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_the_urls_session_variables_apply_as_in_spark_jdbc(
+    values_driver: ValuesDriver, maria: Target, tmp_path: Path, path: str
+) -> None:
+    check_case_on(values_driver, maria, tmp_path, OF_THE_URL, path)

@@ -47,6 +47,8 @@ def jdbc_target(url: str) -> tuple[str, dict[str, str]]:
         options["stringtype"] = query["stringtype"]
     if "options" in query:  # libpq's and pgjdbc's: the session's settings (-c name=value), both writers'
         options["options"] = unquote(query["options"])
+    if "sessionVariables" in query:  # Connector/J's: SET after connecting (sql_mode, time_zone), both writers'
+        options["sessionVariables"] = unquote(query["sessionVariables"])
     host = parts.hostname or "127.0.0.1"
     port = parts.port or (5432 if kind == "postgresql" else 3306)
     # Spark picks its MySQL dialect (backquoted names) for jdbc:mysql only; the MariaDB driver takes that too

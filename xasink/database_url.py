@@ -73,6 +73,8 @@ def parse_url(raw: str, user: str | None = None, password: str | None = None) ->
             raise OptionError(f"option 'url': invalid port ({exc})") from None
         # libpq understands these under the same names; dropping sslmode=require silently would weaken TLS
         kept = {k: v for k, v in query.items() if backend == "postgresql" and k in _PG_JDBC_PARAMS}
+        # Connector/J's session variables: the MySQL dialect takes sql_mode and time_zone from them, as JDBC does
+        kept |= {k: v for k, v in query.items() if backend == "mysql" and k.lower() == "sessionvariables"}
         dropped_tls = sorted(k for k in query if "ssl" in k.lower() and k not in kept)
         if dropped_tls:
             raise OptionError(

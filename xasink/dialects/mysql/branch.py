@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import re
 from collections.abc import Iterator
 from typing import Any, Protocol
 
@@ -15,7 +14,7 @@ import pymysql
 
 from xasink.dialects.branch_session import BranchSession
 from xasink.dialects.mysql.encoding import check_empty_keys, encode_tsv, is_binary, is_text, python_rows
-from xasink.dialects.mysql.errors import PRIVILEGE_CODES, STATEMENT_WARNINGS
+from xasink.dialects.mysql.errors import PRIVILEGE_CODES, STATEMENT_WARNINGS, with_row_key
 from xasink.dialects.mysql.sql import (
     BRANCH_SQL_MODE,
     MAX_LOCK_WAIT,
@@ -39,6 +38,7 @@ class BranchHost(Protocol):
     """What a branch uses of its dialect (:class:`.dialect.MySQLDialect`), which imports this module."""
 
     settings: BranchSettings
+    session: dict[str, str]  # the URL's session variables the branch takes (sql.SESSION_VARIABLES)
     load_data_max_bytes: int
     max_stmt_bytes: int
 
@@ -53,28 +53,6 @@ class BranchHost(Protocol):
     ) -> BranchError: ...
 
 
-def with_row_key(error: BranchError, sent: list[pa.RecordBatch]) -> BranchError:
-    """The error with the server's "at row N" (N counts the rows of its LOAD DATA statement, not the partition's)
-    replaced by the row's key, as PostgreSQL names a failing row: ``in the row with id=278``."""
-    found = re.search(r" at row (\d+)", str(error))
-    if found is None:
-        return error
-    n = int(found.group(1)) - 1
-    for batch in sent:
-        if n < batch.num_rows:
-            key = ", ".join(f"{name}={_shown(batch.column(i)[n].as_py())}" for i, name in enumerate(batch.schema.names))
-            new = type(error)(str(error).replace(found.group(0), f" in the row with {key}", 1))
-            new.__dict__.update(error.__dict__)
-            return new
-        n -= batch.num_rows
-    return error
-
-
-def _shown(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
 class MySQLBranch(BranchSession):
     """A branch: one pymysql connection inside XA START .. XA PREPARE."""
 
@@ -87,6 +65,8 @@ class MySQLBranch(BranchSession):
         self.is_mariadb = "mariadb" in self.conn.get_server_info().lower()
         self.tag = branch_tag(xid.bqual)  # a keyed shadow's (batch, tag, row) key: this branch's tag
         try:
+            if "sql_mode" in dialect.session:  # the URL's, as JDBC's session sets it: the modes kept come from it
+                self.cursor.execute("SET SESSION sql_mode = %s", (dialect.session["sql_mode"],))
             # the owner lock names this session as the branch's owner until it has disconnected (see owner_lock)
             self.cursor.execute(
                 "SELECT CONNECTION_ID(), @@local_infile, @@max_allowed_packet, GET_LOCK(%s, 0), @@log_bin, "
@@ -101,18 +81,20 @@ class MySQLBranch(BranchSession):
             # the server's modes this session keeps (VALUE_MODES), as JDBC's does; two need LOAD DATA's help
             self.modes = frozenset(VALUE_MODES) & set(str(row[6] or "").upper().split(","))
             lock_wait = int(dialect.settings.lock_timeout) or MAX_LOCK_WAIT
+            zones = [dialect.session["time_zone"]] if "time_zone" in dialect.session else []
+            zone = "%s" if zones else "@@GLOBAL.time_zone"  # the URL's session zone, else the server's own
             self.cursor.execute(
                 # the server's own time zone, as Spark's JDBC writer's session has: a TIMESTAMP column reads
                 # the wall time it is sent (the session zone's, as JDBC sends it) in that zone.  A streamed
                 # LOAD DATA stays open while the task computes its next batch (see .stream): the server may
                 # wait on it as long as on an idle session between statements (wait_timeout, not
                 # net_read_timeout's 30 s), and MariaDB's max_statement_time must not cut it
-                f"SET SESSION sql_mode = {session_mode(VALUE_MODES)}, time_zone = @@GLOBAL.time_zone, "
+                f"SET SESSION sql_mode = {session_mode(VALUE_MODES)}, time_zone = {zone}, "
                 "innodb_lock_wait_timeout = %s, "
                 "net_read_timeout = GREATEST(@@SESSION.net_read_timeout, @@SESSION.wait_timeout), "
                 f"{'max_statement_time = 0, ' if self.is_mariadb else ''}"
                 f"{ROW_COUNTER} = 0",  # (a shadow's rows are numbered by it: see load_data_sql)
-                (BRANCH_SQL_MODE, lock_wait),
+                (BRANCH_SQL_MODE, *zones, lock_wait),
             )
         except Exception as exc:
             self._close()

@@ -18,13 +18,21 @@ from xasink.dialects.mysql import catalog, errors, health, preflight
 from xasink.dialects.mysql import merge as merge_sql
 from xasink.dialects.mysql.errors import BranchBusyError, LockBusyError
 from xasink.dialects.mysql.owner import DETACH_TIMEOUT_S, OWNER_WAIT_S, Owner, OwnerWatch
-from xasink.dialects.mysql.sql import APPLY_VALUE_MODES, BRANCH_SQL_MODE, SA_DIALECT, errno_of, session_mode
+from xasink.dialects.mysql.sql import (
+    APPLY_VALUE_MODES,
+    BRANCH_SQL_MODE,
+    SA_DIALECT,
+    errno_of,
+    session_mode,
+    session_variables,
+)
 from xasink.dialects.mysql.xa import ER_XAER_NOTA, foreign_gid, parse_foreign_gid, recovered, xa_literal, xid_literal
 from xasink.dialects.rendering import statement_text
 from xasink.dialects.values import (
     SHADOW_INDEX_SUFFIX,
     SHADOW_TAG_COLUMN,
     BlockedSession,
+    BranchSettings,
     DurabilityRisk,
     ErrorKind,
     Merge,
@@ -53,6 +61,13 @@ class MySQLDialect(Dialect):
     load_data_max_bytes = 64 << 20  # a streamed LOAD DATA statement ends once it has carried this much
     max_stmt_bytes = 4 << 20  # largest multi-row INSERT statement (capped by max_allowed_packet)
 
+    def __init__(self, url: sa.URL, settings: BranchSettings | None = None, pool_size: int = 0) -> None:
+        # the JDBC URL's sessionVariables: the driver knows no such parameter, the sessions take two of them
+        named = [k for k in url.query if k.lower() == "sessionvariables"]
+        given = url.query.get(named[0]) if named else None
+        self.session = session_variables(given if isinstance(given, str) else None)
+        super().__init__(url.difference_update_query(named), settings, pool_size)
+
     def connect_args(self) -> dict[str, Any]:
         return {"connect_timeout": 10, "charset": "utf8mb4"}
 
@@ -78,6 +93,8 @@ class MySQLDialect(Dialect):
         timeout = int(self.settings.control_lock_timeout)
         mode = session_mode(APPLY_VALUE_MODES)
         with dbapi_conn.cursor() as cur:
+            if "sql_mode" in self.session:  # the URL's, as JDBC's session sets it: the modes kept come from it
+                cur.execute("SET SESSION sql_mode = %s", (self.session["sql_mode"],))
             if timeout:
                 cur.execute(
                     f"SET SESSION sql_mode = {mode}, innodb_lock_wait_timeout = %s, lock_wait_timeout = %s",

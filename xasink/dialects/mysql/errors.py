@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pymysql
 import sqlalchemy as sa
@@ -13,6 +13,9 @@ from xasink.dialects.mysql.xa import ER_XAER_NOTA
 from xasink.dialects.values import ErrorKind, TargetPlan, branch_failed
 from xasink.errors import BranchError, XasinkError
 from xasink.protocol.xid import Xid
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 TRANSIENT_CODES = {
     1399,  # XAER_RMFAIL: the control session is in the wrong XA state; a fresh connection fixes it
@@ -174,3 +177,25 @@ def load_warning_error(
         more = f" (+{len(warnings) - 1} more)" if len(warnings) > 1 else ""
         return branch_error_for(code, f"LOAD DATA {str(level).lower()}: {text}{more}", xid, plan)
     return branch_error_for(None, f"LOAD DATA stored {loaded} of {expected} rows", xid, plan)
+
+
+def with_row_key(error: BranchError, sent: list[pa.RecordBatch]) -> BranchError:
+    """The error with the server's "at row N" (N counts the rows of its LOAD DATA statement, not the partition's)
+    replaced by the row's key, as PostgreSQL names a failing row: ``in the row with id=278``."""
+    found = re.search(r" at row (\d+)", str(error))
+    if found is None:
+        return error
+    n = int(found.group(1)) - 1
+    for batch in sent:
+        if n < batch.num_rows:
+            key = ", ".join(f"{name}={_shown(batch.column(i)[n].as_py())}" for i, name in enumerate(batch.schema.names))
+            new = type(error)(str(error).replace(found.group(0), f" in the row with {key}", 1))
+            new.__dict__.update(error.__dict__)
+            return new
+        n -= batch.num_rows
+    return error
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -3,6 +3,7 @@ settings, error numbers, and one pymysql tweak that makes connecting cheap."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pymysql
@@ -67,6 +68,25 @@ VALUE_MODES = (
 # its stored generated columns and defaults again (a date one: the date modes); but not EMPTY_STRING_IS_NULL,
 # which would make NULL of the decision log's own empty strings (its values are no literal of a copy)
 APPLY_VALUE_MODES = tuple(m for m in VALUE_MODES if m != "EMPTY_STRING_IS_NULL")
+
+
+# a JDBC URL's sessionVariables entry: name=value, the value maybe quoted (commas inside: sql_mode='A,B')
+_VARIABLE = re.compile(r"""\s*(?:@@)?(?:session\.)?(\w+)\s*=\s*('(?:[^']|'')*'|"[^"]*"|[^,]*?)\s*(?:,|$)""", re.I)
+# the session variables of a JDBC URL a branch takes too, as the values they change are JDBC's: others (a
+# lock wait, an isolation level) would change how xasink's own sessions work and are left out (docs/types.md)
+SESSION_VARIABLES = ("sql_mode", "time_zone")
+
+
+def session_variables(text: str | None) -> dict[str, str]:
+    """The URL's ``sessionVariables`` (Connector/J's: ``sql_mode='ANSI,STRICT_TRANS_TABLES',time_zone='+00:00'``)
+    that xasink's sessions take (:data:`SESSION_VARIABLES`), unquoted."""
+    found: dict[str, str] = {}
+    for name, value in _VARIABLE.findall(text or ""):
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1].replace("''", "'")
+        if name.lower() in SESSION_VARIABLES:
+            found[name.lower()] = value
+    return found
 
 
 def session_mode(kept: tuple[str, ...]) -> str:
