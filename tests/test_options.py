@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import psycopg2.extensions
@@ -454,13 +455,15 @@ def test_keyword_options_and_options_go_together_and_an_option_twice_is_refused(
     ],
     ids=["jdbc", "sqlalchemy"],
 )
-def test_mysql_session_variables_reach_the_sessions_not_the_driver(url: str) -> None:
+def test_mysql_session_variables_reach_the_sessions_not_the_driver(url: str, caplog: pytest.LogCaptureFixture) -> None:
     """Connector/J's sessionVariables: sql_mode and time_zone are set on xasink's sessions, as on JDBC's; the
-    rest are not, and pymysql, which knows no such parameter, never sees it."""
+    rest are not, which a warning says, and pymysql, which knows no such parameter, never sees it."""
     from xasink.dialects.mysql import MySQLDialect
 
     o = parse_options({"url": url, "dbtable": "t"})
-    dialect = MySQLDialect(o.url, o.branch_settings)
+    with caplog.at_level(logging.WARNING):
+        dialect = MySQLDialect(o.url, o.branch_settings)
+    assert "sessionVariables wait_timeout are not set on xasink's sessions" in caplog.text
     assert dialect.session == {"sql_mode": "ANSI,NO_AUTO_VALUE_ON_ZERO", "time_zone": "+00:00"}
     assert dict(dialect.url.query) == {}
     assert (dialect.url.host, dialect.url.database, dialect.url.username) == ("h", "d", "u")

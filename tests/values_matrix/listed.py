@@ -479,7 +479,7 @@ LISTED += [
             "BinaryType",
             "MariaDB ENUM, SET",
             "the member named by the bytes read as text (empty bytes into a SET: the empty set); other bytes are "
-            "refused by the server",
+            "refused by the server (in strict mode)",
             "refuses the column (\"encode it in Spark first\": `decode(col, 'UTF-8')` for bytes that are a member's "
             "name)",
         ),

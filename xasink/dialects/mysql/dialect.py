@@ -22,9 +22,10 @@ from xasink.dialects.mysql.sql import (
     APPLY_VALUE_MODES,
     BRANCH_SQL_MODE,
     SA_DIALECT,
+    SESSION_VARIABLES,
     errno_of,
     session_mode,
-    session_variables,
+    url_session_variables,
 )
 from xasink.dialects.mysql.xa import ER_XAER_NOTA, foreign_gid, parse_foreign_gid, recovered, xa_literal, xid_literal
 from xasink.dialects.rendering import statement_text
@@ -62,11 +63,8 @@ class MySQLDialect(Dialect):
     max_stmt_bytes = 4 << 20  # largest multi-row INSERT statement (capped by max_allowed_packet)
 
     def __init__(self, url: sa.URL, settings: BranchSettings | None = None, pool_size: int = 0) -> None:
-        # the JDBC URL's sessionVariables: the driver knows no such parameter, the sessions take two of them
-        named = [k for k in url.query if k.lower() == "sessionvariables"]
-        given = url.query.get(named[0]) if named else None
-        self.session = session_variables(given if isinstance(given, str) else None)
-        super().__init__(url.difference_update_query(named), settings, pool_size)
+        url, self.session = url_session_variables(url)  # (the driver knows no such URL parameter)
+        super().__init__(url, settings, pool_size)
 
     def connect_args(self) -> dict[str, Any]:
         return {"connect_timeout": 10, "charset": "utf8mb4"}
@@ -93,8 +91,9 @@ class MySQLDialect(Dialect):
         timeout = int(self.settings.control_lock_timeout)
         mode = session_mode(APPLY_VALUE_MODES)
         with dbapi_conn.cursor() as cur:
-            if "sql_mode" in self.session:  # the URL's, as JDBC's session sets it: the modes kept come from it
-                cur.execute("SET SESSION sql_mode = %s", (self.session["sql_mode"],))
+            for name in SESSION_VARIABLES:  # the URL's, as JDBC's session sets them (an apply's defaults read both)
+                if name in self.session:
+                    cur.execute(f"SET SESSION {name} = %s", (self.session[name],))
             if timeout:
                 cur.execute(
                     f"SET SESSION sql_mode = {mode}, innodb_lock_wait_timeout = %s, lock_wait_timeout = %s",

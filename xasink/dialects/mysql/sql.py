@@ -3,11 +3,13 @@ settings, error numbers, and one pymysql tweak that makes connecting cheap."""
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Any
 
 import pymysql
 from sqlalchemy.dialects.mysql import pymysql as sa_pymysql
+from sqlalchemy.engine import URL
 
 from xasink.dialects.values import TargetPlan
 
@@ -38,6 +40,7 @@ def _share_preferred_tls_context() -> None:
 
 _share_preferred_tls_context()
 
+log = logging.getLogger("xasink.dialects.mysql")
 SA_DIALECT = sa_pymysql.dialect()
 # identifiers for the statements a pymysql cursor runs as they are (the branch's): SQLAlchemy's own preparer
 # doubles '%' for the driver's formatting, which a statement run without parameters never undoes
@@ -78,15 +81,31 @@ SESSION_VARIABLES = ("sql_mode", "time_zone")
 
 
 def session_variables(text: str | None) -> dict[str, str]:
-    """The URL's ``sessionVariables`` (Connector/J's: ``sql_mode='ANSI,STRICT_TRANS_TABLES',time_zone='+00:00'``)
-    that xasink's sessions take (:data:`SESSION_VARIABLES`), unquoted."""
+    """The URL's ``sessionVariables`` (Connector/J's: ``sql_mode='ANSI,STRICT_TRANS_TABLES',time_zone='+00:00'``),
+    by lower-case name, unquoted; xasink's sessions take :data:`SESSION_VARIABLES` of them."""
     found: dict[str, str] = {}
     for name, value in _VARIABLE.findall(text or ""):
         if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
             value = value[1:-1].replace("''", "'")
-        if name.lower() in SESSION_VARIABLES:
-            found[name.lower()] = value
+        found[name.lower()] = value
     return found
+
+
+def url_session_variables(url: URL) -> tuple[URL, dict[str, str]]:
+    """The URL without its ``sessionVariables``, and those of them xasink's sessions set; the others are named
+    in a warning (JDBC's session sets them, xasink's do not)."""
+    named = [k for k in url.query if k.lower() == "sessionvariables"]
+    given = url.query.get(named[0]) if named else None
+    found = session_variables(given if isinstance(given, str) else None)
+    taken = {k: v for k, v in found.items() if k in SESSION_VARIABLES}
+    if set(found) - set(taken):
+        log.warning(
+            "the URL's sessionVariables %s are not set on xasink's sessions (Spark's JDBC writer sets them): only "
+            "%s are",
+            ", ".join(sorted(set(found) - set(taken))),
+            " and ".join(SESSION_VARIABLES),
+        )
+    return url.difference_update_query(named), taken
 
 
 def session_mode(kept: tuple[str, ...]) -> str:
