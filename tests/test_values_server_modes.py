@@ -36,6 +36,16 @@ MODES = (
     "NO_ENGINE_SUBSTITUTION"
 )
 
+ZERO_REFUSED = "sql_mode refuses (NO_ZERO_DATE, NO_ZERO_IN_DATE"
+
+
+def dates(columns: str, *values: str | None, refused: str | None = None, paths: tuple[str, ...] = PATHS) -> Case:
+    """Two rows whose first written column (after id and seq) takes ``values``, strings the server reads as dates."""
+    name = columns.split()[0]
+    data = {"id": ints(0, 1), "seq": ints(0, 0), name: pa.array(list(values), pa.string())}
+    return Case(MARIADB, f"id int PRIMARY KEY, seq int, {columns}", data, refused=refused, paths=paths)
+
+
 CHANGED = Case(
     MARIADB,
     "id int PRIMARY KEY, seq int, n int AUTO_INCREMENT UNIQUE KEY, t text, v varchar(5), b varbinary(5), "
@@ -62,33 +72,12 @@ CASES = {
     # a stored generated column is computed again by an overwrite's or change-data's apply, from the shadow's
     # rows, in a control session: under the server's date modes too (an adversary's review: the apply refused
     # an invalid date JDBC stores, and stored a zero date JDBC refuses)
-    "a-generated-date-from-an-invalid-date": Case(
-        MARIADB,
-        "id int PRIMARY KEY, seq int, s varchar(20), g date AS (s) STORED",
-        {"id": ints(0, 1), "seq": ints(0, 0), "s": pa.array(["2024-02-30", None])},
-        paths=PATHS,
+    "a-generated-date-from-an-invalid-date": dates("s varchar(20), g date AS (s) STORED", "2024-02-30", None),
+    "a-generated-date-from-a-zero-date": dates(
+        "s varchar(20), g date AS (s) STORED", "2024-01-15", "0000-00-00", refused="0000-00-00"
     ),
-    "a-generated-date-from-a-zero-date": Case(
-        MARIADB,
-        "id int PRIMARY KEY, seq int, s varchar(20), g date AS (s) STORED",
-        {"id": ints(0, 1), "seq": ints(0, 0), "s": pa.array(["2024-01-15", "0000-00-00"])},
-        refused="0000-00-00",
-        paths=PATHS,
-    ),
-    "maria-a-zero-date": Case(
-        MARIADB,
-        "id int PRIMARY KEY, seq int, d date",
-        {"id": ints(0, 1), "seq": ints(0, 0), "d": pa.array(["2024-01-15", "0000-00-00"])},
-        refused="sql_mode refuses (NO_ZERO_DATE, NO_ZERO_IN_DATE",
-        paths=PATHS,
-    ),
-    "maria-a-zero-in-a-date": Case(
-        MARIADB,
-        "id int PRIMARY KEY, seq int, d date",
-        {"id": ints(0, 1), "seq": ints(0, 0), "d": pa.array(["2024-01-15", "2024-00-10"])},
-        refused="sql_mode refuses (NO_ZERO_DATE, NO_ZERO_IN_DATE",
-        paths=("bulk",),
-    ),
+    "maria-a-zero-date": dates("d date", "2024-01-15", "0000-00-00", refused=ZERO_REFUSED),
+    "maria-a-zero-in-a-date": dates("d date", "2024-01-15", "2024-00-10", refused=ZERO_REFUSED, paths=("bulk",)),
 }
 
 
