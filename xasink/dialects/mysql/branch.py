@@ -22,6 +22,7 @@ from xasink.dialects.mysql.sql import (
     errno_of,
     quote_ident,
     session_mode,
+    set_url_session,
     table_name,
 )
 from xasink.dialects.mysql.stream import FileLoad, StreamedLoad, open_load
@@ -65,8 +66,7 @@ class MySQLBranch(BranchSession):
         self.is_mariadb = "mariadb" in self.conn.get_server_info().lower()
         self.tag = branch_tag(xid.bqual)  # a keyed shadow's (batch, tag, row) key: this branch's tag
         try:
-            if "sql_mode" in dialect.session:  # the URL's, as JDBC's session sets it: the modes kept come from it
-                self.cursor.execute("SET SESSION sql_mode = %s", (dialect.session["sql_mode"],))
+            set_url_session(self.cursor, dialect.session)
             # the owner lock names this session as the branch's owner until it has disconnected (see owner_lock)
             self.cursor.execute(
                 "SELECT CONNECTION_ID(), @@local_infile, @@max_allowed_packet, GET_LOCK(%s, 0), @@log_bin, "
@@ -81,20 +81,19 @@ class MySQLBranch(BranchSession):
             # the server's modes this session keeps (VALUE_MODES), as JDBC's does; two need LOAD DATA's help
             self.modes = frozenset(VALUE_MODES) & set(str(row[6] or "").upper().split(","))
             lock_wait = int(dialect.settings.lock_timeout) or MAX_LOCK_WAIT
-            zones = [dialect.session["time_zone"]] if "time_zone" in dialect.session else []
-            zone = "%s" if zones else "@@GLOBAL.time_zone"  # the URL's session zone, else the server's own
+            zone = "@@SESSION" if "time_zone" in dialect.session else "@@GLOBAL"  # the URL's zone, else the server's
             self.cursor.execute(
                 # the server's own time zone, as Spark's JDBC writer's session has: a TIMESTAMP column reads
                 # the wall time it is sent (the session zone's, as JDBC sends it) in that zone.  A streamed
                 # LOAD DATA stays open while the task computes its next batch (see .stream): the server may
                 # wait on it as long as on an idle session between statements (wait_timeout, not
                 # net_read_timeout's 30 s), and MariaDB's max_statement_time must not cut it
-                f"SET SESSION sql_mode = {session_mode(VALUE_MODES)}, time_zone = {zone}, "
+                f"SET SESSION sql_mode = {session_mode(VALUE_MODES)}, time_zone = {zone}.time_zone, "
                 "innodb_lock_wait_timeout = %s, "
                 "net_read_timeout = GREATEST(@@SESSION.net_read_timeout, @@SESSION.wait_timeout), "
                 f"{'max_statement_time = 0, ' if self.is_mariadb else ''}"
                 f"{ROW_COUNTER} = 0",  # (a shadow's rows are numbered by it: see load_data_sql)
-                (BRANCH_SQL_MODE, *zones, lock_wait),
+                (BRANCH_SQL_MODE, lock_wait),
             )
         except Exception as exc:
             self._close()

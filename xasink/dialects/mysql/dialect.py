@@ -22,9 +22,9 @@ from xasink.dialects.mysql.sql import (
     APPLY_VALUE_MODES,
     BRANCH_SQL_MODE,
     SA_DIALECT,
-    SESSION_VARIABLES,
     errno_of,
     session_mode,
+    set_url_session,
     url_session_variables,
 )
 from xasink.dialects.mysql.xa import ER_XAER_NOTA, foreign_gid, parse_foreign_gid, recovered, xa_literal, xid_literal
@@ -91,9 +91,7 @@ class MySQLDialect(Dialect):
         timeout = int(self.settings.control_lock_timeout)
         mode = session_mode(APPLY_VALUE_MODES)
         with dbapi_conn.cursor() as cur:
-            for name in SESSION_VARIABLES:  # the URL's, as JDBC's session sets them (an apply's defaults read both)
-                if name in self.session:
-                    cur.execute(f"SET SESSION {name} = %s", (self.session[name],))
+            set_url_session(cur, self.session)  # (an apply's defaults read its zone)
             if timeout:
                 cur.execute(
                     f"SET SESSION sql_mode = {mode}, innodb_lock_wait_timeout = %s, lock_wait_timeout = %s",

@@ -51,6 +51,9 @@ PRIVILEGE_CODES = {1227, 1044, 1142}
 # expression (a keyed shadow's row number in LOAD DATA's SET), which MariaDB does not
 STATEMENT_WARNINGS = {1287}
 
+# what three of the hints below add: LOAD DATA reports a zero date as out of range (1264) or truncated (1265)
+ZERO_DATE = "a date the server's sql_mode refuses (NO_ZERO_DATE, NO_ZERO_IN_DATE: 0000-00-00, a zero month or day)"
+
 # error (or LOAD DATA warning) codes a branch can fail with, and what the user should do about them
 BRANCH_HINTS = {
     1062: "duplicate key: the rows collide with rows already in the table (or in this batch); "
@@ -60,15 +63,14 @@ BRANCH_HINTS = {
     1364: "a NOT NULL column without a default is missing from the DataFrame: add the column",
     1406: "a string or binary value is longer than its column allows: widen the column or truncate the data",
     1264: "a value is out of range for its column: a number too large for its type (widen the column type), or "
-    "a date the server's sql_mode refuses (NO_ZERO_DATE, NO_ZERO_IN_DATE: 0000-00-00, a zero month or day)",
+    + ZERO_DATE,
     1366: "a string the column's type cannot read (not a number, date or member of it): cast or fix it in Spark first",
     1265: "a value does not fit its column: a string the column's type cannot read (not a number, date or member "
-    "of it), a string longer than its column allows, a number with too many digits, or a date the server's "
-    "sql_mode refuses (NO_ZERO_DATE, NO_ZERO_IN_DATE: 0000-00-00, a zero month or day): fix the data in Spark or "
-    "widen the column type",
+    f"of it), a string longer than its column allows, a number with too many digits, or {ZERO_DATE}: fix the "
+    "data in Spark or widen the column type",
     1292: "a date or time the column cannot hold: a string its type cannot read as one, or out of its range "
     "(DATETIME and DATE: the years 1000 to 9999; TIMESTAMP: 1970-01-01 00:00:01 to 2038-01-19 03:14:07 UTC), "
-    "or a date the server's sql_mode refuses (NO_ZERO_DATE, NO_ZERO_IN_DATE: 0000-00-00, a zero month or day)",
+    "or " + ZERO_DATE,
     1146: "the table does not exist (dropped or renamed after the write was planned)",
     1045: "access denied: check the 'user' and 'password' options",
     1142: "permission denied: grant INSERT (and UPDATE for upserts) on the table to the writing user",

@@ -108,6 +108,14 @@ def url_session_variables(url: URL) -> tuple[URL, dict[str, str]]:
     return url.difference_update_query(named), taken
 
 
+def set_url_session(cursor: Any, session: dict[str, str]) -> None:
+    """Set the URL's session variables (:func:`url_session_variables`) first, as JDBC's session has them: the
+    modes a session keeps come from that sql_mode, and its zone is that time_zone."""
+    for name in SESSION_VARIABLES:
+        if name in session:
+            cursor.execute(f"SET SESSION {name} = %s", (session[name],))
+
+
 def session_mode(kept: tuple[str, ...]) -> str:
     """The SQL expression of a session's new sql_mode: :data:`BRANCH_SQL_MODE` (a parameter, ``%s``) and those
     of ``kept`` (mode names of this module, never user text) that the session's present mode has, the server's
