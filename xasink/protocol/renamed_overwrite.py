@@ -29,9 +29,9 @@ from xasink.journal.records import BatchRecord
 from xasink.protocol.xid import Xid
 from xasink.support.faults import fault
 from xasink.write_modes.shadow import decided_rows
-from xasink.write_modes.spec import ApplySpec
+from xasink.write_modes.spec import ApplySpec, shadow_name
 from xasink.write_modes.statements import clear_batch
-from xasink.write_modes.swap import renamed_target, witness_batch, witness_name, witness_prefix
+from xasink.write_modes.swap import renamed_target, sink_witness_prefix, witness_batch, witness_name, witness_prefix
 
 log = logging.getLogger(__name__)
 
@@ -146,11 +146,32 @@ def drop_finished_witnesses(
     """Drop the witnesses of the sink's marked overwrites that a killed run left: each holds a copy of the table
     as it was.  Run by each renamed overwrite and each planning of an overwrite of the sink; a witness of a
     decided batch not marked yet is kept (its apply marks it, then drops it)."""
-    for name in swap.named_like(conn, spec.schema, witness_prefix(spec)):
-        batch = witness_batch(spec, name)
-        if batch is None:
-            continue
-        record = journal.get(conn, sink_id, batch)
-        if record is None or record.committed:
-            log.info("sink %s: dropping %s, left by batch %s's overwrite after its mark", sink_id, name, batch)
-            swap.drop(conn, spec.schema, name)
+    prefix = witness_prefix(spec)
+    for name in swap.named_like(conn, spec.schema, prefix):
+        _drop_if_finished(journal, swap, conn, sink_id, prefix, spec.schema, name)
+
+
+def sweep_witnesses(journal: Journal, swap: RenameSwap, conn: Connection, sink_id: str) -> list[str]:
+    """:func:`drop_finished_witnesses` of the sink in every schema the writer can see (``xasink recover``: a sink
+    that never runs again keeps no copy of an overwritten table); the names dropped."""
+    prefix = sink_witness_prefix(shadow_name(journal.prefix, journal.log_id(conn), sink_id))
+    return [
+        f"{schema}.{name}"
+        for schema, name in swap.everywhere(conn, prefix)
+        if _drop_if_finished(journal, swap, conn, sink_id, prefix, schema, name)
+    ]
+
+
+def _drop_if_finished(
+    journal: Journal, swap: RenameSwap, conn: Connection, sink_id: str, prefix: str, schema: str | None, name: str
+) -> bool:
+    batch = witness_batch(prefix, name)
+    if batch is None:
+        return False
+    record = journal.get(conn, sink_id, batch)
+    conn.rollback()
+    if record is not None and not record.committed:
+        return False  # (its apply marks it, then drops it)
+    log.info("sink %s: dropping %s, left by batch %s's overwrite after its mark", sink_id, name, batch)
+    swap.drop(conn, schema, name)
+    return True

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import zlib
 from collections.abc import Sequence
 
 import sqlalchemy as sa
@@ -26,10 +27,10 @@ log = logging.getLogger(__name__)
 
 
 def swap_name(spec: ApplySpec) -> str:
-    """The new storage's name while it is built (its shadow's, ``sh_`` made ``sw_``): one per decision log and
-    sink, and it exists only inside an apply transaction (renamed to the target's name, or rolled back)."""
-    head, _, tail = spec.shadow.rpartition("sh_")
-    return f"{head}sw_{tail}"
+    """The new storage's name while it is built: ``sw_`` and a hash of the shadow's name (one per decision log and
+    sink) and the target's, so one sink's overwrites of two tables at once never build into one table."""
+    head, _, _ = spec.shadow.rpartition("sh_")
+    return f"{head}sw_{zlib.crc32(f'{spec.shadow}:{spec.schema}.{spec.table}'.encode()):08x}"
 
 
 def swap_overwrite(
@@ -52,7 +53,12 @@ def swap_overwrite(
 
 def witness_prefix(spec: ApplySpec) -> str:
     """The start of the names the old storage of this sink's renamed overwrites takes (``sh_`` made ``so_``)."""
-    head, _, tail = spec.shadow.rpartition("sh_")
+    return sink_witness_prefix(spec.shadow)
+
+
+def sink_witness_prefix(shadow: str) -> str:
+    """:func:`witness_prefix` of the sink whose shadow is named ``shadow`` (:func:`spec.shadow_name`)."""
+    head, _, tail = shadow.rpartition("sh_")
     return f"{head}so_{tail}_"
 
 
@@ -64,10 +70,10 @@ def witness_name(spec: ApplySpec, batch_id: int, xids: Sequence[Xid]) -> str:
     return f"{witness_prefix(spec)}{batch_id}_{digest.hexdigest()}"
 
 
-def witness_batch(spec: ApplySpec, name: str) -> int | None:
-    """The batch a witness of this sink names (None: not such a name)."""
-    batch, _, digest = name[len(witness_prefix(spec)) :].partition("_")
-    return int(batch) if name.startswith(witness_prefix(spec)) and batch.isdigit() and digest else None
+def witness_batch(prefix: str, name: str) -> int | None:
+    """The batch a witness of the sink whose witnesses start with ``prefix`` names (None: not such a name)."""
+    batch, _, digest = name[len(prefix) :].partition("_")
+    return int(batch) if name.startswith(prefix) and batch.isdigit() and digest else None
 
 
 def renamed_target(spec: ApplySpec, batch_id: int, decided: DecidedRows) -> SwapTarget:
