@@ -21,17 +21,28 @@ import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.harness import expected, storage_of, swap_tables
+from tests.harness import expected, own_mariadb, run_driver, storage_of, swap_tables
 from tests.modes_driver import batch_direct, split
+from tests.procs import ROOT
 from tests.targets import MARIADB, Target, case
 
 pytestmark = pytest.mark.parametrize("db", [case(MARIADB)], indirect=True)
 
+
+@pytest.fixture(scope="module")
+def mariadb_url() -> Iterator[str]:
+    """A server of this module's own (:func:`tests.harness.own_mariadb`): the rename must not meet other files'
+    snapshots."""
+    yield from own_mariadb("rename")
+
+
 COLUMNS = {"id": "int", "name": "string"}
+DRIVER = ROOT / "tests" / "modes_driver.py"
 NEW = expected(range(200, 500))
 SWAPPED = "by a swap"
 IN_PLACE = "not by a swap"
@@ -248,26 +259,30 @@ def test_an_older_repeatable_read_snapshot_makes_it_overwrite_in_place(
 # --------------------------------------------------------------------------- what the adversary found
 
 
-def test_one_sink_overwriting_two_tables_at_once_builds_each_apart(db: Target, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_one_sink_overwriting_two_tables_at_once_builds_each_apart(db: Target, tmp_path: Path) -> None:
     """One sink's batch 1 overwrites a table and waits between its build and its rename; meanwhile its batch 2
-    overwrites another table.  The new table was named by the sink alone: batch 2's build dropped batch 1's and
-    made it like its own table, and batch 1's rename put batch 2's rows and definition into the first table
-    (adversary).  It is named by the sink and the table now."""
+    overwrites another table (two driver processes).  The new table was named by the sink alone: batch 2's build
+    dropped batch 1's and made it like its own table, and batch 1's rename put batch 2's rows and definition into
+    the first table (adversary).  It is named by the sink and the table now."""
     first, second = db.new_table(), db.new_table()
     db.keyed_table(first)
     db.create_table(second, "id int PRIMARY KEY, name text, only_here int DEFAULT 7")
     for t in (first, second):
         db.execute(f"INSERT INTO {db.q(t)} (id, name) SELECT seq, concat('o', seq) FROM seq_0_to_99")
-    s = f"rn-{uuid.uuid4().hex[:8]}"
-    monkeypatch.setenv("XASINK_FAULT", "driver.swap_built:sleep=4")
+    s, held = f"rn-{uuid.uuid4().hex[:8]}", "driver.swap_built:sleep=6"
+
+    def run(table: str, batch: int, first_id: int, n: int) -> int:
+        args = ["direct", db.url, table, s, str(batch), str(first_id), str(n), "2"]
+        return run_driver(DRIVER, args, held, tmp_path / f"{batch}.log")
+
     with ThreadPoolExecutor(2) as pool:
-        one = pool.submit(batch_direct, db.url, first, s, 1, COLUMNS, split(1000, 30, 2))
-        deadline = time.monotonic() + 60
+        one = pool.submit(run, first, 1, 1000, 30)
+        deadline = time.monotonic() + 120
         while not swap_tables(db):  # batch 1's new table is built: it sleeps before its rename
             assert time.monotonic() < deadline and not one.done(), "batch 1 never built its new table"
             time.sleep(0.05)
-        two = pool.submit(batch_direct, db.url, second, s, 2, COLUMNS, split(5000, 20, 2))
-        assert one.result(timeout=120).rows == 30 and two.result(timeout=120).rows == 20
+        two = pool.submit(run, second, 2, 5000, 20)
+        assert (one.result(timeout=300), two.result(timeout=300)) == (0, 0)
     assert db.rows(first, "id") == expected(range(1000, 1030))
     assert [r[:2] for r in db.rows(second, "id")] == expected(range(5000, 5020))
     assert "only_here" not in db.execute(f"SHOW CREATE TABLE {db.q(first)}")[0][1]

@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from tests.harness import assert_settled, expected, fill, run_driver, shadow_rows, storage_of, swap_tables
+from tests.harness import assert_settled, expected, fill, own_mariadb, run_driver, shadow_rows, storage_of, swap_tables
 from tests.leaks import run_cli
 from tests.modes_driver import complete_query, overwrite_direct, split
 from tests.procs import ROOT, tail
@@ -42,6 +42,13 @@ pytestmark = pytest.mark.crash
 DRIVER = ROOT / "tests" / "modes_driver.py"
 N, FIRST, PARTITIONS, BATCH = 300, 150, 3, 4  # old ids 0..299, new ids 150..449: half the keys kept
 OLD, NEW = expected(range(N), tag="o"), expected(range(FIRST, FIRST + N))
+
+
+@pytest.fixture(scope="module")
+def mariadb_url() -> Iterator[str]:
+    """A server of this module's own (:func:`tests.harness.own_mariadb`): the rename must not meet other files'
+    snapshots."""
+    yield from own_mariadb("crash")
 
 
 @pytest.fixture

@@ -56,9 +56,10 @@ class ApplyStep:
         """
         dialect = self.journal.dialect
         sent = False  # an apply's COMMIT was sent and no answer came: it may have taken effect
+        in_place = False  # a rename of this batch was refused: its tries go in place from then on
 
         def step() -> bool:
-            nonlocal sent
+            nonlocal sent, in_place
             with dialect.connect() as conn:
                 lock = apply_lock_name(spec, session_schema(conn))
                 if dialect.apply_isolation is not None:
@@ -73,8 +74,11 @@ class ApplyStep:
                     renamed = self._renamed(spec, batch_id, xids)
                     if renamed is not None:
                         sent = True  # (from its rename on, the table shows the batch's rows)
-                        done = renamed.apply(conn, decided, lambda c, d: self._same(c, d, xids), commit_ms)
+                        done = renamed.apply(
+                            conn, decided, lambda c, d: self._same(c, d, xids), commit_ms, rename=not in_place
+                        )
                         sent = False
+                        in_place = done is None  # (its next tries too: the table would only be built again)
                         if done is not None:
                             if done:
                                 log.info(

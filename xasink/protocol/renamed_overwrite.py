@@ -57,16 +57,19 @@ class RenamedOverwrite:
         decided: BatchRecord | None,
         same: Callable[[Connection, BatchRecord | None], bool],
         commit_ms: int | None,
+        rename: bool = True,
     ) -> bool | None:
         """Inside the apply's transaction, its lock held.  True: applied and marked now; False: nothing left to
         do (applied before, or withdrawn: the log says which); None: the table is overwritten in place instead
-        (the log says why), ``conn`` still in its transaction."""
+        (the log says why; without ``rename``, an earlier try's refusal), ``conn`` still in its transaction."""
         if self.finish_witnessed(conn, decided, same, commit_ms):
             return True
         if not conn.in_transaction():  # a witness was found and the batch was marked already
             return False
         if decided is None or decided.committed or not same(conn, decided):
             return False
+        if not rename:
+            return None
         why = self._refusal(conn)
         if why is not None:
             log.info("overwrite of %s applied in place (DELETE + INSERT), not by a swap: %s", self._where(), why)
