@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 import uuid
 from abc import ABC, abstractmethod
@@ -635,12 +636,23 @@ class MariaDBTarget(Target):
         cursor.execute(f"SET SESSION innodb_lock_wait_timeout = {int(seconds)}")
 
     def lock_waiters(self, statement_like: str = "%") -> list[str]:
-        # InnoDB's row-lock waits (INNODB_TRX is refreshed at most every 0.1 s: a poll sees a wait a little late)
-        q = (
-            "SELECT trx_mysql_thread_id FROM information_schema.INNODB_TRX "
-            "WHERE trx_state = 'LOCK WAIT' AND trx_query LIKE %s AND trx_mysql_thread_id <> CONNECTION_ID()"
-        )
-        return [str(ident) for (ident,) in self.execute(q, statement_like)]
+        # InnoDB's row-lock waits.  INNODB_TRX is a cache that InnoDB refreshes only when it was last read more
+        # than 0.1 s ago (the whole server's reads): a caller polling every 0.05 s would read the same stale
+        # cache forever, so the reads of this process keep that distance
+        with _TRX_CACHE_PACE:
+            time.sleep(max(0.0, _trx_cache_read[0] + 0.12 - time.monotonic()))
+            q = (
+                "SELECT trx_mysql_thread_id FROM information_schema.INNODB_TRX "
+                "WHERE trx_state = 'LOCK WAIT' AND trx_query LIKE %s AND trx_mysql_thread_id <> CONNECTION_ID()"
+            )
+            try:
+                return [str(ident) for (ident,) in self.execute(q, statement_like)]
+            finally:
+                _trx_cache_read[0] = time.monotonic()
+
+
+_TRX_CACHE_PACE = threading.Lock()
+_trx_cache_read = [0.0]  # when this process last read INNODB_TRX (MariaDBTarget.lock_waiters)
 
 
 def is_lock_timeout(target: Target, exc: BaseException) -> bool:

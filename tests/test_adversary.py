@@ -15,7 +15,9 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from tests.cluster import wait_for
 from tests.doc_cases import raises
+from tests.harness import fault_reached
 from tests.scenarios.driver import _Phase, arrow_schema, record_batch, write
 from tests.targets import MARIADB, POSTGRESQL, Target, case
 from xasink.errors import ApplyError, CommitIncompleteError, ReplayIncompleteError
@@ -75,13 +77,16 @@ def test_apply_error_after_a_recovery_applied_the_batch_is_not_reported_as_nothi
     sink = f"adv-{uuid.uuid4().hex[:8]}"
     options = change_data_options(db, table, sink, 1)
     monkeypatch.setenv("XASINK_FAULT", "driver.after_commits:sleep=3")
-    t, result = in_thread({"options": options, "save_mode": "append", "partitions": [[[1, "bad", 5, False]]]})
-    time.sleep(1.5)  # decided, its branches committed into the shadow, sleeping before the apply
+    with fault_reached("driver.after_commits") as stalled:
+        t, result = in_thread({"options": options, "save_mode": "append", "partitions": [[[1, "bad", 5, False]]]})
+        # decided, its branches committed into the shadow: stalled for 3 s before the apply
+        assert stalled.wait(120), f"the run never reached its commits: {result!r}"
     with db.connect() as lock, lock.cursor() as cur:
         cur.execute("BEGIN")
         cur.execute(f"SELECT sink_id FROM {db.q('xasink_sinks')} WHERE sink_id = %s FOR UPDATE", (sink,))
-        time.sleep(4)  # the apply failed on the check; the withdrawal waits for the sink lock
-        assert t.is_alive()
+        # the stall ends, the apply fails on the check, the withdrawal waits for the sink lock held here
+        wait_for(lambda: db.lock_waiters("%xasink_sinks%"), 120, "the withdrawal to wait for the sink row")
+        assert t.is_alive() and not result, result
         db.execute(f"ALTER TABLE {db.q(table)} DROP CONSTRAINT adv_no_bad")
         monkeypatch.delenv("XASINK_FAULT")
         recovery = Coordinator(parse_options(options))
