@@ -135,8 +135,8 @@ def failed_tasks(spark: SparkSession, jobs: list[int]) -> int:
     """How many task attempts of ``jobs`` (ids from :func:`spark_jobs`) failed: a lock wait past lockTimeout,
     a deadlock's victim, a retried branch all show here, whatever the machine's speed."""
     tracker = spark.sparkContext.statusTracker()
-    stages = [s for j in jobs if (info := tracker.getJobInfo(j)) is not None for s in info.stageIds]
-    return sum(info.numFailedTasks for s in stages if (info := tracker.getStageInfo(s)) is not None)
+    stages = [s for j in jobs if (job := tracker.getJobInfo(j)) is not None for s in job.stageIds]
+    return sum(int(stage.numFailedTasks) for s in stages if (stage := tracker.getStageInfo(s)) is not None)
 
 
 def fill(db: Target, table: str, rows: list[tuple[int, str]]) -> None:
