@@ -575,6 +575,42 @@ def fault_reached(point: str) -> Iterator[threading.Event]:
         logger.removeHandler(handler)
 
 
+@dataclass
+class Hold:
+    """Runs of this process held at a fault point (:func:`held_at`) until the test releases them."""
+
+    point: str
+    reached: threading.Event
+    released: threading.Event
+
+    def wait(self, timeout_s: float = 120.0, what: Callable[[], object] | None = None) -> None:
+        """Until a run stands at the point (``what``: the run's outcome so far, for the failure message)."""
+        if not self.reached.wait(timeout_s):
+            so_far = f": {what()!r}" if what else ""
+            raise AssertionError(f"no run reached {self.point} in {timeout_s:.0f} s{so_far}")
+
+    def release(self) -> None:
+        self.released.set()
+
+
+@contextmanager
+def held_at(monkeypatch: pytest.MonkeyPatch, spec: str) -> Iterator[Hold]:
+    """This process's runs stop at the fault point of ``spec`` (``point[:b=BATCH]``, in ``XASINK_FAULT``) until
+    the test calls :meth:`Hold.release` (at the latest when the block ends): a test acts while a run stands
+    there, on a fast machine or a slow one, instead of racing a fixed sleep.  Only runs in this process."""
+    import xasink.support.faults as faults
+
+    released = threading.Event()
+    monkeypatch.setattr(faults, "time", SimpleNamespace(sleep=released.wait))
+    monkeypatch.setenv(faults.ENV, f"{spec}:sleep=600")
+    point = spec.split(":")[0]
+    with fault_reached(point) as reached:
+        try:
+            yield Hold(point, reached, released)
+        finally:
+            released.set()
+
+
 @contextmanager
 def log_table_locked(log: Target, table: str = "xasink_batches") -> Iterator[None]:
     """Another session holds a table lock on the decision log's ``table`` that blocks its reads (PostgreSQL

@@ -17,11 +17,11 @@ import pytest
 
 from tests.cluster import wait_for
 from tests.doc_cases import raises
-from tests.harness import fault_reached
+from tests.harness import held_at
 from tests.scenarios.driver import _Phase, arrow_schema, record_batch, write
 from tests.targets import MARIADB, POSTGRESQL, Target, case
 from xasink.errors import ApplyError, CommitIncompleteError, ReplayIncompleteError
-from xasink.options import parse_options
+from xasink.options import WriteOptions, parse_options
 from xasink.protocol.coordinator import Coordinator
 from xasink.protocol.liveness import InProcessGuard
 from xasink.protocol.partition_writer import write_partition
@@ -76,15 +76,12 @@ def test_apply_error_after_a_recovery_applied_the_batch_is_not_reported_as_nothi
     )
     sink = f"adv-{uuid.uuid4().hex[:8]}"
     options = change_data_options(db, table, sink, 1)
-    monkeypatch.setenv("XASINK_FAULT", "driver.after_commits:sleep=3")
-    with fault_reached("driver.after_commits") as stalled:
+    with held_at(monkeypatch, "driver.after_commits") as hold, db.connect() as lock, lock.cursor() as cur:
         t, result = in_thread({"options": options, "save_mode": "append", "partitions": [[[1, "bad", 5, False]]]})
-        # decided, its branches committed into the shadow: stalled for 3 s before the apply
-        assert stalled.wait(120), f"the run never reached its commits: {result!r}"
-    with db.connect() as lock, lock.cursor() as cur:
+        hold.wait(what=lambda: result)  # decided, its branches committed into the shadow, before the apply
         cur.execute("BEGIN")
         cur.execute(f"SELECT sink_id FROM {db.q('xasink_sinks')} WHERE sink_id = %s FOR UPDATE", (sink,))
-        # the stall ends, the apply fails on the check, the withdrawal waits for the sink lock held here
+        hold.release()  # the apply fails on the check, the withdrawal waits for the sink lock held here
         wait_for(lambda: db.lock_waiters("%xasink_sinks%"), 120, "the withdrawal to wait for the sink row")
         assert t.is_alive() and not result, result
         db.execute(f"ALTER TABLE {db.q(table)} DROP CONSTRAINT adv_no_bad")
@@ -101,6 +98,29 @@ def test_apply_error_after_a_recovery_applied_the_batch_is_not_reported_as_nothi
     decision = db.decision(sink, 1)
     assert decision is not None
     assert "error" not in result, repr(result.get("error"))
+
+
+def prepare_orphan(opts: WriteOptions) -> None:
+    """A branch of the sink's batch 5 prepared into the change-data shadow and never decided: an orphan."""
+    c = Coordinator(opts)
+    try:
+        with c.dialect.connect() as conn:
+            plan = plan_target(
+                c.dialect, conn, opts, pa.schema([f for f in arrow_schema(True) if f.name != "is_delete"])
+            )
+            apply = spec_for(opts, plan, c.journal.log_id())
+        write_partition(
+            opts,
+            shadow_plan(plan, apply, "is_delete"),
+            batch_id=5,
+            partition=0,
+            task_attempt_id=0,
+            run=new_run_nonce(),
+            batches=[record_batch([[7, "x", 1, False]], arrow_schema(True))],
+            log_id=c.journal.log_id(),
+        )
+    finally:
+        c.close()
 
 
 @contextmanager
@@ -168,7 +188,6 @@ def decided_while_recovery_waits(db: Target, monkeypatch: pytest.MonkeyPatch) ->
             "VALUES (%s, 1, 'committing', '[]', 0, 0, 0, now(), false)",
             (sink,),
         )
-        monkeypatch.setenv("XASINK_FAULT", "driver.after_decide:sleep=6")  # A "dies" right after deciding
         result: dict[str, Any] = {}
 
         def commit() -> None:
@@ -177,19 +196,24 @@ def decided_while_recovery_waits(db: Target, monkeypatch: pytest.MonkeyPatch) ->
             except Exception as exc:  # noqa: BLE001 - the outcome is what is checked
                 result["error"] = exc
 
-        ta = threading.Thread(target=commit)
-        ta.start()
-        time.sleep(1.5)  # A holds the sink lock, its decision waits on the blocker's row
-        r = Coordinator(parse_options(options))
-        report: dict[str, Any] = {}
-        tr = threading.Thread(target=lambda: report.setdefault("r", r.recover()))
-        tr.start()
-        time.sleep(1.5)  # the recovery waits for the sink lock
-        guard.close()  # A's driver is gone (its run guard with it)
-        keeper.close()
-        cur.execute("ROLLBACK")  # A's decision goes through and A sleeps; the recovery gets the lock
-    tr.join(30)
-    ta.join(30)
+        with held_at(monkeypatch, "driver.after_decide") as hold:  # A "dies" right after deciding
+            ta = threading.Thread(target=commit)
+            ta.start()
+            # A holds the sink lock, its decision waits on the blocker's row
+            wait_for(lambda: db.lock_waiters("%xasink_batches%"), 120, "A's decision to wait on the blocker's row")
+            r = Coordinator(parse_options(options))
+            report: dict[str, Any] = {}
+            tr = threading.Thread(target=lambda: report.setdefault("r", r.recover()))
+            tr.start()
+            wait_for(lambda: db.lock_waiters("%xasink_sinks%"), 120, "the recovery to wait for the sink lock")
+            guard.close()  # A's driver is gone (its run guard with it)
+            keeper.close()
+            cur.execute("ROLLBACK")  # A's decision goes through and A stands still; the recovery gets the lock
+            hold.wait(what=lambda: result)
+            tr.join(120)
+            assert not tr.is_alive()
+        ta.join(120)
+        assert not ta.is_alive()
     r.close()
     a.close()
     decision = db.decision(sink, 1)
@@ -229,7 +253,7 @@ def test_apply_lock_held_past_the_commit_timeout_says_the_batch_is_decided(
             lambda **_: None,
             _Phase(),
         )
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 180  # (a hang, not a timing: a loaded CI is slow)
         while db.decision(sink, 1) is None:
             assert time.monotonic() < deadline and not job.done(), "the batch was never decided"
             time.sleep(0.02)
@@ -276,28 +300,6 @@ def test_recovery_of_a_batch_withdrawn_meanwhile_is_not_a_journal_error(
     sink = f"adv-{uuid.uuid4().hex[:8]}"
     options = change_data_options(db, table, sink, 1)
     opts = parse_options(options)
-    monkeypatch.setenv("XASINK_FAULT", "driver.after_commits:sleep=4")
-    t, result = in_thread({"options": options, "save_mode": "append", "partitions": [[[1, "bad", 5, False]]]})
-    time.sleep(1.5)  # decided, sleeping before the apply
-    c = Coordinator(opts)
-    try:  # an orphan of the sink, made now (the writer's planning recovery would roll it back)
-        with c.dialect.connect() as conn:
-            plan = plan_target(
-                c.dialect, conn, opts, pa.schema([f for f in arrow_schema(True) if f.name != "is_delete"])
-            )
-            apply = spec_for(opts, plan, c.journal.log_id())
-        write_partition(
-            opts,
-            shadow_plan(plan, apply, "is_delete"),
-            batch_id=5,
-            partition=0,
-            task_attempt_id=0,
-            run=new_run_nonce(),
-            batches=[record_batch([[7, "x", 1, False]], arrow_schema(True))],
-            log_id=c.journal.log_id(),
-        )
-    finally:
-        c.close()
     report: dict[str, Any] = {}
     r = Coordinator(opts)
 
@@ -307,17 +309,23 @@ def test_recovery_of_a_batch_withdrawn_meanwhile_is_not_a_journal_error(
         except Exception as exc:  # noqa: BLE001 - the outcome is what is checked
             report["error"] = exc
 
-    with db.connect() as lock, lock.cursor() as cur:
+    with held_at(monkeypatch, "driver.after_commits") as hold, db.connect() as lock, lock.cursor() as cur:
+        t, result = in_thread({"options": options, "save_mode": "append", "partitions": [[[1, "bad", 5, False]]]})
+        hold.wait(what=lambda: result)  # decided, its branches committed, before the apply
+        prepare_orphan(opts)  # (the writer's planning recovery would have rolled it back)
         cur.execute("BEGIN")
         cur.execute(f"SELECT sink_id FROM {db.q('xasink_sinks')} WHERE sink_id = %s FOR UPDATE", (sink,))
-        time.sleep(4)  # the apply failed on the check; the withdrawal waits for the sink lock
+        hold.release()  # the apply fails on the check; the withdrawal waits for the sink lock
+        wait_for(lambda: db.lock_waiters("%xasink_sinks%"), 120, "the withdrawal to wait for the sink row")
         monkeypatch.delenv("XASINK_FAULT")
         tr = threading.Thread(target=recover)
         tr.start()
-        time.sleep(1.5)  # the recovery read batch 1 as pending and waits for the sink lock too
+        # the recovery read batch 1 as pending and waits for the sink lock too
+        wait_for(lambda: len(db.lock_waiters("%xasink_sinks%")) >= 2, 120, "the recovery to wait for the sink row")
         cur.execute("COMMIT")
-    t.join(60)
-    tr.join(60)
+    t.join(120)
+    tr.join(120)
+    assert not t.is_alive() and not tr.is_alive()
     r.close()
     assert isinstance(result.get("error"), ApplyError), result
     assert db.decision(sink, 1) is None  # withdrawn

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from tests.cluster import wait_for
 from tests.harness import (
     apply_lock_held,
     assert_settled,
@@ -322,7 +323,8 @@ def test_a_blocked_batch_whose_abort_meets_a_held_sink_row_is_told_blocked(
         with ThreadPoolExecutor(1) as pool:
             job = pool.submit(overwrite_direct, db.url, table, b, 1, split(200, 10, 2), **opts)
             wait_prepared(db, b)
-            time.sleep(1.5)  # B tries to finish A's batch (its apply waits for the open insert)
+            # B tries to finish A's batch (its apply waits for the open insert)
+            wait_for(lambda: db.lock_waiters(f"%{table}%"), 120, "B's apply of A's batch to wait for the open insert")
             with sink_row_locked(db, b):
                 with pytest.raises(BatchAbortedError):
                     job.result(timeout=60)
@@ -379,7 +381,7 @@ def test_an_apply_failing_for_its_rows_while_the_log_row_is_held_is_told_decided
     opts: dict[str, Any] = {"controlLockTimeout": 1, "commitTimeout": 4}
     with ThreadPoolExecutor(1) as pool:
         job = pool.submit(overwrite_direct, db.url, table, s, 1, split(100, 10, 2), **opts)
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 180  # (a hang, not a timing: a loaded CI is slow)
         while db.decision(s, 1) is None:
             assert time.monotonic() < deadline and not job.done(), "the batch was never decided"
             time.sleep(0.02)

@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import logging
 import re
-import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 
+from tests.cluster import wait_for
 from tests.doc_cases import raises
-from tests.harness import assert_settled, shadow_rows
+from tests.harness import assert_settled, held_at, shadow_rows
 from tests.modes_driver import batch_direct, prepare_stray_branch
 from tests.targets import MARIADB, POSTGRESQL, Target, case
 from xasink.errors import ApplyError
@@ -137,20 +137,17 @@ def test_a_change_data_apply_never_waits_on_another_runs_branch_of_the_shadow(
     db.create_table(table, "id int PRIMARY KEY, name varchar(20), seq bigint")
     db.execute(f"INSERT INTO {db.q(table)} VALUES (1, 'a', 1), (2, 'b', 1), (3, 'c', 1)")
     caplog.set_level(logging.INFO, logger="xasink.protocol.apply_step")
-    monkeypatch.setenv("XASINK_FAULT", "driver.after_commits:sleep=3")
     s = sink()
     opts: dict[str, Any] = {"controlLockTimeout": 2, "commitTimeout": 8}  # a wait on the stray's rows fails the write
     mine: Partitions = [[(1, "a2", 2, False), (2, None, 2, True)], [(4, "d", 2, False), (1, "a3", 3, False)]]
-    with ThreadPoolExecutor(1) as pool:
+    with held_at(monkeypatch, "driver.after_commits") as hold, ThreadPoolExecutor(1) as pool:
         job = pool.submit(changes, db, table, s, 0, mine, **opts)
-        deadline = time.monotonic() + 60
-        while db.decision(s, 0) is None or db.prepared(s):
-            assert time.monotonic() < deadline and not job.done(), "the driver never reached its commits"
-            time.sleep(0.05)
+        hold.wait(what=lambda: job.done() and job.exception())
         stray_rows = [(1, "stray", 9, False), (3, None, 9, True), (5, "stray", 9, False)]
         stray = prepare_stray_branch(db.url, table, s, 0, stray_rows, COLUMNS, "append", **OPTIONS, **opts)
         assert not job.done()
-        job.result(timeout=60)
+        hold.release()
+        job.result(timeout=120)
     assert written(caplog, s, 0) == 2
     assert db.rows(table) == [(1, "a3", 3), (3, "c", 1), (4, "d", 2)]
     assert db.prepared(s) == [stray] if db.kind == POSTGRESQL else len(db.prepared(s)) == 1  # left to its run
@@ -482,7 +479,14 @@ def test_a_shadow_an_earlier_xasink_made_keeps_a_decided_batch_whose_branches_co
     assert len(db.prepared(s)) == 2
     with ThreadPoolExecutor(1) as pool:
         later = pool.submit(batch_direct, db.url, table, s, 2, columns, [[("e", "e1", 4, False)]], "append", **OPTIONS)
-        time.sleep(2)  # the mend waits for the prepared branches' table lock
+        # the mend's ALTER of the shadow waits for the prepared branches' locks ('Committing alter table to
+        # storage engine', or waiting for the metadata lock)
+        mending = (
+            "SELECT ID FROM information_schema.PROCESSLIST WHERE DB = DATABASE() AND ID <> CONNECTION_ID() "
+            "AND INFO LIKE 'ALTER TABLE xasink\\_sh\\_%'"
+        )
+        wait_for(lambda: db.execute(mending) or later.done(), 180, "the mend to wait for the branches' locks")
+        assert not later.done(), later.result()
         report = admin.recover(db.url, sink_id=s, older_than_s=0)
         later.result()
     assert not report.unfinished, report

@@ -27,6 +27,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 import xasink
+from tests.cluster import wait_for
 from tests.harness import BATCH, PARTITIONS, N, expected, frame, run_crash_driver
 from tests.procs import tail
 from tests.targets import MARIADB, Target, is_lock_timeout
@@ -179,7 +180,8 @@ def test_branches_of_a_killed_driver_block_a_writer_until_recovery(db: Target, t
     done = threading.Event()
     with ThreadPoolExecutor(1) as pool:
         waiting = pool.submit(insert_waiting, db, table, (PER + 1, "other"), 120, done)
-        assert not done.wait(3), f"the second writer was not blocked: {waiting.result()!r}"
+        wait_for(lambda: db.lock_waiters(f"%{table}%") or done.is_set(), 60, "the writer to wait on the branch's key")
+        assert not done.is_set(), f"the second writer was not blocked: {waiting.result()!r}"
         report = admin.recover(db.url, older_than_s=0)
         assert not report.errors, report.errors
         assert done.wait(30), "the writer still waits after recovery rolled the branches back"

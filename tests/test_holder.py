@@ -10,7 +10,6 @@ decision log, and (the ``db`` fixture) that nothing is left prepared.
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -20,6 +19,7 @@ import pytest
 import sqlalchemy as sa
 from pyspark.sql.types import IntegerType, StringType, StructField, StructType
 
+from tests.cluster import wait_for
 from tests.doc_cases import raises
 from tests.harness import with_statement_timeout
 from tests.targets import Target
@@ -346,9 +346,10 @@ def cancelled_error(dialect: Dialect, db: Target, table: str) -> sa.exc.DBAPIErr
             cur.execute(f"UPDATE {t} SET name = 'held' WHERE id = 1")
             waiter = threading.Thread(target=wait)
             waiter.start()
-            time.sleep(0.5)
+            wait_for(lambda: db.lock_waiters("%SET name = 'waiting'%"), 60, "the UPDATE to wait for the row")
             cur.execute(f"SELECT pg_cancel_backend({pid})" if db.kind == "postgresql" else f"KILL QUERY {pid}")
-            waiter.join(10)
+            waiter.join(60)
+            assert not waiter.is_alive()
         holder.rollback()
         conn.rollback()
     assert found and isinstance(found[0], sa.exc.DBAPIError), found

@@ -89,7 +89,7 @@ def _listed(url: str, xid: Xid) -> bool:
 
 def _finish(dialect: MySQLDialect, conn: object, url: str, xid: Xid, verb: str) -> None:
     """COMMIT or ROLLBACK the branch as the coordinator and a sweep do: again while its owner is still attached."""
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 180  # (a hang, not a timing: a loaded CI is slow)
     while True:
         try:
             if verb == "COMMIT":
