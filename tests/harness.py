@@ -157,6 +157,23 @@ def shadow_rows(db: Target) -> int:
     return sum(int(db.execute(f"SELECT count(*) FROM {db.q(n)}")[0][0]) for n in shadow_tables(db))
 
 
+def storage_of(db: Target, table: str) -> int:
+    """The table's storage, which an overwrite's swap changes: PostgreSQL's OID, InnoDB's table id."""
+    if db.kind == POSTGRESQL:
+        return int(db.execute("SELECT %s::regclass::oid", db.q(table))[0][0])
+    found = "SELECT TABLE_ID FROM information_schema.INNODB_SYS_TABLES WHERE NAME = CONCAT(DATABASE(), '/', %s)"
+    return int(db.execute(found, table)[0][0])
+
+
+def swap_tables(db: Target) -> list[str]:
+    """The tables a swap builds under other names (``xasink_sw_``), and the old storage a MariaDB swap keeps as
+    its witness until the batch is marked (``xasink_so_``): none outlives a finished overwrite."""
+    if db.kind == POSTGRESQL:
+        return [r[0] for r in db.execute("SELECT relname FROM pg_class WHERE relname LIKE %s", "xasink\\_sw\\_%")]
+    found = "SELECT TABLE_NAME FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME LIKE %s"
+    return sorted(r[0] for p in ("sw", "so") for r in db.execute(found, f"xasink\\_{p}\\_%"))
+
+
 def assert_settled(db: Target, sink: str) -> None:
     """However a sink's batch ended (written, refused, rolled back, recovered), nothing of the sink stays
     prepared and every shadow table is empty."""
@@ -192,6 +209,14 @@ def private_mariadb(
         yield server, server.url + database
     finally:
         server.stop()
+
+
+def own_mariadb(name: str) -> Iterator[str]:
+    """For a module's ``mariadb_url`` fixture: a database on a private server, whose only sessions are the
+    module's.  A renamed overwrite counts every read view of the server (xasink/dialects/mysql/swap.py): other
+    test files' REPEATABLE READ readers on the shared server would make it apply in place, at random."""
+    with private_mariadb(f"xasink_{name}_{uuid.uuid4().hex[:8]}") as (_, url):
+        yield url
 
 
 # --------------------------------------------------------------------------- a URL through tests/tcp_proxy.py

@@ -67,6 +67,8 @@ QUERY_CI_SEEDS = (0, 1, 3)
 # log is (journal_url on PostgreSQL, on MariaDB, none); replays with the writes reordered, other queries' runs.
 # None of them runs two writers of a batch at once in two logs (FOUND.md 5, kept in found_multi.json); ~5 s each
 MULTI_CI_SEEDS = (0, 4, 8, 14, 18, 29, 32, 36)
+# an overwrite swapped or renamed in (draw_swap), kills at the swap's points; 2: a kill after MariaDB's rename
+SWAP_CI_SEEDS = (2, 7)
 # interference from outside xasink (draw_interfere); 10-30 s each
 INTERFERE_CI_SEEDS = (113, 125)
 # multi-target faults at every point, subset replays, a held log row, a PostgreSQL restart (draw_multi_faults)
@@ -280,20 +282,30 @@ def test_scenarios_interfere(runners: Runners) -> None:
     fail_on(run_schedules(runners, chosen, draw_interfere), len(chosen), runners.db.id)
 
 
+def test_scenarios_swap(runners: Runners) -> None:
+    """Overwrites of a table nothing refers to (issue 40, model.draw_swap): swapped (PostgreSQL) or renamed in
+    (MariaDB), with kills and pauses at the swap's own points, between the rename and the mark above all."""
+    chosen = seeds("XASINK_SCENARIO_COUNT", None, SWAP_CI_SEEDS)
+    fail_on(run_schedules(runners, chosen, model.draw_swap), len(chosen), runners.db.id)
+
+
 @pytest.mark.soak
 @pytest.mark.parametrize("shard", range(SHARDS))
 def test_scenarios_long(runners: Runners, shard: int) -> None:
     """At least 1,000 schedules per database (``XASINK_SCENARIO_LONG`` seeds of the core kind), outside CI;
     every fifth seed also draws a restart from a new checkpoint (model.draw_query), every fourth interference
-    from outside xasink (interference.draw_interfere).  Every schedule runs before the test fails.  ``shard``:
+    from outside xasink (interference.draw_interfere), every overwrite seed a swapped one (model.draw_swap).
+    Every schedule runs before the test fails.  ``shard``:
     this test's share of the seeds (every ``XASINK_SCENARIO_SHARDS``-th)."""
     chosen = seeds("XASINK_SCENARIO_LONG", 1000)[shard::SHARDS]
     query = [s for s in chosen if s % QUERY_EVERY == 0]
     interfere = [s for s in chosen if s % INTERFERE_EVERY == 0]
+    swap = [s for s in chosen if s % len(model.MODES) == model.MODES.index("overwrite")]
     failed = run_schedules(runners, chosen)
     failed += run_schedules(runners, query, model.draw_query)
     failed += run_schedules(runners, interfere, draw_interfere)
-    fail_on(failed, len(chosen) + len(query) + len(interfere), runners.db.id)
+    failed += run_schedules(runners, swap, model.draw_swap)
+    fail_on(failed, len(chosen) + len(query) + len(interfere) + len(swap), runners.db.id)
 
 
 # --------------------------------------------------------------------------- the oracle itself (no database)

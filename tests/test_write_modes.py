@@ -43,6 +43,7 @@ from tests.harness import (
     seen_while,
     shadow_rows,
     spark_jobs,
+    storage_of,
 )
 from tests.modes_driver import OPTIONS_ENV, batch_direct, overwrite_direct, prepare_stray_branch, split
 from tests.targets import MARIADB, POSTGRESQL, Target, case
@@ -85,15 +86,6 @@ def overwrite(df: DataFrame, db: Target, table: str, sink_id: str, batch_id: int
     w.mode("overwrite").save()
 
 
-def table_identity(db: Target, table: str) -> Any:
-    """What changes if the table is dropped and made anew, or truncated (InnoDB gives it a new table id)."""
-    if db.kind == POSTGRESQL:
-        return db.execute("SELECT %s::regclass::oid", db.q(table))[0][0]
-    return db.execute(
-        "SELECT TABLE_ID FROM information_schema.INNODB_SYS_TABLES WHERE NAME = CONCAT(DATABASE(), '/', %s)", table
-    )[0][0]
-
-
 @pytest.fixture
 def reader_grantee(db: Target) -> Iterator[str]:
     """A role (PostgreSQL) or user (MariaDB) with no login, to be granted SELECT on a table; dropped afterwards."""
@@ -124,7 +116,7 @@ def table_extras(db: Target, table: str, grantee: str) -> tuple[Any, ...]:
             f"'{grantee}'@'localhost'",
             table,
         )
-    return table_identity(db, table), index, comment, grant
+    return storage_of(db, table), index, comment, grant
 
 
 # --------------------------------------------------------------------------- overwrite
@@ -133,8 +125,8 @@ def table_extras(db: Target, table: str, grantee: str) -> tuple[Any, ...]:
 def test_overwrite_replaces_every_row_at_once_and_keeps_the_table(
     db: Target, spark: SparkSession, reader_grantee: str
 ) -> None:
-    """Exactly the batch's rows afterwards; same index, comment, grant (MariaDB: same table id; PostgreSQL: the
-    storage swapped); a replay writes nothing."""
+    """Exactly the batch's rows afterwards; same index, comment, grant (the storage swapped: PostgreSQL by its
+    catalog, MariaDB by RENAME TABLE); a replay writes nothing."""
     table = db.new_table()
     db.keyed_table(table)
     fill(db, table, expected(range(300), tag="o"))
@@ -154,8 +146,7 @@ def test_overwrite_replaces_every_row_at_once_and_keeps_the_table(
     assert db.rows(table) == new
     after = table_extras(db, table, reader_grantee)
     assert after[1:] == before[1:]  # its index, comment and grant kept
-    # MariaDB: never dropped, truncated or recreated; PostgreSQL: its storage swapped (tests/test_overwrite_swap.py)
-    assert (after[0] == before[0]) is (db.kind == MARIADB)
+    assert after[0] != before[0]  # swapped (tests/test_overwrite_swap.py, tests/test_overwrite_rename.py)
     assert db.decision(s, 7) is not None and db.decision(s, 7).state == "committed"  # type: ignore[union-attr]
     assert shadow_rows(db) == 0
 
@@ -456,7 +447,7 @@ def test_readers_see_exactly_the_old_or_the_new_rows(db: Target, monkeypatch: py
     db.keyed_table(table)
     old, new = expected(range(1000), tag="o"), expected(range(500, 2000))
     fill(db, table, old)
-    storage = table_identity(db, table)
+    storage = storage_of(db, table)
     signature = {"old": (1000, sum(range(1000))), "new": (1500, sum(range(500, 2000)))}
     monkeypatch.setenv("XASINK_FAULT", "driver.after_commits:sleep=1.5")
     s = sink()
@@ -473,8 +464,7 @@ def test_readers_see_exactly_the_old_or_the_new_rows(db: Target, monkeypatch: py
     assert set(seen) <= set(signature.values()), f"a reader saw neither the old nor the new rows: {seen}"
     assert seen.get(signature["old"], 0) > 10 and seen.get(signature["new"], 0) > 0, seen
     assert db.rows(table) == new and db.prepared(s) == [] and shadow_rows(db) == 0
-    # PostgreSQL swapped the table's storage under the polling reader (tests/test_overwrite_swap.py); MariaDB did not
-    assert (table_identity(db, table) != storage) is (db.kind == POSTGRESQL)
+    assert storage_of(db, table) != storage  # the table's storage was swapped under the polling reader
 
 
 def begin_snapshot(db: Target, cur: Any) -> None:

@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from tests.harness import assert_settled, expected, fill, run_driver, shadow_rows
+from tests.harness import assert_settled, expected, fill, own_mariadb, run_driver, shadow_rows, storage_of, swap_tables
 from tests.leaks import run_cli
 from tests.modes_driver import complete_query, overwrite_direct, split
 from tests.procs import ROOT, tail
@@ -42,6 +42,13 @@ pytestmark = pytest.mark.crash
 DRIVER = ROOT / "tests" / "modes_driver.py"
 N, FIRST, PARTITIONS, BATCH = 300, 150, 3, 4  # old ids 0..299, new ids 150..449: half the keys kept
 OLD, NEW = expected(range(N), tag="o"), expected(range(FIRST, FIRST + N))
+
+
+@pytest.fixture(scope="module")
+def mariadb_url() -> Iterator[str]:
+    """A server of this module's own (:func:`tests.harness.own_mariadb`): the rename must not meet other files'
+    snapshots."""
+    yield from own_mariadb("crash")
 
 
 @pytest.fixture
@@ -70,6 +77,11 @@ def foreign(db: Target) -> Iterator[str]:
         case(MARIADB, "driver.after_first_commit", "cli"),
         case(MARIADB, "driver.after_commits", "rerun"),
         case(MARIADB, "driver.after_mark", "cli"),
+        # the renamed swap: the new table loaded; renamed in, the batch not marked; marked, its witness left
+        case(MARIADB, "driver.swap_built", "rerun"),
+        case(MARIADB, "driver.swap_renamed", "cli"),
+        case(MARIADB, "driver.swap_marked", "rerun"),
+        case(MARIADB, "driver.swap_marked", "cli"),  # marked: recover alone drops the witness (adversary)
     ],
     indirect=["db"],
 )
@@ -79,7 +91,7 @@ def test_an_overwrite_killed_at_each_step_ends_with_the_old_or_the_new_rows(
     table = db.new_table()
     db.keyed_table(table)
     fill(db, table, OLD)
-    storage = storage_of(db, table) if db.kind == POSTGRESQL else None
+    storage = storage_of(db, table)
     s = f"wmc-{uuid.uuid4().hex[:8]}"
     log = tmp_path / "driver.log"
     args = ["direct", db.url, table, s, str(BATCH), str(FIRST), str(N), str(PARTITIONS)]
@@ -92,7 +104,8 @@ def test_an_overwrite_killed_at_each_step_ends_with_the_old_or_the_new_rows(
         assert decision is None and len(prepared) == PARTITIONS and visible == OLD
     else:
         assert decision is not None and len(decision.xids) == PARTITIONS
-        assert decision.state == ("committed" if point == "driver.after_mark" else "committing"), decision
+        marked = point in ("driver.after_mark", "driver.swap_marked")
+        assert decision.state == ("committed" if marked else "committing"), decision
         if point == "driver.after_decide":
             assert prepared == sorted(decision.xids)
         elif point == "driver.after_first_commit":
@@ -100,10 +113,18 @@ def test_an_overwrite_killed_at_each_step_ends_with_the_old_or_the_new_rows(
             assert 0 < shadow_rows(db) < N  # the committed branches' rows wait in the shadow
         else:
             assert prepared == []
-        # until the apply step, the table holds exactly its old rows, even with every branch committed
-        assert visible == (NEW if point == "driver.after_mark" else OLD)
-        if db.kind == POSTGRESQL and point != "driver.after_mark":  # a killed swap left nothing of it
-            assert storage_of(db, table) == storage and swap_tables(db) == []
+        # until the apply step, the table holds exactly its old rows, even with every branch committed; from a
+        # rename on (MariaDB's swap commits step by step), the new ones, the old storage kept as its witness
+        swapped = point in ("driver.after_mark", "driver.swap_renamed", "driver.swap_marked")
+        assert visible == (NEW if swapped else OLD)
+        if not swapped:  # a swap killed before its rename changed nothing the table's users see
+            assert storage_of(db, table) == storage
+        if db.kind == POSTGRESQL and point != "driver.after_mark":  # (its transaction left nothing)
+            assert swap_tables(db) == []
+        if point == "driver.swap_built":
+            assert [n for n in swap_tables(db) if "_sw_" in n] != []  # the new table, built and not renamed
+        if point in ("driver.swap_renamed", "driver.swap_marked"):
+            assert [n for n in swap_tables(db) if "_so_" in n] != []  # the old storage, under its witness name
         if point == "driver.after_commits":
             assert shadow_rows(db) == N  # the whole batch waits in the shadow
     assert foreign in db.listed()
@@ -117,6 +138,7 @@ def test_an_overwrite_killed_at_each_step_ends_with_the_old_or_the_new_rows(
         assert db.rows(table) == (OLD if point == "driver.before_decide" else NEW)
         assert_settled(db, s)
         assert foreign in db.listed()
+        assert swap_tables(db) == []  # no copy of the table outlives recover (a half-built one, an old one)
     # the next run of the sink: a decided batch is finished and not written again, an undecided one is written
     result = overwrite_direct(db.url, table, s, BATCH, split(FIRST, N, PARTITIONS))
     assert result.skipped is (point != "driver.before_decide")
@@ -124,18 +146,8 @@ def test_an_overwrite_killed_at_each_step_ends_with_the_old_or_the_new_rows(
     assert_settled(db, s)
     assert db.decision(s, BATCH).state == "committed"  # type: ignore[union-attr]
     assert foreign in db.listed()
-    if db.kind == POSTGRESQL:  # the batch was applied by a swap (by the recovery or the rerun)
-        assert storage_of(db, table) != storage and swap_tables(db) == []
-
-
-def storage_of(db: Target, table: str) -> int:
-    """PostgreSQL: the table's OID, which a swap changes."""
-    return int(db.execute("SELECT %s::regclass::oid", db.q(table))[0][0])
-
-
-def swap_tables(db: Target) -> list[tuple[object, ...]]:
-    """The tables a swap builds under another name: none outlives its transaction."""
-    return db.execute("SELECT relname FROM pg_class WHERE relname LIKE %s", "xasink\\_sw\\_%")
+    # the batch was applied by a swap (by the recovery or the rerun), which left no table behind
+    assert storage_of(db, table) != storage and swap_tables(db) == []
 
 
 # --------------------------------------------------------------------------- complete output mode

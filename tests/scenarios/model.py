@@ -32,6 +32,9 @@ DRIVER_POINTS = (
     "driver.after_mark",
 )
 AFTER_DECISION = ("driver.after_decide", "driver.after_first_commit", "driver.after_commits", "driver.after_mark")
+# an overwrite's swap (docs/write-modes.md): PostgreSQL's inside its apply transaction, MariaDB's committed steps
+# (built, renamed: the point of no return, marked); a point the database's apply never reaches never fires
+SWAP_POINTS = ("driver.swap_loaded", "driver.swap_built", "driver.swap_renamed", "driver.swap_marked")
 COMMIT_TIMEOUT_S = 8  # commitTimeout of every writer (unless the schedule's options say otherwise)
 LOCK_TIMEOUT_S = 4  # lockTimeout and controlLockTimeout of every writer (idem)
 UNKNOWN_QUERY = "unknown"  # what xasink records for a micro-batch whose query it cannot know (journal/targets.py)
@@ -104,6 +107,9 @@ class Schedule:
     # the writers' options over WRITER_OPTIONS (journalRetention, shorter timeouts), and "statementTimeoutMs":
     # a statement timeout the target imposes on the writers' sessions (in their URL, as a DBA's role setting)
     options: dict[str, Any] = field(default_factory=dict)
+    # keyed modes: a child table refers to the table (an overwrite then replaces in place by key); without one an
+    # overwrite swaps the table's storage (PostgreSQL) or renames a new table into its place (MariaDB)
+    child: bool = True
 
     def option(self, name: str) -> Any:
         return {**WRITER_OPTIONS, **self.options}.get(name)
@@ -129,9 +135,11 @@ class Schedule:
         """How to run this schedule again."""
         if self.name:
             return f"XASINK_SCENARIO_FOUND={self.name} pytest tests/test_scenarios.py -k found"
-        test = {"query": "test_scenarios_query", "interfere": "test_scenarios_interfere"}.get(
-            self.kind, "test_scenarios"
-        )
+        test = {
+            "query": "test_scenarios_query",
+            "interfere": "test_scenarios_interfere",
+            "swap": "test_scenarios_swap",
+        }.get(self.kind, "test_scenarios")
         return f"XASINK_SCENARIO_SEED={self.seed} pytest tests/test_scenarios.py -k '{test} and not long'"
 
     def describe(self) -> str:
@@ -260,6 +268,20 @@ def draw_query(seed: int) -> Schedule:
     return base
 
 
+def draw_swap(seed: int) -> Schedule:
+    """An overwrite of a table nothing refers to, so it is swapped (PostgreSQL) or renamed in (MariaDB), with
+    pauses and kills at the swap's own points, most often between MariaDB's rename and the batch's mark."""
+    base = draw(seed, "overwrite")
+    rng = random.Random(seed ^ 0x40)
+    base.child = False
+    for w in base.writers:
+        if rng.random() < 0.6:
+            point = rng.choice((*SWAP_POINTS, "driver.swap_renamed", "driver.apply_statements"))
+            w.fault = f"{point}:{rng.choice(('kill', 'kill', 'sleep=1.5'))}"
+    base.kind = "swap"
+    return base
+
+
 def same_query(decided: str | None, mine: str | None) -> bool:
     """Whether a run of query ``mine`` replays a batch its query ``decided`` committed: the same query (a batch
     job's None included); a run whose query cannot be known replays nothing."""
@@ -304,8 +326,9 @@ def apply_run(mode: str, table: dict[Any, Row], tombs: dict[int, int], rows: lis
             tombs.pop(k, None)
 
 
-def expected_state(mode: str, runs: list[Writer]) -> tuple[list[Row], list[Row]]:
-    """The table's rows and the child table's rows after ``runs`` committed in this order.
+def expected_state(mode: str, runs: list[Writer], child_table: bool = True) -> tuple[list[Row], list[Row]]:
+    """The table's rows and the child table's rows (none without ``child_table``) after ``runs`` committed in
+    this order.
 
     A child row goes (ON DELETE CASCADE) once its parent key is absent after some batch: a keyed
     overwrite updates the keys it keeps in place, so their children stay.
@@ -314,7 +337,7 @@ def expected_state(mode: str, runs: list[Writer]) -> tuple[list[Row], list[Row]]
         return sorted(initial_rows(mode) + [r for w in runs for r in w.rows]), []
     table: dict[Any, Row] = {r[0]: r for r in initial_rows(mode)}
     tombs: dict[int, int] = {}
-    child = child_rows()
+    child = child_rows() if child_table else []
     for w in runs:
         apply_run(mode, table, tombs, w.rows)
         child = [c for c in child if c[1] in table]

@@ -283,7 +283,7 @@ def explain(
             for order in orders:  # appended rows are the same in any order: no order to check
                 if ordered and mode != "append" and not _ordered(order, told, writers):
                     continue
-                rows, children = expected_state(mode, list(order))
+                rows, children = expected_state(mode, list(order), schedule.child)
                 if rows == sorted(table) and (child is None or children == sorted(child)):
                     return [w.label for w in order]
     return None

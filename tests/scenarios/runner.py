@@ -105,7 +105,7 @@ class Runner:
         self.server = server
 
     # -- the tables ---------------------------------------------------------------------------------
-    def _tables(self, mode: str) -> tuple[str, str | None, str]:
+    def _tables(self, mode: str, child_table: bool = True) -> tuple[str, str | None, str]:
         db, q = self.db, self.db.q
         table, sibling = db.new_table(), db.new_table()
         key = "" if mode == "append" else " PRIMARY KEY"
@@ -117,7 +117,7 @@ class Runner:
         values = ", ".join("(" + ", ".join(_literal(v) for v in r) + ")" for r in initial)
         db.execute(f"INSERT INTO {q(table)} VALUES {values}")
         child = None
-        if mode != "append":
+        if mode != "append" and child_table:
             child = db.new_table()
             db.create_table(
                 child, f"cid int PRIMARY KEY, pid int, FOREIGN KEY (pid) REFERENCES {q(table)} (id) ON DELETE CASCADE"
@@ -169,7 +169,7 @@ class Runner:
     # -- one schedule -------------------------------------------------------------------------------
     def run(self, schedule: Schedule) -> Outcome:
         t_begin = time.monotonic()
-        table, child, sibling = self._tables(schedule.mode)
+        table, child, sibling = self._tables(schedule.mode, schedule.child)
         sink = f"sc{uuid.uuid4().hex[:10]}"
         here = Path(tempfile.mkdtemp(prefix=f"seed{schedule.seed}-", dir=self.workdir))
         interference = Interference({"": Place(self.db, table, self.server)}, sink)

@@ -25,6 +25,7 @@ from xasink.dialects.values import (
     ErrorKind,
     Merge,
     PreparedTxn,
+    RenameSwap,
     SwapRefused,
     SwapTarget,
     TargetPlan,
@@ -184,11 +185,8 @@ class Dialect(ABC):
         ]
 
     def warn_durability(self, conn: Connection) -> None:
-        """Warn (once per process and server) about settings that let a server crash lose prepared branches.
-
-        Exactly once is only as durable as the server: with these settings a crash can forget a prepared
-        branch of a decided batch (its rows are lost) or the decision itself.  A warning, not an error: the
-        operator may accept the risk (a test server), and the setting is the server's, not the job's."""
+        """Warn once per process and server about settings under which a crash can forget a prepared branch or the
+        decision (not an error: the operator may accept the risk, and the setting is the server's, not the job's)."""
         server = f"{self.url.host or 'localhost'}:{self.url.port or self.default_port}"
         for text in self.durability_warnings(conn):
             key = (self.name, server, text)
@@ -270,10 +268,8 @@ class Dialect(ABC):
         return {}
 
     def durable_commit(self, conn: Connection) -> None:  # noqa: B027 - optional hook
-        """Make this transaction's COMMIT wait until it is on disk, whatever the server's default.
-
-        The decision must survive a server crash: PREPARE and COMMIT PREPARED are always flushed, an
-        ordinary commit (the decision's) not when the server runs with asynchronous commit."""
+        """Make this transaction's COMMIT wait until it is on disk, whatever the server's default: the decision
+        must survive a crash (PREPARE and COMMIT PREPARED are always flushed, an ordinary commit not always)."""
 
     def relaxed_commit(self, conn: Connection) -> None:  # noqa: B027 - optional hook
         """Let this transaction's COMMIT return before it is on disk, where the server would wait for it.
@@ -333,9 +329,13 @@ class Dialect(ABC):
 
     swaps_tables = False  # an overwrite may swap the table's storage (swap_table)
 
+    def rename_swap(self) -> RenameSwap | None:
+        """An overwrite's swap on a database whose DDL commits, run step by step by the apply (None: none)."""
+        return None
+
     def swap_table(self, conn: Connection, target: SwapTarget) -> int:
-        """Overwrite by swapping the table's storage, inside the caller's transaction (a savepoint of its own); the
-        rows loaded.  :class:`SwapRefused` when it cannot (nothing changed then): the caller applies in place."""
+        """Swap the table's storage in the caller's transaction; the rows loaded, or :class:`SwapRefused` (nothing
+        changed: the caller applies in place)."""
         raise SwapRefused(f"{self.name} overwrites in place")
 
     def clear_shadow(self, conn: Connection, shadow: sa.TableClause, batch: sa.ColumnElement[bool]) -> None:

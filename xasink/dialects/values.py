@@ -7,7 +7,7 @@ import enum
 import hashlib
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import sqlalchemy as sa
 
@@ -16,6 +16,7 @@ from xasink.protocol.xid import Xid
 
 if TYPE_CHECKING:  # rows and types only: the driver's commit path never loads pyarrow
     import pyarrow as pa
+    from sqlalchemy.engine import Connection
 
 
 class ErrorKind(enum.Enum):
@@ -181,6 +182,21 @@ def branch_tag(bqual: str) -> int:
 class SwapRefused(Exception):
     """An overwrite cannot swap the table's storage without changing what others see, or cannot do it at all:
     it is applied in place instead (the message says why, for the log)."""
+
+
+class RenameSwap(Protocol):
+    """An overwrite's swap by renaming, on a database whose DDL commits (MariaDB/MySQL): step by step, each
+    committed, the rename leaving the old storage under a witness's name (:mod:`xasink.dialects.mysql.swap`)."""
+
+    max_name: int
+
+    def refusal(self, conn: Connection, schema: str | None, table: str) -> str | None: ...
+    def exists(self, conn: Connection, schema: str | None, name: str) -> bool: ...
+    def named_like(self, conn: Connection, schema: str | None, prefix: str) -> list[str]: ...
+    def everywhere(self, conn: Connection, prefix: str) -> list[tuple[str, str]]: ...
+    def build(self, conn: Connection, target: SwapTarget) -> int: ...
+    def rename(self, conn: Connection, target: SwapTarget, witness: str) -> None: ...
+    def drop(self, conn: Connection, schema: str | None, name: str) -> None: ...
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,7 @@ class JournalTables:
 
     def __init__(self, dialect: Dialect, schema: str | None = None, prefix: str = "xasink_") -> None:
         self.dialect = dialect
+        self.prefix = prefix  # (the shadows' and swaps' names start with it too: xasink.write_modes.spec)
         self.sinks, self.batches, self.claims, self.logs, self.parts = log_tables(schema, prefix)
         self._log_id: str | None = None
 

@@ -79,6 +79,10 @@ def print_recover(report: admin.RecoverReport) -> None:
         print()
     for sink, batches in report.finished_batches.items():
         print(f"finished decided batches of sink {sink}: {batches}")
+    for sink, names in report.dropped.items():
+        print(
+            f"dropped the old tables of sink {sink}'s renamed overwrites, left after their batches committed: {names}"
+        )
     for sink, blocked in report.unfinished.items():
         for batch, why in blocked.items():
             print(

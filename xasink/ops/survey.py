@@ -43,6 +43,7 @@ from xasink.protocol.judgement import (
     WAIT,
     judge,
 )
+from xasink.protocol.renamed_overwrite import sweep_witnesses
 from xasink.protocol.xid import Xid
 from xasink.support.masking import redact, url_secrets
 
@@ -78,6 +79,8 @@ class RecoverReport:
     finished_batches: dict[str, list[int]] = field(default_factory=dict)
     # decided batches that could not be finished yet, per sink: batch -> what blocked it (they stay decided)
     unfinished: dict[str, dict[int, str]] = field(default_factory=dict)
+    # per sink, the old tables of renamed overwrites dropped (left by a run killed after the batch's mark)
+    dropped: dict[str, list[str]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     acted: bool = False  # False for a dry run, and when planning found errors (then nothing was changed)
     warnings: list[str] = field(default_factory=list)  # why xasink cannot write on this server (nothing to recover)
@@ -200,6 +203,7 @@ def recover(
             return report
         report.acted = True
         _act(dialect, base, report, pending, older_than_s, journal)
+        _sweep_witnesses(dialect, base, report, journal, sink_id, journal_url is None)
         with dialect.connect() as conn:
             still = {p.gid for p in dialect.list_prepared(conn)}
         for e in report.entries:
@@ -280,6 +284,26 @@ def _act(
                     dialect.rollback_foreign(xa, e.gid)
             except Exception as exc:  # noqa: BLE001 - reported; the rest is done
                 report.errors.append(f"rollback of foreign {e.gid}: {redacted_error(exc, base)}")
+
+
+def _sweep_witnesses(
+    dialect: Dialect, base: WriteOptions, report: RecoverReport, journal: Journal, sink_id: str | None, here: bool
+) -> None:
+    """Drop the old tables renamed overwrites left after their mark (a run killed there; MariaDB/MySQL), of every
+    sink of the log (or ``sink_id``): a sink that never runs again must not keep a copy of what it overwrote."""
+    swap = dialect.rename_swap()
+    if swap is None or not here:
+        return
+    for sink in [sink_id] if sink_id else known_sinks(journal) or []:
+        try:
+            with dialect.connect() as conn:
+                dropped = sweep_witnesses(journal, swap, conn, sink)
+            if dropped:
+                report.dropped[sink] = dropped
+        except Exception as exc:  # noqa: BLE001 - reported per sink; the others still run
+            report.errors.append(
+                f"sink {sink}: an overwritten table's old copy not dropped: {redacted_error(exc, base)}"
+            )
 
 
 def parse_duration(text: str) -> float:

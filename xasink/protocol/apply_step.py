@@ -20,11 +20,12 @@ from xasink.errors import ApplyError, CommitIncompleteError, JournalError, Xasin
 from xasink.journal.log import Journal
 from xasink.journal.records import BatchRecord
 from xasink.journal.targets import deciding_run
+from xasink.protocol.renamed_overwrite import RenamedOverwrite
 from xasink.protocol.retry import RetryPolicy
 from xasink.protocol.xid import Xid
 from xasink.write_modes.shadow import decided_rows
-from xasink.write_modes.spec import ApplySpec
-from xasink.write_modes.statements import apply_lock_name, apply_statements, session_schema, withdraw
+from xasink.write_modes.spec import OVERWRITE, ApplySpec
+from xasink.write_modes.statements import apply_lock_name, apply_statements, clear_batch, session_schema
 
 log = logging.getLogger(__name__)
 
@@ -55,9 +56,10 @@ class ApplyStep:
         """
         dialect = self.journal.dialect
         sent = False  # an apply's COMMIT was sent and no answer came: it may have taken effect
+        in_place = False  # a rename of this batch was refused: its tries go in place from then on
 
         def step() -> bool:
-            nonlocal sent
+            nonlocal sent, in_place
             with dialect.connect() as conn:
                 lock = apply_lock_name(spec, session_schema(conn))
                 if dialect.apply_isolation is not None:
@@ -69,6 +71,24 @@ class ApplyStep:
                     dialect.lock_apply(conn, lock)
                     decided = self.journal.get(conn, self.sink_id, batch_id)
                     sent = False  # read after any earlier COMMIT: the log now says which way that went
+                    renamed = self._renamed(spec, batch_id, xids)
+                    if renamed is not None:
+                        sent = True  # (from its rename on, the table shows the batch's rows)
+                        done = renamed.apply(
+                            conn, decided, lambda c, d: self._same(c, d, xids), commit_ms, rename=not in_place
+                        )
+                        sent = False
+                        in_place = done is None  # (its next tries too: the table would only be built again)
+                        if done is not None:
+                            if done:
+                                log.info(
+                                    "sink %s batch %s: %s (%d rows, by a swap)",
+                                    self.sink_id,
+                                    batch_id,
+                                    spec.describe(),
+                                    renamed.rows,
+                                )
+                            return done
                     if not self._same(conn, decided, xids) or not self.journal.mark_within(
                         conn, self.sink_id, batch_id, commit_ms
                     ):
@@ -200,12 +220,46 @@ class ApplyStep:
                 "withdraws it (nothing of it visible); no row is lost or doubled."
             ) from exc
 
+    def _renamed(self, spec: ApplySpec, batch_id: int, xids: Sequence[Xid]) -> RenamedOverwrite | None:
+        swap = self.journal.dialect.rename_swap() if spec.kind == OVERWRITE else None
+        return None if swap is None else RenamedOverwrite(self.journal, swap, self.sink_id, spec, batch_id, xids)
+
     def withdraw_decision(self, batch_id: int, spec: ApplySpec, xids: Sequence[Xid], reason: str) -> bool:
         """Withdraw a decision whose apply can never succeed: its rows only ever reached the shadow.
 
         False when there was nothing to withdraw because another run (a recovery) applied the batch and marked it
         committed between this run's failed apply and the sink lock: its rows are visible, so saying "nothing of
-        this batch is visible" would be false (DESIGN invariant 11)."""
+        this batch is visible" would be false (DESIGN invariant 11).  An overwrite that may be renamed in is
+        withdrawn under the table's apply lock, once no witness says another run's rename happened: the mark
+        comes only after that rename, so the batch's row alone cannot tell."""
+        renamed = self._renamed(spec, batch_id, xids)
+        if renamed is None:
+            return self._withdraw_locked(batch_id, spec, xids, reason)
+        dialect = self.journal.dialect
+        with dialect.connect() as conn:
+            lock = apply_lock_name(spec, session_schema(conn))
+            conn.begin()
+            try:
+                dialect.lock_apply(conn, lock)
+                decided = self.journal.get(conn, self.sink_id, batch_id)
+                renamed.finish_witnessed(conn, decided, lambda c, d: self._same(c, d, xids), None)
+                if not conn.in_transaction():  # the table was swapped by another run: its rows are visible
+                    log.warning(
+                        "sink %s batch %s: this run's apply failed (%s), but another run applied it meanwhile",
+                        self.sink_id,
+                        batch_id,
+                        reason,
+                    )
+                    return False
+                conn.rollback()
+                return self._withdraw_locked(batch_id, spec, xids, reason)
+            except BaseException:
+                conn.rollback()
+                raise
+            finally:
+                _unlock(dialect, conn, lock)
+
+    def _withdraw_locked(self, batch_id: int, spec: ApplySpec, xids: Sequence[Xid], reason: str) -> bool:
         with self.journal.locked(self.sink_id) as conn:
             # a locking read: it waits for a recovery's apply that holds the row, and sees its mark
             decided = self.journal.get(conn, self.sink_id, batch_id, lock=True)
@@ -228,7 +282,7 @@ class ApplyStep:
                     )
             elif decided is not None and not decided.committed:
                 found = decided_rows(self.journal.dialect, conn, spec, decided.xids)
-                withdraw(self.journal.dialect, conn, spec, batch_id, found)
+                clear_batch(self.journal.dialect, conn, spec, batch_id, found)
                 decided = None
             if decided is not None and decided.committed:
                 log.warning(

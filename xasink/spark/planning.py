@@ -14,9 +14,10 @@ from xasink.errors import PreflightError
 from xasink.options import WriteOptions
 from xasink.protocol.coordinator import Coordinator
 from xasink.protocol.liveness import ensure_keeper, spark_driver_process
+from xasink.protocol.renamed_overwrite import drop_finished_witnesses
 from xasink.spark.versions import arrow_field
 from xasink.support.phases import phase, worker_started
-from xasink.write_modes.spec import ApplySpec, spec_for
+from xasink.write_modes.spec import OVERWRITE, ApplySpec, spec_for
 from xasink.write_modes.statements import check_predicate, ensure_shadow, session_schema, shadow_plan
 
 if TYPE_CHECKING:
@@ -99,6 +100,9 @@ def prepare_write(
                     apply = spec_for(options, target, log_id, found)
                     check_predicate(conn, apply)
                     ensure_shadow(coordinator.dialect, conn, apply)
+                    swap = coordinator.dialect.rename_swap() if apply.kind == OVERWRITE else None
+                    if swap is not None:
+                        drop_finished_witnesses(coordinator.journal, swap, conn, options.sink_id, apply)
                 target = shadow_plan(target, apply, flag)
             return WritePlan(target, log_id, guard, apply, slots_checked=checked)
     finally:

@@ -390,8 +390,8 @@ def apply_statements(dialect: Dialect, conn: Connection, spec: ApplySpec, batch_
     return written
 
 
-def withdraw(dialect: Dialect, conn: Connection, spec: ApplySpec, batch_id: int, decided: DecidedRows) -> None:
-    """Delete the rows of a batch whose decision is withdrawn (its apply can never succeed) from the shadow."""
+def clear_batch(dialect: Dialect, conn: Connection, spec: ApplySpec, batch_id: int, decided: DecidedRows) -> None:
+    """Delete a batch's rows from the shadow: its decision withdrawn (its apply can never succeed), or applied."""
     shadow = sa.table(spec.shadow, *(sa.column(c) for c in decided.tag_columns()), schema=spec.schema)
     _clear(dialect, conn, shadow, of_branches(shadow, batch_id, decided.branches), decided.branches is None)
 

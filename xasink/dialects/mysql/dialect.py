@@ -27,6 +27,7 @@ from xasink.dialects.mysql.sql import (
     set_url_session,
     url_session_variables,
 )
+from xasink.dialects.mysql.swap import RenamingSwap
 from xasink.dialects.mysql.xa import ER_XAER_NOTA, foreign_gid, parse_foreign_gid, recovered, xa_literal, xid_literal
 from xasink.dialects.rendering import statement_text
 from xasink.dialects.values import (
@@ -82,11 +83,9 @@ class MySQLDialect(Dialect):
         return conn
 
     def on_connect(self, dbapi_conn: Any, record: Any) -> None:
-        """A control connection: TCP keepalives; the sql_mode the decision log and the apply step rely on,
-        whatever the server's or the URL's (a value too long for its column fails instead of being stored
-        truncated: a decision recovery could not read), keeping the server's value modes but one (sql.py);
-        lock waits bounded by controlLockTimeout (error 1205, transient: the step is retried) for row locks
-        (InnoDB) and table metadata locks alike."""
+        """A control connection: TCP keepalives; the sql_mode the log and the apply rely on (a value too long for
+        its column fails, not stored truncated: sql.py); row and metadata lock waits bounded by controlLockTimeout
+        (error 1205, transient: the step is retried)."""
         set_keepalive(getattr(dbapi_conn, "_sock", None))
         timeout = int(self.settings.control_lock_timeout)
         mode = session_mode(APPLY_VALUE_MODES)
@@ -259,6 +258,9 @@ class MySQLDialect(Dialect):
 
     def referencing_tables(self, conn: Connection, schema: str | None, table: str) -> list[str]:
         return catalog.referencing_tables(conn, schema, table)
+
+    def rename_swap(self) -> RenamingSwap:
+        return RenamingSwap(min(float(self.settings.control_lock_timeout), 5.0))
 
     def column_collations(self, conn: Connection, schema: str | None, table: str) -> dict[str, str]:
         return catalog.column_collations(conn, schema, table)

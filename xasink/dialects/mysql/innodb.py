@@ -97,6 +97,24 @@ def parse_status(text: str) -> list[tuple[str, int, bool, bool]] | None:
     return out
 
 
+_ACTIVE = re.compile(r"^---TRANSACTION [^\n]*?, ACTIVE (?:\(PREPARED\) )?(\d+) sec", re.M)
+
+
+def read_views(text: str) -> list[tuple[int, int]] | None:
+    """(session or 0, seconds active) of each transaction ``SHOW ENGINE INNODB STATUS`` lists with a read view
+    (``Trx read view will not see …``: a snapshot it reads by); None when its list is not there whole."""
+    start = text.find("\nLIST OF TRANSACTIONS FOR EACH SESSION:\n")
+    end = text.find("\nFILE I/O\n", start)
+    if start < 0 or end < 0 or "... truncated..." in text:
+        return None
+    out = []
+    for block in re.split(r"\n(?=---TRANSACTION )", text[start:end])[1:]:
+        active, thread = _ACTIVE.match(block), _THREAD.search(block)
+        if active is not None and "Trx read view will not see" in block:
+            out.append((int(thread.group(1)) if thread else 0, int(active.group(1))))
+    return out
+
+
 class TrxReader:
     """Views of InnoDB's transactions on a connection of its own (one at a time; shared between threads)."""
 

@@ -127,6 +127,12 @@ def session_mode(kept: tuple[str, ...]) -> str:
 MAX_LOCK_WAIT = 1_073_741_824  # innodb_lock_wait_timeout's maximum: "no limit"
 
 
+def driver_sql(statement: str) -> str:
+    """A statement for SQLAlchemy's exec_driver_sql: PyMySQL formats it with (empty) parameters, so '%' doubles
+    (a table named ``a%s`` would otherwise fail, or worse, be formatted)."""
+    return statement.replace("%", "%%")
+
+
 def quote_ident(name: str) -> str:
     """A quoted identifier for a statement run as written (its '%' signs single); through SQLAlchemy, whose
     driver formats every statement, use the connection's preparer."""
