@@ -55,7 +55,9 @@ def connect() -> Iterator[SparkSession]:
     """A Spark Connect session on a local server; the server's Python workers import xasink (PYSPARK_PYTHON)."""
     from pyspark.sql.connect.client.core import DefaultChannelBuilder
 
-    os.environ["PYSPARK_PYTHON"] = sys.executable  # the server inherits this process's environment
+    # the server inherits this process's environment: its Python workers import the installed PySpark
+    os.environ["XASINK_WORKER_PYTHON"] = sys.executable
+    os.environ["PYSPARK_PYTHON"] = str(Path(__file__).resolve().parent / "site_python.sh")
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     stop_classic_spark()
     port = _free_port()
@@ -79,6 +81,7 @@ def connect() -> Iterator[SparkSession]:
         for q in session.streams.active:
             q.stop()
         stop_connect_spark()
+        os.environ["PYSPARK_PYTHON"] = sys.executable
 
 
 def warm_up_foreach_batch(session: SparkSession) -> None:
