@@ -139,6 +139,8 @@ def test_an_overwrite_killed_at_each_step_ends_with_the_old_or_the_new_rows(
         assert_settled(db, s)
         assert foreign in db.listed()
         assert swap_tables(db) == []  # no copy of the table outlives recover (a half-built one, an old one)
+        if point == "driver.swap_marked":  # what docs/operations.md says recover prints then
+            assert f"dropped the old tables of sink {s}'s renamed overwrites" in cli.stdout, cli.stdout
     # the next run of the sink: a decided batch is finished and not written again, an undecided one is written
     result = overwrite_direct(db.url, table, s, BATCH, split(FIRST, N, PARTITIONS))
     assert result.skipped is (point != "driver.before_decide")
