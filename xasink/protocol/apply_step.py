@@ -244,13 +244,7 @@ class ApplyStep:
                 decided = self.journal.get(conn, self.sink_id, batch_id)
                 renamed.finish_witnessed(conn, decided, lambda c, d: self._same(c, d, xids), None)
                 if not conn.in_transaction():  # the table was swapped by another run: its rows are visible
-                    log.warning(
-                        "sink %s batch %s: this run's apply failed (%s), but another run applied it meanwhile",
-                        self.sink_id,
-                        batch_id,
-                        reason,
-                    )
-                    return False
+                    return self._applied_meanwhile(batch_id, reason)
                 conn.rollback()
                 return self._withdraw_locked(batch_id, spec, xids, reason)
             except BaseException:
@@ -258,6 +252,16 @@ class ApplyStep:
                 raise
             finally:
                 _unlock(dialect, conn, lock)
+
+    def _applied_meanwhile(self, batch_id: int, reason: str) -> bool:
+        """False, logged: nothing to withdraw, another run (a recovery) applied the batch after this run failed."""
+        log.warning(
+            "sink %s batch %s: this run's apply failed (%s), but another run applied it meanwhile",
+            self.sink_id,
+            batch_id,
+            reason,
+        )
+        return False
 
     def _withdraw_locked(self, batch_id: int, spec: ApplySpec, xids: Sequence[Xid], reason: str) -> bool:
         with self.journal.locked(self.sink_id) as conn:
@@ -285,13 +289,7 @@ class ApplyStep:
                 clear_batch(self.journal.dialect, conn, spec, batch_id, found)
                 decided = None
             if decided is not None and decided.committed:
-                log.warning(
-                    "sink %s batch %s: this run's apply failed (%s), but another run applied it meanwhile",
-                    self.sink_id,
-                    batch_id,
-                    reason,
-                )
-                return False
+                return self._applied_meanwhile(batch_id, reason)
         log.warning(
             "sink %s batch %s: decision withdrawn, nothing of it is visible (%s)", self.sink_id, batch_id, reason
         )

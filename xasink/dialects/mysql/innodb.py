@@ -79,15 +79,23 @@ class TrxView:
         return {t.id for t in self.rows}
 
 
-def parse_status(text: str) -> list[tuple[str, int, bool, bool]] | None:
-    """(transaction id, session or 0, prepared, busy) of each transaction ``SHOW ENGINE INNODB STATUS`` lists;
-    None when its list is not there whole."""
+def _transactions(text: str) -> list[str] | None:
+    """Each transaction's block of ``SHOW ENGINE INNODB STATUS``; None when its list is not there whole."""
     start = text.find("\nLIST OF TRANSACTIONS FOR EACH SESSION:\n")
     end = text.find("\nFILE I/O\n", start)
     if start < 0 or end < 0 or "... truncated..." in text:
         return None
+    return re.split(r"\n(?=---TRANSACTION )", text[start:end])[1:]
+
+
+def parse_status(text: str) -> list[tuple[str, int, bool, bool]] | None:
+    """(transaction id, session or 0, prepared, busy) of each transaction ``SHOW ENGINE INNODB STATUS`` lists;
+    None when its list is not there whole."""
+    blocks = _transactions(text)
+    if blocks is None:
+        return None
     out = []
-    for block in re.split(r"\n(?=---TRANSACTION )", text[start:end])[1:]:
+    for block in blocks:
         head = _TRANSACTION.match(block)
         if head is None:  # "---TRANSACTION (0x...), not started": no id, holds nothing
             continue
@@ -103,12 +111,11 @@ _ACTIVE = re.compile(r"^---TRANSACTION [^\n]*?, ACTIVE (?:\(PREPARED\) )?(\d+) s
 def read_views(text: str) -> list[tuple[int, int]] | None:
     """(session or 0, seconds active) of each transaction ``SHOW ENGINE INNODB STATUS`` lists with a read view
     (``Trx read view will not see …``: a snapshot it reads by); None when its list is not there whole."""
-    start = text.find("\nLIST OF TRANSACTIONS FOR EACH SESSION:\n")
-    end = text.find("\nFILE I/O\n", start)
-    if start < 0 or end < 0 or "... truncated..." in text:
+    blocks = _transactions(text)
+    if blocks is None:
         return None
     out = []
-    for block in re.split(r"\n(?=---TRANSACTION )", text[start:end])[1:]:
+    for block in blocks:
         active, thread = _ACTIVE.match(block), _THREAD.search(block)
         if active is not None and "Trx read view will not see" in block:
             out.append((int(thread.group(1)) if thread else 0, int(active.group(1))))
