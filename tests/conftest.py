@@ -65,10 +65,16 @@ TEST_PG_PASSWORD = SECRET  # the private server's superuser proves it on every T
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
-    """Under CI=true a skip that hides a feature is a failure, not a quiet 's'."""
+    """Under CI=true a skip that hides a feature is a failure, not a quiet 's'.  A test that timed out while
+    this process's Spark JVM was in use leaves that JVM's thread stacks in its report and the JVM abandoned
+    (tests/jvm.py ``abandon_classic_spark``): the timeout's exception poisoned its py4j connection."""
     outcome = yield
     report: pytest.TestReport = outcome.get_result()
     setattr(item, f"report_{report.when}", report)  # documented_cases_witnessed checks only a passed call
+    if report.failed and call.excinfo is not None and "from pytest-timeout" in str(call.excinfo.value):
+        from tests.jvm import abandon_classic_spark
+
+        report.sections.append(("the Spark JVM at the timeout", abandon_classic_spark()))
     if not report.skipped or os.environ.get("CI") != "true" or hasattr(report, "wasxfail"):
         return
     reason = str(report.longrepr[-1]) if isinstance(report.longrepr, tuple) else str(report.longrepr)

@@ -125,6 +125,48 @@ def classic_spark() -> Any:
     return session
 
 
+def abandon_classic_spark() -> str:
+    """After a test timed out inside a call into the JVM: the JVM's thread stacks and its Python processes
+    (for the report), then the JVM killed and PySpark's globals cleared, so the next test starts a new one.
+
+    pytest-timeout interrupts the test with an exception wherever it is; inside a py4j call that leaves the
+    call's answer unread on the connection, and every later call of the session reads the answer of the one
+    before (a CI run's 4.0 suite: one hung streaming test, then 21 failures with None for a JVM object and
+    "PythonUtils does not exist in the JVM").  A new JVM costs seconds; a poisoned one costs the suite.
+    """
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+    from tests.cluster import descendants, proc_table
+
+    gateway = SparkContext._gateway
+    proc = getattr(gateway, "proc", None)
+    if proc is None:
+        return "(no JVM of this process)"
+    try:
+        dump = subprocess.run(
+            ["jcmd", str(proc.pid), "Thread.print"], capture_output=True, text=True, timeout=60
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired) as e:
+        dump = f"(no thread dump: {e})"
+    table = proc_table()
+    below = "\n".join(f"{p} {table[p][1]} {table[p][2][:200]}" for p in descendants(proc.pid, table) if p in table)
+    proc.kill()
+    proc.wait()
+    for pid in descendants(proc.pid, table):  # the JVM's Python daemon and workers
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+    SparkContext._gateway = None
+    SparkContext._jvm = None
+    SparkContext._active_spark_context = None
+    SparkSession._instantiatedSession = None
+    SparkSession._activeSession = None
+    _classic.clear()
+    return f"{dump}\n-- the JVM's processes (pid, state, command):\n{below}"
+
+
 def stop_classic_spark() -> None:
     """Stop the classic session (before a Connect session starts in this process)."""
     from pyspark.sql import SparkSession
