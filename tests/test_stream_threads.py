@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -212,7 +211,7 @@ def test_a_pool_thread_left_with_another_querys_properties_writes_for_its_micro_
     a, b = stream, Stream(spark, tmp_path / "b", url)
     a.add_files(1)
     b.add_files(1)
-    a_wrote = threading.Event()
+    a_wrote, b_wrote = threading.Event(), threading.Event()
 
     def into_a(df: DataFrame, epoch_id: int) -> None:
         try:
@@ -220,11 +219,14 @@ def test_a_pool_thread_left_with_another_querys_properties_writes_for_its_micro_
             one.submit(wrapped).result()
         finally:
             a_wrote.set()
-        time.sleep(2)  # A still runs while B writes
+        assert b_wrote.wait(180), "B's micro-batch never wrote"  # A's micro-batch still runs while B writes
 
     def into_b(df: DataFrame, epoch_id: int) -> None:
-        assert a_wrote.wait(120)
-        one.submit(fmt_write, spark, df, url, tables[1], sinks[1], epoch_id).result()
+        try:
+            assert a_wrote.wait(180)
+            one.submit(fmt_write, spark, df, url, tables[1], sinks[1], epoch_id).result()
+        finally:
+            b_wrote.set()
 
     try:
         query_a, query_b = a.foreach_batch(into_a), b.foreach_batch(into_b)
