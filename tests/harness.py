@@ -582,22 +582,30 @@ def no_branch_opened(stream: Stream, batch: int) -> Iterator[None]:
 
 
 @contextmanager
-def fault_reached(point: str) -> Iterator[threading.Event]:
-    """An event set once this process reaches the fault point ``point`` (its warning logged, on any thread):
-    a test that must act while a run stalls there waits for it, not for what the run did before."""
-    reached = threading.Event()
+def logged(logger: str, text: str, level: int = logging.WARNING) -> Iterator[threading.Event]:
+    """An event set once a record of ``logger`` (or a logger below it) holding ``text`` is logged in this
+    process, on any thread: a state a run reports only in its log, waited for instead of for a time."""
+    seen = threading.Event()
 
     class Seen(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
-            if record.getMessage().startswith(f"fault point {point} reached"):
-                reached.set()
+            if text in record.getMessage():
+                seen.set()
 
-    logger, handler = logging.getLogger("xasink.support.faults"), Seen(logging.WARNING)
-    logger.addHandler(handler)
+    log, handler = logging.getLogger(logger), Seen(level)
+    log.addHandler(handler)
     try:
-        yield reached
+        yield seen
     finally:
-        logger.removeHandler(handler)
+        log.removeHandler(handler)
+
+
+@contextmanager
+def fault_reached(point: str) -> Iterator[threading.Event]:
+    """An event set once this process reaches the fault point ``point`` (its warning logged, on any thread):
+    a test that must act while a run stalls there waits for it, not for what the run did before."""
+    with logged("xasink.support.faults", f"fault point {point} reached") as reached:
+        yield reached
 
 
 @dataclass

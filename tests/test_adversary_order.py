@@ -26,8 +26,10 @@ from tests.harness import (
     expected,
     fault_reached,
     fill,
+    held_at,
     host_port,
     kill_session_lock_holder,
+    logged,
     order_lock_of,
     shadow_rows,
     sink_row_locked,
@@ -285,16 +287,20 @@ def test_a_write_mode_decision_that_cannot_reach_the_database_rolls_back(
     db.keyed_table(table)
     fill(db, table, expected(range(10), tag="o"))
     s = sink()
-    monkeypatch.setenv("XASINK_FAULT", "driver.before_decide:sleep=3")
-    with TcpProxy(*host_port(db.url)) as proxy, ThreadPoolExecutor(1) as pool:
+    with (
+        TcpProxy(*host_port(db.url)) as proxy,
+        held_at(monkeypatch, "driver.before_decide") as hold,
+        ThreadPoolExecutor(1) as pool,
+    ):
         url = through(proxy, db.url)
         job = pool.submit(overwrite_direct, url, table, s, 1, split(100, 10, 2), controlLockTimeout=2, commitTimeout=3)
-        wait_prepared(db, s)
-        time.sleep(1)  # the last task settled its branch: the run sleeps before its decision
+        hold.wait(180, what=lambda: job.done() and job.exception())  # the branches settled, the decision next
         proxy.set_down(True)
         proxy.drop_all()
-        time.sleep(6)
-        proxy.set_down(False)
+        with logged("xasink", "branches in") as rolling_back:  # "rolling back run R's branches in DB failed"
+            hold.release()
+            assert rolling_back.wait(180), "the run never tried to roll back its branches"
+        proxy.set_down(False)  # the decision failed: the database comes back while the run rolls back
         with pytest.raises(BatchAbortedError, match="nothing of it is visible"):
             job.result(timeout=60)
     assert db.decision(s, 1) is None and db.rows(table) == expected(range(10), tag="o")
