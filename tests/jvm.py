@@ -164,6 +164,12 @@ def abandon_classic_spark() -> str:
     SparkSession._instantiatedSession = None
     SparkSession._activeSession = None
     _classic.clear()
+    for var in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_LOCAL_REMOTE", "SPARK_REMOTE"):  # a Connect server died with it
+        os.environ.pop(var, None)
+    connect = sys.modules.get("pyspark.sql.connect.session")
+    if connect is not None:  # its session, whose server was in that JVM, must not be handed out again
+        connect.SparkSession._default_session = None
+        connect.SparkSession._active_session.session = None
     return f"{dump}\n-- the JVM's processes (pid, state, command):\n{below}"
 
 
