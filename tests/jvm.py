@@ -137,27 +137,24 @@ def abandon_classic_spark() -> str:
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
-    from tests.cluster import descendants, proc_table
+    from tests.cluster import descendants, proc_table, sigkill
 
-    gateway = SparkContext._gateway
-    proc = getattr(gateway, "proc", None)
-    if proc is None:
-        return "(no JVM of this process)"
+    table = proc_table()
+    proc = getattr(SparkContext._gateway, "proc", None)
+    if proc is None:  # timed out while PySpark was launching it: the half-started JVM is a child of this process
+        sigkill(p for p, (parent, _, cmd) in table.items() if parent == os.getpid() and "pyspark-shell" in cmd)
+        return "(no JVM of this process yet: a launching one was killed)"
     try:
         dump = subprocess.run(
             ["jcmd", str(proc.pid), "Thread.print"], capture_output=True, text=True, timeout=60
         ).stdout
     except (OSError, subprocess.TimeoutExpired) as e:
         dump = f"(no thread dump: {e})"
-    table = proc_table()
-    below = "\n".join(f"{p} {table[p][1]} {table[p][2][:200]}" for p in descendants(proc.pid, table) if p in table)
+    below = descendants(proc.pid, table)  # the JVM's Python daemon and workers
+    listed = "\n".join(f"{p} {table[p][1]} {table[p][2][:200]}" for p in below)
     proc.kill()
     proc.wait()
-    for pid in descendants(proc.pid, table):  # the JVM's Python daemon and workers
-        try:
-            os.kill(pid, 9)
-        except ProcessLookupError:
-            pass
+    sigkill(below)
     SparkContext._gateway = None
     SparkContext._jvm = None
     SparkContext._active_spark_context = None
@@ -170,7 +167,7 @@ def abandon_classic_spark() -> str:
     if connect is not None:  # its session, whose server was in that JVM, must not be handed out again
         connect.SparkSession._default_session = None
         connect.SparkSession._active_session.session = None
-    return f"{dump}\n-- the JVM's processes (pid, state, command):\n{below}"
+    return f"{dump}\n-- the JVM's processes (pid, state, command):\n{listed}"
 
 
 def stop_classic_spark() -> None:
