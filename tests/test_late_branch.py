@@ -9,6 +9,7 @@ that nothing is left prepared.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -17,9 +18,10 @@ import pyarrow as pa
 import pytest
 
 import xasink.protocol.partition_writer
+import xasink.support.faults as faults
 from tests.cluster import wait_for
 from tests.doc_cases import raises
-from tests.harness import TargetSink, expected, record_batch
+from tests.harness import TargetSink, expected, held_at, record_batch
 from tests.targets import Target
 from xasink.errors import LateBranchError
 from xasink.protocol.coordinator import Coordinator
@@ -104,6 +106,42 @@ def test_attempt_prepared_after_its_run_aborted_rolls_itself_back(db: Target) ->
     assert sink.rows() == []
     assert sink.decided() == []
     assert sink.prepared() == []
+
+
+def test_an_abort_sweeps_an_attempt_that_prepares_while_the_run_ends_and_dies_before_its_check(
+    db: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An attempt has checked its run's claim and not yet prepared when the driver aborts; it then prepares and
+    dies before its late check (a worker Spark kills), so it never rolls itself back.  Ending the run waits for
+    that PREPARE, so the abort's one sweep rolls the branch back: nothing is prepared, without a settle window.
+    Fails without the claim fence: the abort sweeps before the PREPARE, and the branch stays prepared."""
+    sink = Sink(db, primary_key=False)
+    failure: list[BaseException] = []
+
+    def run_attempt() -> None:
+        try:
+            sink.attempt(0, 1, P0)
+        except BaseException as exc:  # noqa: BLE001 - checked below
+            failure.append(exc)
+
+    with held_at(monkeypatch, "task.fenced") as hold:
+        monkeypatch.setenv(faults.ENV, f"{os.environ[faults.ENV]},task.before_settle:raise")
+        attempt = threading.Thread(target=run_attempt)
+        attempt.start()
+        hold.wait()
+        aborting = threading.Thread(target=sink.abort)
+        aborting.start()
+        waits = lambda: sink.db.lock_waiters("%claims%") or not aborting.is_alive()  # noqa: E731
+        wait_for(waits, 30, "the abort to wait for the attempt's claim check, or to end")
+        assert sink.prepared() == []  # not prepared yet: a sweep now would find nothing
+        hold.release()
+        attempt.join(60)
+        aborting.join(60)
+    assert not attempt.is_alive() and not aborting.is_alive()
+    assert len(failure) == 1 and isinstance(failure[0], faults.InjectedFault), failure  # prepared, then died
+    assert sink.prepared() == []
+    assert sink.rows() == []
+    assert sink.decided() == []
 
 
 # --------------------------------------------------------------------------- item 8: sibling attempts

@@ -78,14 +78,31 @@ class JournalClaims(JournalTables):
         )
         return {(int(b), str(r)): ClaimState(bool(s), g, t) for b, r, s, g, t in conn.execute(q)}
 
-    def end_run(self, conn: Connection, sink_id: str, batch_id: int, run: str) -> None:
-        """An aborted run can never decide: mark it superseded, so its late branches roll themselves back."""
+    def end_run(self, conn: Connection, sink_id: str, batch_id: int, run: str) -> bool:
+        """An aborted run can never decide: mark it superseded, so its late branches roll themselves back.
+
+        The update waits for every task of the run inside :meth:`fence` (between its check and its PREPARE), so
+        once it commits no branch of the run can be prepared any more.  False: the run has no claim to end (a log
+        made anew, or its claims trimmed), so nothing fences its tasks."""
         c = self.claims.c
-        conn.execute(
+        ended = conn.execute(
             self.claims.update()
             .where(c.sink_id == sink_id, c.batch_id == batch_id, c.run == run)
             .values(superseded=True)
         )
+        return bool(ended.rowcount)
+
+    def fence(self, conn: Connection, sink_id: str, batch_id: int, run: str) -> bool | None:
+        """Hold ``run``'s claim of the batch in share mode until ``conn``'s transaction ends: whether it is
+        superseded (None: the run has no claim).
+
+        A task holds it from this check until its PREPARE returned.  Sharers do not wait on each other; a
+        writer of the claim (:meth:`end_run`, :meth:`take_over`) waits for them, and a check after such a
+        write reads it (a locking read sees the latest committed row, on PostgreSQL and InnoDB alike)."""
+        c = self.claims.c
+        q = sa.select(c.superseded).where(c.sink_id == sink_id, c.batch_id == batch_id, c.run == run)
+        superseded = conn.execute(q.with_for_update(read=True)).scalar()
+        return None if superseded is None else bool(superseded)
 
     def holder(self, conn: Connection, sink_id: str, batch_id: int) -> str | None:
         """The run holding a batch now, or None when no run claimed it (or its claims were trimmed)."""

@@ -352,8 +352,10 @@ class Coordinator:
         """Roll back what a failed batch prepared (and anything else of it that can never commit).
 
         When Spark aborts a job, tasks still running are cancelled but may PREPARE in the moments
-        before their worker is killed (``spark.python.task.killTimeout``, 2 s by default).  With
-        ``settle_s`` the sweep is repeated over that window so such late branches are rolled back too.
+        before their worker is killed (``spark.python.task.killTimeout``, 2 s by default).  Ending the run waits
+        for every task between its claim check and its PREPARE, and later ones see it ended and prepare
+        nothing, so one sweep after it is whole.  Only a run with no claim to end (a log made anew, its claims
+        trimmed, a streaming abort that names no run) is swept again over ``settle_s``.
         ``run`` (else the run of the outcomes' xids) names the aborting writer: when a newer writer has
         taken the batch over, its branches are left to it.  ``guard`` is the aborting driver's run guard:
         when no outcome names the run (a stopped streaming query's tasks report nothing), the runs of this
@@ -378,9 +380,12 @@ class Coordinator:
             if run is None and guard is not None:
                 claims = self.journal.claim_states(conn, self.sink_id, {batch_id})
                 ending = {r for (_, r), c in claims.items() if c.guard == guard and not c.superseded}
+            fenced = bool(ending)
             for r in sorted(ending):  # the run can never decide now: its late branches must not wait for it
-                self.journal.end_run(conn, self.sink_id, batch_id, r)
+                fenced = self.journal.end_run(conn, self.sink_id, batch_id, r) and fenced
         report = self.recover(upto=batch_id, run=run)
+        if fenced:  # no task of the run can prepare any more (partition_writer.prepare_fenced): swept whole
+            return report
         deadline = time.monotonic() + settle_s
         while time.monotonic() < deadline:
             time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))

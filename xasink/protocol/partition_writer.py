@@ -166,6 +166,36 @@ def settle_prepared(dialect: Dialect, journal: Journal, me: Xid) -> None:
     )
 
 
+def prepare_fenced(
+    options: WriteOptions, session: BranchSession, journal: Journal, xid: Xid, ids: dict[str, object], attempt: int
+) -> None:
+    """PREPARE while the run's claim is held in share mode (:meth:`JournalClaims.fence`): no abort waits out a window.
+
+    An abort ends its run (:meth:`JournalClaims.end_run`) only once no task of the run is between this check and
+    its PREPARE, and a check after that sees the run ended and prepares nothing.  So the sweep that follows the
+    abort sees every branch the run will ever prepare, even one whose worker Spark kills before its late check."""
+    preparing = False
+    try:
+        with journal.fenced(xid.sink_id, xid.batch_id, xid.run) as superseded:
+            if superseded:
+                raise LateBranchError(
+                    f"partition {xid.partition} of sink {xid.sink_id} batch {xid.batch_id} reached PREPARE after its "
+                    "run ended: the batch can never be decided by this run (it aborted, or a newer writer took the "
+                    "batch over); this attempt's branch was rolled back unprepared and none of its rows will be visible"
+                )
+            fault("task.fenced", partition=xid.partition, attempt=attempt, batch=xid.batch_id)
+            preparing = True
+            with phase("task.prepare", **ids):
+                session.prepare()
+    except BaseException as exc:
+        if preparing:  # the PREPARE's own error, as without the check
+            raise
+        session.rollback()
+        if isinstance(exc, XasinkError) or not isinstance(exc, Exception):
+            raise
+        raise log_step_failed(options, xid, "checking the batch's claim before PREPARE", exc) from exc
+
+
 def log_step_failed(options: WriteOptions, xid: Xid, step: str, exc: Exception) -> BatchAbortedError:
     """A task's step in the decision log failed (above all: another session held the sink row past
     controlLockTimeout): the batch cannot be decided.  The task must not roll its branch back itself (a
@@ -331,8 +361,8 @@ def write_partition(
     except BaseException:
         session.rollback()
         raise
-    with phase("task.prepare", **ids):
-        session.prepare()
+    prepare_fenced(options, session, journal, xid, ids, attempt_number)
+    fault("task.before_settle", partition=partition, attempt=attempt_number, batch=batch_id)
     with phase("task.settle", **ids):
         try:
             settle_prepared(dialect, journal, xid)  # prepared too late for its batch: rolled back, LateBranchError
