@@ -9,6 +9,7 @@ that nothing is left prepared.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -21,7 +22,7 @@ import xasink.protocol.partition_writer
 import xasink.support.faults as faults
 from tests.cluster import wait_for
 from tests.doc_cases import raises
-from tests.harness import TargetSink, expected, held_at, record_batch
+from tests.harness import TargetSink, expected, held_at, logged, record_batch
 from tests.targets import Target
 from xasink.errors import LateBranchError
 from xasink.protocol.coordinator import Coordinator
@@ -109,14 +110,15 @@ def test_attempt_prepared_after_its_run_aborted_rolls_itself_back(db: Target) ->
 
 
 def test_an_abort_sweeps_an_attempt_that_prepares_while_the_run_ends_and_dies_before_its_check(
-    db: Target, monkeypatch: pytest.MonkeyPatch
+    db: Target, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """An attempt has checked its run's claim and not yet prepared when the driver aborts; it then prepares and
-    dies before its late check (a worker Spark kills), so it never rolls itself back.  Ending the run waits for
-    that PREPARE, so the abort's one sweep rolls the branch back: nothing is prepared, without a settle window.
-    Fails without the claim fence: the abort sweeps before the PREPARE, and the branch stays prepared."""
+    """An attempt has taken its run's prepare lock and read its claim (not ended) when the driver aborts; it
+    then prepares and dies before its late check (a worker Spark kills), so it never rolls itself back.  The
+    abort waits while the lock is held, and its sweep after that rolls the branch back.  The abort's window is
+    60 s here, so a lock not held through the PREPARE would show: the abort would return before it."""
     sink = Sink(db, primary_key=False)
     failure: list[BaseException] = []
+    aborted: list[object] = []
 
     def run_attempt() -> None:
         try:
@@ -124,20 +126,28 @@ def test_an_abort_sweeps_an_attempt_that_prepares_while_the_run_ends_and_dies_be
         except BaseException as exc:  # noqa: BLE001 - checked below
             failure.append(exc)
 
-    with held_at(monkeypatch, "task.fenced") as hold:
+    def abort() -> None:
+        coordinator = Coordinator(sink.options)
+        try:
+            aborted.append(coordinator.abort(1, [None, None], settle_s=60.0, run=sink.run, undecided=True))
+        finally:
+            coordinator.close()
+
+    caplog.set_level(logging.INFO, logger="xasink.protocol.coordinator")
+    with held_at(monkeypatch, "task.prepare_locked") as hold:
         monkeypatch.setenv(faults.ENV, f"{os.environ[faults.ENV]},task.before_settle:raise")
         attempt = threading.Thread(target=run_attempt)
         attempt.start()
         hold.wait()
-        aborting = threading.Thread(target=sink.abort)
-        aborting.start()
-        waits = lambda: sink.db.lock_waiters("%claims%") or not aborting.is_alive()  # noqa: E731
-        wait_for(waits, 30, "the abort to wait for the attempt's claim check, or to end")
-        assert sink.prepared() == []  # not prepared yet: a sweep now would find nothing
+        with logged("xasink.protocol.coordinator", "still preparing", logging.INFO) as waiting:
+            aborting = threading.Thread(target=abort)
+            aborting.start()
+            assert waiting.wait(60), "the abort did not wait for the attempt holding the prepare lock"
+        assert aborting.is_alive() and sink.prepared() == []
         hold.release()
         attempt.join(60)
         aborting.join(60)
-    assert not attempt.is_alive() and not aborting.is_alive()
+    assert not attempt.is_alive() and not aborting.is_alive() and aborted
     assert len(failure) == 1 and isinstance(failure[0], faults.InjectedFault), failure  # prepared, then died
     assert sink.prepared() == []
     assert sink.rows() == []

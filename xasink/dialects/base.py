@@ -1,8 +1,7 @@
 """What every database dialect provides: the XA verbs, recovery, bulk load and checks.
 
-Dialects (and the decision log) are the only modules that speak SQL.  The control side (the driver's journal, commit
-and sweep) runs on a SQLAlchemy engine; the branch side (an executor loading rows), on the fastest driver API.
-"""
+Dialects (and the decision log) are the only modules that speak SQL: the control side (journal, commit, sweep) on a
+SQLAlchemy engine, the branch side (an executor loading rows) on the fastest driver API."""
 
 from __future__ import annotations
 
@@ -286,6 +285,7 @@ class Dialect(ABC):
     # shadow; keyed so, the apply reads and deletes its branches' rows by a range of the clustered index (a
     # secondary (batch, branch) index, as before, cost a lookup per row and a second index to load and delete)
     keyed_shadow = False
+    prepare_lock_slots = 1  # session locks a run's prepare lock spans (xasink.protocol.prepare_lock): 1 if shareable
     apply_isolation: str | None = None
 
     def check_apply(self, conn: Connection) -> None:  # noqa: B027 - optional hook

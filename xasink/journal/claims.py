@@ -81,9 +81,8 @@ class JournalClaims(JournalTables):
     def end_run(self, conn: Connection, sink_id: str, batch_id: int, run: str) -> bool:
         """An aborted run can never decide: mark it superseded, so its late branches roll themselves back.
 
-        The update waits for every task of the run inside :meth:`fence` (between its check and its PREPARE), so
-        once it commits no branch of the run can be prepared any more.  False: the run has no claim to end (a log
-        made anew, or its claims trimmed), so nothing fences its tasks."""
+        False: the run has no claim to end (a log made anew, or its claims trimmed), so a task of it cannot
+        tell that it ended (xasink.protocol.prepare_lock)."""
         c = self.claims.c
         ended = conn.execute(
             self.claims.update()
@@ -92,17 +91,12 @@ class JournalClaims(JournalTables):
         )
         return bool(ended.rowcount)
 
-    def fence(self, conn: Connection, sink_id: str, batch_id: int, run: str) -> bool | None:
-        """Hold ``run``'s claim of the batch in share mode until ``conn``'s transaction ends: whether it is
-        superseded (None: the run has no claim).
-
-        A task holds it from this check until its PREPARE returned.  Sharers do not wait on each other; a
-        writer of the claim (:meth:`end_run`, :meth:`take_over`) waits for them, and a check after such a
-        write reads it (a locking read sees the latest committed row, on PostgreSQL and InnoDB alike)."""
+    def superseded(self, conn: Connection, sink_id: str, batch_id: int, run: str) -> bool | None:
+        """Whether ``run``'s claim of the batch is superseded (taken over, or its run ended); None: no claim."""
         c = self.claims.c
         q = sa.select(c.superseded).where(c.sink_id == sink_id, c.batch_id == batch_id, c.run == run)
-        superseded = conn.execute(q.with_for_update(read=True)).scalar()
-        return None if superseded is None else bool(superseded)
+        found = conn.execute(q).scalar()
+        return None if found is None else bool(found)
 
     def holder(self, conn: Connection, sink_id: str, batch_id: int) -> str | None:
         """The run holding a batch now, or None when no run claimed it (or its claims were trimmed)."""

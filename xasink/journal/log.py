@@ -31,7 +31,6 @@ writes, as recorded with it, is :mod:`xasink.journal.targets`.
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -46,8 +45,6 @@ from xasink.journal.claims import JournalClaims
 from xasink.journal.records import COMMITTED, COMMITTING, BatchRecord, ClaimState, DecisionState
 from xasink.journal.targets import deciding_run, taken_over_message
 from xasink.protocol.xid import Xid, valid_log_id
-
-log = logging.getLogger(__name__)
 
 
 class Journal(JournalClaims):
@@ -177,20 +174,11 @@ class Journal(JournalClaims):
                         raise JournalError(f"cannot register sink {sink_id} in {self.sinks.fullname}")
                 yield conn, (int(row[1]) if row[1] is not None else None)
 
-    @contextmanager
-    def fenced(self, sink_id: str, batch_id: int, run: str) -> Iterator[bool | None]:
-        """:meth:`fence` on a transaction of its own, for a task's PREPARE: whether ``run``'s claim is superseded.
-
-        It only reads and locks, so its commit need not reach the disk.  The lock goes with the transaction
-        whatever its end: a commit that fails lets the task go on."""
-        with self.dialect.connect() as conn:
-            conn.begin()
-            self.dialect.relaxed_commit(conn)
-            yield self.fence(conn, sink_id, batch_id, run)
-            try:
-                conn.commit()
-            except sa.exc.DBAPIError as exc:
-                log.info("ending the claim check of sink %s batch %s failed: %s", sink_id, batch_id, exc)
+    def run_superseded(self, sink_id: str, batch_id: int, run: str) -> bool | None:
+        """:meth:`superseded`, read now on a connection of its own (a fresh snapshot: an abort committed
+        before this call is seen)."""
+        with self.dialect.connect(autocommit=True) as conn:
+            return self.superseded(conn, sink_id, batch_id, run)
 
     def batch_view(self, conn: Connection, sink_id: str, batch_id: int) -> tuple[bool, str | None, int | None]:
         """In one round trip: whether (sink, batch) is decided, its recorded target, and the sink's horizon."""

@@ -36,6 +36,7 @@ from xasink.journal.targets import (
 )
 from xasink.options import WriteOptions
 from xasink.protocol.decision import Decider, DecisionNotMade, Refusal
+from xasink.protocol.prepare_lock import prepare_lock_name, settle
 from xasink.protocol.recovery import Recovery, RecoveryReport, sink_recovery
 from xasink.protocol.retry import again_if_deadlocked
 from xasink.protocol.undecided import decide_past_blockers, roll_back_run, roll_back_undecided
@@ -352,10 +353,11 @@ class Coordinator:
         """Roll back what a failed batch prepared (and anything else of it that can never commit).
 
         When Spark aborts a job, tasks still running are cancelled but may PREPARE in the moments
-        before their worker is killed (``spark.python.task.killTimeout``, 2 s by default).  Ending the run waits
-        for every task between its claim check and its PREPARE, and later ones see it ended and prepare
-        nothing, so one sweep after it is whole.  Only a run with no claim to end (a log made anew, its claims
-        trimmed, a streaming abort that names no run) is swept again over ``settle_s``.
+        before their worker is killed (``spark.python.task.killTimeout``, 2 s by default).  Once the run is
+        ended, the abort waits (at most ``settle_s``) until no task of it holds its prepare lock
+        (:mod:`xasink.protocol.prepare_lock`) and sweeps once more.  A run with no claim to end (a log made
+        anew, its claims trimmed, a streaming abort that names no run), or a PREPARE still running at the
+        window's end, is swept again and again over ``settle_s``.
         ``run`` (else the run of the outcomes' xids) names the aborting writer: when a newer writer has
         taken the batch over, its branches are left to it.  ``guard`` is the aborting driver's run guard:
         when no outcome names the run (a stopped streaming query's tasks report nothing), the runs of this
@@ -380,19 +382,12 @@ class Coordinator:
             if run is None and guard is not None:
                 claims = self.journal.claim_states(conn, self.sink_id, {batch_id})
                 ending = {r for (_, r), c in claims.items() if c.guard == guard and not c.superseded}
-            fenced = bool(ending)
+            ended_all = bool(ending)
             for r in sorted(ending):  # the run can never decide now: its late branches must not wait for it
-                fenced = self.journal.end_run(conn, self.sink_id, batch_id, r) and fenced
-        report = self.recover(upto=batch_id, run=run)
-        if fenced:  # no task of the run can prepare any more (partition_writer.prepare_fenced): swept whole
-            return report
-        deadline = time.monotonic() + settle_s
-        while time.monotonic() < deadline:
-            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
-            late = self.recover(upto=batch_id, run=run)
-            report.rolled_back += late.rolled_back
-            report.committed += late.committed
-        return report
+                ended_all = self.journal.end_run(conn, self.sink_id, batch_id, r) and ended_all
+        names = [prepare_lock_name(self.journal.log_id(), self.sink_id, batch_id, r) for r in sorted(ending)]
+        sweep = lambda: self.recover(upto=batch_id, run=run)  # noqa: E731
+        return settle(sweep, self.dialect, names if ended_all else None, settle_s)
 
     def recover(self, upto: int | None = None, min_age_s: float = 0.0, run: str | None = None) -> RecoveryReport:
         """Finish decided batches and roll back undecided branches of this sink (batches <= ``upto``).

@@ -34,6 +34,7 @@ from xasink.journal.log import Journal
 from xasink.journal.targets import forgotten_message, identity_message, same_target, taken_over_message, target_identity
 from xasink.options import WriteOptions
 from xasink.protocol.liveness import runs_alive
+from xasink.protocol.prepare_lock import task_lock
 from xasink.protocol.retry import again_if_deadlocked
 from xasink.protocol.xid import Xid, attempt_token
 from xasink.results import BranchOutcome
@@ -166,27 +167,30 @@ def settle_prepared(dialect: Dialect, journal: Journal, me: Xid) -> None:
     )
 
 
-def prepare_fenced(
-    options: WriteOptions, session: BranchSession, journal: Journal, xid: Xid, ids: dict[str, object], attempt: int
+def prepare_under_lock(
+    options: WriteOptions,
+    dialect: Dialect,
+    session: BranchSession,
+    journal: Journal,
+    xid: Xid,
+    ids: dict[str, object],
+    attempt: int,
 ) -> None:
-    """PREPARE while the run's claim is held in share mode (:meth:`JournalClaims.fence`): no abort waits out a window.
-
-    An abort ends its run (:meth:`JournalClaims.end_run`) only once no task of the run is between this check and
-    its PREPARE, and a check after that sees the run ended and prepares nothing.  So the sweep that follows the
-    abort sees every branch the run will ever prepare, even one whose worker Spark kills before its late check."""
+    """PREPARE under the run's prepare lock, once the run's claim says it has not ended (xasink.protocol.prepare_lock):
+    an abort then knows when its sweep has seen every branch the run will prepare, without a fixed window."""
     preparing = False
     try:
-        with journal.fenced(xid.sink_id, xid.batch_id, xid.run) as superseded:
-            if superseded:
-                raise LateBranchError(
-                    f"partition {xid.partition} of sink {xid.sink_id} batch {xid.batch_id} reached PREPARE after its "
-                    "run ended: the batch can never be decided by this run (it aborted, or a newer writer took the "
-                    "batch over); this attempt's branch was rolled back unprepared and none of its rows will be visible"
-                )
-            fault("task.fenced", partition=xid.partition, attempt=attempt, batch=xid.batch_id)
-            preparing = True
-            with phase("task.prepare", **ids):
-                session.prepare()
+        session.hold_prepare_lock(task_lock(dialect, xid))
+        if journal.run_superseded(xid.sink_id, xid.batch_id, xid.run):
+            raise LateBranchError(
+                f"partition {xid.partition} of sink {xid.sink_id} batch {xid.batch_id} reached PREPARE after its "
+                "run ended: the batch can never be decided by this run (it aborted, or a newer writer took the "
+                "batch over); this attempt's branch was rolled back unprepared and none of its rows will be visible"
+            )
+        fault("task.prepare_locked", partition=xid.partition, attempt=attempt, batch=xid.batch_id)
+        preparing = True
+        with phase("task.prepare", **ids):
+            session.prepare()
     except BaseException as exc:
         if preparing:  # the PREPARE's own error, as without the check
             raise
@@ -361,7 +365,7 @@ def write_partition(
     except BaseException:
         session.rollback()
         raise
-    prepare_fenced(options, session, journal, xid, ids, attempt_number)
+    prepare_under_lock(options, dialect, session, journal, xid, ids, attempt_number)
     fault("task.before_settle", partition=partition, attempt=attempt_number, batch=batch_id)
     with phase("task.settle", **ids):
         try:

@@ -54,6 +54,11 @@ class RecoveryReport:
     def __bool__(self) -> bool:
         return bool(self.committed or self.rolled_back or self.finished_batches or self.unfinished)
 
+    def add(self, late: RecoveryReport) -> None:
+        """A later sweep's branches, counted into this report (an abort's sweeps after its first)."""
+        self.committed += late.committed
+        self.rolled_back += late.rolled_back
+
 
 def list_prepared(dialect: Dialect, journal: Journal, log_conn: Connection) -> list[PreparedTxn]:
     """The branches prepared in the target database, listed while ``log_conn`` holds the log's sink lock."""

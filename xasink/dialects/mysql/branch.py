@@ -341,6 +341,16 @@ class MySQLBranch(BranchSession):
         return total
 
     # -- prepare / roll back ----------------------------------------------------------------
+    def hold_prepare_lock(self, name: str) -> None:
+        wait_s = int(self.dialect.settings.lock_timeout) or MAX_LOCK_WAIT
+        self.cursor.execute("SELECT GET_LOCK(%s, %s)", (name, wait_s))
+        row = self.cursor.fetchone()
+        if not row or row[0] != 1:
+            raise BranchError(
+                f"branch {self.xid}: another task of its run held the prepare lock {name} for {wait_s} s "
+                "(lockTimeout); nothing of this attempt was prepared"
+            )
+
     def prepare(self) -> None:
         try:
             self.cursor.execute(f"XA END {self._xa}")

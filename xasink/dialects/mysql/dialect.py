@@ -235,6 +235,7 @@ class MySQLDialect(Dialect):
 
     # the apply reads the shadow (INSERT .. SELECT, joins) as a consistent read, locking none of its rows
     apply_isolation = "READ COMMITTED"
+    prepare_lock_slots = 64  # GET_LOCK is exclusive only: a run's tasks take turns only within a slot
 
     def clear_shadow(self, conn: Connection, shadow: sa.TableClause, batch: sa.ColumnElement[bool]) -> None:
         # by the (batch, tag, row) key (a shadow made before it: the (batch, branch) index), whatever the

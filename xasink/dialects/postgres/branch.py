@@ -16,6 +16,7 @@ from xasink.dialects.postgres.sql import (
     SLOT_CAPACITY,
     SLOT_MARK,
     SLOT_MARKS,
+    advisory_key,
     insert_sql,
     string_literal,
     upsert_sql,
@@ -172,6 +173,11 @@ class PostgresBranch(BranchSession):
                     names=[f"p{i}" for i in range(len(columns))],
                 )
                 self.cursor.execute(sql, parameters=params)
+
+    def hold_prepare_lock(self, name: str) -> None:
+        # shared: the run's tasks never wait for each other; a session-level lock outlives PREPARE TRANSACTION
+        self.cursor.execute("SELECT pg_advisory_lock_shared($1)", parameters=(advisory_key(name),))
+        self.cursor.fetchall()
 
     def prepare(self) -> None:
         try:
