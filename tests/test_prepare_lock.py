@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import threading
 import uuid
 from typing import Any
@@ -28,11 +29,25 @@ P0 = range(0, 10)
 WAITING = "still preparing"  # the abort's log line while a task of its run holds the prepare lock
 
 
-def child_task(options: Any, plan: Any, run: str, ids: list[int]) -> None:
-    """One task attempt in a process of its own (a Spark Python worker), so the test can SIGKILL it."""
+def child_task(
+    options: Any, plan: Any, run: str, ids: list[int], partition: int = 0, fault: str = "", reached: Any = None
+) -> None:
+    """One task attempt in a process of its own (a Spark Python worker), so the test can SIGKILL it; ``fault``:
+    its XASINK_FAULT (a kill there takes only this process); ``reached``: an event set at its first fault point."""
+    if reached is not None:
+
+        class Reached(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                reached.set()
+
+        logging.getLogger("xasink.support.faults").addHandler(Reached())
+    os.environ.pop("XASINK_FAULT_PGID", None)
+    os.environ["XASINK_FAULT"] = fault
     from xasink.protocol.partition_writer import write_partition
 
-    write_partition(options, plan, batch_id=1, partition=0, task_attempt_id=77, run=run, batches=[record_batch(ids)])
+    write_partition(
+        options, plan, batch_id=1, partition=partition, task_attempt_id=77, run=run, batches=[record_batch(ids)]
+    )
 
 
 def deferred_fk_tables(db: Target) -> tuple[str, str]:
@@ -121,6 +136,71 @@ def test_a_task_held_before_prepare_past_the_window_rolls_itself_back(
     assert isinstance(done[0], LateBranchError), done
     assert sink.prepared() == []
     assert sink.rows() == []
+
+
+@pytest.mark.parametrize("undecided", [False, True], ids=["stream-or-commit-abort", "failed-job-abort"])
+def test_an_abort_whose_wait_runs_out_still_sweeps_each_second(
+    db: Target, monkeypatch: pytest.MonkeyPatch, undecided: bool
+) -> None:
+    """Task A holds the run's prepare lock past the abort's window (a PREPARE waiting on a row, a frozen
+    executor).  Task B, in a process of its own, holds it too, PREPAREs 1 s into the abort's wait and is killed
+    before its late check.  The abort must sweep while it waits, as the fixed window did: B's branch is rolled
+    back by the time the abort returns.  (The first prepare lock's abort swept only before its wait.)"""
+    sink = TargetSink(db, prefix="plk", primary_key=False, lockTimeout=20)
+    sink.write(1, 9, range(900, 905))  # the run's claim, and a branch of it
+    with held_at(monkeypatch, "task.prepare_locked:p=0") as hold:
+        done: list[Any] = []
+        task_a = threading.Thread(target=lambda: done.append(outcome(lambda: sink.write(1, 0, P0, claimed=True))))
+        task_a.start()
+        hold.wait()
+        spawn = multiprocessing.get_context("spawn")
+        reached = spawn.Event()
+        fault = "task.prepare_locked:sleep=1.0:p=1,task.before_settle:kill:p=1"
+        task_b = spawn.Process(
+            target=child_task, args=(sink.options, sink.plan, sink.run, list(range(100, 105)), 1, fault, reached)
+        )
+        task_b.start()
+        try:
+            assert reached.wait(120), "task B did not take the lock"
+            report = abort(sink, undecided=undecided, partitions=2)
+            task_b.join(30)
+            left = sink.prepared()
+        finally:
+            if task_b.is_alive():
+                task_b.kill()
+            hold.release()
+            task_a.join(60)
+    assert isinstance(report, RecoveryReport)
+    assert task_b.exitcode == -9  # killed right after its PREPARE
+    assert left == [], "a branch prepared during the abort's wait is left prepared"
+    assert isinstance(done[0], LateBranchError), done  # task A prepared after the abort: it rolls itself back
+    assert sink.prepared() == []
+    assert sink.rows() == []
+
+
+@pytest.mark.parametrize("other", ["partition-64", "retry"])
+def test_a_task_stuck_before_prepare_does_not_hold_up_other_tasks_of_its_run(
+    db: Target, monkeypatch: pytest.MonkeyPatch, other: str
+) -> None:
+    """On MariaDB the prepare lock is 64 exclusive user locks: a task stuck between taking one and its PREPARE
+    must not make partition 64 (the same slot) or a retry of its own partition wait out lockTimeout and fail."""
+    sink = TargetSink(db, prefix="plk", primary_key=False, lockTimeout=3)
+    sink.write(1, 99, range(9900, 9905))  # the run's claim
+    with held_at(monkeypatch, "task.prepare_locked:p=0:a=0") as hold:
+        done: list[Any] = []
+        task = threading.Thread(target=lambda: done.append(outcome(lambda: sink.write(1, 0, P0))))
+        task.start()
+        hold.wait()
+        if other == "partition-64":
+            got = outcome(lambda: sink.write(1, 64, range(640, 650), claimed=True))
+        else:
+            got = outcome(lambda: sink.write(1, 0, P0, attempt_number=1))
+        hold.release()
+        task.join(60)
+    assert not isinstance(got, BaseException), got
+    assert sink.prepared(), "the other task's branch is prepared"
+    abort(sink)
+    assert sink.prepared() == []
 
 
 @pytest.mark.parametrize("undecided", [False, True], ids=["stream-or-commit-abort", "failed-job-abort"])

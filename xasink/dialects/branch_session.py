@@ -26,9 +26,9 @@ class BranchSession(ABC):
         return
 
     @abstractmethod
-    def hold_prepare_lock(self, name: str) -> None:
-        """Take the run's prepare lock ``name`` (xasink.protocol.prepare_lock) in this branch's session, kept until
-        the session ends: after PREPARE, or when the server ends a PREPARE its client left running."""
+    def hold_prepare_lock(self, names: list[str]) -> None:
+        """Take one of ``names``, the run's prepare lock (xasink.protocol.prepare_lock), in this branch's session,
+        kept until the session ends: after PREPARE, or when the server ends a PREPARE its client left running."""
 
     @abstractmethod
     def load(self, batches: Iterator[pa.RecordBatch]) -> int:

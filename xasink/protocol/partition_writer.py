@@ -34,7 +34,7 @@ from xasink.journal.log import Journal
 from xasink.journal.targets import forgotten_message, identity_message, same_target, taken_over_message, target_identity
 from xasink.options import WriteOptions
 from xasink.protocol.liveness import runs_alive
-from xasink.protocol.prepare_lock import task_lock
+from xasink.protocol.prepare_lock import task_locks
 from xasink.protocol.retry import again_if_deadlocked
 from xasink.protocol.xid import Xid, attempt_token
 from xasink.results import BranchOutcome
@@ -180,7 +180,7 @@ def prepare_under_lock(
     an abort then knows when its sweep has seen every branch the run will prepare, without a fixed window."""
     preparing = False
     try:
-        session.hold_prepare_lock(task_lock(dialect, xid))
+        session.hold_prepare_lock(task_locks(dialect, xid))
         if journal.run_superseded(xid.sink_id, xid.batch_id, xid.run):
             raise LateBranchError(
                 f"partition {xid.partition} of sink {xid.sink_id} batch {xid.batch_id} reached PREPARE after its "

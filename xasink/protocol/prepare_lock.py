@@ -33,12 +33,14 @@ def prepare_lock_name(log_id: str, sink_id: str, batch_id: int, run: str) -> str
     return "xasink-prep:" + hashlib.blake2b(key, digest_size=16).hexdigest()
 
 
-def task_lock(dialect: Dialect, xid: Xid) -> str:
-    """The session lock a task of ``xid``'s run takes: the run's own, or its partition's slot of it where a
-    server's session locks cannot be shared (``Dialect.prepare_lock_slots``)."""
+def task_locks(dialect: Dialect, xid: Xid) -> list[str]:
+    """The session locks a task of ``xid``'s run may take, the first to be tried first: the run's own lock, or
+    where a server's session locks cannot be shared (``Dialect.prepare_lock_slots``) any free slot of it,
+    starting at the partition's (so one stuck task does not hold up a retry or another partition)."""
     name = prepare_lock_name(xid.log_id, xid.sink_id, xid.batch_id, xid.run)
     slots = dialect.prepare_lock_slots
-    return f"{name}:{xid.partition % slots}" if slots > 1 else name
+    first = xid.partition % slots
+    return [f"{name}:{(first + i) % slots}" for i in range(slots)] if slots > 1 else [name]
 
 
 def lock_names(dialect: Dialect, name: str) -> list[str]:
@@ -47,17 +49,22 @@ def lock_names(dialect: Dialect, name: str) -> list[str]:
     return [f"{name}:{slot}" for slot in range(slots)] if slots > 1 else [name]
 
 
-def wait_for_prepares(dialect: Dialect, names: list[str], timeout_s: float) -> bool:
-    """Whether, within ``timeout_s``, no session held any of these runs' prepare locks (read once at 0)."""
+def wait_for_prepares(dialect: Dialect, names: list[str], deadline: float, meanwhile: Callable[[], None]) -> bool:
+    """Whether, before ``deadline`` (``time.monotonic()``), no session held any of these runs' prepare locks;
+    ``meanwhile`` runs about once a second while some session does."""
     wanted = [n for name in names for n in lock_names(dialect, name)]
-    deadline = time.monotonic() + max(0.0, timeout_s)
     with dialect.connect(autocommit=True) as conn:
         held = dialect.held_session_locks(conn, wanted)
         if held:
-            log.info("waiting up to %.1f s for %d task(s) still preparing", timeout_s, len(held))
+            log.info("waiting up to %.1f s for %d task(s) still preparing", deadline - time.monotonic(), len(held))
+        next_call = time.monotonic() + 1.0
         while held:
-            if time.monotonic() >= deadline:
+            now = time.monotonic()
+            if now >= deadline:
                 return False
+            if now >= next_call:
+                meanwhile()
+                next_call = now + 1.0
             time.sleep(POLL_S)
             held = dialect.held_session_locks(conn, wanted)
     return True
@@ -67,15 +74,16 @@ def settle(
     sweep: Callable[[], RecoveryReport], dialect: Dialect, names: list[str] | None, settle_s: float
 ) -> RecoveryReport:
     """The abort's sweeps after it ended its runs: one, then one more once no task of the runs ``names`` is
-    preparing.  ``names`` None (a run with no claim to end) or a PREPARE still running at ``settle_s``: a sweep
-    every second until ``settle_s`` is over, for tasks that may prepare until Spark kills their worker."""
+    preparing, and one a second while some is, for at most ``settle_s`` (then once more).  ``names`` None (a run
+    with no claim to end): a sweep every second over ``settle_s``, for tasks that may prepare until Spark kills
+    their worker."""
     report = sweep()
     deadline = time.monotonic() + settle_s
     if names is not None:
-        if wait_for_prepares(dialect, names, settle_s):  # every PREPARE in flight has ended
-            report.add(sweep())
-            return report
-        log.info("a task is still preparing after %.1f s; sweeping until the window ends", settle_s)
+        if not wait_for_prepares(dialect, names, deadline, lambda: report.add(sweep())):
+            log.info("a task is still preparing after %.1f s; sweeping once more and leaving it", settle_s)
+        report.add(sweep())
+        return report
     while time.monotonic() < deadline:
         time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
         report.add(sweep())

@@ -341,15 +341,21 @@ class MySQLBranch(BranchSession):
         return total
 
     # -- prepare / roll back ----------------------------------------------------------------
-    def hold_prepare_lock(self, name: str) -> None:
+    def hold_prepare_lock(self, names: list[str]) -> None:
+        # GET_LOCK is exclusive: any free slot will do; only when all are taken, wait for the partition's own
         wait_s = int(self.dialect.settings.lock_timeout) or MAX_LOCK_WAIT
-        self.cursor.execute("SELECT GET_LOCK(%s, %s)", (name, wait_s))
-        row = self.cursor.fetchone()
-        if not row or row[0] != 1:
-            raise BranchError(
-                f"branch {self.xid}: another task of its run held the prepare lock {name} for {wait_s} s "
-                "(lockTimeout); nothing of this attempt was prepared"
-            )
+        try:
+            for name, timeout in [(n, 0) for n in names] + [(names[0], wait_s)]:
+                self.cursor.execute("SELECT GET_LOCK(%s, %s)", (name, timeout))
+                row = self.cursor.fetchone()
+                if row and row[0] == 1:
+                    return
+        except Exception as exc:
+            raise self.dialect.branch_error(exc, self.xid, self.plan) from None
+        raise BranchError(
+            f"branch {self.xid}: every slot of its run's prepare lock stayed taken for {wait_s} s (lockTimeout); "
+            "nothing of this attempt was prepared"
+        )
 
     def prepare(self) -> None:
         try:

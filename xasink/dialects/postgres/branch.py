@@ -174,10 +174,13 @@ class PostgresBranch(BranchSession):
                 )
                 self.cursor.execute(sql, parameters=params)
 
-    def hold_prepare_lock(self, name: str) -> None:
+    def hold_prepare_lock(self, names: list[str]) -> None:
         # shared: the run's tasks never wait for each other; a session-level lock outlives PREPARE TRANSACTION
-        self.cursor.execute("SELECT pg_advisory_lock_shared($1)", parameters=(advisory_key(name),))
-        self.cursor.fetchall()
+        try:
+            self.cursor.execute("SELECT pg_advisory_lock_shared($1)", parameters=(advisory_key(names[0]),))
+            self.cursor.fetchall()
+        except Exception as exc:
+            raise self.dialect.branch_error(exc, self.xid, self.plan) from None
 
     def prepare(self) -> None:
         try:
